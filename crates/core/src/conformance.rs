@@ -1,0 +1,1253 @@
+//! A reusable conformance kit: the contract's behaviours, checked against any engine.
+//!
+//! Engine crates enable the `conformance` feature in their dev-dependencies and call:
+//!
+//! - [`check_contract`] with an engine instance: every lifecycle member behaves as the contract
+//!   says (results well-formed, optional members defaulted, idempotency where declared);
+//! - [`check_selection_table`] with their host's `legacy` factory: the slot-resolution,
+//!   quarantine and failure-policy table of [`selection_cases`];
+//! - [`check_host_requirement_table`]: the fail-closed host-capability table.
+//!
+//! Failures are collected and reported together, one line per broken expectation.
+
+#![allow(clippy::panic)]
+
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use async_trait::async_trait;
+use serde_json::json;
+
+use crate::engine::*;
+use crate::host::{Capability, HostProfile, HostRequirement, Operation, check_host_support};
+use crate::message::AgentMessage;
+use crate::registry::*;
+
+// --- fixtures -----------------------------------------------------------------------------------
+
+/// The session an engine is checked on.
+#[derive(Clone, Debug)]
+pub struct SessionFixture {
+    pub session_id: String,
+    pub session_key: Option<String>,
+    /// A transcript path, for engines that read one (legacy compaction, bootstrap).
+    pub session_file: Option<String>,
+}
+
+impl SessionFixture {
+    pub fn new(session_id: &str) -> SessionFixture {
+        SessionFixture {
+            session_id: session_id.to_owned(),
+            session_key: Some(format!("agent:main:{session_id}")),
+            session_file: None,
+        }
+    }
+}
+
+/// What the engine under test is expected to do where engines legitimately differ.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Expectations {
+    /// `ingest` stores messages (`ingested: true` the first time, `false` for a repeat).
+    pub stores_messages: bool,
+    /// `assemble` returns the host's messages unchanged with `estimated_tokens: 0` (legacy).
+    pub passes_through: bool,
+}
+
+/// A short coding-agent exchange: a request, a tool call and its result, an answer. Each
+/// message carries a timestamp, so two calls give equal messages.
+pub fn sample_conversation() -> Vec<AgentMessage> {
+    let raw = [
+        json!({"role": "user", "content": "Fix the flaky test in crates/store/src/lib.rs, ticket OPS-1234.", "timestamp": 1_772_442_351_000_i64}),
+        json!({"role": "assistant", "content": [
+            {"type": "text", "text": "Reading the file first."},
+            {"type": "toolCall", "id": "call_1", "name": "read", "arguments": {"path": "crates/store/src/lib.rs"}}
+        ], "stopReason": "toolUse", "timestamp": 1_772_442_360_000_i64}),
+        json!({"role": "toolResult", "toolCallId": "call_1", "toolName": "read", "content": [
+            {"type": "text", "text": "fn flaky() { sleep(10); assert!(done()); }"}
+        ], "isError": false, "timestamp": 1_772_442_361_000_i64}),
+        json!({"role": "assistant", "content": [
+            {"type": "text", "text": "The test sleeps instead of waiting; replaced the sleep with a barrier."}
+        ], "stopReason": "stop", "timestamp": 1_772_442_380_000_i64}),
+    ];
+    raw.into_iter()
+        .filter_map(|value| serde_json::from_value(value).ok())
+        .collect()
+}
+
+/// Checks that no tool result appears before (or without) the assistant message that called
+/// it. Returns the first violation.
+pub fn check_tool_pairs(messages: &[AgentMessage]) -> Result<(), String> {
+    let mut open: BTreeSet<&str> = BTreeSet::new();
+    for (index, message) in messages.iter().enumerate() {
+        for call in message.tool_calls() {
+            open.insert(&call.id);
+        }
+        if let Some(id) = message.tool_result_call_id()
+            && !open.contains(id)
+        {
+            return Err(format!(
+                "message {index}: tool result for \"{id}\" without its tool call before it"
+            ));
+        }
+    }
+    Ok(())
+}
+
+// --- the contract -------------------------------------------------------------------------------
+
+#[derive(Default)]
+struct Report {
+    failures: Vec<String>,
+}
+
+impl Report {
+    fn check(&mut self, ok: bool, what: impl FnOnce() -> String) {
+        if !ok {
+            self.failures.push(what());
+        }
+    }
+
+    fn finish(self, title: &str) {
+        if !self.failures.is_empty() {
+            panic!(
+                "{title}: {} failure(s)\n  - {}",
+                self.failures.len(),
+                self.failures.join("\n  - ")
+            );
+        }
+    }
+}
+
+/// Runs every contract behaviour against `engine`. Panics with the list of broken expectations.
+pub async fn check_contract(
+    engine: &dyn ContextEngine,
+    session: &SessionFixture,
+    expect: Expectations,
+) {
+    let mut report = Report::default();
+    let info = engine.info();
+    report.check(!info.id.trim().is_empty(), || "info.id is empty".to_owned());
+    report.check(!info.name.trim().is_empty(), || {
+        "info.name is empty".to_owned()
+    });
+    for operation in Operation::ALL {
+        if let Err(error) = check_host_support(
+            &info.id,
+            &info.host_requirements,
+            operation,
+            &HostProfile::embedded(),
+        ) {
+            report.failures.push(format!(
+                "the embedded host must satisfy every operation: {error}"
+            ));
+        }
+    }
+    let engine_name = info.id.clone();
+
+    match engine
+        .bootstrap(&BootstrapParams {
+            session_id: session.session_id.clone(),
+            session_key: session.session_key.clone(),
+            session_file: session.session_file.clone(),
+        })
+        .await
+    {
+        Ok(_) => {}
+        Err(error) => report.failures.push(format!("bootstrap failed: {error}")),
+    }
+
+    let conversation = sample_conversation();
+    report.check(conversation.len() == 4, || {
+        "the sample conversation did not parse".to_owned()
+    });
+    for (index, message) in conversation.iter().enumerate() {
+        let result = engine
+            .ingest(&IngestParams {
+                session_id: session.session_id.clone(),
+                session_key: session.session_key.clone(),
+                message: message.clone(),
+                entry_id: Some(format!("entry-{index}")),
+                is_heartbeat: false,
+            })
+            .await;
+        match result {
+            Ok(result) => report.check(result.ingested == expect.stores_messages, || {
+                format!(
+                    "ingest of message {index} returned ingested={} but the engine is expected to {}store",
+                    result.ingested,
+                    if expect.stores_messages { "" } else { "not " }
+                )
+            }),
+            Err(error) => report.failures.push(format!("ingest of message {index} failed: {error}")),
+        }
+    }
+    if expect.stores_messages {
+        let repeat = engine
+            .ingest(&IngestParams {
+                session_id: session.session_id.clone(),
+                session_key: session.session_key.clone(),
+                message: conversation[0].clone(),
+                entry_id: Some("entry-0".to_owned()),
+                is_heartbeat: false,
+            })
+            .await;
+        report.check(
+            matches!(repeat, Ok(IngestResult { ingested: false })),
+            || format!("re-ingesting the same entry must answer ingested=false, got {repeat:?}"),
+        );
+    }
+
+    let budget = 100_000;
+    match engine
+        .assemble(&AssembleParams {
+            session_id: session.session_id.clone(),
+            session_key: session.session_key.clone(),
+            messages: conversation.clone(),
+            token_budget: Some(budget),
+            ..AssembleParams::default()
+        })
+        .await
+    {
+        Ok(assembled) => {
+            if expect.passes_through {
+                report.check(assembled.messages == conversation, || {
+                    "a pass-through engine must return the host's messages unchanged".to_owned()
+                });
+                report.check(assembled.estimated_tokens == 0, || {
+                    format!(
+                        "a pass-through engine reports estimated_tokens 0, got {}",
+                        assembled.estimated_tokens
+                    )
+                });
+            } else {
+                report.check(!assembled.messages.is_empty(), || {
+                    "assemble returned no messages after four were ingested".to_owned()
+                });
+                report.check(
+                    assembled.estimated_tokens > 0 && assembled.estimated_tokens <= budget,
+                    || {
+                        format!(
+                            "estimated_tokens must be in 1..={budget}, got {}",
+                            assembled.estimated_tokens
+                        )
+                    },
+                );
+            }
+            if let Err(problem) = check_tool_pairs(&assembled.messages) {
+                report
+                    .failures
+                    .push(format!("assembled context breaks a tool pair: {problem}"));
+            }
+        }
+        Err(error) => report.failures.push(format!("assemble failed: {error}")),
+    }
+
+    if let Err(error) = engine
+        .after_turn(&AfterTurnParams {
+            session_id: session.session_id.clone(),
+            session_key: session.session_key.clone(),
+            session_file: session.session_file.clone(),
+            messages: conversation.clone(),
+            entry_ids: (0..conversation.len())
+                .map(|index| Some(format!("entry-{index}")))
+                .collect(),
+            pre_prompt_message_count: 2,
+            token_budget: Some(budget),
+            ..AfterTurnParams::default()
+        })
+        .await
+    {
+        report.failures.push(format!("after_turn failed: {error}"));
+    }
+
+    if let Err(error) = engine
+        .maintain(&MaintainParams {
+            session_id: session.session_id.clone(),
+            session_key: session.session_key.clone(),
+            session_file: session.session_file.clone(),
+            reason: MaintainReason::Turn,
+        })
+        .await
+    {
+        report.failures.push(format!("maintain failed: {error}"));
+    }
+
+    for force in [false, true] {
+        let result = engine
+            .compact(&CompactParams {
+                session_id: session.session_id.clone(),
+                session_key: session.session_key.clone(),
+                session_file: session.session_file.clone(),
+                token_budget: Some(budget),
+                force,
+                ..CompactParams::default()
+            })
+            .await;
+        match result {
+            Ok(result) => check_compact_result(&mut report, &result, force),
+            Err(error) => report
+                .failures
+                .push(format!("compact(force={force}) failed: {error}")),
+        }
+    }
+
+    match engine
+        .prepare_subagent_spawn(&SubagentSpawnParams {
+            parent_session_key: session
+                .session_key
+                .clone()
+                .unwrap_or_else(|| session.session_id.clone()),
+            child_session_key: format!("{}:child", session.session_id),
+            context_mode: ContextMode::Isolated,
+            parent_session_id: Some(session.session_id.clone()),
+            ttl_ms: Some(60_000),
+            ..SubagentSpawnParams::default()
+        })
+        .await
+    {
+        Ok(Some(rollback)) => {
+            if let Err(error) = rollback.rollback().await {
+                report
+                    .failures
+                    .push(format!("spawn rollback failed: {error}"));
+            }
+        }
+        Ok(None) => {}
+        Err(error) => report
+            .failures
+            .push(format!("prepare_subagent_spawn failed: {error}")),
+    }
+    if let Err(error) = engine
+        .on_subagent_ended(&SubagentEndedParams {
+            child_session_key: format!("{}:child", session.session_id),
+            reason: SubagentEndReason::Completed,
+        })
+        .await
+    {
+        report
+            .failures
+            .push(format!("on_subagent_ended failed: {error}"));
+    }
+
+    if info
+        .transcript_semantics
+        .as_ref()
+        .is_some_and(TranscriptSemantics::supports_durable_turns)
+    {
+        let params = CommitTurnParams {
+            advancement_key: format!("{}:turn-1", session.session_id),
+            session_id: session.session_id.clone(),
+            session_key: session.session_key.clone(),
+            messages: conversation.clone(),
+            ..CommitTurnParams::default()
+        };
+        let first = engine.commit_turn(&params).await;
+        report.check(
+            matches!(
+                first,
+                Ok(CommitTurnResult {
+                    status: CommitStatus::Committed
+                })
+            ),
+            || format!("the first commit_turn of a key must be committed, got {first:?}"),
+        );
+        let second = engine.commit_turn(&params).await;
+        report.check(
+            matches!(
+                second,
+                Ok(CommitTurnResult {
+                    status: CommitStatus::Duplicate
+                })
+            ),
+            || format!("a repeated commit_turn key must be a duplicate, got {second:?}"),
+        );
+    }
+
+    if let Err(error) = engine.dispose().await {
+        report.failures.push(format!("dispose failed: {error}"));
+    }
+    report.finish(&format!("contract of engine \"{engine_name}\""));
+}
+
+fn check_compact_result(report: &mut Report, result: &CompactResult, force: bool) {
+    report.check(!result.compacted || result.ok, || {
+        format!("compact(force={force}): compacted=true requires ok=true")
+    });
+    if !result.compacted {
+        report.check(result.reason.is_some(), || {
+            format!("compact(force={force}): a call that compacted nothing must say why")
+        });
+    }
+    if result.compacted {
+        match &result.result {
+            None => report.failures.push(format!(
+                "compact(force={force}): compacted=true without result details"
+            )),
+            Some(details) => {
+                if let Some(after) = details.tokens_after {
+                    report.check(after < details.tokens_before, || {
+                        format!(
+                            "compact(force={force}): compacted=true but tokens went {} -> {after}",
+                            details.tokens_before
+                        )
+                    });
+                }
+            }
+        }
+    }
+}
+
+// --- host requirements --------------------------------------------------------------------------
+
+/// One row of the host-requirement table.
+#[derive(Clone, Debug)]
+pub struct HostRequirementCase {
+    pub name: &'static str,
+    /// The operation the engine declares `required` for.
+    pub declared_for: Operation,
+    pub required: &'static [Capability],
+    pub unsupported_message: Option<&'static str>,
+    pub operation: Operation,
+    pub host: HostProfile,
+    /// Substrings the error must contain; `None` when the check must pass.
+    pub expect_error: Option<&'static [&'static str]>,
+}
+
+pub fn host_requirement_cases() -> Vec<HostRequirementCase> {
+    use Capability::*;
+    vec![
+        HostRequirementCase {
+            name: "no requirements pass anywhere",
+            declared_for: Operation::AgentRun,
+            required: &[],
+            unsupported_message: None,
+            operation: Operation::AgentRun,
+            host: HostProfile::cli("claude-cli"),
+            expect_error: None,
+        },
+        HostRequirementCase {
+            name: "the embedded host satisfies assemble-before-prompt",
+            declared_for: Operation::AgentRun,
+            required: &[AssembleBeforePrompt],
+            unsupported_message: None,
+            operation: Operation::AgentRun,
+            host: HostProfile::embedded(),
+            expect_error: None,
+        },
+        HostRequirementCase {
+            name: "a CLI backend lacks assemble-before-prompt",
+            declared_for: Operation::AgentRun,
+            required: &[AssembleBeforePrompt, AfterTurn],
+            unsupported_message: Some("Select the legacy engine for CLI backends."),
+            operation: Operation::AgentRun,
+            host: HostProfile::cli("claude-cli"),
+            expect_error: Some(&[
+                "Context engine \"probe\" cannot run operation \"agent-run\" on the CLI backend \"claude-cli\".",
+                "Missing host capabilities: assemble-before-prompt.",
+                "Required capabilities: assemble-before-prompt, after-turn.",
+                "Host capabilities: bootstrap, after-turn, maintain.",
+                "Select the legacy engine for CLI backends.",
+            ]),
+        },
+        HostRequirementCase {
+            name: "requirements apply only to their operation",
+            declared_for: Operation::AgentRun,
+            required: &[AssembleBeforePrompt],
+            unsupported_message: None,
+            operation: Operation::ManualCompact,
+            host: HostProfile::cli("claude-cli"),
+            expect_error: None,
+        },
+        HostRequirementCase {
+            name: "manual compaction that needs compact on a CLI backend",
+            declared_for: Operation::ManualCompact,
+            required: &[Compact],
+            unsupported_message: None,
+            operation: Operation::ManualCompact,
+            host: HostProfile::cli("codex"),
+            expect_error: Some(&["Missing host capabilities: compact."]),
+        },
+    ]
+}
+
+/// Runs [`host_requirement_cases`]. Panics with every failing row.
+pub fn check_host_requirement_table() {
+    let mut report = Report::default();
+    for case in host_requirement_cases() {
+        let mut requirements = crate::host::HostRequirements::new();
+        requirements.insert(
+            case.declared_for,
+            HostRequirement {
+                required_capabilities: case.required.iter().copied().collect(),
+                unsupported_message: case.unsupported_message.map(str::to_owned),
+            },
+        );
+        let outcome = check_host_support("probe", &requirements, case.operation, &case.host);
+        match (outcome, case.expect_error) {
+            (Ok(()), None) => {}
+            (Ok(()), Some(_)) => report.failures.push(format!(
+                "{}: expected a fail-closed error, got none",
+                case.name
+            )),
+            (Err(error), None) => report
+                .failures
+                .push(format!("{}: expected success, got: {error}", case.name)),
+            (Err(error), Some(parts)) => {
+                let text = error.to_string();
+                for part in parts {
+                    report.check(text.contains(part), || {
+                        format!("{}: error text lacks {part:?}: {text}", case.name)
+                    });
+                }
+            }
+        }
+    }
+    report.finish("host-requirement table");
+}
+
+// --- selection, quarantine, failure policy ------------------------------------------------------
+
+/// The id and owner of the plugin engine the selection table registers.
+pub const PROBE_ENGINE_ID: &str = "probe";
+pub const PROBE_PLUGIN_ID: &str = "probe-plugin";
+
+/// How the probe engine is registered for a row.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProbeSetup {
+    /// Registered and healthy, except that `fail_at` stages fail (or are cancelled).
+    Engine {
+        fail_at: &'static [Stage],
+        cancel: bool,
+    },
+    /// Registered with a factory that errors.
+    FailingFactory,
+    /// Registered with a factory whose engine has an empty name.
+    InvalidContract,
+    /// Not registered at all.
+    Unregistered,
+}
+
+/// A call the row makes after resolution.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Call {
+    Stage(Stage),
+    /// `compact` with an abort signal that is already aborted.
+    AbortedCompact,
+}
+
+/// One row of the selection table.
+#[derive(Clone, Debug)]
+pub struct SelectionCase {
+    pub name: &'static str,
+    pub slot: Option<&'static str>,
+    pub probe: ProbeSetup,
+    /// `plugins.entries.probe-plugin.enabled`.
+    pub enabled: Option<bool>,
+    pub policy: FailurePolicy,
+    pub calls: &'static [Call],
+    /// The `info().id` of the serving engine after the calls.
+    pub expect_engine: &'static str,
+    /// The recorded quarantine stage for the probe, if any.
+    pub expect_quarantine: Option<Stage>,
+    /// Substring of the error the resolution or the *last* call returns; `None` = all succeed.
+    pub expect_error: Option<&'static str>,
+    /// Whether the probe's factory may have been called.
+    pub expect_factory_called: bool,
+}
+
+const HEALTHY: ProbeSetup = ProbeSetup::Engine {
+    fail_at: &[],
+    cancel: false,
+};
+
+/// The slot/policy/quarantine table, mined from OpenClaw's registry and quarantine behaviour.
+pub fn selection_cases() -> Vec<SelectionCase> {
+    let row = |name, slot, probe, calls, expect_engine| SelectionCase {
+        name,
+        slot,
+        probe,
+        enabled: None,
+        policy: FailurePolicy::Fallback,
+        calls,
+        expect_engine,
+        expect_quarantine: None,
+        expect_error: None,
+        expect_factory_called: expect_engine == PROBE_ENGINE_ID,
+    };
+    let lifecycle_failure = |name, stage| SelectionCase {
+        expect_quarantine: Some(stage),
+        expect_factory_called: true,
+        ..row(
+            name,
+            Some(PROBE_ENGINE_ID),
+            ProbeSetup::Engine {
+                fail_at: match stage {
+                    Stage::Bootstrap => &[Stage::Bootstrap],
+                    Stage::Ingest => &[Stage::Ingest],
+                    Stage::IngestBatch => &[Stage::IngestBatch],
+                    Stage::AfterTurn => &[Stage::AfterTurn],
+                    Stage::Assemble => &[Stage::Assemble],
+                    Stage::Maintain => &[Stage::Maintain],
+                    Stage::OnSubagentEnded => &[Stage::OnSubagentEnded],
+                    _ => &[],
+                },
+                cancel: false,
+            },
+            match stage {
+                Stage::Bootstrap => &[Call::Stage(Stage::Bootstrap)],
+                Stage::Ingest => &[Call::Stage(Stage::Ingest)],
+                Stage::IngestBatch => &[Call::Stage(Stage::IngestBatch)],
+                Stage::AfterTurn => &[Call::Stage(Stage::AfterTurn)],
+                Stage::Assemble => &[Call::Stage(Stage::Assemble)],
+                Stage::Maintain => &[Call::Stage(Stage::Maintain)],
+                Stage::OnSubagentEnded => &[Call::Stage(Stage::OnSubagentEnded)],
+                _ => &[],
+            },
+            LEGACY_ENGINE_ID,
+        )
+    };
+    vec![
+        row(
+            "unset slot selects legacy",
+            None,
+            HEALTHY,
+            &[Call::Stage(Stage::Assemble)],
+            LEGACY_ENGINE_ID,
+        ),
+        row(
+            "empty slot selects legacy",
+            Some(""),
+            HEALTHY,
+            &[],
+            LEGACY_ENGINE_ID,
+        ),
+        row(
+            "\"legacy\" selects legacy",
+            Some("legacy"),
+            HEALTHY,
+            &[],
+            LEGACY_ENGINE_ID,
+        ),
+        row(
+            "\"none\" selects legacy",
+            Some("none"),
+            HEALTHY,
+            &[],
+            LEGACY_ENGINE_ID,
+        ),
+        row(
+            "a registered engine is selected",
+            Some("probe"),
+            HEALTHY,
+            &[Call::Stage(Stage::Assemble)],
+            PROBE_ENGINE_ID,
+        ),
+        row(
+            "the slot value is trimmed",
+            Some("  probe  "),
+            HEALTHY,
+            &[],
+            PROBE_ENGINE_ID,
+        ),
+        SelectionCase {
+            enabled: Some(true),
+            ..row(
+                "an enabled entry keeps the engine",
+                Some("probe"),
+                HEALTHY,
+                &[],
+                PROBE_ENGINE_ID,
+            )
+        },
+        SelectionCase {
+            enabled: Some(false),
+            ..row(
+                "a disabled entry selects legacy silently, without calling the factory",
+                Some("probe"),
+                ProbeSetup::FailingFactory,
+                &[Call::Stage(Stage::Assemble)],
+                LEGACY_ENGINE_ID,
+            )
+        },
+        SelectionCase {
+            enabled: Some(false),
+            policy: FailurePolicy::Strict,
+            ..row(
+                "a disabled entry selects legacy even under the strict policy",
+                Some("probe"),
+                HEALTHY,
+                &[],
+                LEGACY_ENGINE_ID,
+            )
+        },
+        SelectionCase {
+            expect_quarantine: Some(Stage::Resolve),
+            ..row(
+                "an unknown engine is quarantined and legacy serves",
+                Some("missing"),
+                ProbeSetup::Unregistered,
+                &[Call::Stage(Stage::Assemble)],
+                LEGACY_ENGINE_ID,
+            )
+        },
+        SelectionCase {
+            expect_quarantine: Some(Stage::Resolve),
+            policy: FailurePolicy::Strict,
+            expect_error: Some(
+                "Context engine \"missing\" is not registered. Available engines: legacy",
+            ),
+            ..row(
+                "strict: an unknown engine fails resolution",
+                Some("missing"),
+                ProbeSetup::Unregistered,
+                &[],
+                LEGACY_ENGINE_ID,
+            )
+        },
+        SelectionCase {
+            expect_quarantine: Some(Stage::Factory),
+            expect_factory_called: true,
+            ..row(
+                "a failing factory is quarantined and legacy serves",
+                Some("probe"),
+                ProbeSetup::FailingFactory,
+                &[Call::Stage(Stage::Ingest)],
+                LEGACY_ENGINE_ID,
+            )
+        },
+        SelectionCase {
+            expect_quarantine: Some(Stage::Factory),
+            expect_factory_called: true,
+            policy: FailurePolicy::Strict,
+            expect_error: Some("probe factory exploded"),
+            ..row(
+                "strict: a failing factory fails resolution",
+                Some("probe"),
+                ProbeSetup::FailingFactory,
+                &[],
+                LEGACY_ENGINE_ID,
+            )
+        },
+        SelectionCase {
+            expect_quarantine: Some(Stage::ContractValidation),
+            expect_factory_called: true,
+            ..row(
+                "an engine with an empty name fails contract validation",
+                Some("probe"),
+                ProbeSetup::InvalidContract,
+                &[Call::Stage(Stage::Assemble)],
+                LEGACY_ENGINE_ID,
+            )
+        },
+        lifecycle_failure(
+            "a failing bootstrap quarantines; legacy serves the retry",
+            Stage::Bootstrap,
+        ),
+        lifecycle_failure(
+            "a failing ingest quarantines; legacy serves the retry",
+            Stage::Ingest,
+        ),
+        lifecycle_failure(
+            "a failing ingest_batch quarantines; legacy serves the retry",
+            Stage::IngestBatch,
+        ),
+        lifecycle_failure(
+            "a failing after_turn quarantines; legacy serves the retry",
+            Stage::AfterTurn,
+        ),
+        lifecycle_failure(
+            "a failing assemble quarantines; legacy serves the retry",
+            Stage::Assemble,
+        ),
+        lifecycle_failure(
+            "a failing maintain quarantines; legacy serves the retry",
+            Stage::Maintain,
+        ),
+        lifecycle_failure(
+            "a failing on_subagent_ended quarantines; legacy serves the retry",
+            Stage::OnSubagentEnded,
+        ),
+        SelectionCase {
+            expect_quarantine: Some(Stage::Compact),
+            expect_error: Some("probe failed during compact"),
+            expect_factory_called: true,
+            ..row(
+                "a failing compact quarantines and returns its error",
+                Some("probe"),
+                ProbeSetup::Engine {
+                    fail_at: &[Stage::Compact],
+                    cancel: false,
+                },
+                &[Call::Stage(Stage::Compact)],
+                LEGACY_ENGINE_ID,
+            )
+        },
+        SelectionCase {
+            expect_quarantine: Some(Stage::PrepareSubagentSpawn),
+            expect_error: Some("probe failed during prepareSubagentSpawn"),
+            expect_factory_called: true,
+            ..row(
+                "a failing spawn preparation quarantines and returns its error",
+                Some("probe"),
+                ProbeSetup::Engine {
+                    fail_at: &[Stage::PrepareSubagentSpawn],
+                    cancel: false,
+                },
+                &[Call::Stage(Stage::PrepareSubagentSpawn)],
+                LEGACY_ENGINE_ID,
+            )
+        },
+        SelectionCase {
+            expect_quarantine: Some(Stage::Assemble),
+            expect_factory_called: true,
+            ..row(
+                "after quarantine every call goes to legacy",
+                Some("probe"),
+                ProbeSetup::Engine {
+                    fail_at: &[Stage::Assemble],
+                    cancel: false,
+                },
+                &[
+                    Call::Stage(Stage::Assemble),
+                    Call::Stage(Stage::Ingest),
+                    Call::Stage(Stage::Compact),
+                ],
+                LEGACY_ENGINE_ID,
+            )
+        },
+        SelectionCase {
+            expect_quarantine: Some(Stage::Ingest),
+            expect_factory_called: true,
+            ..row(
+                "the first failure is the one recorded",
+                Some("probe"),
+                ProbeSetup::Engine {
+                    fail_at: &[Stage::Ingest, Stage::Assemble],
+                    cancel: false,
+                },
+                &[Call::Stage(Stage::Ingest), Call::Stage(Stage::Assemble)],
+                LEGACY_ENGINE_ID,
+            )
+        },
+        SelectionCase {
+            expect_error: Some("cancelled"),
+            ..row(
+                "a cancelled call never quarantines",
+                Some("probe"),
+                ProbeSetup::Engine {
+                    fail_at: &[Stage::Assemble],
+                    cancel: true,
+                },
+                &[Call::Stage(Stage::Assemble)],
+                PROBE_ENGINE_ID,
+            )
+        },
+        SelectionCase {
+            expect_error: Some("cancelled"),
+            ..row(
+                "an already-aborted compact is cancelled before it starts",
+                Some("probe"),
+                HEALTHY,
+                &[Call::AbortedCompact],
+                PROBE_ENGINE_ID,
+            )
+        },
+        SelectionCase {
+            policy: FailurePolicy::Strict,
+            expect_quarantine: Some(Stage::Assemble),
+            expect_error: Some("probe failed during assemble"),
+            ..row(
+                "strict: a failing call returns its error instead of using legacy",
+                Some("probe"),
+                ProbeSetup::Engine {
+                    fail_at: &[Stage::Assemble],
+                    cancel: false,
+                },
+                &[Call::Stage(Stage::Assemble)],
+                PROBE_ENGINE_ID,
+            )
+        },
+        SelectionCase {
+            policy: FailurePolicy::Strict,
+            expect_quarantine: Some(Stage::Assemble),
+            expect_error: Some("failure policy is strict"),
+            ..row(
+                "strict: calls after a quarantine fail too",
+                Some("probe"),
+                ProbeSetup::Engine {
+                    fail_at: &[Stage::Assemble],
+                    cancel: false,
+                },
+                &[Call::Stage(Stage::Assemble), Call::Stage(Stage::Ingest)],
+                PROBE_ENGINE_ID,
+            )
+        },
+    ]
+}
+
+/// Runs every row of [`selection_cases`] on a fresh registry where `legacy` is registered with
+/// `legacy_factory` (the host's real default engine). Panics with every failing row.
+pub async fn check_selection_table(legacy_factory: EngineFactory) {
+    let mut report = Report::default();
+    for case in selection_cases() {
+        if let Err(problem) = check_selection_case(&case, legacy_factory.clone()).await {
+            report.failures.push(format!("{}: {problem}", case.name));
+        }
+    }
+    report.finish("selection table");
+}
+
+/// Runs one row; `Err` describes how the outcome differed from the row.
+pub async fn check_selection_case(
+    case: &SelectionCase,
+    legacy_factory: EngineFactory,
+) -> Result<(), String> {
+    let registry = Registry::new();
+    registry
+        .register(LEGACY_ENGINE_ID, Owner::Core, legacy_factory)
+        .map_err(|error| format!("registering legacy: {error}"))?;
+    let factory_calls = Arc::new(AtomicUsize::new(0));
+    if let Some(factory) = probe_factory(case.probe, factory_calls.clone()) {
+        registry
+            .register(PROBE_ENGINE_ID, Owner::plugin(PROBE_PLUGIN_ID), factory)
+            .map_err(|error| format!("registering the probe: {error}"))?;
+    }
+    let mut selection = EngineSelection {
+        slot: case.slot.map(str::to_owned),
+        failure_policy: case.policy,
+        ..EngineSelection::default()
+    };
+    if case.enabled.is_some() {
+        selection.entries.insert(
+            PROBE_PLUGIN_ID.to_owned(),
+            EntrySettings {
+                enabled: case.enabled,
+                config: None,
+            },
+        );
+    }
+
+    let mut last_error: Option<String> = None;
+    match registry.resolve(&selection).await {
+        Err(error) => last_error = Some(error.to_string()),
+        Ok(resolved) => {
+            for call in case.calls {
+                last_error = run_call(&*resolved.engine, *call)
+                    .await
+                    .err()
+                    .map(|e| e.to_string());
+            }
+            let serving = resolved.engine.info().id;
+            if serving != case.expect_engine {
+                return Err(format!(
+                    "expected \"{}\" to serve, but \"{serving}\" does",
+                    case.expect_engine
+                ));
+            }
+        }
+    }
+    match (&last_error, case.expect_error) {
+        (None, None) => {}
+        (Some(error), None) => return Err(format!("unexpected error: {error}")),
+        (None, Some(expected)) => return Err(format!("expected an error containing {expected:?}")),
+        (Some(error), Some(expected)) => {
+            if !error.contains(expected) {
+                return Err(format!("error {error:?} does not contain {expected:?}"));
+            }
+        }
+    }
+    let quarantined = registry
+        .quarantine_of(case.slot.map(str::trim).unwrap_or_default())
+        .map(|record| record.operation);
+    if quarantined != case.expect_quarantine {
+        return Err(format!(
+            "expected quarantine {:?}, found {quarantined:?}",
+            case.expect_quarantine
+        ));
+    }
+    let called = factory_calls.load(Ordering::SeqCst) > 0;
+    if called && !case.expect_factory_called {
+        return Err("the probe's factory was called".to_owned());
+    }
+    Ok(())
+}
+
+fn probe_factory(setup: ProbeSetup, calls: Arc<AtomicUsize>) -> Option<EngineFactory> {
+    match setup {
+        ProbeSetup::Unregistered => None,
+        ProbeSetup::FailingFactory => Some(engine_factory(move |_| {
+            calls.fetch_add(1, Ordering::SeqCst);
+            async { Err(EngineError::failed("probe factory exploded")) }
+        })),
+        ProbeSetup::InvalidContract => Some(engine_factory(move |_| {
+            calls.fetch_add(1, Ordering::SeqCst);
+            async {
+                let engine: Arc<dyn ContextEngine> = Arc::new(ProbeEngine {
+                    name: String::new(),
+                    ..ProbeEngine::default()
+                });
+                Ok(engine)
+            }
+        })),
+        ProbeSetup::Engine { fail_at, cancel } => Some(engine_factory(move |_| {
+            calls.fetch_add(1, Ordering::SeqCst);
+            async move {
+                let engine: Arc<dyn ContextEngine> = Arc::new(ProbeEngine {
+                    fail_at: fail_at.to_vec(),
+                    cancel,
+                    ..ProbeEngine::default()
+                });
+                Ok(engine)
+            }
+        })),
+    }
+}
+
+async fn run_call(engine: &dyn ContextEngine, call: Call) -> Result<(), EngineError> {
+    let session_id = "conformance".to_owned();
+    let message = AgentMessage::user_text("hello");
+    match call {
+        Call::AbortedCompact => {
+            let abort = AbortSignal::new();
+            abort.abort();
+            engine
+                .compact(&CompactParams {
+                    session_id,
+                    abort: Some(abort),
+                    ..CompactParams::default()
+                })
+                .await
+                .map(drop)
+        }
+        Call::Stage(stage) => match stage {
+            Stage::Bootstrap => engine
+                .bootstrap(&BootstrapParams {
+                    session_id,
+                    ..BootstrapParams::default()
+                })
+                .await
+                .map(drop),
+            Stage::Ingest => engine
+                .ingest(&IngestParams {
+                    session_id,
+                    session_key: None,
+                    message,
+                    entry_id: None,
+                    is_heartbeat: false,
+                })
+                .await
+                .map(drop),
+            Stage::IngestBatch => engine
+                .ingest_batch(&IngestBatchParams {
+                    session_id,
+                    messages: vec![message],
+                    ..IngestBatchParams::default()
+                })
+                .await
+                .map(drop),
+            Stage::AfterTurn => {
+                engine
+                    .after_turn(&AfterTurnParams {
+                        session_id,
+                        messages: vec![message],
+                        ..AfterTurnParams::default()
+                    })
+                    .await
+            }
+            Stage::Assemble => engine
+                .assemble(&AssembleParams {
+                    session_id,
+                    messages: vec![message],
+                    token_budget: Some(1_000),
+                    ..AssembleParams::default()
+                })
+                .await
+                .map(drop),
+            Stage::Compact => engine
+                .compact(&CompactParams {
+                    session_id,
+                    ..CompactParams::default()
+                })
+                .await
+                .map(drop),
+            Stage::Maintain => engine
+                .maintain(&MaintainParams {
+                    session_id,
+                    ..MaintainParams::default()
+                })
+                .await
+                .map(drop),
+            Stage::CommitTurn => engine
+                .commit_turn(&CommitTurnParams {
+                    advancement_key: "k".to_owned(),
+                    session_id,
+                    ..CommitTurnParams::default()
+                })
+                .await
+                .map(drop),
+            Stage::PrepareSubagentSpawn => engine
+                .prepare_subagent_spawn(&SubagentSpawnParams {
+                    parent_session_key: "parent".to_owned(),
+                    child_session_key: "child".to_owned(),
+                    ..SubagentSpawnParams::default()
+                })
+                .await
+                .map(drop),
+            Stage::OnSubagentEnded => {
+                engine
+                    .on_subagent_ended(&SubagentEndedParams {
+                        child_session_key: "child".to_owned(),
+                        reason: SubagentEndReason::Completed,
+                    })
+                    .await
+            }
+            Stage::Resolve | Stage::Factory | Stage::ContractValidation => Ok(()),
+        },
+    }
+}
+
+/// A plugin engine for the tables: records its calls, fails (or is cancelled) at chosen stages.
+#[derive(Debug)]
+pub struct ProbeEngine {
+    pub name: String,
+    pub fail_at: Vec<Stage>,
+    /// Fail with [`EngineError::Cancelled`] instead of an error.
+    pub cancel: bool,
+    pub calls: Mutex<Vec<Stage>>,
+}
+
+impl Default for ProbeEngine {
+    fn default() -> ProbeEngine {
+        ProbeEngine {
+            name: "Probe Engine".to_owned(),
+            fail_at: Vec::new(),
+            cancel: false,
+            calls: Mutex::new(Vec::new()),
+        }
+    }
+}
+
+impl ProbeEngine {
+    fn enter(&self, stage: Stage) -> Result<(), EngineError> {
+        self.calls
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(stage);
+        if !self.fail_at.contains(&stage) {
+            Ok(())
+        } else if self.cancel {
+            Err(EngineError::Cancelled)
+        } else {
+            Err(EngineError::failed(format!("probe failed during {stage}")))
+        }
+    }
+}
+
+#[async_trait]
+impl ContextEngine for ProbeEngine {
+    fn info(&self) -> EngineInfo {
+        EngineInfo {
+            id: PROBE_ENGINE_ID.to_owned(),
+            name: self.name.clone(),
+            owns_compaction: true,
+            ..EngineInfo::default()
+        }
+    }
+
+    async fn ingest(&self, _params: &IngestParams) -> Result<IngestResult, EngineError> {
+        self.enter(Stage::Ingest)?;
+        Ok(IngestResult { ingested: true })
+    }
+
+    async fn assemble(&self, params: &AssembleParams) -> Result<AssembleResult, EngineError> {
+        self.enter(Stage::Assemble)?;
+        Ok(AssembleResult {
+            messages: params.messages.clone(),
+            estimated_tokens: 1,
+            ..AssembleResult::default()
+        })
+    }
+
+    async fn compact(&self, _params: &CompactParams) -> Result<CompactResult, EngineError> {
+        self.enter(Stage::Compact)?;
+        Ok(CompactResult::unchanged(CompactReason::BelowThreshold, 0))
+    }
+
+    async fn bootstrap(&self, _params: &BootstrapParams) -> Result<BootstrapResult, EngineError> {
+        self.enter(Stage::Bootstrap)?;
+        Ok(BootstrapResult::default())
+    }
+
+    async fn ingest_batch(
+        &self,
+        params: &IngestBatchParams,
+    ) -> Result<IngestBatchResult, EngineError> {
+        self.enter(Stage::IngestBatch)?;
+        Ok(IngestBatchResult {
+            ingested_count: params.messages.len() as u64,
+        })
+    }
+
+    async fn after_turn(&self, _params: &AfterTurnParams) -> Result<(), EngineError> {
+        self.enter(Stage::AfterTurn)
+    }
+
+    async fn maintain(&self, _params: &MaintainParams) -> Result<MaintainResult, EngineError> {
+        self.enter(Stage::Maintain)?;
+        Ok(MaintainResult::default())
+    }
+
+    async fn prepare_subagent_spawn(
+        &self,
+        _params: &SubagentSpawnParams,
+    ) -> Result<SpawnPreparation, EngineError> {
+        self.enter(Stage::PrepareSubagentSpawn)?;
+        Ok(None)
+    }
+
+    async fn on_subagent_ended(&self, _params: &SubagentEndedParams) -> Result<(), EngineError> {
+        self.enter(Stage::OnSubagentEnded)
+    }
+}
+
+/// A stand-in for the host's `legacy` engine, for tests and examples that must not depend on
+/// the real one: ingest stores nothing, assemble passes the host's messages through with
+/// `estimated_tokens: 0`, compact reports that it cannot compact.
+#[derive(Debug, Default)]
+pub struct LegacyStandIn;
+
+#[async_trait]
+impl ContextEngine for LegacyStandIn {
+    fn info(&self) -> EngineInfo {
+        EngineInfo {
+            id: LEGACY_ENGINE_ID.to_owned(),
+            name: "Legacy stand-in".to_owned(),
+            ..EngineInfo::default()
+        }
+    }
+
+    async fn ingest(&self, _params: &IngestParams) -> Result<IngestResult, EngineError> {
+        Ok(IngestResult { ingested: false })
+    }
+
+    async fn assemble(&self, params: &AssembleParams) -> Result<AssembleResult, EngineError> {
+        Ok(AssembleResult {
+            messages: params.messages.clone(),
+            estimated_tokens: 0,
+            ..AssembleResult::default()
+        })
+    }
+
+    async fn compact(&self, _params: &CompactParams) -> Result<CompactResult, EngineError> {
+        Ok(CompactResult::unchanged(CompactReason::TooSmall, 0))
+    }
+}
+
+/// A factory for [`LegacyStandIn`], to register under [`LEGACY_ENGINE_ID`].
+pub fn legacy_stand_in_factory() -> EngineFactory {
+    engine_factory(|_| async {
+        let engine: Arc<dyn ContextEngine> = Arc::new(LegacyStandIn);
+        Ok(engine)
+    })
+}

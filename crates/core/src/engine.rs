@@ -1,0 +1,678 @@
+//! The `ContextEngine` trait, its parameters and results.
+//!
+//! Parameter and result types serialize to OpenClaw's camelCase wire shapes, so a host can bridge
+//! them to JavaScript engines (and a JavaScript host to ours) without a translation table.
+
+use std::collections::BTreeSet;
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::host::HostRequirements;
+use crate::message::AgentMessage;
+
+// --- engine info --------------------------------------------------------------------------------
+
+/// What an engine is, and what it needs from its host.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EngineInfo {
+    /// The engine's own id (display and logs); may differ from the id it was registered under.
+    pub id: String,
+    /// A display name.
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+    /// The engine owns compaction: the host turns its built-in auto-compaction off.
+    #[serde(default)]
+    pub owns_compaction: bool,
+    #[serde(default, skip_serializing_if = "HostRequirements::is_empty")]
+    pub host_requirements: HostRequirements,
+    #[serde(default)]
+    pub turn_maintenance_mode: TurnMaintenanceMode,
+    /// Host-added parameters the engine wants to receive (OpenClaw 2026.8+).
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
+    pub accepted_host_params: BTreeSet<HostParam>,
+    /// Declared transcript semantics; with `commit_turn`, required for durable turns.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transcript_semantics: Option<TranscriptSemantics>,
+}
+
+/// Whether `maintain` after a turn blocks the reply.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TurnMaintenanceMode {
+    #[default]
+    Foreground,
+    Background,
+}
+
+/// Host-added parameters an engine can opt into.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum HostParam {
+    SessionKey,
+    Prompt,
+    RuntimeSettings,
+    SessionTarget,
+    RuntimeContext,
+    AbortSignal,
+}
+
+/// The transcript guarantees an engine declares for durable (recorder-backed) turns.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TranscriptSemantics {
+    /// `before-current-turn-entry-v1`: `assemble` receives the history before the current turn.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub current_turn_fence: Option<String>,
+    /// `atomic-idempotent-v1`: `commit_turn` is one atomic write per advancement key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub turn_advancement_idempotency: Option<String>,
+}
+
+impl TranscriptSemantics {
+    pub const CURRENT_TURN_FENCE_V1: &'static str = "before-current-turn-entry-v1";
+    pub const ATOMIC_IDEMPOTENT_V1: &'static str = "atomic-idempotent-v1";
+
+    /// Both declarations a durable-turn host requires.
+    pub fn durable_v1() -> TranscriptSemantics {
+        TranscriptSemantics {
+            current_turn_fence: Some(Self::CURRENT_TURN_FENCE_V1.to_owned()),
+            turn_advancement_idempotency: Some(Self::ATOMIC_IDEMPOTENT_V1.to_owned()),
+        }
+    }
+
+    /// True when both declarations have the values a durable-turn host requires.
+    pub fn supports_durable_turns(&self) -> bool {
+        self.current_turn_fence.as_deref() == Some(Self::CURRENT_TURN_FENCE_V1)
+            && self.turn_advancement_idempotency.as_deref() == Some(Self::ATOMIC_IDEMPOTENT_V1)
+    }
+}
+
+// --- cancellation -------------------------------------------------------------------------------
+
+/// A cancellation flag shared between a host and an engine call. The host aborts; the engine
+/// checks [`AbortSignal::is_aborted`] between steps and returns [`EngineError::Cancelled`].
+#[derive(Clone, Debug, Default)]
+pub struct AbortSignal {
+    aborted: Arc<AtomicBool>,
+}
+
+impl AbortSignal {
+    pub fn new() -> AbortSignal {
+        AbortSignal::default()
+    }
+
+    pub fn abort(&self) {
+        self.aborted.store(true, Ordering::SeqCst);
+    }
+
+    pub fn is_aborted(&self) -> bool {
+        self.aborted.load(Ordering::SeqCst)
+    }
+}
+
+// --- errors -------------------------------------------------------------------------------------
+
+/// Why an engine call failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum EngineError {
+    /// The caller cancelled the call. Never a reason to quarantine an engine.
+    #[error("cancelled")]
+    Cancelled,
+    /// The engine does not implement an optional method the host required.
+    #[error("context engine does not implement {method}")]
+    Unsupported { method: &'static str },
+    /// The engine's configuration is invalid (raised by factories).
+    #[error("invalid configuration: {0}")]
+    InvalidConfig(String),
+    /// Any other failure, with its source.
+    #[error("{message}")]
+    Failed {
+        message: String,
+        #[source]
+        source: Option<Box<dyn std::error::Error + Send + Sync>>,
+    },
+}
+
+impl EngineError {
+    /// A failure described by a message.
+    pub fn failed(message: impl Into<String>) -> EngineError {
+        EngineError::Failed {
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// A failure caused by another error.
+    pub fn caused_by(
+        message: impl Into<String>,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> EngineError {
+        EngineError::Failed {
+            message: message.into(),
+            source: Some(Box::new(source)),
+        }
+    }
+
+    pub fn is_cancellation(&self) -> bool {
+        matches!(self, EngineError::Cancelled)
+    }
+}
+
+// --- parameters and results ---------------------------------------------------------------------
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BootstrapParams {
+    pub session_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_key: Option<String>,
+    /// The session transcript (OpenClaw JSONL) the engine may import.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_file: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BootstrapResult {
+    pub bootstrapped: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub imported_messages: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct IngestParams {
+    pub session_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_key: Option<String>,
+    pub message: AgentMessage,
+    /// The host's transcript entry id for the message, when it has one (an idempotency key).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub entry_id: Option<String>,
+    #[serde(default)]
+    pub is_heartbeat: bool,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct IngestResult {
+    /// False when the message was a duplicate or the engine stores nothing.
+    pub ingested: bool,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct IngestBatchParams {
+    pub session_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_key: Option<String>,
+    pub messages: Vec<AgentMessage>,
+    /// Entry ids parallel to `messages`, when the host has them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub entry_ids: Vec<Option<String>>,
+    #[serde(default)]
+    pub is_heartbeat: bool,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct IngestBatchResult {
+    pub ingested_count: u64,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AfterTurnParams {
+    pub session_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_key: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_file: Option<String>,
+    /// The whole conversation snapshot; `messages[pre_prompt_message_count..]` is the new turn.
+    pub messages: Vec<AgentMessage>,
+    /// Entry ids parallel to `messages`, when the host has them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub entry_ids: Vec<Option<String>>,
+    pub pre_prompt_message_count: usize,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auto_compaction_summary: Option<String>,
+    #[serde(default)]
+    pub is_heartbeat: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_budget: Option<u64>,
+}
+
+impl AfterTurnParams {
+    /// The messages the turn added, with their entry ids when known.
+    pub fn new_messages(&self) -> (&[AgentMessage], &[Option<String>]) {
+        let start = self.pre_prompt_message_count.min(self.messages.len());
+        let ids = if self.entry_ids.len() == self.messages.len() {
+            &self.entry_ids[start..]
+        } else {
+            &[]
+        };
+        (&self.messages[start..], ids)
+    }
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AssembleParams {
+    pub session_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_key: Option<String>,
+    /// The host's own history for the session (what legacy passes through).
+    pub messages: Vec<AgentMessage>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_budget: Option<u64>,
+    /// Tool names the model can call this run (a `Set` in OpenClaw; an array on the wire).
+    #[serde(default)]
+    pub available_tools: BTreeSet<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub citations_mode: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt: Option<String>,
+}
+
+/// Which estimate the host's overflow precheck trusts.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PromptAuthority {
+    /// The assembled context is windowed and self-contained: check only its estimate.
+    #[default]
+    Assembled,
+    /// The assembled view may hide overflow in the transcript: check the larger of both.
+    PreassemblyMayOverflow,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProjectionMode {
+    PerTurn,
+    ThreadBootstrap,
+}
+
+/// How a host with persistent backend threads should inject the assembled context.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ContextProjection {
+    pub mode: ProjectionMode,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub epoch: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fingerprint: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AssembleResult {
+    /// Exactly what the model will see, in order.
+    pub messages: Vec<AgentMessage>,
+    /// The engine's estimate of the assembled tokens (legacy reports 0).
+    pub estimated_tokens: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub system_prompt_addition: Option<String>,
+    #[serde(default)]
+    pub prompt_authority: PromptAuthority,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context_projection: Option<ContextProjection>,
+}
+
+/// How far a compaction should go.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CompactionTarget {
+    /// Down to the token budget.
+    Budget,
+    /// Down to the engine's own target below its threshold.
+    Threshold,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CompactParams {
+    pub session_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_key: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_file: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_budget: Option<u64>,
+    /// Compact even when under threshold (manual `/compact`).
+    #[serde(default)]
+    pub force: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub current_token_count: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compaction_target: Option<CompactionTarget>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub custom_instructions: Option<String>,
+    /// Aborted by the host on run abort or timeout. Not on the wire (`$/cancel` carries it).
+    #[serde(skip)]
+    pub abort: Option<AbortSignal>,
+}
+
+/// Why a compaction did (or did not) change anything. Stable strings on the wire; a reason from
+/// a foreign engine that is not one of ours is kept as [`CompactReason::Other`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CompactReason {
+    /// Compaction ran and reduced the context.
+    Compacted,
+    /// The context is already below the engine's threshold.
+    BelowThreshold,
+    /// Nothing outside the protected tail could be compacted.
+    NoCandidate,
+    /// A pass would not have reduced tokens; stopped rather than loop.
+    NoProgress,
+    /// The call ran out of time.
+    Deadline,
+    /// The summarizer failed at every level.
+    SummarizerUnavailable,
+    /// The history is too small to compact.
+    TooSmall,
+    /// The caller cancelled.
+    Cancelled,
+    /// The engine keeps a window instead of summarizing.
+    Windowed,
+    #[serde(untagged)]
+    Other(String),
+}
+
+impl fmt::Display for CompactReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match serde_json::to_value(self) {
+            Ok(Value::String(s)) => f.write_str(&s),
+            _ => write!(f, "{self:?}"),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CompactDetails {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub summary: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_kept_entry_id: Option<String>,
+    pub tokens_before: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens_after: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub details: Option<Value>,
+    /// The successor session when compaction rotated the transcript.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_id: Option<String>,
+    /// The successor transcript file when compaction rotated the transcript.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_file: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CompactResult {
+    pub ok: bool,
+    /// True only when the context actually got smaller.
+    pub compacted: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<CompactReason>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<CompactDetails>,
+}
+
+impl CompactResult {
+    /// A successful compaction.
+    pub fn compacted(details: CompactDetails) -> CompactResult {
+        CompactResult {
+            ok: true,
+            compacted: true,
+            reason: Some(CompactReason::Compacted),
+            result: Some(details),
+        }
+    }
+
+    /// A call that succeeded but changed nothing.
+    pub fn unchanged(reason: CompactReason, tokens: u64) -> CompactResult {
+        CompactResult {
+            ok: true,
+            compacted: false,
+            reason: Some(reason),
+            result: Some(CompactDetails {
+                tokens_before: tokens,
+                tokens_after: Some(tokens),
+                ..CompactDetails::default()
+            }),
+        }
+    }
+
+    /// A call that failed honestly: nothing changed.
+    pub fn failed(reason: CompactReason) -> CompactResult {
+        CompactResult {
+            ok: false,
+            compacted: false,
+            reason: Some(reason),
+            result: None,
+        }
+    }
+}
+
+/// Why `maintain` is called.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MaintainReason {
+    Bootstrap,
+    #[default]
+    Turn,
+    Compaction,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MaintainParams {
+    pub session_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_key: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_file: Option<String>,
+    #[serde(default)]
+    pub reason: MaintainReason,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MaintainResult {
+    pub changed: bool,
+    pub bytes_freed: u64,
+    pub rewritten_entries: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CommitTurnParams {
+    /// One durable write per key: a repeat of the same key is a duplicate.
+    pub advancement_key: String,
+    pub session_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_key: Option<String>,
+    /// The admitted user entry through the accepted terminal entry.
+    pub messages: Vec<AgentMessage>,
+    #[serde(default)]
+    pub pre_prompt_message_count: usize,
+    /// Transcript anchors of the admitted and terminal entries, as the host sent them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub admission: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub terminal: Option<Value>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CommitStatus {
+    Committed,
+    Duplicate,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CommitTurnResult {
+    pub status: CommitStatus,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ContextMode {
+    #[default]
+    Isolated,
+    Fork,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SubagentSpawnParams {
+    pub parent_session_key: String,
+    pub child_session_key: String,
+    #[serde(default)]
+    pub context_mode: ContextMode,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent_session_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent_session_file: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub child_session_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub child_session_file: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_ms: Option<u64>,
+}
+
+/// Undoes a subagent-spawn preparation when the spawn fails after it succeeded.
+#[async_trait]
+pub trait SpawnRollback: Send + Sync + fmt::Debug {
+    async fn rollback(self: Box<Self>) -> Result<(), EngineError>;
+}
+
+/// What a successful preparation returns: a rollback handle, when there is something to undo.
+pub type SpawnPreparation = Option<Box<dyn SpawnRollback>>;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SubagentEndReason {
+    Deleted,
+    Completed,
+    Swept,
+    Released,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SubagentEndedParams {
+    pub child_session_key: String,
+    pub reason: SubagentEndReason,
+}
+
+// --- the trait ----------------------------------------------------------------------------------
+
+/// A context engine: decides what the model sees on each run.
+///
+/// `info`, `ingest`, `assemble` and `compact` are required. The optional members have defaults
+/// that reproduce OpenClaw's host precedence: the host always calls `after_turn`, whose default
+/// ingests the new messages with `ingest_batch`, whose default calls `ingest` for each. So an
+/// engine that overrides only `ingest` is driven exactly as OpenClaw drives one.
+#[async_trait]
+pub trait ContextEngine: Send + Sync {
+    fn info(&self) -> EngineInfo;
+
+    async fn ingest(&self, params: &IngestParams) -> Result<IngestResult, EngineError>;
+
+    async fn assemble(&self, params: &AssembleParams) -> Result<AssembleResult, EngineError>;
+
+    async fn compact(&self, params: &CompactParams) -> Result<CompactResult, EngineError>;
+
+    async fn bootstrap(&self, _params: &BootstrapParams) -> Result<BootstrapResult, EngineError> {
+        Ok(BootstrapResult {
+            bootstrapped: false,
+            imported_messages: None,
+            reason: Some("engine has no bootstrap".to_owned()),
+        })
+    }
+
+    async fn ingest_batch(
+        &self,
+        params: &IngestBatchParams,
+    ) -> Result<IngestBatchResult, EngineError> {
+        let mut ingested_count = 0;
+        for (index, message) in params.messages.iter().enumerate() {
+            let result = self
+                .ingest(&IngestParams {
+                    session_id: params.session_id.clone(),
+                    session_key: params.session_key.clone(),
+                    message: message.clone(),
+                    entry_id: params.entry_ids.get(index).cloned().flatten(),
+                    is_heartbeat: params.is_heartbeat,
+                })
+                .await?;
+            ingested_count += u64::from(result.ingested);
+        }
+        Ok(IngestBatchResult { ingested_count })
+    }
+
+    async fn after_turn(&self, params: &AfterTurnParams) -> Result<(), EngineError> {
+        let (messages, entry_ids) = params.new_messages();
+        self.ingest_batch(&IngestBatchParams {
+            session_id: params.session_id.clone(),
+            session_key: params.session_key.clone(),
+            messages: messages.to_vec(),
+            entry_ids: entry_ids.to_vec(),
+            is_heartbeat: params.is_heartbeat,
+        })
+        .await?;
+        Ok(())
+    }
+
+    async fn maintain(&self, _params: &MaintainParams) -> Result<MaintainResult, EngineError> {
+        Ok(MaintainResult::default())
+    }
+
+    /// Durable turn advancement. Hosts call it only for engines whose `transcript_semantics`
+    /// declare atomic idempotency; the default refuses.
+    async fn commit_turn(
+        &self,
+        _params: &CommitTurnParams,
+    ) -> Result<CommitTurnResult, EngineError> {
+        Err(EngineError::Unsupported {
+            method: "commit_turn",
+        })
+    }
+
+    async fn prepare_subagent_spawn(
+        &self,
+        _params: &SubagentSpawnParams,
+    ) -> Result<SpawnPreparation, EngineError> {
+        Ok(None)
+    }
+
+    async fn on_subagent_ended(&self, _params: &SubagentEndedParams) -> Result<(), EngineError> {
+        Ok(())
+    }
+
+    /// Releases resources at host shutdown or reload (not per session).
+    async fn dispose(&self) -> Result<(), EngineError> {
+        Ok(())
+    }
+}

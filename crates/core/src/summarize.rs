@@ -1,0 +1,103 @@
+//! The summarizer seam. Engines ask for summaries; implementations (extractive, model-backed,
+//! deterministic truncation) live outside the contract crate.
+
+use std::fmt;
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+
+/// What is being summarized: raw messages (a leaf) or earlier summaries (a condensed node).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SummaryKind {
+    Leaf,
+    Condensed,
+}
+
+/// How hard to compress. Engines escalate when a level fails or does not shrink the source.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SummaryLevel {
+    Normal,
+    Aggressive,
+    /// Deterministic truncation: no model, always succeeds, always shrinks.
+    Fallback,
+}
+
+/// One unit of source text: a message (labelled with its role) or a summary (with its id).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SourceItem {
+    /// `user`, `assistant`, `toolResult`, … or a summary id.
+    pub label: String,
+    /// Milliseconds since the epoch, when known.
+    pub timestamp_ms: Option<i64>,
+    pub text: String,
+}
+
+/// A request for one summary.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SummaryRequest {
+    pub kind: SummaryKind,
+    /// 0 for a leaf; d+1 for a node condensing depth-d summaries.
+    pub depth: u32,
+    pub level: SummaryLevel,
+    /// The token count the summary should not exceed.
+    pub target_tokens: u64,
+    pub items: Vec<SourceItem>,
+    /// Text of the summaries just before this range, for continuity. Not to be summarized.
+    pub previous_context: Option<String>,
+    /// Operator instructions (from `/compact <instructions>`).
+    pub custom_instructions: Option<String>,
+}
+
+impl SummaryRequest {
+    /// The source as one text: each item on its own lines, prefixed by its label.
+    pub fn source_text(&self) -> String {
+        let mut out = String::new();
+        for item in &self.items {
+            if !out.is_empty() {
+                out.push('\n');
+            }
+            out.push('[');
+            out.push_str(&item.label);
+            out.push_str("] ");
+            out.push_str(&item.text);
+        }
+        out
+    }
+}
+
+/// A produced summary.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Summary {
+    pub text: String,
+    /// The level that produced it (a summarizer may fall back internally).
+    pub level: SummaryLevel,
+}
+
+/// Why a summary could not be produced.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SummarizeError {
+    /// Worth retrying later or at another level (rate limit, timeout, server error).
+    #[error("summarizer temporarily unavailable: {0}")]
+    Transient(String),
+    /// Credentials were refused; retrying will not help until the operator acts.
+    #[error("summarizer authentication failed: {0}")]
+    Auth(String),
+    /// The output was empty or not smaller than the input.
+    #[error("summarizer output unusable: {0}")]
+    BadOutput(String),
+    #[error("summarization cancelled")]
+    Cancelled,
+}
+
+/// Produces summaries. Implementations must be deterministic where they can be (the extractive
+/// default is), and must never hold a database transaction while they run.
+#[async_trait]
+pub trait Summarizer: Send + Sync + fmt::Debug {
+    /// A stable id recorded on every summary node (for provenance and re-summarization).
+    fn id(&self) -> &str;
+
+    async fn summarize(&self, request: &SummaryRequest) -> Result<Summary, SummarizeError>;
+}
