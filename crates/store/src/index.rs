@@ -1,0 +1,373 @@
+//! The tantivy recall index: derived from SQLite, never the source of truth.
+//!
+//! Text is indexed, not stored: hits carry a key (`message id × 2` or `summary id × 2 + 1`) and
+//! the text for snippets comes from SQLite. Each commit carries a payload with the highest
+//! message and summary ids it holds (the watermark), so the index and its watermark change
+//! atomically; on open the store indexes whatever SQLite has beyond it.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+use tantivy::collector::TopDocs;
+use tantivy::directory::MmapDirectory;
+use tantivy::query::{BooleanQuery, Occur, PhraseQuery, Query, RangeQuery, TermQuery};
+use tantivy::schema::{
+    FAST, Field, INDEXED, IndexRecordOption, STRING, Schema, TextFieldIndexing, TextOptions,
+};
+use tantivy::tokenizer::TokenStream;
+use tantivy::{DocAddress, Index, IndexReader, IndexWriter, Order, ReloadPolicy, TantivyDocument};
+use tantivy::{Term, doc};
+
+use crate::error::{Result, StoreError};
+use crate::types::{SearchMode, SearchOrder, SearchQuery, SearchTarget};
+
+/// Memory for the index writer: modest, so the store's footprint does not grow with history.
+const WRITER_HEAP_BYTES: usize = 24 * 1024 * 1024;
+
+const KIND_MESSAGE: u64 = 0;
+const KIND_SUMMARY: u64 = 1;
+
+/// The highest row ids the index holds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Watermark {
+    #[serde(rename = "m")]
+    pub(crate) messages: i64,
+    #[serde(rename = "s")]
+    pub(crate) summaries: i64,
+}
+
+#[derive(Clone, Copy)]
+pub(crate) struct Fields {
+    key: Field,
+    conversation: Field,
+    agent: Field,
+    kind: Field,
+    role: Field,
+    time: Field,
+    text: Field,
+}
+
+/// What a hit points at, decoded from its key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum IndexedRow {
+    Message(i64),
+    Summary(i64),
+}
+
+fn key_of(row: IndexedRow) -> u64 {
+    match row {
+        IndexedRow::Message(id) => (id as u64) << 1,
+        IndexedRow::Summary(id) => ((id as u64) << 1) | 1,
+    }
+}
+
+fn row_of(key: u64) -> IndexedRow {
+    let id = (key >> 1) as i64;
+    if key & 1 == 0 {
+        IndexedRow::Message(id)
+    } else {
+        IndexedRow::Summary(id)
+    }
+}
+
+fn schema() -> (Schema, Fields) {
+    let mut builder = Schema::builder();
+    let text_options = TextOptions::default().set_indexing_options(
+        TextFieldIndexing::default()
+            .set_tokenizer("default")
+            .set_index_option(IndexRecordOption::WithFreqsAndPositions),
+    );
+    let fields = Fields {
+        key: builder.add_u64_field("key", INDEXED | FAST),
+        conversation: builder.add_u64_field("conversation", INDEXED | FAST),
+        agent: builder.add_text_field("agent", STRING),
+        kind: builder.add_u64_field("kind", INDEXED | FAST),
+        role: builder.add_text_field("role", STRING),
+        time: builder.add_i64_field("time", INDEXED | FAST),
+        text: builder.add_text_field("text", text_options),
+    };
+    (builder.build(), fields)
+}
+
+/// A document to index.
+pub(crate) struct IndexDoc<'a> {
+    pub(crate) row: IndexedRow,
+    pub(crate) conversation: i64,
+    pub(crate) agent: &'a str,
+    pub(crate) role: &'a str,
+    pub(crate) time_ms: i64,
+    pub(crate) text: &'a str,
+}
+
+/// The index and a reader over it; shared by the writer thread and searchers.
+pub(crate) struct RecallIndex {
+    index: Index,
+    reader: IndexReader,
+    fields: Fields,
+    dir: PathBuf,
+}
+
+impl RecallIndex {
+    /// Opens the index in `dir`, creating it if the directory is missing or empty. Returns the
+    /// index and whether it had to be created (so the caller rebuilds it from SQLite).
+    pub(crate) fn open(dir: &Path) -> Result<(RecallIndex, bool)> {
+        let (schema, fields) = schema();
+        std::fs::create_dir_all(dir).map_err(|error| StoreError::io(dir, error))?;
+        let directory = MmapDirectory::open(dir).map_err(|error| {
+            StoreError::Index(tantivy::TantivyError::SystemError(format!(
+                "{}: {error}",
+                dir.display()
+            )))
+        })?;
+        let exists = Index::exists(&directory).map_err(|error| {
+            StoreError::Index(tantivy::TantivyError::SystemError(format!(
+                "{}: {error}",
+                dir.display()
+            )))
+        })?;
+        let index = if exists {
+            match Index::open(directory.clone()) {
+                Ok(index) if index.schema() == schema => index,
+                Ok(_) | Err(_) => {
+                    tracing::warn!(dir = %dir.display(), "the recall index is unreadable or from another schema; rebuilding it from the database");
+                    drop(directory);
+                    std::fs::remove_dir_all(dir).map_err(|error| StoreError::io(dir, error))?;
+                    return RecallIndex::open(dir).map(|(index, _)| (index, true));
+                }
+            }
+        } else {
+            Index::create(directory, schema, tantivy::IndexSettings::default())?
+        };
+        let reader = index
+            .reader_builder()
+            .reload_policy(ReloadPolicy::Manual)
+            .try_into()?;
+        Ok((
+            RecallIndex {
+                index,
+                reader,
+                fields,
+                dir: dir.to_owned(),
+            },
+            !exists,
+        ))
+    }
+
+    pub(crate) fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The watermark of the last commit.
+    pub(crate) fn watermark(&self) -> Result<Watermark> {
+        let metas = self.index.load_metas()?;
+        Ok(metas
+            .payload
+            .and_then(|payload| serde_json::from_str(&payload).ok())
+            .unwrap_or_default())
+    }
+
+    /// Number of documents visible to searches.
+    pub(crate) fn doc_count(&self) -> u64 {
+        self.reader.searcher().num_docs()
+    }
+
+    pub(crate) fn writer(&self) -> Result<IndexSink> {
+        let writer = self.index.writer_with_num_threads(1, WRITER_HEAP_BYTES)?;
+        Ok(IndexSink {
+            writer,
+            fields: self.fields,
+            watermark: self.watermark()?,
+            pending: 0,
+            first_pending_at: None,
+        })
+    }
+
+    pub(crate) fn reload(&self) -> Result<()> {
+        Ok(self.reader.reload()?)
+    }
+
+    /// Runs a text or phrase search; returns the matching rows with their scores, best first
+    /// (or newest first for [`SearchOrder::Recency`]).
+    pub(crate) fn search(&self, query: &SearchQuery) -> Result<Vec<(IndexedRow, f32)>> {
+        let Some(text_query) = self.text_query(&query.text, query.mode) else {
+            return Ok(Vec::new());
+        };
+        let fields = self.fields;
+        let mut clauses: Vec<(Occur, Box<dyn Query>)> = vec![(Occur::Must, text_query)];
+        clauses.push((
+            Occur::Must,
+            Box::new(TermQuery::new(
+                Term::from_field_text(fields.agent, &query.agent_id),
+                IndexRecordOption::Basic,
+            )),
+        ));
+        let conversations: Vec<(Occur, Box<dyn Query>)> = query
+            .conversations
+            .iter()
+            .map(|conversation| {
+                let term = Term::from_field_u64(fields.conversation, conversation.0 as u64);
+                let clause: Box<dyn Query> =
+                    Box::new(TermQuery::new(term, IndexRecordOption::Basic));
+                (Occur::Should, clause)
+            })
+            .collect();
+        if conversations.is_empty() {
+            return Ok(Vec::new());
+        }
+        clauses.push((Occur::Must, Box::new(BooleanQuery::new(conversations))));
+        let kind = match query.target {
+            SearchTarget::Messages => Some(KIND_MESSAGE),
+            SearchTarget::Summaries => Some(KIND_SUMMARY),
+            SearchTarget::Both => None,
+        };
+        if let Some(kind) = kind {
+            clauses.push((
+                Occur::Must,
+                Box::new(TermQuery::new(
+                    Term::from_field_u64(fields.kind, kind),
+                    IndexRecordOption::Basic,
+                )),
+            ));
+        }
+        if query.since_ms.is_some() || query.before_ms.is_some() {
+            use std::ops::Bound;
+            let lower = query.since_ms.map_or(Bound::Unbounded, |since| {
+                Bound::Included(Term::from_field_i64(fields.time, since))
+            });
+            let upper = query.before_ms.map_or(Bound::Unbounded, |before| {
+                Bound::Excluded(Term::from_field_i64(fields.time, before))
+            });
+            clauses.push((Occur::Must, Box::new(RangeQuery::new(lower, upper))));
+        }
+        let boolean = BooleanQuery::new(clauses);
+        let searcher = self.reader.searcher();
+        let limit = query.limit.max(1);
+        let hits: Vec<(f32, DocAddress)> = match query.order {
+            SearchOrder::Relevance => searcher.search(&boolean, &TopDocs::with_limit(limit))?,
+            SearchOrder::Recency => searcher
+                .search(
+                    &boolean,
+                    &TopDocs::with_limit(limit).order_by_fast_field::<i64>("time", Order::Desc),
+                )?
+                .into_iter()
+                .map(|(_, address)| (0.0, address))
+                .collect(),
+        };
+        let mut rows = Vec::with_capacity(hits.len());
+        for (score, address) in hits {
+            let column = searcher
+                .segment_reader(address.segment_ord)
+                .fast_fields()
+                .u64("key")?;
+            if let Some(key) = column.first(address.doc_id) {
+                rows.push((row_of(key), score));
+            }
+        }
+        Ok(rows)
+    }
+
+    /// The query's terms as the index tokenized them (lowercased words).
+    pub(crate) fn terms(&self, text: &str) -> Vec<String> {
+        let Ok(mut tokenizer) = self.index.tokenizer_for_field(self.fields.text) else {
+            return Vec::new();
+        };
+        let mut stream = tokenizer.token_stream(text);
+        let mut terms = Vec::new();
+        while stream.advance() {
+            terms.push(stream.token().text.clone());
+        }
+        terms
+    }
+
+    fn text_query(&self, text: &str, mode: SearchMode) -> Option<Box<dyn Query>> {
+        let terms: Vec<Term> = self
+            .terms(text)
+            .iter()
+            .map(|term| Term::from_field_text(self.fields.text, term))
+            .collect();
+        match (mode, terms.len()) {
+            (_, 0) => None,
+            (SearchMode::Phrase, n) if n >= 2 => Some(Box::new(PhraseQuery::new(terms))),
+            (SearchMode::Regex, _) => None,
+            _ => Some(Box::new(BooleanQuery::new(
+                terms
+                    .into_iter()
+                    .map(|term| {
+                        let clause: Box<dyn Query> =
+                            Box::new(TermQuery::new(term, IndexRecordOption::WithFreqs));
+                        (Occur::Should, clause)
+                    })
+                    .collect(),
+            ))),
+        }
+    }
+}
+
+/// The writing side of the index, owned by the store's writer thread.
+pub(crate) struct IndexSink {
+    writer: IndexWriter<TantivyDocument>,
+    fields: Fields,
+    watermark: Watermark,
+    pending: usize,
+    first_pending_at: Option<Instant>,
+}
+
+impl IndexSink {
+    pub(crate) fn watermark(&self) -> Watermark {
+        self.watermark
+    }
+
+    pub(crate) fn pending(&self) -> usize {
+        self.pending
+    }
+
+    pub(crate) fn first_pending_at(&self) -> Option<Instant> {
+        self.first_pending_at
+    }
+
+    pub(crate) fn add(&mut self, doc: IndexDoc<'_>) -> Result<()> {
+        let fields = self.fields;
+        let kind = match doc.row {
+            IndexedRow::Message(id) => {
+                self.watermark.messages = self.watermark.messages.max(id);
+                KIND_MESSAGE
+            }
+            IndexedRow::Summary(id) => {
+                self.watermark.summaries = self.watermark.summaries.max(id);
+                KIND_SUMMARY
+            }
+        };
+        self.writer.add_document(doc!(
+            fields.key => key_of(doc.row),
+            fields.conversation => doc.conversation as u64,
+            fields.agent => doc.agent,
+            fields.kind => kind,
+            fields.role => doc.role,
+            fields.time => doc.time_ms,
+            fields.text => doc.text,
+        ))?;
+        self.pending += 1;
+        self.first_pending_at.get_or_insert_with(Instant::now);
+        Ok(())
+    }
+
+    /// Commits what was added, with the watermark as the commit's payload.
+    pub(crate) fn commit(&mut self) -> Result<()> {
+        let payload = serde_json::to_string(&self.watermark)
+            .map_err(|error| StoreError::CorruptRow(error.to_string()))?;
+        let mut prepared = self.writer.prepare_commit()?;
+        prepared.set_payload(&payload);
+        prepared.commit()?;
+        self.pending = 0;
+        self.first_pending_at = None;
+        Ok(())
+    }
+
+    /// Drops every document (for a rebuild).
+    pub(crate) fn clear(&mut self) -> Result<()> {
+        self.writer.delete_all_documents()?;
+        self.watermark = Watermark::default();
+        Ok(())
+    }
+}

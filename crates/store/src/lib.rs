@@ -1,0 +1,563 @@
+//! vilvona's storage: SQLite is the source of truth, a tantivy index serves recall.
+//!
+//! - Every message is stored once, verbatim (its JSON), with a token count and an ingest key;
+//!   ingesting it again (a restart, a retry, a replay) stores nothing.
+//! - The *context* of a conversation is an ordered list of items (messages and summaries) with
+//!   gapped positions; compaction replaces a contiguous run with one summary through a
+//!   compare-and-swap ([`HistoryStore::replace`]), so summarization runs outside any transaction.
+//! - One writer thread owns the write connection and the index writer; reads use their own
+//!   connections on blocking threads. No async worker thread ever waits on SQLite.
+//! - The index holds no text (snippets come from SQLite) and can always be rebuilt from SQLite.
+//!
+//! Engines see the store through the [`HistoryStore`] trait; [`Store`] is the embedded
+//! SQLite + tantivy implementation.
+
+mod error;
+mod index;
+mod read;
+mod schema;
+mod search;
+mod types;
+mod writer;
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::Sender;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread::JoinHandle;
+
+use async_trait::async_trait;
+use rusqlite::Connection;
+use tokio::sync::oneshot;
+
+pub use error::{Result, StoreError};
+pub use types::*;
+pub use writer::FaultPlan;
+
+use index::RecallIndex;
+use writer::{Command, PreparedMessage, Writer};
+
+/// The file name of the database inside the store directory.
+pub const DATABASE_FILE: &str = "vilvona.db";
+/// The directory of the recall index inside the store directory.
+pub const INDEX_DIR: &str = "index";
+
+/// What engines need from storage. Every read is scoped by the caller to an agent's
+/// conversations; searches take the scope explicitly.
+#[async_trait]
+pub trait HistoryStore: Send + Sync + std::fmt::Debug {
+    /// The conversation for an agent's session, created on first use.
+    async fn conversation(&self, key: &ConversationKey) -> Result<Conversation>;
+    async fn conversation_by_id(&self, id: ConversationId) -> Result<Option<Conversation>>;
+    /// Every conversation, or an agent's.
+    async fn conversations(&self, agent_id: Option<&str>) -> Result<Vec<Conversation>>;
+    /// An agent's conversations that share a session key, oldest first.
+    async fn conversations_by_session_key(
+        &self,
+        agent_id: &str,
+        session_key: &str,
+    ) -> Result<Vec<Conversation>>;
+
+    /// Stores messages in order and appends the new ones to the context, in one transaction.
+    /// With an `advancement_key`, the whole call happens at most once per key.
+    async fn ingest(
+        &self,
+        conversation: ConversationId,
+        messages: Vec<NewMessage>,
+        advancement_key: Option<String>,
+    ) -> Result<IngestOutcome>;
+
+    /// The context, in order, with each item's message or summary.
+    async fn context(&self, conversation: ConversationId) -> Result<Vec<ContextItem>>;
+    /// Replaces a planned run of context items with one summary, if the run is unchanged.
+    async fn replace(&self, plan: ReplacePlan) -> Result<ReplaceOutcome>;
+    /// Appends existing messages or summaries (of any conversation) to a context, by reference.
+    async fn append_items(&self, conversation: ConversationId, items: Vec<ItemRef>) -> Result<()>;
+
+    async fn message(&self, id: MessageId) -> Result<Option<StoredMessage>>;
+    async fn messages_in_seq_range(
+        &self,
+        conversation: ConversationId,
+        first_seq: u64,
+        last_seq: u64,
+    ) -> Result<Vec<StoredMessage>>;
+    async fn summary(&self, row_id: SummaryRowId) -> Result<Option<StoredSummary>>;
+    async fn summary_by_id(&self, summary_id: &str) -> Result<Option<StoredSummary>>;
+    /// A summary's ordered children.
+    async fn children(&self, parent: SummaryRowId) -> Result<Vec<ItemContent>>;
+    /// The summary directly above an item, if it has been summarized.
+    async fn parent_of(&self, item: ItemRef) -> Result<Option<StoredSummary>>;
+
+    async fn search(&self, query: SearchQuery) -> Result<Vec<SearchHit>>;
+
+    async fn put_blob(&self, blob: NewBlob) -> Result<BlobInfo>;
+    async fn blob_info(&self, blob_id: &str) -> Result<Option<BlobInfo>>;
+    async fn blob_content(&self, blob_id: &str) -> Result<Option<String>>;
+
+    async fn create_grant(&self, grant: NewGrant) -> Result<Grant>;
+    /// Revokes every grant of a grantee; returns how many were active.
+    async fn revoke_grants(&self, grantee: &str) -> Result<u64>;
+    async fn delete_grant(&self, id: i64) -> Result<()>;
+    async fn grants(&self, grantee: &str) -> Result<Vec<Grant>>;
+
+    async fn state(&self, conversation: ConversationId, key: &str) -> Result<Option<String>>;
+    async fn set_state(&self, conversation: ConversationId, key: &str, value: &str) -> Result<()>;
+
+    async fn integrity_check(&self) -> Result<IntegrityReport>;
+}
+
+/// How to open a [`Store`].
+#[derive(Clone, Debug)]
+pub struct StoreConfig {
+    /// The directory holding the database and the index (created if missing).
+    pub dir: PathBuf,
+    /// Test hooks; the default injects nothing.
+    pub faults: FaultPlan,
+}
+
+impl StoreConfig {
+    pub fn new(dir: impl Into<PathBuf>) -> StoreConfig {
+        StoreConfig {
+            dir: dir.into(),
+            faults: FaultPlan::default(),
+        }
+    }
+}
+
+struct Inner {
+    db_path: PathBuf,
+    dir: PathBuf,
+    commands: Mutex<Option<Sender<Command>>>,
+    writer_thread: Mutex<Option<JoinHandle<()>>>,
+    readers: Mutex<Vec<Connection>>,
+    index: Arc<RecallIndex>,
+    pending_index_docs: Arc<AtomicUsize>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // Closing the channel lets the writer commit the index and exit; waiting for it frees
+        // the index lock for whoever opens the store next.
+        self.commands
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(thread) = self
+            .writer_thread
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+        {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// The embedded store: a SQLite database and a tantivy index in one directory.
+#[derive(Clone)]
+pub struct Store {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store")
+            .field("dir", &self.inner.dir)
+            .finish()
+    }
+}
+
+impl Store {
+    /// Opens (or creates) the store: migrates the database, opens the index (recreating it from
+    /// the database if it is missing or unreadable), indexes what the last run did not, and
+    /// starts the writer thread.
+    pub async fn open(config: StoreConfig) -> Result<Store> {
+        tokio::task::spawn_blocking(move || Store::open_blocking(config))
+            .await
+            .map_err(|error| StoreError::WriterStopped(error.to_string()))?
+    }
+
+    fn open_blocking(config: StoreConfig) -> Result<Store> {
+        let dir = config.dir;
+        std::fs::create_dir_all(&dir).map_err(|error| StoreError::io(&dir, error))?;
+        let db_path = dir.join(DATABASE_FILE);
+        let mut connection = schema::connect(&db_path)?;
+        schema::migrate(&mut connection, &db_path)?;
+        let (index, created) = RecallIndex::open(&dir.join(INDEX_DIR))?;
+        if created && read::max_ids(&connection)? != (0, 0) {
+            tracing::warn!(dir = %index.dir().display(), "the recall index was missing; rebuilding it from the database");
+        }
+        let index = Arc::new(index);
+        let pending = Arc::new(AtomicUsize::new(0));
+        let mut writer = Writer::new(connection, index.clone(), pending.clone(), config.faults)?;
+        writer.catch_up_index()?;
+        let (sender, receiver) = std::sync::mpsc::channel();
+        let thread = std::thread::Builder::new()
+            .name("vilvona-store-writer".to_owned())
+            .spawn(move || writer.run(receiver))
+            .map_err(|error| StoreError::io(&dir, error))?;
+        Ok(Store {
+            inner: Arc::new(Inner {
+                db_path,
+                dir,
+                commands: Mutex::new(Some(sender)),
+                writer_thread: Mutex::new(Some(thread)),
+                readers: Mutex::new(Vec::new()),
+                index,
+                pending_index_docs: pending,
+            }),
+        })
+    }
+
+    /// The store directory.
+    pub fn dir(&self) -> &Path {
+        &self.inner.dir
+    }
+
+    /// Bytes on disk: the database (with its WAL) and the index.
+    pub fn disk_bytes(&self) -> u64 {
+        fn dir_bytes(path: &Path) -> u64 {
+            std::fs::read_dir(path)
+                .map(|entries| {
+                    entries
+                        .flatten()
+                        .map(|entry| match entry.metadata() {
+                            Ok(meta) if meta.is_dir() => dir_bytes(&entry.path()),
+                            Ok(meta) => meta.len(),
+                            Err(_) => 0,
+                        })
+                        .sum()
+                })
+                .unwrap_or(0)
+        }
+        dir_bytes(&self.inner.dir)
+    }
+
+    /// Documents the index serves (after pending commits).
+    pub async fn index_doc_count(&self) -> Result<u64> {
+        self.flush_index().await?;
+        Ok(self.inner.index.doc_count())
+    }
+
+    /// Commits pending index documents so searches see them.
+    pub async fn flush_index(&self) -> Result<()> {
+        self.call(|reply| Command::FlushIndex { reply }).await
+    }
+
+    /// Drops the index and rebuilds it from the database; returns the documents indexed.
+    pub async fn rebuild_index(&self) -> Result<u64> {
+        self.call(|reply| Command::RebuildIndex { reply }).await
+    }
+
+    /// Commits the index and stops the writer. Later calls fail with
+    /// [`StoreError::WriterStopped`].
+    pub async fn close(&self) -> Result<()> {
+        let result = self.call(|reply| Command::Shutdown { reply }).await;
+        let inner = self.inner.clone();
+        tokio::task::spawn_blocking(move || {
+            inner
+                .commands
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take();
+            if let Some(thread) = inner
+                .writer_thread
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take()
+            {
+                let _ = thread.join();
+            }
+        })
+        .await
+        .map_err(|error| StoreError::WriterStopped(error.to_string()))?;
+        result
+    }
+
+    async fn call<T>(&self, command: impl FnOnce(writer::Reply<T>) -> Command) -> Result<T> {
+        let (reply, response) = oneshot::channel();
+        {
+            let commands = self
+                .inner
+                .commands
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            let sender = commands
+                .as_ref()
+                .ok_or_else(|| StoreError::WriterStopped("the store is closed".to_owned()))?;
+            sender
+                .send(command(reply))
+                .map_err(|_| StoreError::WriterStopped("the writer thread exited".to_owned()))?;
+        }
+        response
+            .await
+            .map_err(|_| StoreError::WriterStopped("the writer thread exited".to_owned()))?
+    }
+
+    /// Runs `query` on a reader connection on a blocking thread.
+    async fn read<T: Send + 'static>(
+        &self,
+        query: impl FnOnce(&Connection) -> Result<T> + Send + 'static,
+    ) -> Result<T> {
+        let inner = self.inner.clone();
+        tokio::task::spawn_blocking(move || {
+            let pooled = inner
+                .readers
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .pop();
+            let connection = match pooled {
+                Some(connection) => connection,
+                None => schema::connect(&inner.db_path)?,
+            };
+            let result = query(&connection);
+            let mut readers = inner.readers.lock().unwrap_or_else(PoisonError::into_inner);
+            // A bounded pool: at most a few idle connections stay open.
+            if readers.len() < 4 {
+                readers.push(connection);
+            }
+            result
+        })
+        .await
+        .map_err(|error| StoreError::WriterStopped(error.to_string()))?
+    }
+}
+
+fn prepare(message: NewMessage) -> Result<PreparedMessage> {
+    let json = serde_json::to_string(&message.message)
+        .map_err(|error| StoreError::InvalidMessage(error.to_string()))?;
+    if json.len() > MAX_MESSAGE_BYTES {
+        return Err(StoreError::MessageTooLarge {
+            bytes: json.len(),
+            limit: MAX_MESSAGE_BYTES,
+        });
+    }
+    let ingest_key = match &message.entry_id {
+        Some(entry_id) => {
+            let mut hasher = blake3::Hasher::new();
+            hasher.update(b"entry\0");
+            hasher.update(entry_id.as_bytes());
+            hasher.finalize()
+        }
+        None => {
+            let mut hasher = blake3::Hasher::new();
+            hasher.update(b"json\0");
+            hasher.update(json.as_bytes());
+            hasher.finalize()
+        }
+    };
+    let mut key = [0u8; 16];
+    key.copy_from_slice(&ingest_key.as_bytes()[..16]);
+    Ok(PreparedMessage {
+        role: message.message.role().to_owned(),
+        text: message.message.plain_text(),
+        tokens: message.tokens,
+        created_at_ms: message
+            .message
+            .timestamp_ms()
+            .unwrap_or_else(writer::now_ms),
+        ingest_key: key,
+        json,
+    })
+}
+
+#[async_trait]
+impl HistoryStore for Store {
+    async fn conversation(&self, key: &ConversationKey) -> Result<Conversation> {
+        let key = key.clone();
+        let lookup = key.clone();
+        if let Some(found) = self
+            .read(move |connection| read::conversation_by_key(connection, &lookup))
+            .await?
+        {
+            return Ok(found);
+        }
+        self.call(|reply| Command::Conversation { key, reply })
+            .await
+    }
+
+    async fn conversation_by_id(&self, id: ConversationId) -> Result<Option<Conversation>> {
+        self.read(move |connection| read::conversation(connection, id))
+            .await
+    }
+
+    async fn conversations(&self, agent_id: Option<&str>) -> Result<Vec<Conversation>> {
+        let agent_id = agent_id.map(str::to_owned);
+        self.read(move |connection| read::conversations(connection, agent_id.as_deref()))
+            .await
+    }
+
+    async fn conversations_by_session_key(
+        &self,
+        agent_id: &str,
+        session_key: &str,
+    ) -> Result<Vec<Conversation>> {
+        let (agent_id, session_key) = (agent_id.to_owned(), session_key.to_owned());
+        self.read(move |connection| {
+            read::conversations_by_session_key(connection, &agent_id, &session_key)
+        })
+        .await
+    }
+
+    async fn ingest(
+        &self,
+        conversation: ConversationId,
+        messages: Vec<NewMessage>,
+        advancement_key: Option<String>,
+    ) -> Result<IngestOutcome> {
+        let messages = messages
+            .into_iter()
+            .map(prepare)
+            .collect::<Result<Vec<_>>>()?;
+        self.call(|reply| Command::Ingest {
+            conversation,
+            messages,
+            advancement_key,
+            reply,
+        })
+        .await
+    }
+
+    async fn context(&self, conversation: ConversationId) -> Result<Vec<ContextItem>> {
+        self.read(move |connection| read::context(connection, conversation))
+            .await
+    }
+
+    async fn replace(&self, plan: ReplacePlan) -> Result<ReplaceOutcome> {
+        self.call(|reply| Command::Replace { plan, reply }).await
+    }
+
+    async fn append_items(&self, conversation: ConversationId, items: Vec<ItemRef>) -> Result<()> {
+        self.call(|reply| Command::AppendItems {
+            conversation,
+            items,
+            reply,
+        })
+        .await
+    }
+
+    async fn message(&self, id: MessageId) -> Result<Option<StoredMessage>> {
+        self.read(move |connection| read::message(connection, id))
+            .await
+    }
+
+    async fn messages_in_seq_range(
+        &self,
+        conversation: ConversationId,
+        first_seq: u64,
+        last_seq: u64,
+    ) -> Result<Vec<StoredMessage>> {
+        self.read(move |connection| {
+            read::messages_in_seq_range(connection, conversation, first_seq, last_seq)
+        })
+        .await
+    }
+
+    async fn summary(&self, row_id: SummaryRowId) -> Result<Option<StoredSummary>> {
+        self.read(move |connection| read::summary(connection, row_id))
+            .await
+    }
+
+    async fn summary_by_id(&self, summary_id: &str) -> Result<Option<StoredSummary>> {
+        let summary_id = summary_id.to_owned();
+        self.read(move |connection| read::summary_by_id(connection, &summary_id))
+            .await
+    }
+
+    async fn children(&self, parent: SummaryRowId) -> Result<Vec<ItemContent>> {
+        self.read(move |connection| read::children(connection, parent))
+            .await
+    }
+
+    async fn parent_of(&self, item: ItemRef) -> Result<Option<StoredSummary>> {
+        self.read(move |connection| read::parent_of(connection, item))
+            .await
+    }
+
+    async fn search(&self, query: SearchQuery) -> Result<Vec<SearchHit>> {
+        if query.mode != SearchMode::Regex
+            && self.inner.pending_index_docs.load(Ordering::SeqCst) > 0
+        {
+            // Read your writes: what was ingested before the search is searchable.
+            self.flush_index().await?;
+        }
+        let index = self.inner.index.clone();
+        self.read(move |connection| search::run(connection, &index, &query))
+            .await
+    }
+
+    async fn put_blob(&self, blob: NewBlob) -> Result<BlobInfo> {
+        self.call(|reply| Command::PutBlob { blob, reply }).await
+    }
+
+    async fn blob_info(&self, blob_id: &str) -> Result<Option<BlobInfo>> {
+        let blob_id = blob_id.to_owned();
+        self.read(move |connection| read::blob_info(connection, &blob_id))
+            .await
+    }
+
+    async fn blob_content(&self, blob_id: &str) -> Result<Option<String>> {
+        let blob_id = blob_id.to_owned();
+        self.read(move |connection| read::blob_content(connection, &blob_id))
+            .await
+    }
+
+    async fn create_grant(&self, grant: NewGrant) -> Result<Grant> {
+        self.call(|reply| Command::CreateGrant { grant, reply })
+            .await
+    }
+
+    async fn revoke_grants(&self, grantee: &str) -> Result<u64> {
+        let grantee = grantee.to_owned();
+        self.call(|reply| Command::RevokeGrants { grantee, reply })
+            .await
+    }
+
+    async fn delete_grant(&self, id: i64) -> Result<()> {
+        self.call(|reply| Command::DeleteGrant { id, reply }).await
+    }
+
+    async fn grants(&self, grantee: &str) -> Result<Vec<Grant>> {
+        let grantee = grantee.to_owned();
+        self.read(move |connection| read::grants(connection, &grantee))
+            .await
+    }
+
+    async fn state(&self, conversation: ConversationId, key: &str) -> Result<Option<String>> {
+        let key = key.to_owned();
+        self.read(move |connection| read::state(connection, conversation, &key))
+            .await
+    }
+
+    async fn set_state(&self, conversation: ConversationId, key: &str, value: &str) -> Result<()> {
+        let (key, value) = (key.to_owned(), value.to_owned());
+        self.call(|reply| Command::SetState {
+            conversation,
+            key,
+            value,
+            reply,
+        })
+        .await
+    }
+
+    async fn integrity_check(&self) -> Result<IntegrityReport> {
+        self.flush_index().await?;
+        let index = self.inner.index.clone();
+        self.read(move |connection| {
+            let mut report = IntegrityReport::default();
+            read::integrity_problems(connection, &mut report)?;
+            let watermark = index.watermark()?;
+            report.indexed_messages_through = watermark.messages;
+            report.indexed_summaries_through = watermark.summaries;
+            let (max_message, max_summary) = read::max_ids(connection)?;
+            if watermark.messages < max_message || watermark.summaries < max_summary {
+                report.problems.push(format!(
+                    "the recall index holds messages through {} and summaries through {}, but the database has {max_message} and {max_summary}; run rebuild-index",
+                    watermark.messages, watermark.summaries
+                ));
+            }
+            Ok(report)
+        })
+        .await
+    }
+}

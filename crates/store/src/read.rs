@@ -1,0 +1,645 @@
+//! Queries. Each takes a connection (a reader's, or the writer's inside its transaction) and
+//! uses cached statements; none holds a transaction open.
+
+use rusqlite::{Connection, OptionalExtension, Row, params};
+use vilvona_core::message::AgentMessage;
+use vilvona_core::summarize::SummaryKind;
+
+use crate::error::{Result, StoreError};
+use crate::types::*;
+
+const CONVERSATION_COLUMNS: &str = "c.id, c.agent_id, c.session_id, c.session_key, c.active,
+    c.created_at, c.context_tokens, c.next_seq,
+    (SELECT max(m.created_at) FROM messages m WHERE m.conversation_id = c.id
+        AND m.seq = c.next_seq - 1)";
+
+fn conversation_row(row: &Row<'_>) -> rusqlite::Result<Conversation> {
+    Ok(Conversation {
+        id: ConversationId(row.get(0)?),
+        agent_id: row.get(1)?,
+        session_id: row.get(2)?,
+        session_key: row.get(3)?,
+        active: row.get::<_, i64>(4)? != 0,
+        created_at_ms: row.get(5)?,
+        context_tokens: row.get::<_, i64>(6)?.max(0) as u64,
+        message_count: row.get::<_, i64>(7)?.max(0) as u64,
+        last_activity_ms: row.get(8)?,
+    })
+}
+
+pub(crate) fn conversation_by_key(
+    connection: &Connection,
+    key: &ConversationKey,
+) -> Result<Option<Conversation>> {
+    Ok(connection
+        .prepare_cached(&format!(
+            "SELECT {CONVERSATION_COLUMNS} FROM conversations c
+             WHERE c.agent_id = ?1 AND c.session_id = ?2"
+        ))?
+        .query_row(params![key.agent_id, key.session_id], conversation_row)
+        .optional()?)
+}
+
+pub(crate) fn conversation(
+    connection: &Connection,
+    id: ConversationId,
+) -> Result<Option<Conversation>> {
+    Ok(connection
+        .prepare_cached(&format!(
+            "SELECT {CONVERSATION_COLUMNS} FROM conversations c WHERE c.id = ?1"
+        ))?
+        .query_row([id.0], conversation_row)
+        .optional()?)
+}
+
+pub(crate) fn conversations(
+    connection: &Connection,
+    agent_id: Option<&str>,
+) -> Result<Vec<Conversation>> {
+    let mut statement = connection.prepare_cached(&format!(
+        "SELECT {CONVERSATION_COLUMNS} FROM conversations c
+         WHERE ?1 IS NULL OR c.agent_id = ?1 ORDER BY c.id"
+    ))?;
+    let rows = statement.query_map([agent_id], conversation_row)?;
+    Ok(rows.collect::<rusqlite::Result<_>>()?)
+}
+
+/// Conversations of an agent that share a session key (a session and its earlier sessions).
+pub(crate) fn conversations_by_session_key(
+    connection: &Connection,
+    agent_id: &str,
+    session_key: &str,
+) -> Result<Vec<Conversation>> {
+    let mut statement = connection.prepare_cached(&format!(
+        "SELECT {CONVERSATION_COLUMNS} FROM conversations c
+         WHERE c.agent_id = ?1 AND c.session_key = ?2 ORDER BY c.id"
+    ))?;
+    let rows = statement.query_map(params![agent_id, session_key], conversation_row)?;
+    Ok(rows.collect::<rusqlite::Result<_>>()?)
+}
+
+const MESSAGE_COLUMNS: &str =
+    "m.id, m.conversation_id, m.seq, m.role, m.json, m.tokens, m.created_at";
+
+fn message_row(row: &Row<'_>, offset: usize) -> rusqlite::Result<StoredMessage> {
+    Ok(StoredMessage {
+        id: MessageId(row.get(offset)?),
+        conversation: ConversationId(row.get(offset + 1)?),
+        seq: row.get::<_, i64>(offset + 2)? as u64,
+        role: row.get(offset + 3)?,
+        json: row.get(offset + 4)?,
+        tokens: row.get::<_, i64>(offset + 5)? as u64,
+        created_at_ms: row.get(offset + 6)?,
+    })
+}
+
+const SUMMARY_COLUMNS: &str = "s.id, s.summary_id, s.conversation_id, s.depth, s.kind, s.content,
+    s.tokens, s.earliest_at, s.latest_at, s.first_seq, s.last_seq, s.level, s.summarizer,
+    s.created_at";
+
+/// A summary row as raw columns; parsing the enum columns happens outside rusqlite's closure.
+struct SummaryColumns {
+    row_id: i64,
+    summary_id: String,
+    conversation: i64,
+    depth: i64,
+    kind: String,
+    content: String,
+    tokens: i64,
+    earliest: Option<i64>,
+    latest: Option<i64>,
+    first_seq: i64,
+    last_seq: i64,
+    level: String,
+    summarizer: String,
+    created_at: i64,
+}
+
+fn summary_columns(row: &Row<'_>, offset: usize) -> rusqlite::Result<SummaryColumns> {
+    Ok(SummaryColumns {
+        row_id: row.get(offset)?,
+        summary_id: row.get(offset + 1)?,
+        conversation: row.get(offset + 2)?,
+        depth: row.get(offset + 3)?,
+        kind: row.get(offset + 4)?,
+        content: row.get(offset + 5)?,
+        tokens: row.get(offset + 6)?,
+        earliest: row.get(offset + 7)?,
+        latest: row.get(offset + 8)?,
+        first_seq: row.get(offset + 9)?,
+        last_seq: row.get(offset + 10)?,
+        level: row.get(offset + 11)?,
+        summarizer: row.get(offset + 12)?,
+        created_at: row.get(offset + 13)?,
+    })
+}
+
+impl SummaryColumns {
+    fn into_summary(self) -> Result<StoredSummary> {
+        Ok(StoredSummary {
+            row_id: SummaryRowId(self.row_id),
+            summary_id: self.summary_id,
+            conversation: ConversationId(self.conversation),
+            depth: self.depth as u32,
+            kind: parse_kind(&self.kind)?,
+            content: self.content,
+            tokens: self.tokens as u64,
+            earliest_at_ms: self.earliest,
+            latest_at_ms: self.latest,
+            first_seq: self.first_seq as u64,
+            last_seq: self.last_seq as u64,
+            level: parse_level(&self.level)?,
+            summarizer: self.summarizer,
+            created_at_ms: self.created_at,
+        })
+    }
+}
+
+/// The whole context of a conversation, in order, in one query.
+pub(crate) fn context(
+    connection: &Connection,
+    conversation: ConversationId,
+) -> Result<Vec<ContextItem>> {
+    let mut statement = connection.prepare_cached(&format!(
+        "SELECT ci.position, ci.tokens, ci.message_id, {MESSAGE_COLUMNS}, {SUMMARY_COLUMNS}
+         FROM context_items ci
+         LEFT JOIN messages m ON m.id = ci.message_id
+         LEFT JOIN summaries s ON s.id = ci.summary_id
+         WHERE ci.conversation_id = ?1
+         ORDER BY ci.position"
+    ))?;
+    let mut rows = statement.query([conversation.0])?;
+    let mut items = Vec::new();
+    while let Some(row) = rows.next()? {
+        let position: i64 = row.get(0)?;
+        let tokens = row.get::<_, i64>(1)? as u64;
+        let is_message = row.get::<_, Option<i64>>(2)?.is_some();
+        let content = if is_message {
+            ItemContent::Message(message_row(row, 3)?)
+        } else {
+            ItemContent::Summary(summary_columns(row, 10)?.into_summary()?)
+        };
+        items.push(ContextItem {
+            position,
+            tokens,
+            content,
+        });
+    }
+    Ok(items)
+}
+
+pub(crate) fn items_in_range(
+    connection: &Connection,
+    conversation: ConversationId,
+    first: i64,
+    last: i64,
+) -> Result<Vec<(i64, ItemRef, u64)>> {
+    let mut statement = connection.prepare_cached(
+        "SELECT position, message_id, summary_id, tokens FROM context_items
+         WHERE conversation_id = ?1 AND position BETWEEN ?2 AND ?3 ORDER BY position",
+    )?;
+    let rows = statement.query_map(params![conversation.0, first, last], |row| {
+        let message: Option<i64> = row.get(1)?;
+        let summary: Option<i64> = row.get(2)?;
+        let item = match (message, summary) {
+            (Some(id), _) => ItemRef::Message(MessageId(id)),
+            (None, Some(id)) => ItemRef::Summary(SummaryRowId(id)),
+            (None, None) => ItemRef::Message(MessageId(-1)),
+        };
+        Ok((row.get(0)?, item, row.get::<_, i64>(3)? as u64))
+    })?;
+    Ok(rows.collect::<rusqlite::Result<_>>()?)
+}
+
+pub(crate) fn tokens_of(connection: &Connection, item: ItemRef) -> Result<i64> {
+    let found: Option<i64> = match item {
+        ItemRef::Message(id) => connection
+            .prepare_cached("SELECT tokens FROM messages WHERE id = ?1")?
+            .query_row([id.0], |row| row.get(0))
+            .optional()?,
+        ItemRef::Summary(id) => connection
+            .prepare_cached("SELECT tokens FROM summaries WHERE id = ?1")?
+            .query_row([id.0], |row| row.get(0))
+            .optional()?,
+    };
+    found.ok_or_else(|| StoreError::NotFound {
+        what: "context item",
+        id: format!("{item:?}"),
+    })
+}
+
+/// Time and seq range covered by a planned run of items.
+pub(crate) struct Span {
+    pub(crate) earliest_ms: Option<i64>,
+    pub(crate) latest_ms: Option<i64>,
+    pub(crate) first_seq: i64,
+    pub(crate) last_seq: i64,
+}
+
+pub(crate) fn span_of(
+    connection: &Connection,
+    items: &[(i64, ItemRef)],
+    kind: SummaryKind,
+) -> Result<Span> {
+    let mut span = Span {
+        earliest_ms: None,
+        latest_ms: None,
+        first_seq: i64::MAX,
+        last_seq: i64::MIN,
+    };
+    for (_, item) in items {
+        let (earliest, latest, first, last): (Option<i64>, Option<i64>, i64, i64) = match (item, kind) {
+            (ItemRef::Message(id), SummaryKind::Leaf) => connection
+                .prepare_cached("SELECT created_at, created_at, seq, seq FROM messages WHERE id = ?1")?
+                .query_row([id.0], |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?)))?,
+            (ItemRef::Summary(id), SummaryKind::Condensed) => connection
+                .prepare_cached(
+                    "SELECT earliest_at, latest_at, first_seq, last_seq FROM summaries WHERE id = ?1",
+                )?
+                .query_row([id.0], |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?)))?,
+            (item, kind) => {
+                return Err(StoreError::InvalidMessage(format!(
+                    "a {} summary cannot cover {item:?}",
+                    kind_str(kind)
+                )));
+            }
+        };
+        span.earliest_ms = min_option(span.earliest_ms, earliest);
+        span.latest_ms = max_option(span.latest_ms, latest);
+        span.first_seq = span.first_seq.min(first);
+        span.last_seq = span.last_seq.max(last);
+    }
+    Ok(span)
+}
+
+fn min_option(a: Option<i64>, b: Option<i64>) -> Option<i64> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+fn max_option(a: Option<i64>, b: Option<i64>) -> Option<i64> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.max(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+pub(crate) fn message(connection: &Connection, id: MessageId) -> Result<Option<StoredMessage>> {
+    Ok(connection
+        .prepare_cached(&format!(
+            "SELECT {MESSAGE_COLUMNS} FROM messages m WHERE m.id = ?1"
+        ))?
+        .query_row([id.0], |row| message_row(row, 0))
+        .optional()?)
+}
+
+pub(crate) fn messages_in_seq_range(
+    connection: &Connection,
+    conversation: ConversationId,
+    first_seq: u64,
+    last_seq: u64,
+) -> Result<Vec<StoredMessage>> {
+    let mut statement = connection.prepare_cached(&format!(
+        "SELECT {MESSAGE_COLUMNS} FROM messages m
+         WHERE m.conversation_id = ?1 AND m.seq BETWEEN ?2 AND ?3 ORDER BY m.seq"
+    ))?;
+    let rows = statement.query_map(
+        params![conversation.0, first_seq as i64, last_seq as i64],
+        |row| message_row(row, 0),
+    )?;
+    Ok(rows.collect::<rusqlite::Result<_>>()?)
+}
+
+pub(crate) fn summary(
+    connection: &Connection,
+    row_id: SummaryRowId,
+) -> Result<Option<StoredSummary>> {
+    connection
+        .prepare_cached(&format!(
+            "SELECT {SUMMARY_COLUMNS} FROM summaries s WHERE s.id = ?1"
+        ))?
+        .query_row([row_id.0], |row| summary_columns(row, 0))
+        .optional()?
+        .map(SummaryColumns::into_summary)
+        .transpose()
+}
+
+pub(crate) fn summary_by_id(
+    connection: &Connection,
+    summary_id: &str,
+) -> Result<Option<StoredSummary>> {
+    connection
+        .prepare_cached(&format!(
+            "SELECT {SUMMARY_COLUMNS} FROM summaries s WHERE s.summary_id = ?1"
+        ))?
+        .query_row([summary_id], |row| summary_columns(row, 0))
+        .optional()?
+        .map(SummaryColumns::into_summary)
+        .transpose()
+}
+
+/// The ordered children of a summary: its messages (leaf) or summaries (condensed).
+pub(crate) fn children(connection: &Connection, parent: SummaryRowId) -> Result<Vec<ItemContent>> {
+    let mut statement = connection.prepare_cached(&format!(
+        "SELECT e.child_message_id, {MESSAGE_COLUMNS}, {SUMMARY_COLUMNS}
+         FROM summary_edges e
+         LEFT JOIN messages m ON m.id = e.child_message_id
+         LEFT JOIN summaries s ON s.id = e.child_summary_id
+         WHERE e.parent_id = ?1 ORDER BY e.ordinal"
+    ))?;
+    let mut rows = statement.query([parent.0])?;
+    let mut children = Vec::new();
+    while let Some(row) = rows.next()? {
+        if row.get::<_, Option<i64>>(0)?.is_some() {
+            children.push(ItemContent::Message(message_row(row, 1)?));
+        } else {
+            children.push(ItemContent::Summary(
+                summary_columns(row, 8)?.into_summary()?,
+            ));
+        }
+    }
+    Ok(children)
+}
+
+/// The summary whose children include `item`, if any.
+pub(crate) fn parent_of(connection: &Connection, item: ItemRef) -> Result<Option<StoredSummary>> {
+    let parent: Option<i64> = match item {
+        ItemRef::Message(id) => connection
+            .prepare_cached("SELECT parent_id FROM summary_edges WHERE child_message_id = ?1")?
+            .query_row([id.0], |row| row.get(0))
+            .optional()?,
+        ItemRef::Summary(id) => connection
+            .prepare_cached("SELECT parent_id FROM summary_edges WHERE child_summary_id = ?1")?
+            .query_row([id.0], |row| row.get(0))
+            .optional()?,
+    };
+    match parent {
+        Some(id) => summary(connection, SummaryRowId(id)),
+        None => Ok(None),
+    }
+}
+
+pub(crate) fn blob_info(connection: &Connection, blob_id: &str) -> Result<Option<BlobInfo>> {
+    Ok(connection
+        .prepare_cached(
+            "SELECT blob_id, conversation_id, kind, bytes, lines, description, created_at
+             FROM blobs WHERE blob_id = ?1",
+        )?
+        .query_row([blob_id], |row| {
+            Ok(BlobInfo {
+                blob_id: row.get(0)?,
+                conversation: ConversationId(row.get(1)?),
+                kind: row.get(2)?,
+                bytes: row.get::<_, i64>(3)? as u64,
+                lines: row.get::<_, i64>(4)? as u64,
+                description: row.get(5)?,
+                created_at_ms: row.get(6)?,
+            })
+        })
+        .optional()?)
+}
+
+pub(crate) fn blob_content(connection: &Connection, blob_id: &str) -> Result<Option<String>> {
+    Ok(connection
+        .prepare_cached("SELECT content FROM blobs WHERE blob_id = ?1")?
+        .query_row([blob_id], |row| row.get(0))
+        .optional()?)
+}
+
+pub(crate) fn grants(connection: &Connection, grantee: &str) -> Result<Vec<Grant>> {
+    let mut statement = connection.prepare_cached(
+        "SELECT id, grantee, conversation_id, expires_at, token_cap, revoked_at
+         FROM grants WHERE grantee = ?1 ORDER BY id",
+    )?;
+    let rows = statement.query_map([grantee], |row| {
+        Ok(Grant {
+            id: row.get(0)?,
+            grantee: row.get(1)?,
+            conversation: ConversationId(row.get(2)?),
+            expires_at_ms: row.get(3)?,
+            token_cap: row.get::<_, i64>(4)? as u64,
+            revoked: row.get::<_, Option<i64>>(5)?.is_some(),
+        })
+    })?;
+    Ok(rows.collect::<rusqlite::Result<_>>()?)
+}
+
+pub(crate) fn state(
+    connection: &Connection,
+    conversation: ConversationId,
+    key: &str,
+) -> Result<Option<String>> {
+    Ok(connection
+        .prepare_cached(
+            "SELECT value FROM conversation_state WHERE conversation_id = ?1 AND key = ?2",
+        )?
+        .query_row(params![conversation.0, key], |row| row.get(0))
+        .optional()?)
+}
+
+/// A row to index, with its text extracted.
+pub(crate) struct IndexRow {
+    pub(crate) id: i64,
+    pub(crate) conversation: i64,
+    pub(crate) agent: String,
+    pub(crate) role: String,
+    pub(crate) time_ms: i64,
+    pub(crate) text: String,
+}
+
+/// Streams messages with `id > after`, in id order, with their text.
+pub(crate) fn for_each_message_after(
+    connection: &Connection,
+    after: i64,
+    mut f: impl FnMut(IndexRow) -> Result<()>,
+) -> Result<()> {
+    let mut statement = connection.prepare_cached(
+        "SELECT m.id, m.conversation_id, c.agent_id, m.role, m.created_at, m.json
+         FROM messages m JOIN conversations c ON c.id = m.conversation_id
+         WHERE m.id > ?1 ORDER BY m.id",
+    )?;
+    let mut rows = statement.query([after])?;
+    while let Some(row) = rows.next()? {
+        let json: String = row.get(5)?;
+        let text = serde_json::from_str::<AgentMessage>(&json)
+            .map(|message| message.plain_text())
+            .unwrap_or_default();
+        f(IndexRow {
+            id: row.get(0)?,
+            conversation: row.get(1)?,
+            agent: row.get(2)?,
+            role: row.get(3)?,
+            time_ms: row.get(4)?,
+            text,
+        })?;
+    }
+    Ok(())
+}
+
+/// Streams summaries with `id > after`, in id order.
+pub(crate) fn for_each_summary_after(
+    connection: &Connection,
+    after: i64,
+    mut f: impl FnMut(IndexRow) -> Result<()>,
+) -> Result<()> {
+    let mut statement = connection.prepare_cached(
+        "SELECT s.id, s.conversation_id, c.agent_id, coalesce(s.latest_at, s.created_at), s.content
+         FROM summaries s JOIN conversations c ON c.id = s.conversation_id
+         WHERE s.id > ?1 ORDER BY s.id",
+    )?;
+    let mut rows = statement.query([after])?;
+    while let Some(row) = rows.next()? {
+        f(IndexRow {
+            id: row.get(0)?,
+            conversation: row.get(1)?,
+            agent: row.get(2)?,
+            role: "summary".to_owned(),
+            time_ms: row.get(3)?,
+            text: row.get(4)?,
+        })?;
+    }
+    Ok(())
+}
+
+/// Everything [`crate::HistoryStore::integrity_check`] verifies with SQL: the database file,
+/// that context items and edges resolve, that depths decrease along edges, and that every
+/// message and summary is reachable from the context.
+pub(crate) fn integrity_problems(
+    connection: &Connection,
+    report: &mut IntegrityReport,
+) -> Result<()> {
+    let quick: String = connection.query_row("PRAGMA quick_check", [], |row| row.get(0))?;
+    if quick != "ok" {
+        report.problems.push(format!("sqlite quick_check: {quick}"));
+    }
+    let count = |sql: &str| -> Result<u64> {
+        Ok(connection
+            .query_row(sql, [], |row| row.get::<_, i64>(0))?
+            .max(0) as u64)
+    };
+    report.messages = count("SELECT count(*) FROM messages")?;
+    report.summaries = count("SELECT count(*) FROM summaries")?;
+    report.context_items = count("SELECT count(*) FROM context_items")?;
+    let checks: [(&str, &str); 6] = [
+        (
+            "context items that point at nothing",
+            "SELECT count(*) FROM context_items ci
+             LEFT JOIN messages m ON m.id = ci.message_id
+             LEFT JOIN summaries s ON s.id = ci.summary_id
+             WHERE m.id IS NULL AND s.id IS NULL",
+        ),
+        (
+            "summary edges that point at nothing",
+            "SELECT count(*) FROM summary_edges e
+             LEFT JOIN messages m ON m.id = e.child_message_id
+             LEFT JOIN summaries s ON s.id = e.child_summary_id
+             LEFT JOIN summaries p ON p.id = e.parent_id
+             WHERE (m.id IS NULL AND s.id IS NULL) OR p.id IS NULL",
+        ),
+        (
+            "summary edges whose child is not shallower than its parent",
+            "SELECT count(*) FROM summary_edges e
+             JOIN summaries p ON p.id = e.parent_id
+             JOIN summaries s ON s.id = e.child_summary_id
+             WHERE s.depth >= p.depth",
+        ),
+        (
+            "summaries without children",
+            "SELECT count(*) FROM summaries s
+             WHERE NOT EXISTS (SELECT 1 FROM summary_edges e WHERE e.parent_id = s.id)",
+        ),
+        (
+            "messages unreachable from the context",
+            "SELECT count(*) FROM messages m
+             WHERE NOT EXISTS (SELECT 1 FROM context_items ci WHERE ci.message_id = m.id)
+               AND NOT EXISTS (SELECT 1 FROM summary_edges e WHERE e.child_message_id = m.id)",
+        ),
+        (
+            "summaries unreachable from the context",
+            "SELECT count(*) FROM summaries s
+             WHERE NOT EXISTS (SELECT 1 FROM context_items ci WHERE ci.summary_id = s.id)
+               AND NOT EXISTS (SELECT 1 FROM summary_edges e WHERE e.child_summary_id = s.id)",
+        ),
+    ];
+    for (what, sql) in checks {
+        let found = count(sql)?;
+        if found > 0 {
+            report.problems.push(format!("{found} {what}"));
+        }
+    }
+    let drift = count(
+        "SELECT count(*) FROM conversations c
+         WHERE c.context_tokens <> (SELECT coalesce(sum(ci.tokens), 0) FROM context_items ci
+                                    WHERE ci.conversation_id = c.id)",
+    )?;
+    if drift > 0 {
+        report.problems.push(format!(
+            "{drift} conversations whose running context-token total drifted"
+        ));
+    }
+    Ok(())
+}
+
+pub(crate) fn max_ids(connection: &Connection) -> Result<(i64, i64)> {
+    Ok((
+        connection.query_row("SELECT coalesce(max(id), 0) FROM messages", [], |row| {
+            row.get(0)
+        })?,
+        connection.query_row("SELECT coalesce(max(id), 0) FROM summaries", [], |row| {
+            row.get(0)
+        })?,
+    ))
+}
+
+/// Streams a conversation's messages (newest first when `newest_first`) within a time range.
+pub(crate) fn for_each_message_in(
+    connection: &Connection,
+    conversation: ConversationId,
+    since_ms: Option<i64>,
+    before_ms: Option<i64>,
+    newest_first: bool,
+    mut f: impl FnMut(StoredMessage) -> Result<bool>,
+) -> Result<()> {
+    let order = if newest_first { "DESC" } else { "ASC" };
+    let mut statement = connection.prepare_cached(&format!(
+        "SELECT {MESSAGE_COLUMNS} FROM messages m
+         WHERE m.conversation_id = ?1
+           AND (?2 IS NULL OR m.created_at >= ?2) AND (?3 IS NULL OR m.created_at < ?3)
+         ORDER BY m.seq {order}"
+    ))?;
+    let mut rows = statement.query(params![conversation.0, since_ms, before_ms])?;
+    while let Some(row) = rows.next()? {
+        if !f(message_row(row, 0)?)? {
+            break;
+        }
+    }
+    Ok(())
+}
+
+/// Streams a conversation's summaries within a time range.
+pub(crate) fn for_each_summary_in(
+    connection: &Connection,
+    conversation: ConversationId,
+    since_ms: Option<i64>,
+    before_ms: Option<i64>,
+    newest_first: bool,
+    mut f: impl FnMut(StoredSummary) -> Result<bool>,
+) -> Result<()> {
+    let order = if newest_first { "DESC" } else { "ASC" };
+    let mut statement = connection.prepare_cached(&format!(
+        "SELECT {SUMMARY_COLUMNS} FROM summaries s
+         WHERE s.conversation_id = ?1
+           AND (?2 IS NULL OR coalesce(s.latest_at, s.created_at) >= ?2)
+           AND (?3 IS NULL OR coalesce(s.latest_at, s.created_at) < ?3)
+         ORDER BY s.id {order}"
+    ))?;
+    let mut rows = statement.query(params![conversation.0, since_ms, before_ms])?;
+    while let Some(row) = rows.next()? {
+        if !f(summary_columns(row, 0)?.into_summary()?)? {
+            break;
+        }
+    }
+    Ok(())
+}

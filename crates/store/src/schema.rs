@@ -1,0 +1,193 @@
+//! Connection setup and versioned migrations keyed on `PRAGMA user_version`.
+
+use std::path::Path;
+use std::time::Duration;
+
+use rusqlite::Connection;
+
+use crate::error::{Result, StoreError};
+
+/// One migration: the SQL that takes the schema from version `n - 1` to `n`.
+struct Migration {
+    /// True when the migration rewrites existing rows (not only adds tables or indexes): the
+    /// database is copied aside before it runs.
+    rewrites_data: bool,
+    sql: &'static str,
+}
+
+const MIGRATIONS: &[Migration] = &[Migration {
+    rewrites_data: false,
+    sql: r#"
+CREATE TABLE conversations (
+    id INTEGER PRIMARY KEY,
+    agent_id TEXT NOT NULL,
+    session_id TEXT NOT NULL,
+    session_key TEXT,
+    active INTEGER NOT NULL DEFAULT 1,
+    archived_at INTEGER,
+    created_at INTEGER NOT NULL,
+    next_seq INTEGER NOT NULL DEFAULT 0,
+    next_position INTEGER NOT NULL DEFAULT 0,
+    context_tokens INTEGER NOT NULL DEFAULT 0,
+    UNIQUE (agent_id, session_id)
+);
+CREATE INDEX conversations_by_key ON conversations (agent_id, session_key);
+
+CREATE TABLE messages (
+    id INTEGER PRIMARY KEY,
+    conversation_id INTEGER NOT NULL REFERENCES conversations (id),
+    seq INTEGER NOT NULL,
+    role TEXT NOT NULL,
+    json TEXT NOT NULL,
+    tokens INTEGER NOT NULL,
+    ingest_key BLOB NOT NULL,
+    created_at INTEGER NOT NULL,
+    UNIQUE (conversation_id, seq),
+    UNIQUE (conversation_id, ingest_key)
+);
+
+CREATE TABLE summaries (
+    id INTEGER PRIMARY KEY,
+    summary_id TEXT NOT NULL UNIQUE,
+    conversation_id INTEGER NOT NULL REFERENCES conversations (id),
+    depth INTEGER NOT NULL,
+    kind TEXT NOT NULL CHECK (kind IN ('leaf', 'condensed')),
+    content TEXT NOT NULL,
+    tokens INTEGER NOT NULL,
+    earliest_at INTEGER,
+    latest_at INTEGER,
+    first_seq INTEGER NOT NULL,
+    last_seq INTEGER NOT NULL,
+    level TEXT NOT NULL,
+    summarizer TEXT NOT NULL,
+    created_at INTEGER NOT NULL
+);
+CREATE INDEX summaries_by_conversation ON summaries (conversation_id, depth);
+
+-- Ordered children of a summary: messages for a leaf, summaries for a condensed node. A child
+-- has at most one parent (the unique indexes), which makes the DAG a forest of trees over the
+-- messages and keeps every message under at most one leaf.
+CREATE TABLE summary_edges (
+    parent_id INTEGER NOT NULL REFERENCES summaries (id),
+    ordinal INTEGER NOT NULL,
+    child_message_id INTEGER REFERENCES messages (id),
+    child_summary_id INTEGER REFERENCES summaries (id),
+    PRIMARY KEY (parent_id, ordinal),
+    CHECK ((child_message_id IS NULL) <> (child_summary_id IS NULL))
+) WITHOUT ROWID;
+CREATE UNIQUE INDEX summary_edges_by_message ON summary_edges (child_message_id)
+    WHERE child_message_id IS NOT NULL;
+CREATE UNIQUE INDEX summary_edges_by_summary ON summary_edges (child_summary_id)
+    WHERE child_summary_id IS NOT NULL;
+
+-- What the model sees, in order. Positions are gapped: appends step by POSITION_STEP, and a
+-- replaced range takes the position of its first item, so nothing is ever renumbered.
+CREATE TABLE context_items (
+    conversation_id INTEGER NOT NULL REFERENCES conversations (id),
+    position INTEGER NOT NULL,
+    message_id INTEGER REFERENCES messages (id),
+    summary_id INTEGER REFERENCES summaries (id),
+    tokens INTEGER NOT NULL,
+    PRIMARY KEY (conversation_id, position),
+    CHECK ((message_id IS NULL) <> (summary_id IS NULL))
+) WITHOUT ROWID;
+
+CREATE TABLE blobs (
+    blob_id TEXT PRIMARY KEY,
+    conversation_id INTEGER NOT NULL REFERENCES conversations (id),
+    kind TEXT NOT NULL,
+    bytes INTEGER NOT NULL,
+    lines INTEGER NOT NULL,
+    description TEXT NOT NULL,
+    content TEXT NOT NULL,
+    created_at INTEGER NOT NULL
+) WITHOUT ROWID;
+
+CREATE TABLE grants (
+    id INTEGER PRIMARY KEY,
+    grantee TEXT NOT NULL,
+    conversation_id INTEGER NOT NULL REFERENCES conversations (id),
+    expires_at INTEGER NOT NULL,
+    token_cap INTEGER NOT NULL,
+    revoked_at INTEGER,
+    created_at INTEGER NOT NULL
+);
+CREATE INDEX grants_by_grantee ON grants (grantee);
+
+-- Advancement keys of committed turns: a repeated key is a duplicate.
+CREATE TABLE turn_commits (
+    conversation_id INTEGER NOT NULL REFERENCES conversations (id),
+    advancement_key TEXT NOT NULL,
+    committed_at INTEGER NOT NULL,
+    PRIMARY KEY (conversation_id, advancement_key)
+) WITHOUT ROWID;
+
+-- Small per-conversation state (bootstrap progress and the like).
+CREATE TABLE conversation_state (
+    conversation_id INTEGER NOT NULL REFERENCES conversations (id),
+    key TEXT NOT NULL,
+    value TEXT NOT NULL,
+    PRIMARY KEY (conversation_id, key)
+) WITHOUT ROWID;
+
+-- Store-wide state: the mirror of the index watermark, for the integrity check.
+CREATE TABLE store_state (
+    key TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+) WITHOUT ROWID;
+"#,
+}];
+
+/// The schema version this build writes.
+pub(crate) const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
+
+/// Opens a connection with the store's settings: WAL, `synchronous=NORMAL`, foreign keys,
+/// a busy timeout, and a statement cache large enough for every query the store makes.
+pub(crate) fn connect(path: &Path) -> Result<Connection> {
+    let connection = Connection::open(path)?;
+    connection.busy_timeout(Duration::from_secs(30))?;
+    connection.set_prepared_statement_cache_capacity(64);
+    let corrupt = |error: rusqlite::Error| StoreError::Corrupt {
+        path: path.to_owned(),
+        detail: error.to_string(),
+    };
+    // The first read of the header: a file that is not SQLite fails here.
+    connection
+        .query_row("SELECT count(*) FROM sqlite_master", [], |row| {
+            row.get::<_, i64>(0)
+        })
+        .map_err(corrupt)?;
+    connection
+        .pragma_update(None, "journal_mode", "WAL")
+        .map_err(corrupt)?;
+    connection.pragma_update(None, "synchronous", "NORMAL")?;
+    connection.pragma_update(None, "foreign_keys", "ON")?;
+    connection.pragma_update(None, "temp_store", "MEMORY")?;
+    Ok(connection)
+}
+
+/// Brings the database at `path` to [`SCHEMA_VERSION`], one transaction per migration.
+pub(crate) fn migrate(connection: &mut Connection, path: &Path) -> Result<()> {
+    let found: i64 = connection.pragma_query_value(None, "user_version", |row| row.get(0))?;
+    if found > SCHEMA_VERSION {
+        return Err(StoreError::NewerSchema {
+            path: path.to_owned(),
+            found,
+            supported: SCHEMA_VERSION,
+        });
+    }
+    for (index, migration) in MIGRATIONS.iter().enumerate().skip(found as usize) {
+        let version = index as i64 + 1;
+        if migration.rewrites_data && found > 0 {
+            let backup = path.with_extension(format!("v{found}.bak"));
+            let _ = std::fs::remove_file(&backup);
+            connection.execute("VACUUM INTO ?1", [backup.to_string_lossy()])?;
+            tracing::info!(backup = %backup.display(), "copied the database aside before migrating to schema {version}");
+        }
+        let transaction = connection.transaction()?;
+        transaction.execute_batch(migration.sql)?;
+        transaction.pragma_update(None, "user_version", version)?;
+        transaction.commit()?;
+    }
+    Ok(())
+}

@@ -1,0 +1,196 @@
+//! Searches: BM25 and phrase queries through the index, linear-time regex over SQLite, and
+//! snippets built from the SQLite text.
+
+use regex::{Regex, RegexBuilder};
+use rusqlite::Connection;
+
+use crate::error::{Result, StoreError};
+use crate::index::{IndexedRow, RecallIndex};
+use crate::read;
+use crate::types::*;
+
+/// Characters of context before the first match in a snippet.
+const SNIPPET_LEAD: usize = 60;
+/// Longest snippet, in bytes of source text.
+const SNIPPET_BYTES: usize = 220;
+/// Bound on the compiled size of a user regex.
+const REGEX_SIZE_LIMIT: usize = 1 << 20;
+
+pub(crate) fn run(
+    connection: &Connection,
+    index: &RecallIndex,
+    query: &SearchQuery,
+) -> Result<Vec<SearchHit>> {
+    if query.conversations.is_empty() || query.limit == 0 {
+        return Ok(Vec::new());
+    }
+    match query.mode {
+        SearchMode::Regex => regex_search(connection, query),
+        SearchMode::Text | SearchMode::Phrase => indexed_search(connection, index, query),
+    }
+}
+
+fn indexed_search(
+    connection: &Connection,
+    index: &RecallIndex,
+    query: &SearchQuery,
+) -> Result<Vec<SearchHit>> {
+    let terms = index.terms(&query.text);
+    let highlighter = terms_regex(&terms);
+    let mut hits = Vec::new();
+    for (row, score) in index.search(query)? {
+        let hit = match row {
+            IndexedRow::Message(id) => read::message(connection, MessageId(id))?.map(|message| {
+                let text = message.text();
+                SearchHit {
+                    source: HitSource::Message {
+                        id: message.id,
+                        seq: message.seq,
+                        role: message.role.clone(),
+                    },
+                    conversation: message.conversation,
+                    time_ms: message.created_at_ms,
+                    score,
+                    snippet: snippet(&text, highlighter.as_ref()),
+                }
+            }),
+            IndexedRow::Summary(id) => read::summary(connection, SummaryRowId(id))?
+                .map(|summary| summary_hit(summary, score, highlighter.as_ref())),
+        };
+        // The index is derived; SQLite decides. A row outside the scope is never returned.
+        if let Some(hit) = hit
+            && query.conversations.contains(&hit.conversation)
+        {
+            hits.push(hit);
+        }
+    }
+    Ok(hits)
+}
+
+fn summary_hit(summary: StoredSummary, score: f32, highlighter: Option<&Regex>) -> SearchHit {
+    SearchHit {
+        snippet: snippet(&summary.content, highlighter),
+        conversation: summary.conversation,
+        time_ms: summary.latest_at_ms.unwrap_or(summary.created_at_ms),
+        score,
+        source: HitSource::Summary {
+            row_id: summary.row_id,
+            summary_id: summary.summary_id,
+            depth: summary.depth,
+            kind: summary.kind,
+        },
+    }
+}
+
+fn regex_search(connection: &Connection, query: &SearchQuery) -> Result<Vec<SearchHit>> {
+    let pattern = RegexBuilder::new(&query.text)
+        .size_limit(REGEX_SIZE_LIMIT)
+        .build()
+        .map_err(|error| StoreError::InvalidRegex {
+            pattern: query.text.clone(),
+            detail: error.to_string(),
+        })?;
+    let mut hits = Vec::new();
+    let want_messages = query.target != SearchTarget::Summaries;
+    let want_summaries = query.target != SearchTarget::Messages;
+    for conversation in &query.conversations {
+        if want_messages {
+            read::for_each_message_in(
+                connection,
+                *conversation,
+                query.since_ms,
+                query.before_ms,
+                true,
+                |message| {
+                    let text = message.text();
+                    if pattern.is_match(&text) {
+                        hits.push(SearchHit {
+                            snippet: snippet(&text, Some(&pattern)),
+                            conversation: message.conversation,
+                            time_ms: message.created_at_ms,
+                            score: 0.0,
+                            source: HitSource::Message {
+                                id: message.id,
+                                seq: message.seq,
+                                role: message.role,
+                            },
+                        });
+                    }
+                    Ok(hits.len() < query.limit)
+                },
+            )?;
+        }
+        if want_summaries && hits.len() < query.limit {
+            read::for_each_summary_in(
+                connection,
+                *conversation,
+                query.since_ms,
+                query.before_ms,
+                true,
+                |summary| {
+                    if pattern.is_match(&summary.content) {
+                        hits.push(summary_hit(summary, 0.0, Some(&pattern)));
+                    }
+                    Ok(hits.len() < query.limit)
+                },
+            )?;
+        }
+    }
+    // Newest first across conversations and kinds, then cut to the limit.
+    hits.sort_by_key(|hit| std::cmp::Reverse(hit.time_ms));
+    hits.truncate(query.limit);
+    Ok(hits)
+}
+
+/// A case-insensitive regex matching any of the (already lowercased, alphanumeric) terms.
+fn terms_regex(terms: &[String]) -> Option<Regex> {
+    if terms.is_empty() {
+        return None;
+    }
+    let alternatives: Vec<String> = terms.iter().map(|term| regex::escape(term)).collect();
+    RegexBuilder::new(&format!(r"\b(?:{})\b", alternatives.join("|")))
+        .case_insensitive(true)
+        .size_limit(REGEX_SIZE_LIMIT)
+        .build()
+        .ok()
+}
+
+fn floor_boundary(text: &str, mut index: usize) -> usize {
+    index = index.min(text.len());
+    while !text.is_char_boundary(index) {
+        index -= 1;
+    }
+    index
+}
+
+/// An excerpt around the first match, with matches wrapped in `«` `»` and whitespace folded.
+pub(crate) fn snippet(text: &str, highlighter: Option<&Regex>) -> String {
+    let first = highlighter.and_then(|regex| regex.find(text));
+    let start = first.map_or(0, |found| {
+        floor_boundary(text, found.start().saturating_sub(SNIPPET_LEAD))
+    });
+    let end = floor_boundary(text, start + SNIPPET_BYTES);
+    let window = &text[start..end];
+    let mut out = String::with_capacity(window.len() + 16);
+    if start > 0 {
+        out.push('…');
+    }
+    let mut cursor = 0;
+    if let Some(regex) = highlighter {
+        for found in regex.find_iter(window) {
+            if found.is_empty() {
+                continue;
+            }
+            out.push_str(&window[cursor..found.start()]);
+            out.push('«');
+            out.push_str(found.as_str());
+            out.push('»');
+            cursor = found.end();
+        }
+    }
+    out.push_str(&window[cursor..]);
+    if end < text.len() {
+        out.push('…');
+    }
+    out.split_whitespace().collect::<Vec<_>>().join(" ")
+}

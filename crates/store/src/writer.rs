@@ -1,0 +1,788 @@
+//! The writer thread: the only owner of the write connection and of the index writer.
+//!
+//! Every write arrives as a [`Command`] over a channel and runs in one SQLite transaction; the
+//! reply goes back over a oneshot channel, so async callers await it without blocking their
+//! runtime. After a transaction commits, the rows it created are added to the index; the index
+//! commits in batches (on a short timer, on a size threshold, or when a search asks for it).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::time::Duration;
+
+use rusqlite::{Connection, OptionalExtension, Transaction, TransactionBehavior, params};
+use tokio::sync::oneshot;
+
+use crate::error::{Result, StoreError};
+use crate::index::{IndexDoc, IndexSink, IndexedRow, RecallIndex};
+use crate::read;
+use crate::types::*;
+
+/// Gap between appended context positions: room to insert without renumbering.
+pub(crate) const POSITION_STEP: i64 = 1024;
+
+/// How long added documents may wait for an index commit.
+const INDEX_COMMIT_DELAY: Duration = Duration::from_millis(250);
+/// Commit the index once this many documents wait.
+const INDEX_COMMIT_DOCS: usize = 4096;
+
+pub(crate) type Reply<T> = oneshot::Sender<Result<T>>;
+
+/// A message ready for the writer: serialized and keyed by the caller.
+#[derive(Debug)]
+pub(crate) struct PreparedMessage {
+    pub(crate) json: String,
+    pub(crate) role: String,
+    pub(crate) text: String,
+    pub(crate) tokens: u64,
+    pub(crate) ingest_key: [u8; 16],
+    pub(crate) created_at_ms: i64,
+}
+
+pub(crate) enum Command {
+    Conversation {
+        key: ConversationKey,
+        reply: Reply<Conversation>,
+    },
+    Ingest {
+        conversation: ConversationId,
+        messages: Vec<PreparedMessage>,
+        advancement_key: Option<String>,
+        reply: Reply<IngestOutcome>,
+    },
+    Replace {
+        plan: ReplacePlan,
+        reply: Reply<ReplaceOutcome>,
+    },
+    AppendItems {
+        conversation: ConversationId,
+        items: Vec<ItemRef>,
+        reply: Reply<()>,
+    },
+    PutBlob {
+        blob: NewBlob,
+        reply: Reply<BlobInfo>,
+    },
+    CreateGrant {
+        grant: NewGrant,
+        reply: Reply<Grant>,
+    },
+    RevokeGrants {
+        grantee: String,
+        reply: Reply<u64>,
+    },
+    DeleteGrant {
+        id: i64,
+        reply: Reply<()>,
+    },
+    SetState {
+        conversation: ConversationId,
+        key: String,
+        value: String,
+        reply: Reply<()>,
+    },
+    FlushIndex {
+        reply: Reply<()>,
+    },
+    RebuildIndex {
+        reply: Reply<u64>,
+    },
+    Shutdown {
+        reply: Reply<()>,
+    },
+}
+
+/// Test hooks that fail or "crash" the writer at chosen points.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct FaultPlan {
+    /// The N-th write statement (1-based, counted across the store's life) fails; its
+    /// transaction rolls back and the caller gets the error.
+    pub fail_write_at: Option<u64>,
+    /// At the N-th write statement the writer stops as a killed process would: the open
+    /// transaction is lost, the index is not committed, every later call fails.
+    pub crash_at_write: Option<u64>,
+    /// The index is never committed, as if the process died after each SQLite commit.
+    pub skip_index_commits: bool,
+}
+
+pub(crate) struct Writer {
+    connection: Connection,
+    sink: IndexSink,
+    index: Arc<RecallIndex>,
+    pending_docs: Arc<AtomicUsize>,
+    agents: HashMap<i64, String>,
+    faults: FaultPlan,
+    writes: u64,
+    crashed: bool,
+}
+
+impl Writer {
+    pub(crate) fn new(
+        connection: Connection,
+        index: Arc<RecallIndex>,
+        pending_docs: Arc<AtomicUsize>,
+        faults: FaultPlan,
+    ) -> Result<Writer> {
+        let sink = index.writer()?;
+        Ok(Writer {
+            connection,
+            sink,
+            index,
+            pending_docs,
+            agents: HashMap::new(),
+            faults,
+            writes: 0,
+            crashed: false,
+        })
+    }
+
+    /// Indexes every row SQLite has beyond the index's watermark (after a crash between the
+    /// two commits, or when the index was rebuilt from nothing), then commits.
+    pub(crate) fn catch_up_index(&mut self) -> Result<u64> {
+        let watermark = self.sink.watermark();
+        let mut added = 0;
+        let connection = &self.connection;
+        let sink = &mut self.sink;
+        read::for_each_message_after(connection, watermark.messages, |row| {
+            sink.add(IndexDoc {
+                row: IndexedRow::Message(row.id),
+                conversation: row.conversation,
+                agent: &row.agent,
+                role: &row.role,
+                time_ms: row.time_ms,
+                text: &row.text,
+            })?;
+            added += 1;
+            Ok(())
+        })?;
+        read::for_each_summary_after(connection, watermark.summaries, |row| {
+            sink.add(IndexDoc {
+                row: IndexedRow::Summary(row.id),
+                conversation: row.conversation,
+                agent: &row.agent,
+                role: &row.role,
+                time_ms: row.time_ms,
+                text: &row.text,
+            })?;
+            added += 1;
+            Ok(())
+        })?;
+        if added > 0 {
+            tracing::info!(
+                documents = added,
+                "caught the recall index up with the database"
+            );
+        }
+        self.commit_index()?;
+        Ok(added)
+    }
+
+    pub(crate) fn run(mut self, commands: Receiver<Command>) {
+        loop {
+            let received = match self.sink.first_pending_at() {
+                Some(first) => {
+                    let wait = INDEX_COMMIT_DELAY.saturating_sub(first.elapsed());
+                    commands.recv_timeout(wait)
+                }
+                None => commands.recv().map_err(|_| RecvTimeoutError::Disconnected),
+            };
+            match received {
+                Ok(Command::Shutdown { reply }) => {
+                    let _ = reply.send(self.commit_index());
+                    return;
+                }
+                Ok(command) => self.handle(command),
+                Err(RecvTimeoutError::Timeout) => self.commit_index_logged(),
+                Err(RecvTimeoutError::Disconnected) => {
+                    self.commit_index_logged();
+                    return;
+                }
+            }
+            if self.crashed {
+                // A simulated kill: nothing more is written and the index is not committed.
+                // Returning drops the receiver, so every later call sees a stopped writer.
+                return;
+            }
+            if self.sink.pending() >= INDEX_COMMIT_DOCS {
+                self.commit_index_logged();
+            }
+        }
+    }
+
+    fn handle(&mut self, command: Command) {
+        match command {
+            Command::Conversation { key, reply } => {
+                let _ = reply.send(self.conversation(&key));
+            }
+            Command::Ingest {
+                conversation,
+                messages,
+                advancement_key,
+                reply,
+            } => {
+                let _ = reply.send(self.ingest(conversation, messages, advancement_key));
+            }
+            Command::Replace { plan, reply } => {
+                let _ = reply.send(self.replace(plan));
+            }
+            Command::AppendItems {
+                conversation,
+                items,
+                reply,
+            } => {
+                let _ = reply.send(self.append_items(conversation, &items));
+            }
+            Command::PutBlob { blob, reply } => {
+                let _ = reply.send(self.put_blob(blob));
+            }
+            Command::CreateGrant { grant, reply } => {
+                let _ = reply.send(self.create_grant(grant));
+            }
+            Command::RevokeGrants { grantee, reply } => {
+                let _ = reply.send(self.revoke_grants(&grantee));
+            }
+            Command::DeleteGrant { id, reply } => {
+                let _ = reply.send(self.delete_grant(id));
+            }
+            Command::SetState {
+                conversation,
+                key,
+                value,
+                reply,
+            } => {
+                let _ = reply.send(self.set_state(conversation, &key, &value));
+            }
+            Command::FlushIndex { reply } => {
+                let _ = reply.send(self.commit_index());
+            }
+            Command::RebuildIndex { reply } => {
+                let _ = reply.send(self.rebuild_index());
+            }
+            Command::Shutdown { reply } => {
+                let _ = reply.send(Ok(()));
+            }
+        }
+    }
+
+    /// Counts a write statement and applies the fault plan to it.
+    fn step(writes: &mut u64, faults: &FaultPlan, crashed: &mut bool) -> Result<()> {
+        *writes += 1;
+        if faults.crash_at_write == Some(*writes) {
+            *crashed = true;
+            return Err(StoreError::InjectedFault(format!(
+                "writer killed at write {writes}"
+            )));
+        }
+        if faults.fail_write_at == Some(*writes) {
+            return Err(StoreError::InjectedFault(format!("write {writes} failed")));
+        }
+        Ok(())
+    }
+
+    fn transaction(&mut self) -> Result<(Transaction<'_>, Steps<'_>)> {
+        let transaction = self
+            .connection
+            .transaction_with_behavior(TransactionBehavior::Immediate)?;
+        Ok((
+            transaction,
+            Steps {
+                writes: &mut self.writes,
+                faults: &self.faults,
+                crashed: &mut self.crashed,
+            },
+        ))
+    }
+
+    fn conversation(&mut self, key: &ConversationKey) -> Result<Conversation> {
+        if let Some(found) = read::conversation_by_key(&self.connection, key)? {
+            return Ok(found);
+        }
+        let (transaction, mut steps) = self.transaction()?;
+        steps.step()?;
+        transaction
+            .prepare_cached(
+                "INSERT INTO conversations (agent_id, session_id, session_key, created_at)
+                 VALUES (?1, ?2, ?3, ?4)",
+            )?
+            .execute(params![
+                key.agent_id,
+                key.session_id,
+                key.session_key,
+                now_ms()
+            ])?;
+        transaction.commit()?;
+        read::conversation_by_key(&self.connection, key)?.ok_or_else(|| StoreError::NotFound {
+            what: "conversation",
+            id: key.session_id.clone(),
+        })
+    }
+
+    fn agent_of(&mut self, conversation: ConversationId) -> Result<String> {
+        if let Some(agent) = self.agents.get(&conversation.0) {
+            return Ok(agent.clone());
+        }
+        let agent: String = self
+            .connection
+            .prepare_cached("SELECT agent_id FROM conversations WHERE id = ?1")?
+            .query_row([conversation.0], |row| row.get(0))
+            .optional()?
+            .ok_or_else(|| StoreError::NotFound {
+                what: "conversation",
+                id: conversation.0.to_string(),
+            })?;
+        self.agents.insert(conversation.0, agent.clone());
+        Ok(agent)
+    }
+
+    fn ingest(
+        &mut self,
+        conversation: ConversationId,
+        messages: Vec<PreparedMessage>,
+        advancement_key: Option<String>,
+    ) -> Result<IngestOutcome> {
+        let agent = self.agent_of(conversation)?;
+        let (transaction, mut steps) = self.transaction()?;
+        if let Some(key) = &advancement_key {
+            steps.step()?;
+            let inserted = transaction
+                .prepare_cached(
+                    "INSERT OR IGNORE INTO turn_commits (conversation_id, advancement_key, committed_at)
+                     VALUES (?1, ?2, ?3)",
+                )?
+                .execute(params![conversation.0, key, now_ms()])?;
+            if inserted == 0 {
+                return Ok(IngestOutcome::DuplicateTurn);
+            }
+        }
+        let (mut next_seq, mut next_position): (i64, i64) = transaction
+            .prepare_cached("SELECT next_seq, next_position FROM conversations WHERE id = ?1")?
+            .query_row([conversation.0], |row| Ok((row.get(0)?, row.get(1)?)))?;
+        let mut results = Vec::with_capacity(messages.len());
+        let mut added_tokens: i64 = 0;
+        let mut created = Vec::new();
+        {
+            let mut find = transaction.prepare_cached(
+                "SELECT id, seq FROM messages WHERE conversation_id = ?1 AND ingest_key = ?2",
+            )?;
+            let mut insert = transaction.prepare_cached(
+                "INSERT INTO messages (conversation_id, seq, role, json, tokens, ingest_key, created_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+            )?;
+            let mut append = transaction.prepare_cached(
+                "INSERT INTO context_items (conversation_id, position, message_id, tokens)
+                 VALUES (?1, ?2, ?3, ?4)",
+            )?;
+            for message in messages {
+                let existing: Option<(i64, i64)> = find
+                    .query_row(params![conversation.0, &message.ingest_key[..]], |row| {
+                        Ok((row.get(0)?, row.get(1)?))
+                    })
+                    .optional()?;
+                if let Some((id, seq)) = existing {
+                    results.push(Ingested {
+                        message_id: MessageId(id),
+                        seq: seq as u64,
+                        ingested: false,
+                    });
+                    continue;
+                }
+                steps.step()?;
+                insert.execute(params![
+                    conversation.0,
+                    next_seq,
+                    message.role,
+                    message.json,
+                    message.tokens as i64,
+                    &message.ingest_key[..],
+                    message.created_at_ms
+                ])?;
+                let id = transaction.last_insert_rowid();
+                steps.step()?;
+                append.execute(params![
+                    conversation.0,
+                    next_position,
+                    id,
+                    message.tokens as i64
+                ])?;
+                results.push(Ingested {
+                    message_id: MessageId(id),
+                    seq: next_seq as u64,
+                    ingested: true,
+                });
+                added_tokens += message.tokens as i64;
+                next_seq += 1;
+                next_position += POSITION_STEP;
+                created.push((id, message));
+            }
+        }
+        if !created.is_empty() {
+            steps.step()?;
+            transaction
+                .prepare_cached(
+                    "UPDATE conversations
+                     SET next_seq = ?2, next_position = ?3, context_tokens = context_tokens + ?4
+                     WHERE id = ?1",
+                )?
+                .execute(params![
+                    conversation.0,
+                    next_seq,
+                    next_position,
+                    added_tokens
+                ])?;
+        }
+        transaction.commit()?;
+        for (id, message) in &created {
+            self.sink.add(IndexDoc {
+                row: IndexedRow::Message(*id),
+                conversation: conversation.0,
+                agent: &agent,
+                role: &message.role,
+                time_ms: message.created_at_ms,
+                text: &message.text,
+            })?;
+        }
+        self.publish_pending();
+        Ok(IngestOutcome::Stored(results))
+    }
+
+    fn replace(&mut self, plan: ReplacePlan) -> Result<ReplaceOutcome> {
+        let (Some(first), Some(last)) = (plan.items.first(), plan.items.last()) else {
+            return Ok(ReplaceOutcome::Stale);
+        };
+        let (first_position, last_position) = (first.0, last.0);
+        let agent = self.agent_of(plan.conversation)?;
+        let (transaction, mut steps) = self.transaction()?;
+        let current = read::items_in_range(
+            &transaction,
+            plan.conversation,
+            first_position,
+            last_position,
+        )?;
+        let planned: Vec<(i64, ItemRef)> = plan.items.clone();
+        if current
+            .iter()
+            .map(|(position, item, _)| (*position, *item))
+            .collect::<Vec<_>>()
+            != planned
+        {
+            return Ok(ReplaceOutcome::Stale);
+        }
+        let removed_tokens: i64 = current.iter().map(|(_, _, tokens)| *tokens as i64).sum();
+        let span = read::span_of(&transaction, &planned, plan.summary.kind)?;
+        let summary_id = summary_id(plan.conversation, &plan.summary, &planned);
+        let created_at = now_ms();
+        steps.step()?;
+        transaction
+            .prepare_cached(
+                "INSERT INTO summaries (summary_id, conversation_id, depth, kind, content, tokens,
+                     earliest_at, latest_at, first_seq, last_seq, level, summarizer, created_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
+            )?
+            .execute(params![
+                summary_id,
+                plan.conversation.0,
+                plan.summary.depth,
+                kind_str(plan.summary.kind),
+                plan.summary.content,
+                plan.summary.tokens as i64,
+                span.earliest_ms,
+                span.latest_ms,
+                span.first_seq,
+                span.last_seq,
+                level_str(plan.summary.level),
+                plan.summary.summarizer,
+                created_at
+            ])?;
+        let row_id = transaction.last_insert_rowid();
+        {
+            let mut edge = transaction.prepare_cached(
+                "INSERT INTO summary_edges (parent_id, ordinal, child_message_id, child_summary_id)
+                 VALUES (?1, ?2, ?3, ?4)",
+            )?;
+            for (ordinal, (_, item)) in planned.iter().enumerate() {
+                steps.step()?;
+                match item {
+                    ItemRef::Message(id) => {
+                        edge.execute(params![row_id, ordinal as i64, id.0, None::<i64>])?
+                    }
+                    ItemRef::Summary(id) => {
+                        edge.execute(params![row_id, ordinal as i64, None::<i64>, id.0])?
+                    }
+                };
+            }
+        }
+        steps.step()?;
+        transaction
+            .prepare_cached(
+                "DELETE FROM context_items
+                 WHERE conversation_id = ?1 AND position BETWEEN ?2 AND ?3",
+            )?
+            .execute(params![plan.conversation.0, first_position, last_position])?;
+        steps.step()?;
+        transaction
+            .prepare_cached(
+                "INSERT INTO context_items (conversation_id, position, summary_id, tokens)
+                 VALUES (?1, ?2, ?3, ?4)",
+            )?
+            .execute(params![
+                plan.conversation.0,
+                first_position,
+                row_id,
+                plan.summary.tokens as i64
+            ])?;
+        steps.step()?;
+        transaction
+            .prepare_cached(
+                "UPDATE conversations SET context_tokens = context_tokens - ?2 + ?3 WHERE id = ?1",
+            )?
+            .execute(params![
+                plan.conversation.0,
+                removed_tokens,
+                plan.summary.tokens as i64
+            ])?;
+        transaction.commit()?;
+        let stored = StoredSummary {
+            row_id: SummaryRowId(row_id),
+            summary_id,
+            conversation: plan.conversation,
+            depth: plan.summary.depth,
+            kind: plan.summary.kind,
+            content: plan.summary.content,
+            tokens: plan.summary.tokens,
+            earliest_at_ms: span.earliest_ms,
+            latest_at_ms: span.latest_ms,
+            first_seq: span.first_seq as u64,
+            last_seq: span.last_seq as u64,
+            level: plan.summary.level,
+            summarizer: plan.summary.summarizer,
+            created_at_ms: created_at,
+        };
+        self.sink.add(IndexDoc {
+            row: IndexedRow::Summary(row_id),
+            conversation: plan.conversation.0,
+            agent: &agent,
+            role: "summary",
+            time_ms: stored.latest_at_ms.unwrap_or(created_at),
+            text: &stored.content,
+        })?;
+        self.publish_pending();
+        Ok(ReplaceOutcome::Replaced(stored))
+    }
+
+    fn append_items(&mut self, conversation: ConversationId, items: &[ItemRef]) -> Result<()> {
+        let (transaction, mut steps) = self.transaction()?;
+        let mut next_position: i64 = transaction
+            .prepare_cached("SELECT next_position FROM conversations WHERE id = ?1")?
+            .query_row([conversation.0], |row| row.get(0))?;
+        let mut added: i64 = 0;
+        for item in items {
+            let tokens = read::tokens_of(&transaction, *item)?;
+            steps.step()?;
+            let (message, summary) = match item {
+                ItemRef::Message(id) => (Some(id.0), None),
+                ItemRef::Summary(id) => (None, Some(id.0)),
+            };
+            transaction
+                .prepare_cached(
+                    "INSERT INTO context_items (conversation_id, position, message_id, summary_id, tokens)
+                     VALUES (?1, ?2, ?3, ?4, ?5)",
+                )?
+                .execute(params![conversation.0, next_position, message, summary, tokens])?;
+            next_position += POSITION_STEP;
+            added += tokens;
+        }
+        steps.step()?;
+        transaction
+            .prepare_cached(
+                "UPDATE conversations SET next_position = ?2, context_tokens = context_tokens + ?3
+                 WHERE id = ?1",
+            )?
+            .execute(params![conversation.0, next_position, added])?;
+        transaction.commit()?;
+        Ok(())
+    }
+
+    fn put_blob(&mut self, blob: NewBlob) -> Result<BlobInfo> {
+        let blob_id = format!(
+            "file_{}",
+            hex16(blake3::hash(blob.content.as_bytes()).as_bytes())
+        );
+        let lines = blob.content.lines().count() as u64;
+        let bytes = blob.content.len() as u64;
+        let created_at = now_ms();
+        let (transaction, mut steps) = self.transaction()?;
+        steps.step()?;
+        transaction
+            .prepare_cached(
+                "INSERT OR IGNORE INTO blobs
+                     (blob_id, conversation_id, kind, bytes, lines, description, content, created_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+            )?
+            .execute(params![
+                blob_id,
+                blob.conversation.0,
+                blob.kind,
+                bytes as i64,
+                lines as i64,
+                blob.description,
+                blob.content,
+                created_at
+            ])?;
+        transaction.commit()?;
+        read::blob_info(&self.connection, &blob_id)?.ok_or_else(|| StoreError::NotFound {
+            what: "blob",
+            id: blob_id,
+        })
+    }
+
+    fn create_grant(&mut self, grant: NewGrant) -> Result<Grant> {
+        let (transaction, mut steps) = self.transaction()?;
+        steps.step()?;
+        transaction
+            .prepare_cached(
+                "INSERT INTO grants (grantee, conversation_id, expires_at, token_cap, created_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5)",
+            )?
+            .execute(params![
+                grant.grantee,
+                grant.conversation.0,
+                grant.expires_at_ms,
+                grant.token_cap as i64,
+                now_ms()
+            ])?;
+        let id = transaction.last_insert_rowid();
+        transaction.commit()?;
+        Ok(Grant {
+            id,
+            grantee: grant.grantee,
+            conversation: grant.conversation,
+            expires_at_ms: grant.expires_at_ms,
+            token_cap: grant.token_cap,
+            revoked: false,
+        })
+    }
+
+    fn revoke_grants(&mut self, grantee: &str) -> Result<u64> {
+        let (transaction, mut steps) = self.transaction()?;
+        steps.step()?;
+        let changed = transaction
+            .prepare_cached(
+                "UPDATE grants SET revoked_at = ?2 WHERE grantee = ?1 AND revoked_at IS NULL",
+            )?
+            .execute(params![grantee, now_ms()])?;
+        transaction.commit()?;
+        Ok(changed as u64)
+    }
+
+    fn delete_grant(&mut self, id: i64) -> Result<()> {
+        let (transaction, mut steps) = self.transaction()?;
+        steps.step()?;
+        transaction
+            .prepare_cached("DELETE FROM grants WHERE id = ?1")?
+            .execute([id])?;
+        transaction.commit()?;
+        Ok(())
+    }
+
+    fn set_state(&mut self, conversation: ConversationId, key: &str, value: &str) -> Result<()> {
+        let (transaction, mut steps) = self.transaction()?;
+        steps.step()?;
+        transaction
+            .prepare_cached(
+                "INSERT INTO conversation_state (conversation_id, key, value) VALUES (?1, ?2, ?3)
+                 ON CONFLICT (conversation_id, key) DO UPDATE SET value = excluded.value",
+            )?
+            .execute(params![conversation.0, key, value])?;
+        transaction.commit()?;
+        Ok(())
+    }
+
+    fn publish_pending(&self) {
+        self.pending_docs
+            .store(self.sink.pending(), Ordering::SeqCst);
+    }
+
+    fn commit_index(&mut self) -> Result<()> {
+        if self.sink.pending() == 0 || self.faults.skip_index_commits || self.crashed {
+            return Ok(());
+        }
+        self.sink.commit()?;
+        self.index.reload()?;
+        self.publish_pending();
+        let watermark = serde_json::to_string(&self.sink.watermark())
+            .map_err(|error| StoreError::CorruptRow(error.to_string()))?;
+        self.connection
+            .prepare_cached(
+                "INSERT INTO store_state (key, value) VALUES ('index_watermark', ?1)
+                 ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+            )?
+            .execute([watermark])?;
+        Ok(())
+    }
+
+    fn commit_index_logged(&mut self) {
+        if let Err(error) = self.commit_index() {
+            tracing::warn!(%error, "committing the recall index failed; it will be retried and caught up on the next open");
+        }
+    }
+
+    fn rebuild_index(&mut self) -> Result<u64> {
+        self.sink.clear()?;
+        let added = self.catch_up_index()?;
+        // A rebuild of an empty database still has to publish the cleared index.
+        if added == 0 {
+            self.sink.commit()?;
+            self.index.reload()?;
+        }
+        Ok(added)
+    }
+}
+
+/// Write-step accounting borrowed alongside an open transaction.
+struct Steps<'a> {
+    writes: &'a mut u64,
+    faults: &'a FaultPlan,
+    crashed: &'a mut bool,
+}
+
+impl Steps<'_> {
+    fn step(&mut self) -> Result<()> {
+        Writer::step(self.writes, self.faults, self.crashed)
+    }
+}
+
+pub(crate) fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |elapsed| elapsed.as_millis() as i64)
+}
+
+pub(crate) fn hex16(bytes: &[u8]) -> String {
+    bytes[..8]
+        .iter()
+        .map(|byte| format!("{byte:02x}"))
+        .collect()
+}
+
+/// Content address of a summary: its conversation, shape, children and text.
+fn summary_id(
+    conversation: ConversationId,
+    summary: &NewSummary,
+    items: &[(i64, ItemRef)],
+) -> String {
+    let mut hasher = blake3::Hasher::new();
+    hasher.update(&conversation.0.to_le_bytes());
+    hasher.update(&summary.depth.to_le_bytes());
+    hasher.update(kind_str(summary.kind).as_bytes());
+    for (_, item) in items {
+        let (tag, id) = match item {
+            ItemRef::Message(id) => (b'm', id.0),
+            ItemRef::Summary(id) => (b's', id.0),
+        };
+        hasher.update(&[tag]);
+        hasher.update(&id.to_le_bytes());
+    }
+    hasher.update(summary.content.as_bytes());
+    format!("sum_{}", hex16(hasher.finalize().as_bytes()))
+}

@@ -1,0 +1,331 @@
+//! Migrations, idempotent ingest, the context and compare-and-swap replace, and the small tables.
+
+use tempfile::TempDir;
+use vilvona_store::*;
+
+use crate::support::*;
+
+#[tokio::test]
+async fn a_new_store_migrates_and_reopens() {
+    let dir = TempDir::new().unwrap();
+    let store = open(&dir).await;
+    let conversation = store.conversation(&key("main", "s1")).await.unwrap();
+    assert_eq!(conversation.message_count, 0);
+    store.close().await.unwrap();
+
+    let reopened = open(&dir).await;
+    let again = reopened.conversation(&key("main", "s1")).await.unwrap();
+    assert_eq!(again.id, conversation.id);
+    let user_version: i64 = rusqlite::Connection::open(dir.path().join(DATABASE_FILE))
+        .unwrap()
+        .pragma_query_value(None, "user_version", |row| row.get(0))
+        .unwrap();
+    assert_eq!(user_version, 1);
+}
+
+#[tokio::test]
+async fn a_database_from_a_newer_version_is_refused() {
+    let dir = TempDir::new().unwrap();
+    drop(open(&dir).await);
+    rusqlite::Connection::open(dir.path().join(DATABASE_FILE))
+        .unwrap()
+        .pragma_update(None, "user_version", 99)
+        .unwrap();
+    let error = Store::open(StoreConfig::new(dir.path())).await.unwrap_err();
+    assert!(
+        error
+            .to_string()
+            .contains("database schema version 99 is newer than this build understands (1)"),
+        "{error}"
+    );
+}
+
+#[tokio::test]
+async fn ingest_is_idempotent_across_reopen() {
+    let dir = TempDir::new().unwrap();
+    let first_ids;
+    {
+        let store = open(&dir).await;
+        let conversation = store.conversation(&key("main", "s1")).await.unwrap().id;
+        let results = stored(
+            store
+                .ingest(
+                    conversation,
+                    vec![
+                        new_message("deploy the parser", 1_000, Some("e1")),
+                        new_message("no entry id here", 2_000, None),
+                    ],
+                    None,
+                )
+                .await
+                .unwrap(),
+        );
+        assert!(results.iter().all(|r| r.ingested));
+        first_ids = results.iter().map(|r| r.message_id).collect::<Vec<_>>();
+        store.close().await.unwrap();
+    }
+    let store = open(&dir).await;
+    let conversation = store.conversation(&key("main", "s1")).await.unwrap().id;
+    let again = stored(
+        store
+            .ingest(
+                conversation,
+                vec![
+                    new_message("deploy the parser", 1_000, Some("e1")),
+                    new_message("no entry id here", 2_000, None),
+                    // Same text, different message (another time): kept.
+                    new_message("no entry id here", 3_000, None),
+                ],
+                None,
+            )
+            .await
+            .unwrap(),
+    );
+    assert_eq!(
+        again.iter().map(|r| r.ingested).collect::<Vec<_>>(),
+        [false, false, true]
+    );
+    assert_eq!(again[0].message_id, first_ids[0]);
+    assert_eq!(again[1].message_id, first_ids[1]);
+    assert_eq!(again[2].seq, 2);
+    let context = store.context(conversation).await.unwrap();
+    assert_eq!(context.len(), 3);
+    let conversation_row = store
+        .conversation_by_id(conversation)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(conversation_row.message_count, 3);
+    assert_eq!(
+        conversation_row.context_tokens,
+        context.iter().map(|item| item.tokens).sum::<u64>()
+    );
+}
+
+#[tokio::test]
+async fn the_message_json_is_kept_exactly() {
+    let dir = TempDir::new().unwrap();
+    let store = open(&dir).await;
+    let conversation = store.conversation(&key("main", "s1")).await.unwrap().id;
+    let line = r#"{"role":"assistant","content":[{"type":"thinking","thinking":"hmm","thinkingSignature":"sig"},{"type":"mystery","x":1}],"usage":{"input":3,"cost":{"total":0.1}},"timestamp":5,"vendorField":[1,2]}"#;
+    let message = NewMessage::from_json(line, Some("e1".to_owned()), 7).unwrap();
+    let id = stored(
+        store
+            .ingest(conversation, vec![message], None)
+            .await
+            .unwrap(),
+    )[0]
+    .message_id;
+    let back = store.message(id).await.unwrap().unwrap();
+    let original: serde_json::Value = serde_json::from_str(line).unwrap();
+    let round: serde_json::Value = serde_json::from_str(&back.json).unwrap();
+    assert_eq!(round, original);
+    assert_eq!(back.tokens, 7);
+    assert_eq!(back.created_at_ms, 5);
+}
+
+#[tokio::test]
+async fn replace_publishes_a_summary_only_if_the_plan_is_current() {
+    let dir = TempDir::new().unwrap();
+    let store = open(&dir).await;
+    let conversation = store.conversation(&key("main", "s1")).await.unwrap().id;
+    let batch = (0..6)
+        .map(|i| {
+            new_message(
+                &format!("message number {i}"),
+                1_000 + i,
+                Some(&format!("e{i}")),
+            )
+        })
+        .collect();
+    store.ingest(conversation, batch, None).await.unwrap();
+    let context = store.context(conversation).await.unwrap();
+    let positions: Vec<i64> = context.iter().map(|item| item.position).collect();
+    assert_eq!(positions, [0, 1024, 2048, 3072, 4096, 5120]);
+
+    // Two plans over overlapping ranges: the first wins, the second is stale.
+    let first = plan(conversation, &context, 0..3, "the first three messages");
+    let second = plan(
+        conversation,
+        &context,
+        2..4,
+        "a plan made before the first landed",
+    );
+    let ReplaceOutcome::Replaced(summary) = store.replace(first.clone()).await.unwrap() else {
+        panic!("the first plan must land");
+    };
+    assert_eq!(store.replace(second).await.unwrap(), ReplaceOutcome::Stale);
+    assert_eq!(store.replace(first).await.unwrap(), ReplaceOutcome::Stale);
+    assert!(summary.summary_id.starts_with("sum_"));
+    assert_eq!((summary.first_seq, summary.last_seq), (0, 2));
+    assert_eq!(
+        (summary.earliest_at_ms, summary.latest_at_ms),
+        (Some(1_000), Some(1_002))
+    );
+
+    let after = store.context(conversation).await.unwrap();
+    assert_eq!(after.len(), 4);
+    assert_eq!(
+        after[0].position, 0,
+        "the summary takes the first position; nothing is renumbered"
+    );
+    assert!(
+        matches!(&after[0].content, ItemContent::Summary(s) if s.summary_id == summary.summary_id)
+    );
+    assert_eq!(after[1].position, 3072);
+    let children = store.children(summary.row_id).await.unwrap();
+    assert_eq!(children.len(), 3);
+    assert_eq!(
+        store
+            .parent_of(context[1].item_ref())
+            .await
+            .unwrap()
+            .unwrap()
+            .summary_id,
+        summary.summary_id
+    );
+    let row = store
+        .conversation_by_id(conversation)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        row.context_tokens,
+        after.iter().map(|item| item.tokens).sum::<u64>()
+    );
+    // A plan with a hole is not contiguous: refused.
+    let holey = ReplacePlan {
+        conversation,
+        items: vec![
+            (after[1].position, after[1].item_ref()),
+            (after[3].position, after[3].item_ref()),
+        ],
+        summary: leaf("holey"),
+    };
+    assert_eq!(store.replace(holey).await.unwrap(), ReplaceOutcome::Stale);
+    assert!(store.integrity_check().await.unwrap().is_healthy());
+}
+
+#[tokio::test]
+async fn an_advancement_key_commits_a_turn_once() {
+    let dir = TempDir::new().unwrap();
+    let store = open(&dir).await;
+    let conversation = store.conversation(&key("main", "s1")).await.unwrap().id;
+    let turn = || {
+        vec![
+            new_message("a turn", 1, None),
+            new_message("its reply", 2, None),
+        ]
+    };
+    let first = store
+        .ingest(conversation, turn(), Some("turn-1".to_owned()))
+        .await
+        .unwrap();
+    assert!(matches!(first, IngestOutcome::Stored(ref r) if r.len() == 2));
+    let second = store
+        .ingest(conversation, turn(), Some("turn-1".to_owned()))
+        .await
+        .unwrap();
+    assert_eq!(second, IngestOutcome::DuplicateTurn);
+}
+
+#[tokio::test]
+async fn blobs_grants_and_state() {
+    let dir = TempDir::new().unwrap();
+    let store = open(&dir).await;
+    let conversation = store.conversation(&key("main", "s1")).await.unwrap().id;
+    let blob = NewBlob {
+        conversation,
+        kind: "log".to_owned(),
+        content: "line one\nline two\nline three\n".to_owned(),
+        description: "a log of 3 lines".to_owned(),
+    };
+    let info = store.put_blob(blob.clone()).await.unwrap();
+    assert!(info.blob_id.starts_with("file_"));
+    assert_eq!((info.lines, info.bytes), (3, 29));
+    assert_eq!(
+        store.put_blob(blob).await.unwrap().blob_id,
+        info.blob_id,
+        "content-addressed"
+    );
+    assert_eq!(
+        store.blob_content(&info.blob_id).await.unwrap().unwrap(),
+        "line one\nline two\nline three\n"
+    );
+
+    let grant = store
+        .create_grant(NewGrant {
+            grantee: "agent:main:child".to_owned(),
+            conversation,
+            expires_at_ms: 10,
+            token_cap: 4_000,
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        store.grants("agent:main:child").await.unwrap(),
+        std::slice::from_ref(&grant)
+    );
+    assert_eq!(store.revoke_grants("agent:main:child").await.unwrap(), 1);
+    assert!(store.grants("agent:main:child").await.unwrap()[0].revoked);
+    store.delete_grant(grant.id).await.unwrap();
+    assert!(store.grants("agent:main:child").await.unwrap().is_empty());
+
+    store
+        .set_state(conversation, "bootstrap.offset", "120")
+        .await
+        .unwrap();
+    store
+        .set_state(conversation, "bootstrap.offset", "240")
+        .await
+        .unwrap();
+    assert_eq!(
+        store
+            .state(conversation, "bootstrap.offset")
+            .await
+            .unwrap()
+            .as_deref(),
+        Some("240")
+    );
+}
+
+#[tokio::test]
+async fn bad_input_is_a_clear_error_and_loses_nothing() {
+    let dir = TempDir::new().unwrap();
+    let store = open(&dir).await;
+    let conversation = store.conversation(&key("main", "s1")).await.unwrap().id;
+    store
+        .ingest(conversation, vec![new_message("kept", 1, Some("e1"))], None)
+        .await
+        .unwrap();
+
+    let invalid = NewMessage::from_json(r#"{"content":"no role"}"#, None, 1).unwrap_err();
+    assert!(
+        invalid
+            .to_string()
+            .contains("invalid message: message has no `role`"),
+        "{invalid}"
+    );
+    let not_json = NewMessage::from_json("{not json", None, 1).unwrap_err();
+    assert!(
+        not_json.to_string().starts_with("invalid message:"),
+        "{not_json}"
+    );
+
+    let huge = "x".repeat(MAX_MESSAGE_BYTES + 1);
+    let error = store
+        .ingest(
+            conversation,
+            vec![new_message("fine", 2, None), new_message(&huge, 3, None)],
+            None,
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(error, StoreError::MessageTooLarge { .. }),
+        "{error}"
+    );
+    // The batch is refused whole; what was stored before is intact.
+    let context = store.context(conversation).await.unwrap();
+    assert_eq!(context.len(), 1);
+}

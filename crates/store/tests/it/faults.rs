@@ -1,0 +1,143 @@
+//! Fault injection in the style of redb: fail the N-th write, or kill the writer at the N-th
+//! write, reopen, and check every acknowledged message is present and consistent.
+
+use tempfile::TempDir;
+use vilvona_store::*;
+
+use crate::support::*;
+
+/// Drives a fixed workload through a store with `faults`, returning the entry ids whose ingest
+/// was acknowledged and the summaries whose publication was acknowledged.
+async fn workload(dir: &TempDir, faults: FaultPlan) -> (Vec<String>, Vec<String>) {
+    let mut config = StoreConfig::new(dir.path());
+    config.faults = faults;
+    let store = Store::open(config).await.unwrap();
+    let mut acknowledged = Vec::new();
+    let mut summaries = Vec::new();
+    let Ok(Conversation {
+        id: conversation, ..
+    }) = store.conversation(&key("main", "s1")).await
+    else {
+        return (acknowledged, summaries);
+    };
+    for turn in 0..8 {
+        let ids: Vec<String> = (0..3).map(|i| format!("t{turn}m{i}")).collect();
+        let batch = ids
+            .iter()
+            .enumerate()
+            .map(|(i, id)| {
+                new_message(
+                    &format!("turn {turn} message {i}"),
+                    turn * 10 + i as i64,
+                    Some(id),
+                )
+            })
+            .collect();
+        if store.ingest(conversation, batch, None).await.is_ok() {
+            acknowledged.extend(ids);
+        }
+        if turn % 3 == 2 {
+            let Ok(context) = store.context(conversation).await else {
+                continue;
+            };
+            let messages: Vec<usize> = (0..context.len())
+                .filter(|&i| matches!(context[i].content, ItemContent::Message(_)))
+                .take(4)
+                .collect();
+            if messages.len() == 4 && messages[3] == messages[0] + 3 {
+                let plan = plan(
+                    conversation,
+                    &context,
+                    messages[0]..messages[3] + 1,
+                    &format!("summary at turn {turn}"),
+                );
+                if let Ok(ReplaceOutcome::Replaced(summary)) = store.replace(plan).await {
+                    summaries.push(summary.summary_id);
+                }
+            }
+        }
+    }
+    (acknowledged, summaries)
+}
+
+async fn check_after_reopen(
+    dir: &TempDir,
+    acknowledged: &[String],
+    summaries: &[String],
+    label: &str,
+) {
+    let store = open(dir).await;
+    let report = store.integrity_check().await.unwrap();
+    assert!(report.is_healthy(), "{label}: {:?}", report.problems);
+    let conversation = store.conversation(&key("main", "s1")).await.unwrap().id;
+    // Every acknowledged message is stored: re-ingesting it stores nothing new.
+    for id in acknowledged {
+        let again = stored(
+            store
+                .ingest(
+                    conversation,
+                    vec![new_message("ignored text", 0, Some(id))],
+                    None,
+                )
+                .await
+                .unwrap(),
+        );
+        assert!(
+            !again[0].ingested,
+            "{label}: acknowledged message {id} was lost"
+        );
+    }
+    for summary_id in summaries {
+        assert!(
+            store.summary_by_id(summary_id).await.unwrap().is_some(),
+            "{label}: acknowledged summary {summary_id} was lost"
+        );
+    }
+    // And the index agrees with the database after the reopen's catch-up.
+    let report = store.integrity_check().await.unwrap();
+    assert!(report.is_healthy(), "{label}: {:?}", report.problems);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_nth_write_fails() {
+    for n in 1..=60 {
+        let dir = TempDir::new().unwrap();
+        let (acknowledged, summaries) = workload(
+            &dir,
+            FaultPlan {
+                fail_write_at: Some(n),
+                ..FaultPlan::default()
+            },
+        )
+        .await;
+        check_after_reopen(
+            &dir,
+            &acknowledged,
+            &summaries,
+            &format!("fail at write {n}"),
+        )
+        .await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_writer_dies_at_the_nth_write() {
+    for n in 1..=60 {
+        let dir = TempDir::new().unwrap();
+        let (acknowledged, summaries) = workload(
+            &dir,
+            FaultPlan {
+                crash_at_write: Some(n),
+                ..FaultPlan::default()
+            },
+        )
+        .await;
+        check_after_reopen(
+            &dir,
+            &acknowledged,
+            &summaries,
+            &format!("crash at write {n}"),
+        )
+        .await;
+    }
+}

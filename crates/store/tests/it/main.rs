@@ -1,0 +1,9 @@
+//! Store tests on real SQLite files and real tantivy indexes in temporary directories.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod basics;
+mod faults;
+mod model;
+mod recovery;
+mod search;
+mod support;

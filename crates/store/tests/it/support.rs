@@ -1,0 +1,79 @@
+use serde_json::json;
+use tempfile::TempDir;
+use vilvona_core::message::AgentMessage;
+use vilvona_core::summarize::{SummaryKind, SummaryLevel};
+use vilvona_store::*;
+
+pub(crate) async fn open(dir: &TempDir) -> Store {
+    Store::open(StoreConfig::new(dir.path())).await.unwrap()
+}
+
+pub(crate) fn key(agent: &str, session: &str) -> ConversationKey {
+    ConversationKey {
+        agent_id: agent.to_owned(),
+        session_id: session.to_owned(),
+        session_key: Some(format!("agent:{agent}:{session}")),
+    }
+}
+
+pub(crate) fn user(text: &str, timestamp: i64) -> AgentMessage {
+    serde_json::from_value(json!({"role": "user", "content": text, "timestamp": timestamp}))
+        .unwrap()
+}
+
+pub(crate) fn new_message(text: &str, timestamp: i64, entry_id: Option<&str>) -> NewMessage {
+    NewMessage {
+        message: user(text, timestamp),
+        entry_id: entry_id.map(str::to_owned),
+        tokens: (text.len() as u64).div_ceil(4) + 4,
+    }
+}
+
+pub(crate) fn stored(outcome: IngestOutcome) -> Vec<Ingested> {
+    match outcome {
+        IngestOutcome::Stored(results) => results,
+        IngestOutcome::DuplicateTurn => panic!("unexpected duplicate turn"),
+    }
+}
+
+pub(crate) fn leaf(content: &str) -> NewSummary {
+    NewSummary {
+        kind: SummaryKind::Leaf,
+        depth: 0,
+        content: content.to_owned(),
+        tokens: (content.len() as u64).div_ceil(4),
+        level: SummaryLevel::Normal,
+        summarizer: "test/v1".to_owned(),
+    }
+}
+
+/// A plan that replaces `range` (indexes into the current context) with a leaf.
+pub(crate) fn plan(
+    conversation: ConversationId,
+    context: &[ContextItem],
+    range: std::ops::Range<usize>,
+    content: &str,
+) -> ReplacePlan {
+    ReplacePlan {
+        conversation,
+        items: context[range]
+            .iter()
+            .map(|item| (item.position, item.item_ref()))
+            .collect(),
+        summary: leaf(content),
+    }
+}
+
+pub(crate) fn query(agent: &str, conversations: Vec<ConversationId>, text: &str) -> SearchQuery {
+    SearchQuery {
+        agent_id: agent.to_owned(),
+        conversations,
+        text: text.to_owned(),
+        mode: SearchMode::Text,
+        target: SearchTarget::Both,
+        since_ms: None,
+        before_ms: None,
+        limit: 10,
+        order: SearchOrder::Relevance,
+    }
+}
