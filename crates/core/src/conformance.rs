@@ -203,7 +203,7 @@ pub async fn check_contract(
         .assemble(&AssembleParams {
             session_id: session.session_id.clone(),
             session_key: session.session_key.clone(),
-            messages: conversation.clone(),
+            messages: conversation.clone().into(),
             token_budget: Some(budget),
             ..AssembleParams::default()
         })
@@ -248,7 +248,7 @@ pub async fn check_contract(
             session_id: session.session_id.clone(),
             session_key: session.session_key.clone(),
             session_file: session.session_file.clone(),
-            messages: conversation.clone(),
+            messages: conversation.clone().into(),
             entry_ids: (0..conversation.len())
                 .map(|index| Some(format!("entry-{index}")))
                 .collect(),
@@ -1050,7 +1050,7 @@ async fn run_call(engine: &dyn ContextEngine, call: Call) -> Result<(), EngineEr
                 engine
                     .after_turn(&AfterTurnParams {
                         session_id,
-                        messages: vec![message],
+                        messages: vec![message].into(),
                         ..AfterTurnParams::default()
                     })
                     .await
@@ -1058,7 +1058,7 @@ async fn run_call(engine: &dyn ContextEngine, call: Call) -> Result<(), EngineEr
             Stage::Assemble => engine
                 .assemble(&AssembleParams {
                     session_id,
-                    messages: vec![message],
+                    messages: vec![message].into(),
                     token_budget: Some(1_000),
                     ..AssembleParams::default()
                 })

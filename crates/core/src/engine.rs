@@ -15,6 +15,57 @@ use serde_json::Value;
 use crate::host::HostRequirements;
 use crate::message::AgentMessage;
 
+// --- message lists -----------------------------------------------------------------------------
+
+/// A shared, immutable-by-default list of messages. Hosts pass the whole conversation to
+/// `assemble` and `after_turn` on every turn; sharing it makes that O(1) instead of a copy of
+/// the history. Reads go through `Deref<Target = [AgentMessage]>`; a host appends with
+/// [`Messages::make_mut`], which copies only if an engine kept a reference.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Messages(Arc<Vec<AgentMessage>>);
+
+impl Messages {
+    pub fn new() -> Messages {
+        Messages::default()
+    }
+
+    /// The list for appending (copy-on-write).
+    pub fn make_mut(&mut self) -> &mut Vec<AgentMessage> {
+        Arc::make_mut(&mut self.0)
+    }
+
+    pub fn to_vec(&self) -> Vec<AgentMessage> {
+        self.0.as_ref().clone()
+    }
+}
+
+impl std::ops::Deref for Messages {
+    type Target = [AgentMessage];
+
+    fn deref(&self) -> &[AgentMessage] {
+        &self.0
+    }
+}
+
+impl From<Vec<AgentMessage>> for Messages {
+    fn from(messages: Vec<AgentMessage>) -> Messages {
+        Messages(Arc::new(messages))
+    }
+}
+
+impl FromIterator<AgentMessage> for Messages {
+    fn from_iter<I: IntoIterator<Item = AgentMessage>>(iter: I) -> Messages {
+        Messages(Arc::new(iter.into_iter().collect()))
+    }
+}
+
+impl PartialEq<Vec<AgentMessage>> for Messages {
+    fn eq(&self, other: &Vec<AgentMessage>) -> bool {
+        self.0.as_ref() == other
+    }
+}
+
 // --- engine info --------------------------------------------------------------------------------
 
 /// What an engine is, and what it needs from its host.
@@ -239,7 +290,7 @@ pub struct AfterTurnParams {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session_file: Option<String>,
     /// The whole conversation snapshot; `messages[pre_prompt_message_count..]` is the new turn.
-    pub messages: Vec<AgentMessage>,
+    pub messages: Messages,
     /// Entry ids parallel to `messages`, when the host has them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub entry_ids: Vec<Option<String>>,
@@ -272,7 +323,7 @@ pub struct AssembleParams {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session_key: Option<String>,
     /// The host's own history for the session (what legacy passes through).
-    pub messages: Vec<AgentMessage>,
+    pub messages: Messages,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token_budget: Option<u64>,
     /// Tool names the model can call this run (a `Set` in OpenClaw; an array on the wire).
@@ -319,7 +370,7 @@ pub struct ContextProjection {
 #[serde(rename_all = "camelCase")]
 pub struct AssembleResult {
     /// Exactly what the model will see, in order.
-    pub messages: Vec<AgentMessage>,
+    pub messages: Messages,
     /// The engine's estimate of the assembled tokens (legacy reports 0).
     pub estimated_tokens: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]

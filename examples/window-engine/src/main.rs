@@ -56,7 +56,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             .engine
             .assemble(&AssembleParams {
                 session_id: "demo".to_owned(),
-                messages: history.clone(),
+                messages: history.clone().into(),
                 token_budget: Some(budget),
                 ..AssembleParams::default()
             })
@@ -67,7 +67,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             .engine
             .after_turn(&AfterTurnParams {
                 session_id: "demo".to_owned(),
-                messages: history.clone(),
+                messages: history.clone().into(),
                 pre_prompt_message_count,
                 token_budget: Some(budget),
                 ..AfterTurnParams::default()

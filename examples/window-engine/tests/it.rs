@@ -58,7 +58,7 @@ async fn the_slot_selects_it_with_its_entry_config() {
         .engine
         .assemble(&AssembleParams {
             session_id: "fresh".to_owned(),
-            messages: history.clone(),
+            messages: history.clone().into(),
             ..AssembleParams::default()
         })
         .await

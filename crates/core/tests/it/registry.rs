@@ -159,7 +159,7 @@ async fn a_quarantine_records_engine_owner_operation_reason_and_time() {
         .engine
         .assemble(&AssembleParams {
             session_id: "s".to_owned(),
-            messages: host_messages.clone(),
+            messages: host_messages.clone().into(),
             ..AssembleParams::default()
         })
         .await
