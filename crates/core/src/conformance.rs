@@ -249,7 +249,7 @@ pub async fn check_contract(
             session_key: session.session_key.clone(),
             session_file: session.session_file.clone(),
             messages: conversation.clone().into(),
-            entry_ids: (0..conversation.len())
+            entry_ids: (2..conversation.len())
                 .map(|index| Some(format!("entry-{index}")))
                 .collect(),
             pre_prompt_message_count: 2,

@@ -291,7 +291,8 @@ pub struct AfterTurnParams {
     pub session_file: Option<String>,
     /// The whole conversation snapshot; `messages[pre_prompt_message_count..]` is the new turn.
     pub messages: Messages,
-    /// Entry ids parallel to `messages`, when the host has them.
+    /// Entry ids of the new turn's messages (parallel to `messages[pre_prompt_message_count..]`),
+    /// when the host has them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub entry_ids: Vec<Option<String>>,
     pub pre_prompt_message_count: usize,
@@ -307,12 +308,13 @@ impl AfterTurnParams {
     /// The messages the turn added, with their entry ids when known.
     pub fn new_messages(&self) -> (&[AgentMessage], &[Option<String>]) {
         let start = self.pre_prompt_message_count.min(self.messages.len());
-        let ids = if self.entry_ids.len() == self.messages.len() {
-            &self.entry_ids[start..]
+        let new = &self.messages[start..];
+        let ids = if self.entry_ids.len() == new.len() {
+            &self.entry_ids[..]
         } else {
             &[]
         };
-        (&self.messages[start..], ids)
+        (new, ids)
     }
 }
 

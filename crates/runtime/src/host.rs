@@ -1,0 +1,948 @@
+//! The host: opens the configuration, resolves the engine in the `contextEngine` slot, keeps
+//! session transcripts, and drives the turn lifecycle.
+//!
+//! One turn: bootstrap (once per session, when a transcript already existed) → assemble with
+//! `token_budget = window − reserve − prompt pressure` → prepend `systemPromptAddition` →
+//! overflow precheck (respecting `promptAuthority`) → model call with overflow recovery →
+//! durable append to the transcript → `after_turn` → built-in auto-compaction for engines that
+//! do not own compaction → `maintain`. Calls for one session are serialized; sessions run
+//! concurrently.
+
+use std::collections::{BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex as StdMutex, PoisonError};
+
+use tokio::sync::Mutex;
+use vilvona_core::engine::*;
+use vilvona_core::host::{HostProfile, Operation, check_host_support};
+use vilvona_core::message::AgentMessage;
+use vilvona_core::registry::{Owner, Registry, ResolvedEngine, engine_factory};
+use vilvona_core::summarize::Summarizer;
+use vilvona_core::tokens::{HeuristicEstimator, TokenEstimator};
+use vilvona_legacy::{CompactionRequest, CompactionSettings, LegacyEngine, compact_transcript};
+use vilvona_summarize::{ExtractiveSummarizer, format_utc_rfc3339};
+use vilvona_transcript::{SessionHeader, TranscriptWriter, read_transcript, session_messages};
+
+use crate::config::{ConfigError, HostConfig};
+use crate::memory::MemoryProvider;
+use crate::model::{Model, ModelError, ModelRequest, ToolSpec};
+use crate::pruning::prune_tool_results;
+use crate::sessions::{SessionRecord, SessionStore, SessionStoreError, now_ms};
+
+/// How many provider-overflow recoveries a turn may spend (only ones that freed tokens count).
+pub const MAX_OVERFLOW_ATTEMPTS: u32 = 3;
+
+/// Why a host operation failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum HostError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Sessions(#[from] SessionStoreError),
+    #[error(transparent)]
+    Transcript(#[from] vilvona_transcript::TranscriptError),
+    #[error(transparent)]
+    Resolve(#[from] vilvona_core::registry::ResolveError),
+    #[error(transparent)]
+    HostRequirement(#[from] Box<vilvona_core::host::HostRequirementError>),
+    #[error("context engine \"{engine}\" failed during {operation}: {source}")]
+    Engine {
+        engine: String,
+        operation: &'static str,
+        #[source]
+        source: EngineError,
+    },
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    #[error("context overflow: {0}")]
+    Overflow(String),
+    #[error("unknown session \"{0}\"")]
+    UnknownSession(String),
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// How to open a host.
+#[derive(Clone, Debug)]
+pub struct HostOptions {
+    pub state_dir: PathBuf,
+    /// The configuration file; default `<state_dir>/vilvona.json5`.
+    pub config_path: Option<PathBuf>,
+    pub profile: HostProfile,
+    pub agent_id: String,
+    pub workspace_dir: Option<PathBuf>,
+    /// The host's own system prompt, before any engine addition.
+    pub system_prompt: String,
+    /// Tools the model can call (names go to `assemble` as `available_tools`).
+    pub tools: Vec<ToolSpec>,
+}
+
+impl HostOptions {
+    pub fn new(state_dir: impl Into<PathBuf>) -> HostOptions {
+        HostOptions {
+            state_dir: state_dir.into(),
+            config_path: None,
+            profile: HostProfile::embedded(),
+            agent_id: "main".to_owned(),
+            workspace_dir: None,
+            system_prompt: "You are a helpful coding agent.".to_owned(),
+            tools: Vec::new(),
+        }
+    }
+
+    pub fn config_path(&self) -> PathBuf {
+        self.config_path
+            .clone()
+            .unwrap_or_else(|| self.state_dir.join("vilvona.json5"))
+    }
+}
+
+/// The state dir: `--state-dir`, else `$VILVONA_STATE_DIR`, else `~/.vilvona`.
+pub fn default_state_dir(flag: Option<&Path>) -> PathBuf {
+    if let Some(dir) = flag {
+        return dir.to_owned();
+    }
+    if let Some(dir) = std::env::var_os("VILVONA_STATE_DIR") {
+        return PathBuf::from(dir);
+    }
+    std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("."))
+        .join(".vilvona")
+}
+
+/// A session the host has open in this process.
+struct LiveSession {
+    key: String,
+    record: SessionRecord,
+    writer: TranscriptWriter,
+    /// The rebuilt context of the transcript (after the last compaction), shared with engines.
+    history: Messages,
+    entry_ids: Vec<Option<String>>,
+    history_tokens: u64,
+}
+
+/// The outcome of one turn.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct TurnReport {
+    pub engine_id: String,
+    pub token_budget: u64,
+    /// Tokens of what the model was sent (assembled context, with the prompt).
+    pub assembled_tokens: u64,
+    pub over_budget: bool,
+    pub prechecked: bool,
+    pub compactions: u32,
+    pub overflow_recoveries: u32,
+    pub new_messages: usize,
+    pub system_prompt: String,
+}
+
+/// The host.
+pub struct Host {
+    options: HostOptions,
+    config: HostConfig,
+    registry: Registry,
+    engine: ResolvedEngine,
+    sessions: Mutex<SessionStore>,
+    live: StdMutex<HashMap<String, Arc<Mutex<Option<LiveSession>>>>>,
+    estimator: Arc<dyn TokenEstimator>,
+    summarizer: Arc<dyn Summarizer>,
+    memory: Option<Arc<dyn MemoryProvider>>,
+}
+
+impl std::fmt::Debug for Host {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Host")
+            .field("state_dir", &self.options.state_dir)
+            .field("engine", &self.engine)
+            .finish()
+    }
+}
+
+/// Registers the built-in `legacy` engine, configured from the host configuration.
+pub fn register_legacy(
+    registry: &Registry,
+    config: &HostConfig,
+    summarizer: Arc<dyn Summarizer>,
+    estimator: Arc<dyn TokenEstimator>,
+) -> Result<(), vilvona_core::registry::RegisterError> {
+    let settings = CompactionSettings {
+        keep_recent_tokens: config.compaction.keep_recent_tokens,
+        context_window: config.context_window(),
+        truncate_after_compaction: config.compaction.truncate_after_compaction,
+        ..CompactionSettings::default()
+    };
+    registry.register(
+        vilvona_core::registry::LEGACY_ENGINE_ID,
+        Owner::Core,
+        engine_factory(move |_| {
+            let engine: Arc<dyn ContextEngine> = Arc::new(LegacyEngine::new(
+                settings.clone(),
+                summarizer.clone(),
+                estimator.clone(),
+            ));
+            async move { Ok(engine) }
+        }),
+    )
+}
+
+impl Host {
+    /// Opens a host: reads the configuration, registers `legacy` and whatever `register` adds,
+    /// and resolves the slot.
+    pub async fn open(
+        options: HostOptions,
+        register: impl FnOnce(&Registry, &HostConfig) -> Result<(), HostError>,
+    ) -> Result<Host, HostError> {
+        std::fs::create_dir_all(&options.state_dir).map_err(|source| {
+            HostError::Sessions(SessionStoreError::Io {
+                path: options.state_dir.clone(),
+                source,
+            })
+        })?;
+        let config = HostConfig::load(&options.config_path())?;
+        let estimator: Arc<dyn TokenEstimator> = Arc::new(HeuristicEstimator);
+        let summarizer: Arc<dyn Summarizer> =
+            Arc::new(ExtractiveSummarizer::new(estimator.clone()));
+        let registry = Registry::new();
+        register_legacy(&registry, &config, summarizer.clone(), estimator.clone())
+            .map_err(|error| HostError::Invalid(error.to_string()))?;
+        register(&registry, &config)?;
+        let selection = config.engine_selection(
+            Some(options.state_dir.join("agents").join(&options.agent_id)),
+            options.workspace_dir.clone(),
+        );
+        let engine = registry.resolve(&selection).await?;
+        tracing::info!(engine = %engine.active_id(), selected = %engine.selected_id, "context engine resolved");
+        let sessions = SessionStore::open(&options.state_dir)?;
+        Ok(Host {
+            options,
+            config,
+            registry,
+            engine,
+            sessions: Mutex::new(sessions),
+            live: StdMutex::new(HashMap::new()),
+            estimator,
+            summarizer,
+            memory: None,
+        })
+    }
+
+    /// Sets the active memory provider (`plugins.slots.memory`).
+    pub fn set_memory_provider(&mut self, provider: Arc<dyn MemoryProvider>) {
+        if self.config.memory_slot.as_deref() == Some(provider.id()) {
+            self.memory = Some(provider);
+        }
+    }
+
+    pub fn memory_provider(&self) -> Option<&Arc<dyn MemoryProvider>> {
+        self.memory.as_ref()
+    }
+
+    pub fn config(&self) -> &HostConfig {
+        &self.config
+    }
+
+    pub fn options(&self) -> &HostOptions {
+        &self.options
+    }
+
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    pub fn engine(&self) -> &ResolvedEngine {
+        &self.engine
+    }
+
+    pub fn estimator(&self) -> &Arc<dyn TokenEstimator> {
+        &self.estimator
+    }
+
+    /// The token budget for a prompt: window − reserve − prompt pressure (chars/4 × 1.2).
+    pub fn token_budget(&self, system_prompt: &str, prompt: &str) -> u64 {
+        let window = self.config.context_window();
+        let reserve = self.config.reserve_tokens(window);
+        let pressure = (((system_prompt.len() + prompt.len()) as f64 / 4.0) * 1.2).ceil() as u64;
+        window
+            .saturating_sub(reserve)
+            .max(1)
+            .saturating_sub(pressure)
+            .max(1)
+    }
+
+    /// A session's record, if it exists.
+    pub async fn session(&self, session_key: &str) -> Option<SessionRecord> {
+        self.sessions.lock().await.get(session_key).cloned()
+    }
+
+    /// Every session record, by key.
+    pub async fn sessions(&self) -> Vec<(String, SessionRecord)> {
+        self.sessions
+            .lock()
+            .await
+            .records()
+            .iter()
+            .map(|(key, record)| (key.clone(), record.clone()))
+            .collect()
+    }
+
+    fn slot(&self, session_key: &str) -> Arc<Mutex<Option<LiveSession>>> {
+        self.live
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .entry(session_key.to_owned())
+            .or_default()
+            .clone()
+    }
+
+    /// Opens (or creates) a session and bootstraps the engine if its transcript pre-existed.
+    async fn load(
+        &self,
+        session_key: &str,
+        session_id: Option<&str>,
+    ) -> Result<LiveSession, HostError> {
+        let generated = session_id.map(str::to_owned).unwrap_or_else(new_session_id);
+        let record = self
+            .sessions
+            .lock()
+            .await
+            .get_or_create(session_key, &generated)?;
+        let existed = record.session_file.exists();
+        let writer = if existed {
+            TranscriptWriter::open(&record.session_file)?
+        } else {
+            let mut header =
+                SessionHeader::new(record.session_id.clone(), format_utc_rfc3339(now_ms()));
+            header.cwd = self
+                .options
+                .workspace_dir
+                .as_ref()
+                .map(|dir| dir.to_string_lossy().into_owned());
+            TranscriptWriter::create(&record.session_file, &header)?
+        };
+        let mut live = LiveSession {
+            key: session_key.to_owned(),
+            record,
+            writer,
+            history: Messages::new(),
+            entry_ids: Vec::new(),
+            history_tokens: 0,
+        };
+        self.reload_history(&mut live)?;
+        if existed {
+            let params = BootstrapParams {
+                session_id: live.record.session_id.clone(),
+                session_key: Some(session_key.to_owned()),
+                session_file: Some(live.record.session_file.to_string_lossy().into_owned()),
+            };
+            match self.engine.engine.bootstrap(&params).await {
+                Ok(result) => tracing::debug!(?result, session = session_key, "bootstrapped"),
+                Err(error) => {
+                    tracing::warn!(%error, session = session_key, "context engine bootstrap failed")
+                }
+            }
+            self.maintain(&live, MaintainReason::Bootstrap).await;
+        }
+        Ok(live)
+    }
+
+    fn reload_history(&self, live: &mut LiveSession) -> Result<(), HostError> {
+        let transcript = read_transcript(&live.record.session_file)?;
+        let rebuilt = session_messages(&transcript.entries);
+        live.history_tokens = rebuilt
+            .iter()
+            .map(|(_, message)| self.estimator.message_tokens(message))
+            .sum();
+        live.entry_ids = rebuilt.iter().map(|(id, _)| Some(id.clone())).collect();
+        live.history = rebuilt.into_iter().map(|(_, message)| message).collect();
+        Ok(())
+    }
+
+    fn session_file(live: &LiveSession) -> String {
+        live.record.session_file.to_string_lossy().into_owned()
+    }
+
+    async fn maintain(&self, live: &LiveSession, reason: MaintainReason) {
+        let params = MaintainParams {
+            session_id: live.record.session_id.clone(),
+            session_key: Some(live.key.clone()),
+            session_file: Some(Self::session_file(live)),
+            reason,
+        };
+        if let Err(error) = self.engine.engine.maintain(&params).await {
+            tracing::warn!(%error, "context engine maintain failed");
+        }
+    }
+
+    fn check(&self, operation: Operation) -> Result<(), HostError> {
+        let info = self.engine.engine.info();
+        check_host_support(
+            &info.id,
+            &info.host_requirements,
+            operation,
+            &self.options.profile,
+        )?;
+        Ok(())
+    }
+
+    fn available_tools(&self) -> BTreeSet<String> {
+        self.options
+            .tools
+            .iter()
+            .map(|tool| tool.name.clone())
+            .collect()
+    }
+
+    async fn assemble(
+        &self,
+        live: &LiveSession,
+        prompt: &str,
+        budget: u64,
+    ) -> Result<AssembleResult, HostError> {
+        let params = AssembleParams {
+            session_id: live.record.session_id.clone(),
+            session_key: Some(live.key.clone()),
+            messages: live.history.clone(),
+            token_budget: Some(budget),
+            available_tools: self.available_tools(),
+            citations_mode: None,
+            model: self.config.model.as_ref().map(|model| model.model.clone()),
+            prompt: Some(prompt.to_owned()),
+        };
+        match self.engine.engine.assemble(&params).await {
+            Ok(result) => Ok(result),
+            Err(error) if error.is_cancellation() => Err(self.engine_error("assemble", error)),
+            Err(error) => {
+                // Strict policy, or legacy itself failed: use the host's own history.
+                tracing::warn!(%error, "context engine assemble failed, using pipeline messages");
+                Ok(AssembleResult {
+                    messages: live.history.clone(),
+                    estimated_tokens: 0,
+                    ..AssembleResult::default()
+                })
+            }
+        }
+    }
+
+    fn engine_error(&self, operation: &'static str, source: EngineError) -> HostError {
+        HostError::Engine {
+            engine: self.engine.active_id(),
+            operation,
+            source,
+        }
+    }
+
+    /// The estimate the precheck compares against the budget, or `None` when the precheck is
+    /// skipped (an engine that owns compaction and vouches for its assembled context).
+    fn precheck_estimate(&self, live: &LiveSession, assembled: &AssembleResult) -> Option<u64> {
+        let info = self.engine.engine.info();
+        if info.owns_compaction && assembled.prompt_authority == PromptAuthority::Assembled {
+            return None;
+        }
+        let assembled_estimate = if assembled.estimated_tokens > 0 {
+            assembled.estimated_tokens
+        } else if assembled.messages.len() == live.history.len() {
+            live.history_tokens
+        } else {
+            assembled
+                .messages
+                .iter()
+                .map(|message| self.estimator.message_tokens(message))
+                .sum()
+        };
+        Some(match assembled.prompt_authority {
+            PromptAuthority::Assembled => assembled_estimate,
+            PromptAuthority::PreassemblyMayOverflow => assembled_estimate.max(live.history_tokens),
+        })
+    }
+
+    async fn compact_live(
+        &self,
+        live: &mut LiveSession,
+        force: bool,
+        target: Option<CompactionTarget>,
+        instructions: Option<String>,
+        budget: u64,
+        current: Option<u64>,
+    ) -> Result<CompactResult, HostError> {
+        let params = CompactParams {
+            session_id: live.record.session_id.clone(),
+            session_key: Some(live.key.clone()),
+            agent_id: Some(self.options.agent_id.clone()),
+            session_file: Some(Self::session_file(live)),
+            token_budget: Some(budget),
+            force,
+            current_token_count: current,
+            compaction_target: target,
+            custom_instructions: instructions,
+            abort: None,
+        };
+        let result = self
+            .engine
+            .engine
+            .compact(&params)
+            .await
+            .map_err(|error| self.engine_error("compact", error))?;
+        self.after_compaction(live, &result).await?;
+        Ok(result)
+    }
+
+    /// Follows a compaction: a rotated transcript replaces the old one in `sessions.json`, the
+    /// history is rebuilt, the count goes up, and the engine may maintain.
+    async fn after_compaction(
+        &self,
+        live: &mut LiveSession,
+        result: &CompactResult,
+    ) -> Result<(), HostError> {
+        if !result.compacted {
+            return Ok(());
+        }
+        if let Some(details) = &result.result
+            && let (Some(session_id), Some(session_file)) =
+                (&details.session_id, &details.session_file)
+        {
+            live.record.session_id = session_id.clone();
+            live.record.session_file = PathBuf::from(session_file);
+            live.writer = TranscriptWriter::open(&live.record.session_file)?;
+        }
+        live.record.compaction_count += 1;
+        let record = live.record.clone();
+        self.sessions.lock().await.update(&live.key, |stored| {
+            stored.session_id = record.session_id;
+            stored.session_file = record.session_file;
+            stored.compaction_count = record.compaction_count;
+        })?;
+        self.reload_history(live)?;
+        self.maintain(live, MaintainReason::Compaction).await;
+        Ok(())
+    }
+
+    /// One turn with a model.
+    pub async fn run_turn(
+        &self,
+        session_key: &str,
+        user_message: AgentMessage,
+        model: &dyn Model,
+    ) -> Result<TurnReport, HostError> {
+        self.check(Operation::AgentRun)?;
+        let slot = self.slot(session_key);
+        let mut guard = slot.lock().await;
+        if guard.is_none() {
+            *guard = Some(self.load(session_key, None).await?);
+        }
+        let Some(live) = guard.as_mut() else {
+            return Err(HostError::UnknownSession(session_key.to_owned()));
+        };
+        let prompt = user_message.plain_text();
+        let mut report = TurnReport {
+            engine_id: self.engine.active_id(),
+            ..TurnReport::default()
+        };
+        let budget = self.token_budget(&self.options.system_prompt, &prompt);
+        report.token_budget = budget;
+        let prompt_tokens = self.estimator.message_tokens(&user_message);
+
+        let mut assembled = self.assemble(live, &prompt, budget).await?;
+        if let Some(estimate) = self.precheck_estimate(live, &assembled) {
+            report.prechecked = true;
+            if estimate + prompt_tokens > budget {
+                let result = self
+                    .compact_live(
+                        live,
+                        false,
+                        Some(CompactionTarget::Budget),
+                        None,
+                        budget,
+                        Some(estimate),
+                    )
+                    .await?;
+                report.compactions += u32::from(result.compacted);
+                assembled = self.assemble(live, &prompt, budget).await?;
+            }
+        }
+
+        let mut attempts = 0;
+        let response = loop {
+            let request = self.model_request(&assembled, &user_message);
+            report.system_prompt = request.system_prompt.clone();
+            report.assembled_tokens = request
+                .messages
+                .iter()
+                .map(|message| self.estimator.message_tokens(message))
+                .sum();
+            report.over_budget = report.assembled_tokens > budget;
+            match model.complete(&request).await {
+                Ok(response) => break response,
+                Err(ModelError::Overflow(detail)) => {
+                    // Recover by compacting; only a compaction that freed tokens spends an attempt,
+                    // and a compaction that frees nothing ends the recovery (retrying would overflow
+                    // again).
+                    let mut result = self
+                        .compact_live(
+                            live,
+                            false,
+                            Some(CompactionTarget::Budget),
+                            None,
+                            budget,
+                            Some(report.assembled_tokens),
+                        )
+                        .await?;
+                    if !result.compacted {
+                        result = self
+                            .compact_live(
+                                live,
+                                true,
+                                Some(CompactionTarget::Budget),
+                                None,
+                                budget,
+                                Some(report.assembled_tokens),
+                            )
+                            .await?;
+                    }
+                    if !result.compacted {
+                        return Err(HostError::Overflow(format!(
+                            "{detail}; compaction freed nothing ({}). Try /compact with instructions or start a new session.",
+                            result
+                                .reason
+                                .map(|reason| reason.to_string())
+                                .unwrap_or_default()
+                        )));
+                    }
+                    attempts += 1;
+                    report.compactions += 1;
+                    report.overflow_recoveries = attempts;
+                    if attempts > MAX_OVERFLOW_ATTEMPTS {
+                        return Err(HostError::Overflow(format!(
+                            "{detail}; still too large after {MAX_OVERFLOW_ATTEMPTS} compactions"
+                        )));
+                    }
+                    tracing::warn!(
+                        attempt = attempts,
+                        "context overflow; compacted and retrying"
+                    );
+                    assembled = self.assemble(live, &prompt, budget).await?;
+                }
+                Err(error) => return Err(error.into()),
+            }
+        };
+        let mut new_messages = vec![user_message];
+        new_messages.extend(response.messages);
+        report.new_messages = new_messages.len();
+        let input = response.input_tokens.unwrap_or(0);
+        let output = response.output_tokens.unwrap_or(0);
+        self.finish_turn(live, new_messages, budget, &mut report)
+            .await?;
+        self.sessions.lock().await.update(session_key, |record| {
+            record.input_tokens += input;
+            record.output_tokens += output;
+            record.total_tokens += input + output;
+        })?;
+        Ok(report)
+    }
+
+    /// Replays one recorded turn (its user message first) through the lifecycle without a
+    /// model: assemble as if about to call the model, record the assembled size, then append the
+    /// recorded messages and run the post-turn work.
+    pub async fn replay_turn(
+        &self,
+        session_key: &str,
+        session_id: Option<&str>,
+        recorded: Vec<AgentMessage>,
+        entry_ids: Vec<Option<String>>,
+    ) -> Result<TurnReport, HostError> {
+        self.check(Operation::AgentRun)?;
+        let slot = self.slot(session_key);
+        let mut guard = slot.lock().await;
+        if guard.is_none() {
+            *guard = Some(self.load(session_key, session_id).await?);
+        }
+        let Some(live) = guard.as_mut() else {
+            return Err(HostError::UnknownSession(session_key.to_owned()));
+        };
+        let mut report = TurnReport {
+            engine_id: self.engine.active_id(),
+            ..TurnReport::default()
+        };
+        let prompt_message = recorded.first().cloned();
+        let prompt = prompt_message
+            .as_ref()
+            .map(AgentMessage::plain_text)
+            .unwrap_or_default();
+        let budget = self.token_budget(&self.options.system_prompt, &prompt);
+        report.token_budget = budget;
+        let mut assembled = self.assemble(live, &prompt, budget).await?;
+        let prompt_tokens = prompt_message
+            .as_ref()
+            .map_or(0, |message| self.estimator.message_tokens(message));
+        if let Some(estimate) = self.precheck_estimate(live, &assembled) {
+            report.prechecked = true;
+            if estimate + prompt_tokens > budget {
+                let result = self
+                    .compact_live(
+                        live,
+                        false,
+                        Some(CompactionTarget::Budget),
+                        None,
+                        budget,
+                        Some(estimate),
+                    )
+                    .await?;
+                report.compactions += u32::from(result.compacted);
+                assembled = self.assemble(live, &prompt, budget).await?;
+            }
+        }
+        let assembled_tokens = if assembled.estimated_tokens > 0 {
+            assembled.estimated_tokens
+        } else if assembled.messages.len() == live.history.len() {
+            live.history_tokens
+        } else {
+            assembled
+                .messages
+                .iter()
+                .map(|m| self.estimator.message_tokens(m))
+                .sum()
+        };
+        report.assembled_tokens = assembled_tokens + prompt_tokens;
+        report.over_budget = report.assembled_tokens > budget;
+        report.new_messages = recorded.len();
+        self.finish_turn_with_ids(live, recorded, entry_ids, budget, &mut report)
+            .await?;
+        Ok(report)
+    }
+
+    fn model_request(
+        &self,
+        assembled: &AssembleResult,
+        user_message: &AgentMessage,
+    ) -> ModelRequest {
+        let mut system_prompt = self.options.system_prompt.clone();
+        if let Some(addition) = assembled
+            .system_prompt_addition
+            .as_deref()
+            .filter(|a| !a.trim().is_empty())
+        {
+            system_prompt = format!("{addition}\n\n{system_prompt}");
+        }
+        let mut messages = assembled.messages.to_vec();
+        messages.push(user_message.clone());
+        prune_tool_results(
+            &mut messages,
+            &self.config.pruning,
+            self.config.context_window(),
+        );
+        ModelRequest {
+            system_prompt,
+            messages,
+            tools: self.options.tools.clone(),
+        }
+    }
+
+    async fn finish_turn(
+        &self,
+        live: &mut LiveSession,
+        new_messages: Vec<AgentMessage>,
+        budget: u64,
+        report: &mut TurnReport,
+    ) -> Result<(), HostError> {
+        let ids = vec![None; new_messages.len()];
+        self.finish_turn_with_ids(live, new_messages, ids, budget, report)
+            .await
+    }
+
+    /// Appends the turn durably, then `after_turn`, built-in auto-compaction (non-owning
+    /// engines only) and `maintain`.
+    async fn finish_turn_with_ids(
+        &self,
+        live: &mut LiveSession,
+        new_messages: Vec<AgentMessage>,
+        recorded_ids: Vec<Option<String>>,
+        budget: u64,
+        report: &mut TurnReport,
+    ) -> Result<(), HostError> {
+        let pre_prompt_message_count = live.history.len();
+        let mut turn_ids = Vec::with_capacity(new_messages.len());
+        let timestamp = format_utc_rfc3339(now_ms());
+        for (index, message) in new_messages.iter().enumerate() {
+            let id = match recorded_ids.get(index).cloned().flatten() {
+                Some(id) => {
+                    live.writer.append(&vilvona_transcript::Entry::Message(
+                        vilvona_transcript::MessageEntry {
+                            id: id.clone(),
+                            parent_id: live.writer.last_id().map(str::to_owned),
+                            timestamp: Some(timestamp.clone()),
+                            message: message.clone(),
+                            extra: Default::default(),
+                        },
+                    ))?;
+                    id
+                }
+                None => live.writer.append_message(message, timestamp.clone())?,
+            };
+            live.entry_ids.push(Some(id.clone()));
+            turn_ids.push(Some(id));
+            live.history_tokens += self.estimator.message_tokens(message);
+            live.history.make_mut().push(message.clone());
+        }
+        // Durable before the turn is acknowledged.
+        live.writer.sync()?;
+
+        let params = AfterTurnParams {
+            session_id: live.record.session_id.clone(),
+            session_key: Some(live.key.clone()),
+            session_file: Some(Self::session_file(live)),
+            messages: live.history.clone(),
+            entry_ids: turn_ids,
+            pre_prompt_message_count,
+            auto_compaction_summary: None,
+            is_heartbeat: false,
+            token_budget: Some(budget),
+        };
+        if let Err(error) = self.engine.engine.after_turn(&params).await {
+            tracing::warn!(%error, "context engine post-turn work failed; skipping maintenance");
+            return Ok(());
+        }
+        let info = self.engine.engine.info();
+        if !info.owns_compaction {
+            let window = self.config.context_window();
+            let threshold = window.saturating_sub(self.config.reserve_tokens(window));
+            if live.history_tokens > threshold {
+                let result = self.builtin_compaction(live, None).await?;
+                report.compactions += u32::from(result.compacted);
+            }
+        }
+        self.maintain(live, MaintainReason::Turn).await;
+        Ok(())
+    }
+
+    /// The built-in compaction on the session transcript (what non-owning engines get).
+    async fn builtin_compaction(
+        &self,
+        live: &mut LiveSession,
+        instructions: Option<&str>,
+    ) -> Result<CompactResult, HostError> {
+        let settings = CompactionSettings {
+            keep_recent_tokens: self.config.compaction.keep_recent_tokens,
+            context_window: self.config.context_window(),
+            truncate_after_compaction: self.config.compaction.truncate_after_compaction,
+            ..CompactionSettings::default()
+        };
+        let result = compact_transcript(CompactionRequest {
+            session_file: &live.record.session_file,
+            custom_instructions: instructions,
+            settings: &settings,
+            summarizer: &*self.summarizer,
+            estimator: &*self.estimator,
+        })
+        .await
+        .map_err(|error| HostError::Invalid(error.to_string()))?;
+        self.after_compaction(live, &result).await?;
+        Ok(result)
+    }
+
+    /// Manual `/compact [instructions]` (operation `manual-compact`).
+    pub async fn compact(
+        &self,
+        session_key: &str,
+        instructions: Option<String>,
+    ) -> Result<CompactResult, HostError> {
+        self.check(Operation::ManualCompact)?;
+        if self.session(session_key).await.is_none() {
+            return Err(HostError::UnknownSession(session_key.to_owned()));
+        }
+        let slot = self.slot(session_key);
+        let mut guard = slot.lock().await;
+        if guard.is_none() {
+            *guard = Some(self.load(session_key, None).await?);
+        }
+        let Some(live) = guard.as_mut() else {
+            return Err(HostError::UnknownSession(session_key.to_owned()));
+        };
+        let budget = self.token_budget(&self.options.system_prompt, "");
+        self.compact_live(
+            live,
+            true,
+            None,
+            instructions,
+            budget,
+            Some(live.history_tokens),
+        )
+        .await
+    }
+
+    /// Prepares a subagent, runs `start`, and rolls the preparation back if the start fails.
+    pub async fn spawn_subagent<F, E>(
+        &self,
+        parent_key: &str,
+        child_key: &str,
+        mode: ContextMode,
+        ttl_ms: Option<u64>,
+        start: F,
+    ) -> Result<Result<(), E>, HostError>
+    where
+        F: std::future::Future<Output = Result<(), E>>,
+    {
+        self.check(Operation::SubagentSpawn)?;
+        let parent = self.session(parent_key).await;
+        let params = SubagentSpawnParams {
+            parent_session_key: parent_key.to_owned(),
+            child_session_key: child_key.to_owned(),
+            context_mode: mode,
+            parent_session_id: parent.as_ref().map(|record| record.session_id.clone()),
+            parent_session_file: parent
+                .as_ref()
+                .map(|record| record.session_file.to_string_lossy().into_owned()),
+            child_session_id: None,
+            child_session_file: None,
+            ttl_ms,
+        };
+        let preparation = self
+            .engine
+            .engine
+            .prepare_subagent_spawn(&params)
+            .await
+            .map_err(|error| self.engine_error("prepareSubagentSpawn", error))?;
+        let started = start.await;
+        if started.is_err()
+            && let Some(rollback) = preparation
+            && let Err(error) = rollback.rollback().await
+        {
+            tracing::warn!(%error, child = child_key, "rolling back a failed subagent spawn failed");
+        }
+        Ok(started)
+    }
+
+    /// Tells the engine a subagent ended.
+    pub async fn end_subagent(
+        &self,
+        child_key: &str,
+        reason: SubagentEndReason,
+    ) -> Result<(), HostError> {
+        self.engine
+            .engine
+            .on_subagent_ended(&SubagentEndedParams {
+                child_session_key: child_key.to_owned(),
+                reason,
+            })
+            .await
+            .map_err(|error| self.engine_error("onSubagentEnded", error))
+    }
+
+    /// Releases the engine (host shutdown).
+    pub async fn dispose(&self) -> Result<(), HostError> {
+        self.engine
+            .engine
+            .dispose()
+            .await
+            .map_err(|error| self.engine_error("dispose", error))
+    }
+}
+
+fn new_session_id() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |elapsed| elapsed.as_nanos());
+    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let count = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("{:016x}{:04x}", nanos as u64, count & 0xffff)
+}

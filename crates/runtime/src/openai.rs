@@ -1,0 +1,295 @@
+//! An OpenAI-compatible chat-completions client: the host's [`Model`] and the transport of the
+//! model-backed summarizer.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde_json::{Value, json};
+use vilvona_core::message::{
+    AgentMessage, AssistantMessage, ContentBlock, Extra, MessageContent, ToolCallBlock, Usage,
+};
+
+use crate::config::ModelConfig;
+use crate::model::{Model, ModelError, ModelRequest, ModelResponse, ToolSpec, is_overflow_message};
+
+/// A chat-completions endpoint.
+#[derive(Clone, Debug)]
+pub struct OpenAiClient {
+    http: reqwest::Client,
+    base_url: String,
+    model: String,
+    api_key: Option<String>,
+    timeout: Duration,
+}
+
+/// One completion: the text, the reasoning the provider reported separately, tool calls, usage.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Completion {
+    pub text: String,
+    pub reasoning: Option<String>,
+    pub tool_calls: Vec<ToolCallBlock>,
+    pub input_tokens: Option<u64>,
+    pub output_tokens: Option<u64>,
+}
+
+impl OpenAiClient {
+    /// A client for `config`. The API key comes from the config, else from the environment
+    /// variable it names.
+    pub fn new(config: &ModelConfig) -> Result<OpenAiClient, ModelError> {
+        let api_key = config.api_key.clone().or_else(|| {
+            config
+                .api_key_env
+                .as_ref()
+                .and_then(|name| std::env::var(name).ok())
+        });
+        let timeout = Duration::from_millis(config.timeout_ms);
+        let http = reqwest::Client::builder()
+            .timeout(timeout)
+            .build()
+            .map_err(|error| ModelError::Failed(format!("building the HTTP client: {error}")))?;
+        Ok(OpenAiClient {
+            http,
+            base_url: config.base_url.trim_end_matches('/').to_owned(),
+            model: config.model.clone(),
+            api_key,
+            timeout,
+        })
+    }
+
+    pub fn model(&self) -> &str {
+        &self.model
+    }
+
+    /// Calls `/chat/completions` with `model` (or the configured one).
+    pub async fn chat(
+        &self,
+        model: Option<&str>,
+        messages: Vec<Value>,
+        tools: &[ToolSpec],
+    ) -> Result<Completion, ModelError> {
+        let mut body = json!({
+            "model": model.unwrap_or(&self.model),
+            "messages": messages,
+            "stream": false,
+        });
+        if !tools.is_empty() {
+            body["tools"] = tools
+                .iter()
+                .map(|tool| {
+                    json!({"type": "function", "function": {
+                        "name": tool.name, "description": tool.description, "parameters": tool.parameters
+                    }})
+                })
+                .collect();
+        }
+        let url = format!("{}/chat/completions", self.base_url);
+        let mut request = self.http.post(&url).json(&body);
+        if let Some(key) = &self.api_key {
+            request = request.bearer_auth(key);
+        }
+        let response = request.send().await.map_err(|error| {
+            if error.is_timeout() {
+                ModelError::Transient(format!(
+                    "{url}: no answer within {} ms",
+                    self.timeout.as_millis()
+                ))
+            } else {
+                ModelError::Transient(format!("{url}: {error}"))
+            }
+        })?;
+        let status = response.status();
+        let text = response.text().await.map_err(|error| {
+            if error.is_timeout() {
+                ModelError::Transient(format!(
+                    "{url}: no answer within {} ms",
+                    self.timeout.as_millis()
+                ))
+            } else {
+                ModelError::Transient(format!("{url}: reading the body: {error}"))
+            }
+        })?;
+        if !status.is_success() {
+            let detail = format!(
+                "{url}: HTTP {}: {}",
+                status.as_u16(),
+                text.chars().take(300).collect::<String>()
+            );
+            return Err(match status.as_u16() {
+                401 | 403 => ModelError::Auth(detail),
+                408 | 409 | 425 | 429 | 500..=599 => ModelError::Transient(detail),
+                _ if is_overflow_message(&text) => ModelError::Overflow(detail),
+                _ => ModelError::Failed(detail),
+            });
+        }
+        let value: Value = serde_json::from_str(&text)
+            .map_err(|error| ModelError::Failed(format!("{url}: response is not JSON: {error}")))?;
+        parse_completion(&value)
+            .ok_or_else(|| ModelError::Failed(format!("{url}: response has no choices[0].message")))
+    }
+}
+
+fn parse_completion(value: &Value) -> Option<Completion> {
+    let message = value.get("choices")?.get(0)?.get("message")?;
+    let text = message
+        .get("content")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_owned();
+    let reasoning = message
+        .get("reasoning_content")
+        .or_else(|| message.get("reasoning"))
+        .and_then(Value::as_str)
+        .map(str::to_owned);
+    let tool_calls = message
+        .get("tool_calls")
+        .and_then(Value::as_array)
+        .map(|calls| {
+            calls
+                .iter()
+                .filter_map(|call| {
+                    let function = call.get("function")?;
+                    let arguments = function
+                        .get("arguments")
+                        .and_then(Value::as_str)
+                        .and_then(|text| serde_json::from_str(text).ok())
+                        .unwrap_or(Value::Object(Default::default()));
+                    Some(ToolCallBlock {
+                        id: call.get("id")?.as_str()?.to_owned(),
+                        name: function.get("name")?.as_str()?.to_owned(),
+                        arguments,
+                        extra: Extra::new(),
+                    })
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let usage = value.get("usage");
+    Some(Completion {
+        text,
+        reasoning,
+        tool_calls,
+        input_tokens: usage
+            .and_then(|u| u.get("prompt_tokens"))
+            .and_then(Value::as_u64),
+        output_tokens: usage
+            .and_then(|u| u.get("completion_tokens"))
+            .and_then(Value::as_u64),
+    })
+}
+
+/// Agent messages as chat-completions messages.
+pub fn to_chat_messages(system_prompt: &str, messages: &[AgentMessage]) -> Vec<Value> {
+    let mut out = Vec::with_capacity(messages.len() + 1);
+    if !system_prompt.is_empty() {
+        out.push(json!({"role": "system", "content": system_prompt}));
+    }
+    for message in messages {
+        match message {
+            AgentMessage::User(user) => {
+                out.push(json!({"role": "user", "content": user_content(&user.content)}))
+            }
+            AgentMessage::Assistant(assistant) => {
+                let text: Vec<&str> = assistant
+                    .content
+                    .blocks()
+                    .iter()
+                    .filter_map(|block| match block {
+                        ContentBlock::Text(text) => Some(text.text.as_str()),
+                        _ => None,
+                    })
+                    .collect();
+                let text = match &assistant.content {
+                    MessageContent::Text(text) => text.clone(),
+                    MessageContent::Blocks(_) => text.join("\n"),
+                };
+                let calls: Vec<Value> = message
+                    .tool_calls()
+                    .map(|call| {
+                        json!({"id": call.id, "type": "function", "function": {
+                            "name": call.name, "arguments": call.arguments.to_string()
+                        }})
+                    })
+                    .collect();
+                let mut value = json!({"role": "assistant", "content": text});
+                if !calls.is_empty() {
+                    value["tool_calls"] = Value::Array(calls);
+                }
+                out.push(value);
+            }
+            AgentMessage::ToolResult(result) => out.push(json!({
+                "role": "tool",
+                "tool_call_id": result.tool_call_id,
+                "content": message.plain_text(),
+            })),
+            AgentMessage::Other(_) => {
+                let text = message.plain_text();
+                if !text.is_empty() {
+                    out.push(json!({"role": "user", "content": text}));
+                }
+            }
+        }
+    }
+    out
+}
+
+fn user_content(content: &MessageContent) -> Value {
+    match content {
+        MessageContent::Text(text) => Value::String(text.clone()),
+        MessageContent::Blocks(blocks) => Value::Array(
+            blocks
+                .iter()
+                .filter_map(|block| match block {
+                    ContentBlock::Text(text) => Some(json!({"type": "text", "text": text.text})),
+                    ContentBlock::Image(image) => Some(json!({"type": "image_url", "image_url": {
+                        "url": format!("data:{};base64,{}", image.mime_type.as_deref().unwrap_or("image/png"), image.data.as_deref().unwrap_or(""))
+                    }})),
+                    _ => None,
+                })
+                .collect(),
+        ),
+    }
+}
+
+#[async_trait]
+impl Model for OpenAiClient {
+    async fn complete(&self, request: &ModelRequest) -> Result<ModelResponse, ModelError> {
+        let completion = self
+            .chat(
+                None,
+                to_chat_messages(&request.system_prompt, &request.messages),
+                &request.tools,
+            )
+            .await?;
+        let mut blocks = Vec::new();
+        if !completion.text.is_empty() {
+            blocks.push(ContentBlock::text(completion.text));
+        }
+        let stop_reason = if completion.tool_calls.is_empty() {
+            "stop"
+        } else {
+            "toolUse"
+        };
+        blocks.extend(
+            completion
+                .tool_calls
+                .into_iter()
+                .map(ContentBlock::ToolCall),
+        );
+        let message = AgentMessage::Assistant(AssistantMessage {
+            content: MessageContent::Blocks(blocks),
+            stop_reason: Some(stop_reason.to_owned()),
+            usage: Some(Usage {
+                input: completion.input_tokens,
+                output: completion.output_tokens,
+                ..Usage::default()
+            }),
+            timestamp: Some(crate::sessions::now_ms()),
+            extra: Extra::new(),
+        });
+        Ok(ModelResponse {
+            messages: vec![message],
+            input_tokens: completion.input_tokens,
+            output_tokens: completion.output_tokens,
+        })
+    }
+}
