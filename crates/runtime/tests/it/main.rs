@@ -5,4 +5,5 @@ mod config;
 mod http;
 mod lifecycle;
 mod pruning;
+mod replay;
 mod support;
