@@ -23,9 +23,12 @@ use vilvona_legacy::{CompactionRequest, CompactionSettings, LegacyEngine, compac
 use vilvona_summarize::{ExtractiveSummarizer, format_utc_rfc3339};
 use vilvona_transcript::{SessionHeader, TranscriptWriter, read_transcript, session_messages};
 
+use vilvona_lossless::{LosslessConfig, LosslessEngine};
+
 use crate::config::{ConfigError, HostConfig};
 use crate::memory::MemoryProvider;
 use crate::model::{Model, ModelError, ModelRequest, ToolSpec};
+use crate::model_summarizer::{SummarizerConfig, summarizer_from_config};
 use crate::pruning::prune_tool_results;
 use crate::sessions::{SessionRecord, SessionStore, SessionStoreError, now_ms};
 
@@ -149,6 +152,7 @@ pub struct Host {
     estimator: Arc<dyn TokenEstimator>,
     summarizer: Arc<dyn Summarizer>,
     memory: Option<Arc<dyn MemoryProvider>>,
+    lossless: Arc<StdMutex<Option<LosslessEngine>>>,
 }
 
 impl std::fmt::Debug for Host {
@@ -158,6 +162,47 @@ impl std::fmt::Debug for Host {
             .field("engine", &self.engine)
             .finish()
     }
+}
+
+/// Registers the built-in `lossless` engine (owner `plugin:lossless`, settings from
+/// `plugins.entries.lossless.config`). The engine instance the factory builds is also kept in
+/// `handle`, so the host and the command line can call its recall tools.
+pub fn register_lossless(
+    registry: &Registry,
+    handle: Arc<StdMutex<Option<LosslessEngine>>>,
+) -> Result<(), vilvona_core::registry::RegisterError> {
+    registry.register(
+        vilvona_lossless::ENGINE_ID,
+        Owner::plugin(vilvona_lossless::ENGINE_ID),
+        engine_factory(move |context| {
+            let handle = handle.clone();
+            async move {
+                let config = LosslessConfig::from_value(context.config.as_ref())
+                    .map_err(EngineError::InvalidConfig)?;
+                let estimator =
+                    vilvona_summarize::estimator(config.tokenizer, config.tokenizer_multiplier);
+                let summarizer_config: SummarizerConfig = match &config.summarizer {
+                    None => SummarizerConfig::Extractive,
+                    Some(value) => serde_json::from_value(value.clone()).map_err(|error| {
+                        EngineError::InvalidConfig(format!(
+                            "plugins.entries.lossless.config.summarizer: {error}"
+                        ))
+                    })?,
+                };
+                let summarizer = summarizer_from_config(&summarizer_config, estimator.clone())
+                    .map_err(|error| EngineError::InvalidConfig(error.to_string()))?;
+                let dir = match (&config.store_dir, &context.agent_dir) {
+                    (Some(dir), _) => PathBuf::from(dir),
+                    (None, Some(agent_dir)) => agent_dir.join("lossless"),
+                    (None, None) => PathBuf::from("lossless"),
+                };
+                let engine = LosslessEngine::open(&dir, config, summarizer, estimator).await?;
+                *handle.lock().unwrap_or_else(PoisonError::into_inner) = Some(engine.clone());
+                let engine: Arc<dyn ContextEngine> = Arc::new(engine);
+                Ok(engine)
+            }
+        }),
+    )
 }
 
 /// Registers the built-in `legacy` engine, configured from the host configuration.
@@ -207,6 +252,9 @@ impl Host {
         let registry = Registry::new();
         register_legacy(&registry, &config, summarizer.clone(), estimator.clone())
             .map_err(|error| HostError::Invalid(error.to_string()))?;
+        let lossless = Arc::new(StdMutex::new(None));
+        register_lossless(&registry, lossless.clone())
+            .map_err(|error| HostError::Invalid(error.to_string()))?;
         register(&registry, &config)?;
         let selection = config.engine_selection(
             Some(options.state_dir.join("agents").join(&options.agent_id)),
@@ -215,6 +263,27 @@ impl Host {
         let engine = registry.resolve(&selection).await?;
         tracing::info!(engine = %engine.active_id(), selected = %engine.selected_id, "context engine resolved");
         let sessions = SessionStore::open(&options.state_dir)?;
+        let mut options = options;
+        if lossless
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_some()
+        {
+            // The model is offered the recall tools of the engine that serves.
+            for tool in vilvona_lossless::tool_definitions() {
+                if !options
+                    .tools
+                    .iter()
+                    .any(|existing| existing.name == tool.name)
+                {
+                    options.tools.push(ToolSpec {
+                        name: tool.name.to_owned(),
+                        description: tool.description.to_owned(),
+                        parameters: tool.parameters,
+                    });
+                }
+            }
+        }
         Ok(Host {
             options,
             config,
@@ -225,6 +294,7 @@ impl Host {
             estimator,
             summarizer,
             memory: None,
+            lossless,
         })
     }
 
@@ -253,6 +323,14 @@ impl Host {
 
     pub fn engine(&self) -> &ResolvedEngine {
         &self.engine
+    }
+
+    /// The lossless engine, when the slot selected it and it started.
+    pub fn lossless(&self) -> Option<LosslessEngine> {
+        self.lossless
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 
     pub fn estimator(&self) -> &Arc<dyn TokenEstimator> {

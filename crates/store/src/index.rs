@@ -364,6 +364,14 @@ impl IndexSink {
         Ok(())
     }
 
+    /// Removes a row's document (before re-adding it with new text).
+    pub(crate) fn remove(&mut self, row: IndexedRow) {
+        self.writer
+            .delete_term(Term::from_field_u64(self.fields.key, key_of(row)));
+        self.pending += 1;
+        self.first_pending_at.get_or_insert_with(Instant::now);
+    }
+
     /// Drops every document (for a rebuild).
     pub(crate) fn clear(&mut self) -> Result<()> {
         self.writer.delete_all_documents()?;

@@ -73,6 +73,10 @@ pub trait HistoryStore: Send + Sync + std::fmt::Debug {
     async fn replace(&self, plan: ReplacePlan) -> Result<ReplaceOutcome>;
     /// Appends existing messages or summaries (of any conversation) to a context, by reference.
     async fn append_items(&self, conversation: ConversationId, items: Vec<ItemRef>) -> Result<()>;
+    /// Empties a context (its rows stay); returns how many items it had.
+    async fn remove_context(&self, conversation: ConversationId) -> Result<u64>;
+    /// Rewrites a summary's text in place, keeping its id and edges. False if it changed meanwhile.
+    async fn update_summary(&self, update: SummaryUpdate) -> Result<bool>;
 
     async fn message(&self, id: MessageId) -> Result<Option<StoredMessage>>;
     async fn messages_in_seq_range(
@@ -434,6 +438,19 @@ impl HistoryStore for Store {
             reply,
         })
         .await
+    }
+
+    async fn remove_context(&self, conversation: ConversationId) -> Result<u64> {
+        self.call(|reply| Command::RemoveContext {
+            conversation,
+            reply,
+        })
+        .await
+    }
+
+    async fn update_summary(&self, update: SummaryUpdate) -> Result<bool> {
+        self.call(|reply| Command::UpdateSummary { update, reply })
+            .await
     }
 
     async fn message(&self, id: MessageId) -> Result<Option<StoredMessage>> {

@@ -225,6 +225,18 @@ pub enum ReplaceOutcome {
     Stale,
 }
 
+/// A new text for an existing summary (re-summarizing a fallback node).
+#[derive(Clone, Debug)]
+pub struct SummaryUpdate {
+    pub row_id: SummaryRowId,
+    /// The level the caller read; the update is refused if it changed meanwhile.
+    pub expected_level: SummaryLevel,
+    pub content: String,
+    pub tokens: u64,
+    pub level: SummaryLevel,
+    pub summarizer: String,
+}
+
 /// Content too large for the context, stored once.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NewBlob {

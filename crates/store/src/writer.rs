@@ -82,6 +82,14 @@ pub(crate) enum Command {
         value: String,
         reply: Reply<()>,
     },
+    UpdateSummary {
+        update: SummaryUpdate,
+        reply: Reply<bool>,
+    },
+    RemoveContext {
+        conversation: ConversationId,
+        reply: Reply<u64>,
+    },
     FlushIndex {
         reply: Reply<()>,
     },
@@ -252,6 +260,15 @@ impl Writer {
                 reply,
             } => {
                 let _ = reply.send(self.set_state(conversation, &key, &value));
+            }
+            Command::UpdateSummary { update, reply } => {
+                let _ = reply.send(self.update_summary(update));
+            }
+            Command::RemoveContext {
+                conversation,
+                reply,
+            } => {
+                let _ = reply.send(self.remove_context(conversation));
             }
             Command::FlushIndex { reply } => {
                 let _ = reply.send(self.commit_index());
@@ -601,6 +618,71 @@ impl Writer {
             .execute(params![conversation.0, next_position, added])?;
         transaction.commit()?;
         Ok(())
+    }
+
+    /// Rewrites a summary's text in place (same id, same edges), if it still has the level the
+    /// caller read; keeps the context item's tokens and the running total in step.
+    fn update_summary(&mut self, update: SummaryUpdate) -> Result<bool> {
+        let Some(current) = read::summary(&self.connection, update.row_id)? else {
+            return Ok(false);
+        };
+        if current.level != update.expected_level {
+            return Ok(false);
+        }
+        let agent = self.agent_of(current.conversation)?;
+        let (transaction, mut steps) = self.transaction()?;
+        steps.step()?;
+        transaction
+            .prepare_cached(
+                "UPDATE summaries SET content = ?2, tokens = ?3, level = ?4, summarizer = ?5 WHERE id = ?1",
+            )?
+            .execute(params![
+                update.row_id.0,
+                update.content,
+                update.tokens as i64,
+                level_str(update.level),
+                update.summarizer
+            ])?;
+        steps.step()?;
+        let delta = update.tokens as i64 - current.tokens as i64;
+        let changed = transaction
+            .prepare_cached("UPDATE context_items SET tokens = ?2 WHERE summary_id = ?1")?
+            .execute(params![update.row_id.0, update.tokens as i64])?;
+        if changed > 0 {
+            steps.step()?;
+            transaction
+                .prepare_cached(
+                    "UPDATE conversations SET context_tokens = context_tokens + ?2 WHERE id = ?1",
+                )?
+                .execute(params![current.conversation.0, delta * changed as i64])?;
+        }
+        transaction.commit()?;
+        self.sink.remove(IndexedRow::Summary(update.row_id.0));
+        self.sink.add(IndexDoc {
+            row: IndexedRow::Summary(update.row_id.0),
+            conversation: current.conversation.0,
+            agent: &agent,
+            role: "summary",
+            time_ms: current.latest_at_ms.unwrap_or(current.created_at_ms),
+            text: &update.content,
+        })?;
+        self.publish_pending();
+        Ok(true)
+    }
+
+    /// Empties a conversation's context (undoing a fork seeding); rows stay.
+    fn remove_context(&mut self, conversation: ConversationId) -> Result<u64> {
+        let (transaction, mut steps) = self.transaction()?;
+        steps.step()?;
+        let removed = transaction
+            .prepare_cached("DELETE FROM context_items WHERE conversation_id = ?1")?
+            .execute([conversation.0])?;
+        steps.step()?;
+        transaction
+            .prepare_cached("UPDATE conversations SET context_tokens = 0 WHERE id = ?1")?
+            .execute([conversation.0])?;
+        transaction.commit()?;
+        Ok(removed as u64)
     }
 
     fn put_blob(&mut self, blob: NewBlob) -> Result<BlobInfo> {

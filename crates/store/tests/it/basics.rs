@@ -329,3 +329,78 @@ async fn bad_input_is_a_clear_error_and_loses_nothing() {
     let context = store.context(conversation).await.unwrap();
     assert_eq!(context.len(), 1);
 }
+
+#[tokio::test]
+async fn a_summary_is_rewritten_in_place_and_a_context_can_be_emptied() {
+    use vilvona_core::summarize::SummaryLevel;
+    let dir = TempDir::new().unwrap();
+    let store = open(&dir).await;
+    let conversation = store.conversation(&key("main", "s1")).await.unwrap().id;
+    let batch = (0..4)
+        .map(|i| new_message(&format!("raw {i}"), i, Some(&format!("e{i}"))))
+        .collect();
+    store.ingest(conversation, batch, None).await.unwrap();
+    let context = store.context(conversation).await.unwrap();
+    let mut fallback = plan(conversation, &context, 0..3, "[fallback] raw 0 raw 1");
+    fallback.summary.level = SummaryLevel::Fallback;
+    let ReplaceOutcome::Replaced(summary) = store.replace(fallback).await.unwrap() else {
+        panic!()
+    };
+    let update = SummaryUpdate {
+        row_id: summary.row_id,
+        expected_level: SummaryLevel::Fallback,
+        content: "a real summary of raw zero to two".to_owned(),
+        tokens: 2,
+        level: SummaryLevel::Normal,
+        summarizer: "test/v2".to_owned(),
+    };
+    assert!(store.update_summary(update.clone()).await.unwrap());
+    assert!(
+        !store.update_summary(update).await.unwrap(),
+        "the level changed: refused"
+    );
+    let rewritten = store.summary(summary.row_id).await.unwrap().unwrap();
+    assert_eq!(
+        (rewritten.summary_id.as_str(), rewritten.level),
+        (summary.summary_id.as_str(), SummaryLevel::Normal)
+    );
+    assert_eq!(
+        store.children(summary.row_id).await.unwrap().len(),
+        3,
+        "edges kept"
+    );
+    let hits = store
+        .search(query("main", vec![conversation], "real summary"))
+        .await
+        .unwrap();
+    assert_eq!(hits.len(), 1);
+    assert!(
+        store
+            .search(query("main", vec![conversation], "fallback"))
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert!(store.integrity_check().await.unwrap().is_healthy());
+
+    let fork = store.conversation(&key("main", "child")).await.unwrap().id;
+    store
+        .append_items(
+            fork,
+            context.iter().skip(3).map(|item| item.item_ref()).collect(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(store.context(fork).await.unwrap().len(), 1);
+    assert_eq!(store.remove_context(fork).await.unwrap(), 1);
+    assert!(store.context(fork).await.unwrap().is_empty());
+    assert_eq!(
+        store
+            .conversation_by_id(fork)
+            .await
+            .unwrap()
+            .unwrap()
+            .context_tokens,
+        0
+    );
+}

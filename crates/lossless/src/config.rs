@@ -1,0 +1,135 @@
+//! `plugins.entries.lossless.config`, with documented defaults and validation at factory time.
+
+use serde::Deserialize;
+use serde_json::Value;
+use vilvona_summarize::TokenizerKind;
+
+/// The engine's settings. Every field has a default; unknown keys are an error (a typo should
+/// not silently fall back to a default).
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct LosslessConfig {
+    /// Compact after a turn when the context exceeds this share of the budget.
+    pub context_threshold: f64,
+    /// Compact down to this share of the budget.
+    pub target_ratio: f64,
+    /// Newest messages never compacted in routine passes.
+    pub fresh_tail_count: usize,
+    /// Optional token cap on the fresh tail.
+    pub fresh_tail_max_tokens: Option<u64>,
+    /// Largest run of raw messages summarized into one leaf.
+    pub leaf_chunk_tokens: u64,
+    pub leaf_target_tokens: u64,
+    pub condensed_target_tokens: u64,
+    /// Fewest same-depth summaries condensed into one node.
+    pub condensed_min_fanout: usize,
+    pub max_depth: Option<u32>,
+    /// Summarizer passes allowed per call.
+    pub max_passes_per_turn: u32,
+    /// Target of the deterministic truncation fallback.
+    pub fallback_max_tokens: u64,
+    /// A tool result above this many tokens is stored once as a blob and shown by reference.
+    pub large_content_threshold_tokens: u64,
+    /// Largest result of one `vilvona_expand` call.
+    pub max_expand_tokens: u64,
+    /// Budget when the host gives none.
+    pub default_token_budget: u64,
+    /// Wall-clock limit of one compaction call, in milliseconds.
+    pub deadline_ms: u64,
+    pub tokenizer: TokenizerKind,
+    pub tokenizer_multiplier: f64,
+    /// The agent whose conversations this engine serves.
+    pub agent_id: String,
+    /// Let recall reach this agent's other conversations (not just this session's family).
+    pub recall_all_conversations: bool,
+    /// Other agents whose conversations recall may read.
+    pub recall_agents: Vec<String>,
+    /// Where the store lives; default `<agent dir>/lossless`.
+    pub store_dir: Option<String>,
+    /// The summarizer (`{kind: "extractive"}` or a model); read by the host that builds it.
+    pub summarizer: Option<Value>,
+}
+
+impl Default for LosslessConfig {
+    fn default() -> LosslessConfig {
+        LosslessConfig {
+            context_threshold: 0.75,
+            target_ratio: 0.6,
+            fresh_tail_count: 64,
+            fresh_tail_max_tokens: None,
+            leaf_chunk_tokens: 20_000,
+            leaf_target_tokens: 2_400,
+            condensed_target_tokens: 2_000,
+            condensed_min_fanout: 4,
+            max_depth: None,
+            max_passes_per_turn: 8,
+            fallback_max_tokens: 512,
+            large_content_threshold_tokens: 25_000,
+            max_expand_tokens: 4_000,
+            default_token_budget: 128_000,
+            deadline_ms: 30_000,
+            tokenizer: TokenizerKind::Heuristic,
+            tokenizer_multiplier: 1.0,
+            agent_id: "main".to_owned(),
+            recall_all_conversations: false,
+            recall_agents: Vec::new(),
+            store_dir: None,
+            summarizer: None,
+        }
+    }
+}
+
+impl LosslessConfig {
+    /// Parses and validates; the error names the key and what is wrong with it.
+    pub fn from_value(value: Option<&Value>) -> Result<LosslessConfig, String> {
+        let config: LosslessConfig = match value {
+            None | Some(Value::Null) => LosslessConfig::default(),
+            Some(value) => serde_json::from_value(value.clone())
+                .map_err(|error| format!("plugins.entries.lossless.config: {error}"))?,
+        };
+        config.validate()?;
+        Ok(config)
+    }
+
+    pub fn validate(&self) -> Result<(), String> {
+        let problem =
+            |key: &str, rule: &str| Err(format!("plugins.entries.lossless.config.{key} {rule}"));
+        if !(self.context_threshold > 0.0 && self.context_threshold <= 1.0) {
+            return problem("contextThreshold", "must be in (0, 1]");
+        }
+        if !(self.target_ratio > 0.0 && self.target_ratio < self.context_threshold) {
+            return problem("targetRatio", "must be positive and below contextThreshold");
+        }
+        if self.leaf_chunk_tokens == 0
+            || self.leaf_target_tokens == 0
+            || self.condensed_target_tokens == 0
+        {
+            return problem(
+                "leafChunkTokens/leafTargetTokens/condensedTargetTokens",
+                "must be positive",
+            );
+        }
+        if self.leaf_target_tokens >= self.leaf_chunk_tokens {
+            return problem("leafTargetTokens", "must be below leafChunkTokens");
+        }
+        if self.condensed_min_fanout < 2 {
+            return problem("condensedMinFanout", "must be at least 2");
+        }
+        if self.max_passes_per_turn == 0 {
+            return problem("maxPassesPerTurn", "must be at least 1");
+        }
+        if self.fallback_max_tokens == 0
+            || self.default_token_budget == 0
+            || self.max_expand_tokens == 0
+        {
+            return problem(
+                "fallbackMaxTokens/defaultTokenBudget/maxExpandTokens",
+                "must be positive",
+            );
+        }
+        if self.agent_id.trim().is_empty() {
+            return problem("agentId", "must not be empty");
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,1085 @@
+//! The `lossless` engine: lifecycle, incremental compaction, assembly, subagent grants.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::{Arc, Mutex as StdMutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use serde_json::{Value, json};
+use vilvona_core::engine::*;
+use vilvona_core::host::{Capability, HostRequirement, Operation};
+use vilvona_core::message::{AgentMessage, ContentBlock, MessageContent};
+use vilvona_core::summarize::{
+    SourceItem, SummarizeError, Summarizer, SummaryKind, SummaryLevel, SummaryRequest,
+};
+use vilvona_core::tokens::TokenEstimator;
+use vilvona_store::*;
+use vilvona_summarize::{source_item, truncate};
+use vilvona_transcript::{Cursor, Entry, read_entries};
+
+use crate::config::LosslessConfig;
+use crate::render::{
+    DESCRIBE_TOOL, EXPAND_TOOL, GREP_TOOL, RECALL_GUIDANCE, SummaryHeader, describe_content,
+    large_content_reference, summary_message, summary_tokens,
+};
+use crate::units::{Candidate, condense_candidate, fresh_tail_start, leaf_candidate};
+
+/// The engine id and the slot value that selects it.
+pub const ENGINE_ID: &str = "lossless";
+
+/// Key of the bootstrap cursor in the store's per-conversation state.
+const BOOTSTRAP_CURSOR: &str = "bootstrap.cursor";
+/// Messages imported per store transaction during bootstrap.
+const BOOTSTRAP_BATCH: usize = 500;
+/// The key of a JSON text block's original location once its text moved to a blob.
+const BLOB_KEY: &str = "vilvonaBlobId";
+
+/// Why a compaction call stopped, with what it did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CompactionReport {
+    pub tokens_before: u64,
+    pub tokens_after: u64,
+    pub passes: u32,
+    pub summaries_created: u32,
+    pub fallbacks: u32,
+    pub reason: Option<CompactReason>,
+}
+
+pub(crate) struct Inner {
+    pub(crate) store: Arc<dyn HistoryStore>,
+    pub(crate) summarizer: Arc<dyn Summarizer>,
+    pub(crate) estimator: Arc<dyn TokenEstimator>,
+    pub(crate) config: LosslessConfig,
+    /// session id → conversation, for this engine instance.
+    conversations: StdMutex<HashMap<String, Conversation>>,
+    /// Serializes compaction per conversation (after_turn, compact, commit_turn can race).
+    compaction_locks: StdMutex<HashMap<ConversationId, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+/// The lossless engine. Cheap to clone.
+#[derive(Clone)]
+pub struct LosslessEngine {
+    pub(crate) inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for LosslessEngine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LosslessEngine")
+            .field("store", &self.inner.store)
+            .field("agent", &self.inner.config.agent_id)
+            .finish()
+    }
+}
+
+fn store_error(operation: &str, error: StoreError) -> EngineError {
+    EngineError::caused_by(format!("lossless {operation}"), error)
+}
+
+impl LosslessEngine {
+    pub fn new(
+        store: Arc<dyn HistoryStore>,
+        summarizer: Arc<dyn Summarizer>,
+        estimator: Arc<dyn TokenEstimator>,
+        config: LosslessConfig,
+    ) -> LosslessEngine {
+        LosslessEngine {
+            inner: Arc::new(Inner {
+                store,
+                summarizer,
+                estimator,
+                config,
+                conversations: StdMutex::new(HashMap::new()),
+                compaction_locks: StdMutex::new(HashMap::new()),
+            }),
+        }
+    }
+
+    /// Opens the embedded store in `dir` and builds the engine.
+    pub async fn open(
+        dir: &Path,
+        config: LosslessConfig,
+        summarizer: Arc<dyn Summarizer>,
+        estimator: Arc<dyn TokenEstimator>,
+    ) -> Result<LosslessEngine, EngineError> {
+        let store = Store::open(StoreConfig::new(dir))
+            .await
+            .map_err(|error| store_error("opening the store", error))?;
+        Ok(LosslessEngine::new(
+            Arc::new(store),
+            summarizer,
+            estimator,
+            config,
+        ))
+    }
+
+    pub fn store(&self) -> &Arc<dyn HistoryStore> {
+        &self.inner.store
+    }
+
+    pub fn config(&self) -> &LosslessConfig {
+        &self.inner.config
+    }
+
+    /// The conversation for a session of this engine's agent (created on first use).
+    pub async fn conversation(
+        &self,
+        session_id: &str,
+        session_key: Option<&str>,
+    ) -> Result<Conversation, EngineError> {
+        if let Some(found) = self
+            .inner
+            .conversations
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(session_id)
+        {
+            return Ok(found.clone());
+        }
+        let conversation = self
+            .inner
+            .store
+            .conversation(&ConversationKey {
+                agent_id: self.inner.config.agent_id.clone(),
+                session_id: session_id.to_owned(),
+                session_key: session_key.map(str::to_owned),
+            })
+            .await
+            .map_err(|error| store_error("conversation", error))?;
+        self.inner
+            .conversations
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(session_id.to_owned(), conversation.clone());
+        Ok(conversation)
+    }
+
+    fn budget(&self, token_budget: Option<u64>) -> u64 {
+        token_budget
+            .filter(|budget| *budget > 0)
+            .unwrap_or(self.inner.config.default_token_budget)
+    }
+
+    /// Prepares messages for the store: token counts, and large tool output moved to blobs.
+    async fn prepare(
+        &self,
+        conversation: ConversationId,
+        messages: &[AgentMessage],
+        entry_ids: &[Option<String>],
+    ) -> Result<Vec<NewMessage>, EngineError> {
+        let mut prepared = Vec::with_capacity(messages.len());
+        for (index, message) in messages.iter().enumerate() {
+            let message = self.externalize(conversation, message).await?;
+            prepared.push(NewMessage {
+                tokens: self.inner.estimator.message_tokens(&message),
+                message,
+                entry_id: entry_ids.get(index).cloned().flatten(),
+            });
+        }
+        Ok(prepared)
+    }
+
+    /// A tool result (or user content) larger than the threshold: each large text block is stored
+    /// once as a blob and replaced by a reference and a description. The original is restorable:
+    /// the block keeps the blob id.
+    async fn externalize(
+        &self,
+        conversation: ConversationId,
+        message: &AgentMessage,
+    ) -> Result<AgentMessage, EngineError> {
+        let threshold = self.inner.config.large_content_threshold_tokens;
+        let is_candidate = matches!(message, AgentMessage::ToolResult(_) | AgentMessage::User(_));
+        if !is_candidate || self.inner.estimator.message_tokens(message) <= threshold {
+            return Ok(message.clone());
+        }
+        let mut message = message.clone();
+        let content = match &mut message {
+            AgentMessage::ToolResult(result) => &mut result.content,
+            AgentMessage::User(user) => &mut user.content,
+            _ => return Ok(message),
+        };
+        if let MessageContent::Text(text) = content {
+            *content = MessageContent::Blocks(vec![ContentBlock::text(std::mem::take(text))]);
+        }
+        if let MessageContent::Blocks(blocks) = content {
+            for block in blocks.iter_mut() {
+                let ContentBlock::Text(text) = block else {
+                    continue;
+                };
+                if self.inner.estimator.text_tokens(&text.text) <= threshold / 2 {
+                    continue;
+                }
+                let (kind, description) = describe_content(&text.text);
+                let info = self
+                    .inner
+                    .store
+                    .put_blob(NewBlob {
+                        conversation,
+                        kind,
+                        content: std::mem::take(&mut text.text),
+                        description: description.clone(),
+                    })
+                    .await
+                    .map_err(|error| store_error("storing large content", error))?;
+                text.text = large_content_reference(&info.blob_id, &description);
+                text.extra
+                    .insert(BLOB_KEY.to_owned(), Value::String(info.blob_id));
+            }
+        }
+        Ok(message)
+    }
+
+    async fn ingest_messages(
+        &self,
+        session_id: &str,
+        session_key: Option<&str>,
+        messages: &[AgentMessage],
+        entry_ids: &[Option<String>],
+        advancement_key: Option<String>,
+    ) -> Result<IngestOutcome, EngineError> {
+        let conversation = self.conversation(session_id, session_key).await?;
+        let prepared = self.prepare(conversation.id, messages, entry_ids).await?;
+        self.inner
+            .store
+            .ingest(conversation.id, prepared, advancement_key)
+            .await
+            .map_err(|error| store_error("ingest", error))
+    }
+
+    fn compaction_lock(&self, conversation: ConversationId) -> Arc<tokio::sync::Mutex<()>> {
+        self.inner
+            .compaction_locks
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .entry(conversation)
+            .or_default()
+            .clone()
+    }
+
+    /// Incremental compaction: above `threshold × budget` (or when forced), summarize the oldest
+    /// units outside the fresh tail and condense same-depth runs, just enough to get under
+    /// `target`, bounded by passes and a deadline. Every pass must shrink the context.
+    pub async fn compact_conversation(
+        &self,
+        conversation: ConversationId,
+        budget: u64,
+        force: bool,
+        target: Option<CompactionTarget>,
+        custom_instructions: Option<&str>,
+        abort: Option<&AbortSignal>,
+    ) -> Result<CompactionReport, EngineError> {
+        let lock = self.compaction_lock(conversation);
+        let _guard = lock.lock().await;
+        let config = &self.inner.config;
+        let threshold = (budget as f64 * config.context_threshold) as u64;
+        let goal = match target {
+            Some(CompactionTarget::Budget) => budget,
+            _ => (budget as f64 * config.target_ratio) as u64,
+        };
+        let deadline = Instant::now() + Duration::from_millis(config.deadline_ms);
+        let mut report = CompactionReport::default();
+        let mut items = self.context(conversation).await?;
+        let mut total: u64 = items.iter().map(|item| item.tokens).sum();
+        report.tokens_before = total;
+        if !force
+            && total
+                <= threshold.max(if target == Some(CompactionTarget::Budget) {
+                    budget
+                } else {
+                    0
+                })
+        {
+            report.tokens_after = total;
+            report.reason = Some(CompactReason::BelowThreshold);
+            return Ok(report);
+        }
+        loop {
+            if abort.is_some_and(AbortSignal::is_aborted) {
+                return Err(EngineError::Cancelled);
+            }
+            let forced_first_pass = force && report.passes == 0;
+            if total <= goal && !forced_first_pass {
+                report.reason = Some(if report.summaries_created > 0 {
+                    CompactReason::Compacted
+                } else {
+                    CompactReason::BelowThreshold
+                });
+                break;
+            }
+            if report.passes >= config.max_passes_per_turn {
+                report.reason = Some(if report.summaries_created > 0 {
+                    CompactReason::Compacted
+                } else {
+                    CompactReason::NoProgress
+                });
+                break;
+            }
+            if Instant::now() >= deadline {
+                report.reason = Some(CompactReason::Deadline);
+                break;
+            }
+            let tail_start = fresh_tail_start(&items, config, goal.max(1));
+            let summary_prefix: u64 = items[..tail_start]
+                .iter()
+                .filter(|item| matches!(item.content, ItemContent::Summary(_)))
+                .map(|item| item.tokens)
+                .sum();
+            let needed = total.saturating_sub(goal).max(1);
+            let leaf = leaf_candidate(&items, tail_start, config.leaf_chunk_tokens, needed);
+            let condense = condense_candidate(&items, tail_start, config);
+            let candidate = match (leaf, condense) {
+                (Some(_), Some(condense)) if summary_prefix > budget / 4 => condense,
+                (Some(leaf), _) => leaf,
+                (None, Some(condense)) => condense,
+                (None, None) => {
+                    report.reason = Some(if report.summaries_created > 0 {
+                        CompactReason::Compacted
+                    } else {
+                        CompactReason::NoCandidate
+                    });
+                    break;
+                }
+            };
+            report.passes += 1;
+            match self
+                .summarize_and_publish(conversation, &items, &candidate, custom_instructions)
+                .await?
+            {
+                Published::Replaced { fallback } => {
+                    report.summaries_created += 1;
+                    report.fallbacks += u32::from(fallback);
+                }
+                Published::Stale => {}
+                Published::NoProgress => {
+                    report.reason = Some(if report.summaries_created > 0 {
+                        CompactReason::Compacted
+                    } else {
+                        CompactReason::NoProgress
+                    });
+                    break;
+                }
+            }
+            items = self.context(conversation).await?;
+            let new_total: u64 = items.iter().map(|item| item.tokens).sum();
+            if new_total >= total && report.summaries_created == 0 {
+                report.reason = Some(CompactReason::NoProgress);
+                total = new_total;
+                break;
+            }
+            total = new_total;
+        }
+        report.tokens_after = total;
+        Ok(report)
+    }
+
+    async fn context(&self, conversation: ConversationId) -> Result<Vec<ContextItem>, EngineError> {
+        self.inner
+            .store
+            .context(conversation)
+            .await
+            .map_err(|error| store_error("reading the context", error))
+    }
+
+    /// Summarizes a candidate (outside any transaction) and publishes it with a compare-and-swap.
+    async fn summarize_and_publish(
+        &self,
+        conversation: ConversationId,
+        items: &[ContextItem],
+        candidate: &Candidate,
+        custom_instructions: Option<&str>,
+    ) -> Result<Published, EngineError> {
+        let config = &self.inner.config;
+        let run = &items[candidate.range.clone()];
+        let (kind, depth, target) = match candidate.condensing_depth {
+            None => (SummaryKind::Leaf, 0, config.leaf_target_tokens),
+            Some(depth) => (
+                SummaryKind::Condensed,
+                depth + 1,
+                config.condensed_target_tokens,
+            ),
+        };
+        // A summary keeps at most a third of its source: every pass shrinks the context.
+        let target = target.min(candidate.tokens / 3).max(16);
+        let source: Vec<SourceItem> = run.iter().map(item_source).collect();
+        let previous_context = items[..candidate.range.start]
+            .iter()
+            .rev()
+            .find_map(|item| match &item.content {
+                ItemContent::Summary(summary) => Some(summary.content.clone()),
+                ItemContent::Message(_) => None,
+            });
+        let header_span = span(run);
+        let mut request = SummaryRequest {
+            kind,
+            depth,
+            level: SummaryLevel::Normal,
+            target_tokens: target,
+            items: source,
+            previous_context,
+            custom_instructions: custom_instructions.map(str::to_owned),
+        };
+        let mut produced = None;
+        for level in [SummaryLevel::Normal, SummaryLevel::Aggressive] {
+            request.level = level;
+            match self.inner.summarizer.summarize(&request).await {
+                Ok(summary) if !summary.text.trim().is_empty() => {
+                    let tokens = self.inner.estimator.text_tokens(&summary.text);
+                    if tokens < candidate.tokens && tokens <= target.saturating_mul(3) {
+                        produced = Some((summary.text, summary.level));
+                        break;
+                    }
+                    tracing::debug!(
+                        tokens,
+                        target,
+                        ?level,
+                        "summary did not shrink its source; escalating"
+                    );
+                }
+                Ok(_) => tracing::debug!(?level, "empty summary; escalating"),
+                Err(SummarizeError::Cancelled) => return Err(EngineError::Cancelled),
+                Err(error) => tracing::warn!(%error, ?level, "summarizer failed; escalating"),
+            }
+        }
+        let (content, level) = match produced {
+            Some(produced) => produced,
+            None => {
+                request.level = SummaryLevel::Fallback;
+                request.target_tokens = target.min(config.fallback_max_tokens);
+                let fallback = truncate(&request, &*self.inner.estimator);
+                (fallback.text, SummaryLevel::Fallback)
+            }
+        };
+        // Ids are content-addressed and always this long; the placeholder counts the same.
+        let header = SummaryHeader {
+            summary_id: "sum_0000000000000000",
+            depth,
+            kind,
+            earliest_ms: header_span.0,
+            latest_ms: header_span.1,
+            first_seq: header_span.2,
+            last_seq: header_span.3,
+        };
+        let tokens = summary_tokens(&*self.inner.estimator, &header, &content);
+        if tokens >= candidate.tokens {
+            return Ok(Published::NoProgress);
+        }
+        let plan = ReplacePlan {
+            conversation,
+            items: run
+                .iter()
+                .map(|item| (item.position, item.item_ref()))
+                .collect(),
+            summary: NewSummary {
+                kind,
+                depth,
+                content,
+                tokens,
+                level,
+                summarizer: self.inner.summarizer.id().to_owned(),
+            },
+        };
+        match self.inner.store.replace(plan).await {
+            Ok(ReplaceOutcome::Replaced(_)) => Ok(Published::Replaced {
+                fallback: level == SummaryLevel::Fallback,
+            }),
+            Ok(ReplaceOutcome::Stale) => Ok(Published::Stale),
+            Err(error) => Err(store_error("publishing a summary", error)),
+        }
+    }
+
+    /// Imports a session transcript from where the last bootstrap stopped.
+    async fn import_transcript(
+        &self,
+        conversation: &Conversation,
+        path: &Path,
+    ) -> Result<u64, EngineError> {
+        let cursor: Cursor = self
+            .inner
+            .store
+            .state(conversation.id, BOOTSTRAP_CURSOR)
+            .await
+            .map_err(|error| store_error("reading the bootstrap cursor", error))?
+            .and_then(|text| serde_json::from_str(&text).ok())
+            .unwrap_or_default();
+        // Read synchronously in a blocking task, then ingest in batches.
+        let path = path.to_owned();
+        let read = tokio::task::spawn_blocking(move || {
+            let mut batch: Vec<(String, AgentMessage)> = Vec::new();
+            let mut end = cursor;
+            let result = read_entries(&path, cursor, |located| {
+                if let Entry::Message(entry) = located.entry {
+                    batch.push((entry.id, entry.message));
+                }
+                end = located.end;
+                Ok(())
+            });
+            result.map(|_| (batch, end))
+        })
+        .await
+        .map_err(|error| EngineError::failed(format!("bootstrap reader: {error}")))?
+        .map_err(|error| EngineError::caused_by("lossless bootstrap", error))?;
+        let (entries, end) = read;
+        let mut imported = 0;
+        for chunk in entries.chunks(BOOTSTRAP_BATCH) {
+            let messages: Vec<AgentMessage> =
+                chunk.iter().map(|(_, message)| message.clone()).collect();
+            let ids: Vec<Option<String>> = chunk.iter().map(|(id, _)| Some(id.clone())).collect();
+            let prepared = self.prepare(conversation.id, &messages, &ids).await?;
+            if let IngestOutcome::Stored(results) = self
+                .inner
+                .store
+                .ingest(conversation.id, prepared, None)
+                .await
+                .map_err(|error| store_error("bootstrap ingest", error))?
+            {
+                imported += results.iter().filter(|result| result.ingested).count() as u64;
+            }
+        }
+        if end != cursor {
+            self.inner
+                .store
+                .set_state(conversation.id, BOOTSTRAP_CURSOR, &json!(end).to_string())
+                .await
+                .map_err(|error| store_error("saving the bootstrap cursor", error))?;
+        }
+        Ok(imported)
+    }
+
+    /// The context as the model sees it, within `budget` when the fresh tail fits.
+    pub async fn assemble_context(
+        &self,
+        conversation: ConversationId,
+        budget: u64,
+    ) -> Result<AssembleResult, EngineError> {
+        let items = self.context(conversation).await?;
+        let total: u64 = items.iter().map(|item| item.tokens).sum();
+        let mut start = 0;
+        let mut authority = PromptAuthority::Assembled;
+        if total > budget {
+            // Clamp: drop the oldest units until the rest fits (never splitting a unit).
+            let mut remaining = total;
+            while start < items.len() && remaining > budget {
+                let end = crate::units::unit_end(&items, start);
+                remaining -= items[start..end]
+                    .iter()
+                    .map(|item| item.tokens)
+                    .sum::<u64>();
+                start = end;
+            }
+            authority = PromptAuthority::PreassemblyMayOverflow;
+        }
+        let mut messages = Vec::with_capacity(items.len() - start);
+        let mut estimated = 0;
+        for item in &items[start..] {
+            estimated += item.tokens;
+            match &item.content {
+                ItemContent::Summary(summary) => messages.push(summary_message(summary)),
+                ItemContent::Message(message) => messages.push(
+                    message
+                        .message()
+                        .map_err(|error| store_error("reading a message", error))?,
+                ),
+            }
+        }
+        Ok(AssembleResult {
+            messages: messages.into(),
+            estimated_tokens: estimated,
+            system_prompt_addition: None,
+            prompt_authority: authority,
+            context_projection: None,
+        })
+    }
+
+    /// Re-summarizes context summaries that the fallback produced, keeping their edges.
+    async fn resummarize_fallbacks(
+        &self,
+        conversation: ConversationId,
+    ) -> Result<u64, EngineError> {
+        let items = self.context(conversation).await?;
+        let mut rewritten = 0;
+        for item in &items {
+            let ItemContent::Summary(summary) = &item.content else {
+                continue;
+            };
+            if summary.level != SummaryLevel::Fallback {
+                continue;
+            }
+            let children = self
+                .inner
+                .store
+                .children(summary.row_id)
+                .await
+                .map_err(|error| store_error("reading children", error))?;
+            let source: Vec<SourceItem> = children.iter().map(content_source).collect();
+            let source_tokens: u64 = source
+                .iter()
+                .map(|s| self.inner.estimator.text_tokens(&s.text))
+                .sum();
+            let target = match summary.kind {
+                SummaryKind::Leaf => self.inner.config.leaf_target_tokens,
+                SummaryKind::Condensed => self.inner.config.condensed_target_tokens,
+            }
+            .min(source_tokens / 3)
+            .max(16);
+            let request = SummaryRequest {
+                kind: summary.kind,
+                depth: summary.depth,
+                level: SummaryLevel::Normal,
+                target_tokens: target,
+                items: source,
+                previous_context: None,
+                custom_instructions: None,
+            };
+            let Ok(produced) = self.inner.summarizer.summarize(&request).await else {
+                // Still unavailable: try again at the next maintenance.
+                return Ok(rewritten);
+            };
+            let tokens = summary_tokens(&*self.inner.estimator, &summary.into(), &produced.text);
+            if produced.text.trim().is_empty() || tokens >= source_tokens {
+                continue;
+            }
+            let updated = self
+                .inner
+                .store
+                .update_summary(SummaryUpdate {
+                    row_id: summary.row_id,
+                    expected_level: SummaryLevel::Fallback,
+                    content: produced.text,
+                    tokens,
+                    level: produced.level,
+                    summarizer: self.inner.summarizer.id().to_owned(),
+                })
+                .await
+                .map_err(|error| store_error("re-summarizing", error))?;
+            rewritten += u64::from(updated);
+        }
+        Ok(rewritten)
+    }
+}
+
+enum Published {
+    Replaced { fallback: bool },
+    Stale,
+    NoProgress,
+}
+
+/// `(earliest, latest, first seq, last seq)` of a run of items.
+fn span(run: &[ContextItem]) -> (Option<i64>, Option<i64>, u64, u64) {
+    let mut earliest: Option<i64> = None;
+    let mut latest: Option<i64> = None;
+    let mut first = u64::MAX;
+    let mut last = 0;
+    for item in run {
+        let (e, l, f, z) = match &item.content {
+            ItemContent::Message(message) => (
+                Some(message.created_at_ms),
+                Some(message.created_at_ms),
+                message.seq,
+                message.seq,
+            ),
+            ItemContent::Summary(summary) => (
+                summary.earliest_at_ms,
+                summary.latest_at_ms,
+                summary.first_seq,
+                summary.last_seq,
+            ),
+        };
+        earliest = match (earliest, e) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        latest = match (latest, l) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
+        };
+        first = first.min(f);
+        last = last.max(z);
+    }
+    (earliest, latest, first, last)
+}
+
+fn item_source(item: &ContextItem) -> SourceItem {
+    content_source(&item.content)
+}
+
+fn content_source(content: &ItemContent) -> SourceItem {
+    match content {
+        ItemContent::Message(message) => match message.message() {
+            Ok(parsed) => source_item(&parsed),
+            Err(_) => SourceItem {
+                label: message.role.clone(),
+                timestamp_ms: Some(message.created_at_ms),
+                text: String::new(),
+            },
+        },
+        ItemContent::Summary(summary) => SourceItem {
+            label: summary.summary_id.clone(),
+            timestamp_ms: summary.latest_at_ms,
+            text: summary.content.clone(),
+        },
+    }
+}
+
+/// Host requirement: the engine must control the prompt through `assemble`.
+fn host_requirements() -> vilvona_core::host::HostRequirements {
+    let mut requirements = vilvona_core::host::HostRequirements::new();
+    requirements.insert(
+        Operation::AgentRun,
+        HostRequirement {
+            required_capabilities: [Capability::AssembleBeforePrompt].into_iter().collect(),
+            unsupported_message: Some(
+                "The lossless engine builds the model's context in assemble(); this host never calls it before the prompt. \
+                 Use the embedded host, or select the legacy engine for this backend."
+                    .to_owned(),
+            ),
+        },
+    );
+    requirements
+}
+
+#[derive(Debug)]
+struct GrantRollback {
+    store: Arc<dyn HistoryStore>,
+    grant_id: i64,
+    seeded: Option<ConversationId>,
+}
+
+#[async_trait]
+impl SpawnRollback for GrantRollback {
+    async fn rollback(self: Box<Self>) -> Result<(), EngineError> {
+        self.store
+            .delete_grant(self.grant_id)
+            .await
+            .map_err(|error| store_error("rolling back a grant", error))?;
+        if let Some(child) = self.seeded {
+            self.store
+                .remove_context(child)
+                .await
+                .map_err(|error| store_error("rolling back a fork", error))?;
+        }
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl ContextEngine for LosslessEngine {
+    fn info(&self) -> EngineInfo {
+        EngineInfo {
+            id: ENGINE_ID.to_owned(),
+            name: "Lossless Context Engine".to_owned(),
+            version: Some(env!("CARGO_PKG_VERSION").to_owned()),
+            owns_compaction: true,
+            host_requirements: host_requirements(),
+            turn_maintenance_mode: TurnMaintenanceMode::Foreground,
+            accepted_host_params: [
+                HostParam::SessionKey,
+                HostParam::Prompt,
+                HostParam::AbortSignal,
+            ]
+            .into_iter()
+            .collect(),
+            transcript_semantics: Some(TranscriptSemantics::durable_v1()),
+        }
+    }
+
+    async fn bootstrap(&self, params: &BootstrapParams) -> Result<BootstrapResult, EngineError> {
+        let Some(file) = params.session_file.as_deref() else {
+            return Ok(BootstrapResult {
+                bootstrapped: false,
+                imported_messages: None,
+                reason: Some("no session transcript".to_owned()),
+            });
+        };
+        let path = Path::new(file);
+        if !path.exists() {
+            return Ok(BootstrapResult {
+                bootstrapped: false,
+                imported_messages: None,
+                reason: Some(format!("{file} does not exist")),
+            });
+        }
+        let conversation = self
+            .conversation(&params.session_id, params.session_key.as_deref())
+            .await?;
+        let imported = self.import_transcript(&conversation, path).await?;
+        Ok(BootstrapResult {
+            bootstrapped: true,
+            imported_messages: Some(imported),
+            reason: None,
+        })
+    }
+
+    async fn ingest(&self, params: &IngestParams) -> Result<IngestResult, EngineError> {
+        let outcome = self
+            .ingest_messages(
+                &params.session_id,
+                params.session_key.as_deref(),
+                std::slice::from_ref(&params.message),
+                std::slice::from_ref(&params.entry_id),
+                None,
+            )
+            .await?;
+        Ok(IngestResult {
+            ingested: matches!(outcome, IngestOutcome::Stored(ref results) if results.iter().any(|r| r.ingested)),
+        })
+    }
+
+    async fn ingest_batch(
+        &self,
+        params: &IngestBatchParams,
+    ) -> Result<IngestBatchResult, EngineError> {
+        let outcome = self
+            .ingest_messages(
+                &params.session_id,
+                params.session_key.as_deref(),
+                &params.messages,
+                &params.entry_ids,
+                None,
+            )
+            .await?;
+        Ok(IngestBatchResult {
+            ingested_count: match outcome {
+                IngestOutcome::Stored(results) => {
+                    results.iter().filter(|r| r.ingested).count() as u64
+                }
+                IngestOutcome::DuplicateTurn => 0,
+            },
+        })
+    }
+
+    async fn after_turn(&self, params: &AfterTurnParams) -> Result<(), EngineError> {
+        let (messages, entry_ids) = params.new_messages();
+        self.ingest_messages(
+            &params.session_id,
+            params.session_key.as_deref(),
+            messages,
+            entry_ids,
+            None,
+        )
+        .await?;
+        let conversation = self
+            .conversation(&params.session_id, params.session_key.as_deref())
+            .await?;
+        self.compact_conversation(
+            conversation.id,
+            self.budget(params.token_budget),
+            false,
+            None,
+            None,
+            None,
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn commit_turn(
+        &self,
+        params: &CommitTurnParams,
+    ) -> Result<CommitTurnResult, EngineError> {
+        let outcome = self
+            .ingest_messages(
+                &params.session_id,
+                params.session_key.as_deref(),
+                &params.messages,
+                &[],
+                Some(params.advancement_key.clone()),
+            )
+            .await?;
+        if outcome == IngestOutcome::DuplicateTurn {
+            return Ok(CommitTurnResult {
+                status: CommitStatus::Duplicate,
+            });
+        }
+        let conversation = self
+            .conversation(&params.session_id, params.session_key.as_deref())
+            .await?;
+        self.compact_conversation(conversation.id, self.budget(None), false, None, None, None)
+            .await?;
+        Ok(CommitTurnResult {
+            status: CommitStatus::Committed,
+        })
+    }
+
+    async fn assemble(&self, params: &AssembleParams) -> Result<AssembleResult, EngineError> {
+        let conversation = self
+            .conversation(&params.session_id, params.session_key.as_deref())
+            .await?;
+        // Installed mid-session: the host has history the store lacks. Import it first.
+        if conversation.message_count == 0 && !params.messages.is_empty() {
+            let refreshed = self
+                .inner
+                .store
+                .conversation_by_id(conversation.id)
+                .await
+                .map_err(|error| store_error("conversation", error))?;
+            if refreshed.is_some_and(|row| row.message_count == 0) {
+                self.ingest_messages(
+                    &params.session_id,
+                    params.session_key.as_deref(),
+                    &params.messages,
+                    &[],
+                    None,
+                )
+                .await?;
+                self.inner
+                    .conversations
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .remove(&params.session_id);
+            }
+        }
+        let mut result = self
+            .assemble_context(conversation.id, self.budget(params.token_budget))
+            .await?;
+        let offers_recall = [GREP_TOOL, DESCRIBE_TOOL, EXPAND_TOOL]
+            .iter()
+            .any(|tool| params.available_tools.contains(*tool));
+        if offers_recall {
+            result.system_prompt_addition = Some(RECALL_GUIDANCE.to_owned());
+        }
+        Ok(result)
+    }
+
+    async fn compact(&self, params: &CompactParams) -> Result<CompactResult, EngineError> {
+        let conversation = self
+            .conversation(&params.session_id, params.session_key.as_deref())
+            .await?;
+        let report = self
+            .compact_conversation(
+                conversation.id,
+                self.budget(params.token_budget),
+                params.force,
+                params.compaction_target,
+                params.custom_instructions.as_deref(),
+                params.abort.as_ref(),
+            )
+            .await?;
+        let details = CompactDetails {
+            tokens_before: report.tokens_before,
+            tokens_after: Some(report.tokens_after),
+            details: Some(json!({
+                "passes": report.passes,
+                "summariesCreated": report.summaries_created,
+                "fallbackSummaries": report.fallbacks,
+                "stopReason": report.reason.as_ref().map(ToString::to_string),
+            })),
+            ..CompactDetails::default()
+        };
+        Ok(
+            if report.summaries_created > 0 && report.tokens_after < report.tokens_before {
+                CompactResult {
+                    ok: true,
+                    compacted: true,
+                    reason: report.reason.or(Some(CompactReason::Compacted)),
+                    result: Some(details),
+                }
+            } else {
+                CompactResult {
+                    ok: true,
+                    compacted: false,
+                    reason: report.reason.or(Some(CompactReason::NoCandidate)),
+                    result: Some(details),
+                }
+            },
+        )
+    }
+
+    async fn maintain(&self, params: &MaintainParams) -> Result<MaintainResult, EngineError> {
+        let conversation = self
+            .conversation(&params.session_id, params.session_key.as_deref())
+            .await?;
+        let rewritten = self.resummarize_fallbacks(conversation.id).await?;
+        Ok(MaintainResult {
+            changed: rewritten > 0,
+            bytes_freed: 0,
+            rewritten_entries: rewritten,
+            reason: (rewritten > 0)
+                .then(|| format!("re-summarized {rewritten} fallback summaries")),
+        })
+    }
+
+    async fn prepare_subagent_spawn(
+        &self,
+        params: &SubagentSpawnParams,
+    ) -> Result<SpawnPreparation, EngineError> {
+        let parent = match &params.parent_session_id {
+            Some(session_id) => {
+                self.conversation(session_id, Some(&params.parent_session_key))
+                    .await?
+            }
+            None => {
+                let found = self
+                    .inner
+                    .store
+                    .conversations_by_session_key(
+                        &self.inner.config.agent_id,
+                        &params.parent_session_key,
+                    )
+                    .await
+                    .map_err(|error| store_error("finding the parent", error))?;
+                match found.last() {
+                    Some(conversation) => conversation.clone(),
+                    None => return Ok(None),
+                }
+            }
+        };
+        let ttl = params.ttl_ms.unwrap_or(3_600_000) as i64;
+        let grant = self
+            .inner
+            .store
+            .create_grant(NewGrant {
+                grantee: params.child_session_key.clone(),
+                conversation: parent.id,
+                expires_at_ms: now_ms() + ttl,
+                token_cap: self.inner.config.max_expand_tokens * 8,
+            })
+            .await
+            .map_err(|error| store_error("granting recall", error))?;
+        let mut seeded = None;
+        if params.context_mode == ContextMode::Fork {
+            let child_session = params
+                .child_session_id
+                .clone()
+                .unwrap_or_else(|| params.child_session_key.clone());
+            let child = self
+                .conversation(&child_session, Some(&params.child_session_key))
+                .await?;
+            let items: Vec<ItemRef> = self
+                .context(parent.id)
+                .await?
+                .iter()
+                .map(ContextItem::item_ref)
+                .collect();
+            self.inner
+                .store
+                .append_items(child.id, items)
+                .await
+                .map_err(|error| store_error("seeding the fork", error))?;
+            seeded = Some(child.id);
+        }
+        Ok(Some(Box::new(GrantRollback {
+            store: self.inner.store.clone(),
+            grant_id: grant.id,
+            seeded,
+        })))
+    }
+
+    async fn on_subagent_ended(&self, params: &SubagentEndedParams) -> Result<(), EngineError> {
+        self.inner
+            .store
+            .revoke_grants(&params.child_session_key)
+            .await
+            .map_err(|error| store_error("revoking grants", error))?;
+        Ok(())
+    }
+
+    async fn dispose(&self) -> Result<(), EngineError> {
+        Ok(())
+    }
+}
+
+pub(crate) fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |elapsed| elapsed.as_millis() as i64)
+}

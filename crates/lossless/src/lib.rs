@@ -1,0 +1,20 @@
+//! `lossless`: a context engine that never loses a message.
+//!
+//! Every message is stored verbatim once (`vilvona-store`). The context is a list of items —
+//! messages and summaries — kept under the token budget by folding older history into a DAG of
+//! summaries whose edges point back at what they replaced: leaves over runs of raw messages,
+//! condensed nodes over runs of same-depth summaries. Compaction runs incrementally after each
+//! turn, just enough to get under a target, and every pass must shrink the context. The agent
+//! recovers any detail with the recall tools (`vilvona_grep`, `vilvona_describe`,
+//! `vilvona_expand`). Subagents get scoped, expiring read grants.
+
+mod config;
+mod engine;
+mod render;
+mod tools;
+mod units;
+
+pub use config::LosslessConfig;
+pub use engine::{CompactionReport, ENGINE_ID, LosslessEngine};
+pub use render::{DESCRIBE_TOOL, EXPAND_TOOL, GREP_TOOL, RECALL_GUIDANCE};
+pub use tools::{ToolCaller, ToolDefinition, ToolError, tool_definitions};

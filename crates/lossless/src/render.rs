@@ -1,0 +1,159 @@
+//! How stored items appear to the model: summaries as user-role `<summary>` blocks, large
+//! content as references with a deterministic description. Rendering depends only on stored
+//! fields, so an unchanged context renders byte-identically (prompt-cache friendly).
+
+use vilvona_core::message::AgentMessage;
+use vilvona_core::summarize::SummaryKind;
+use vilvona_core::tokens::{MESSAGE_OVERHEAD_TOKENS, TokenEstimator};
+use vilvona_store::StoredSummary;
+use vilvona_summarize::format_utc_rfc3339;
+
+/// The recall tools' names.
+pub const GREP_TOOL: &str = "vilvona_grep";
+pub const DESCRIBE_TOOL: &str = "vilvona_describe";
+pub const EXPAND_TOOL: &str = "vilvona_expand";
+
+/// Guidance added to the system prompt when the host offers the recall tools. Static, so the
+/// prompt prefix stays cacheable.
+pub const RECALL_GUIDANCE: &str = "Older parts of this conversation appear as <summary> blocks. \
+Nothing was deleted: before answering from memory about earlier work, search the full history \
+with vilvona_grep, inspect a summary or stored file with vilvona_describe, and read what a \
+summary covers with vilvona_expand.";
+
+/// The fields a summary wrapper shows, available before and after publication.
+pub(crate) struct SummaryHeader<'a> {
+    pub(crate) summary_id: &'a str,
+    pub(crate) depth: u32,
+    pub(crate) kind: SummaryKind,
+    pub(crate) earliest_ms: Option<i64>,
+    pub(crate) latest_ms: Option<i64>,
+    pub(crate) first_seq: u64,
+    pub(crate) last_seq: u64,
+}
+
+impl<'a> From<&'a StoredSummary> for SummaryHeader<'a> {
+    fn from(summary: &'a StoredSummary) -> SummaryHeader<'a> {
+        SummaryHeader {
+            summary_id: &summary.summary_id,
+            depth: summary.depth,
+            kind: summary.kind,
+            earliest_ms: summary.earliest_at_ms,
+            latest_ms: summary.latest_at_ms,
+            first_seq: summary.first_seq,
+            last_seq: summary.last_seq,
+        }
+    }
+}
+
+/// The text of a summary as the model sees it.
+pub(crate) fn summary_text(header: &SummaryHeader<'_>, content: &str) -> String {
+    let kind = match header.kind {
+        SummaryKind::Leaf => "leaf",
+        SummaryKind::Condensed => "condensed",
+    };
+    let time = |ms: Option<i64>| ms.map(format_utc_rfc3339).unwrap_or_default();
+    format!(
+        "<summary id=\"{}\" depth=\"{}\" kind=\"{kind}\" earliest=\"{}\" latest=\"{}\" messages=\"{}-{}\">\n{}\n</summary>\n(Earlier conversation, summarized. Call {EXPAND_TOOL} with id \"{}\" for what it covers.)",
+        header.summary_id,
+        header.depth,
+        time(header.earliest_ms),
+        time(header.latest_ms),
+        header.first_seq,
+        header.last_seq,
+        content.trim(),
+        header.summary_id,
+    )
+}
+
+/// A summary as a user-role message.
+pub(crate) fn summary_message(summary: &StoredSummary) -> AgentMessage {
+    AgentMessage::user_text(summary_text(&summary.into(), &summary.content))
+}
+
+/// What a rendered summary costs in the context.
+pub(crate) fn summary_tokens(
+    estimator: &dyn TokenEstimator,
+    header: &SummaryHeader<'_>,
+    content: &str,
+) -> u64 {
+    estimator.text_tokens(&summary_text(header, content)) + MESSAGE_OVERHEAD_TOKENS
+}
+
+/// A deterministic description of large content: kind, size, and what it is made of.
+pub(crate) fn describe_content(text: &str) -> (String, String) {
+    let lines: Vec<&str> = text.lines().collect();
+    let size = format!("{} characters, {} lines", text.len(), lines.len());
+    if let Ok(serde_json::Value::Object(fields)) = serde_json::from_str::<serde_json::Value>(text) {
+        let keys: Vec<&str> = fields.keys().take(12).map(String::as_str).collect();
+        return (
+            "json".to_owned(),
+            format!("JSON object ({size}); top-level keys: {}", keys.join(", ")),
+        );
+    }
+    let symbols: Vec<String> = lines
+        .iter()
+        .filter_map(|line| {
+            let trimmed = line.trim_start();
+            let indented = line.len() != trimmed.len();
+            if indented {
+                return None;
+            }
+            [
+                "pub fn ",
+                "fn ",
+                "pub struct ",
+                "struct ",
+                "pub enum ",
+                "enum ",
+                "impl ",
+                "def ",
+                "class ",
+                "function ",
+                "export function ",
+            ]
+            .iter()
+            .find_map(|prefix| trimmed.strip_prefix(prefix))
+            .map(|rest| {
+                rest.split(|c: char| !(c.is_alphanumeric() || c == '_'))
+                    .next()
+                    .unwrap_or("")
+                    .to_owned()
+            })
+            .filter(|name| !name.is_empty())
+        })
+        .take(12)
+        .collect();
+    if !symbols.is_empty() {
+        return (
+            "code".to_owned(),
+            format!("code ({size}); top-level symbols: {}", symbols.join(", ")),
+        );
+    }
+    let errors: Vec<String> = lines
+        .iter()
+        .filter(|line| {
+            let lower = line.to_lowercase();
+            lower.contains("error") || lower.contains("failed") || lower.contains("panicked")
+        })
+        .take(5)
+        .map(|line| line.trim().chars().take(160).collect())
+        .collect();
+    if !errors.is_empty() {
+        return (
+            "log".to_owned(),
+            format!("log ({size}); error lines: {}", errors.join(" | ")),
+        );
+    }
+    let first: String = lines
+        .first()
+        .map(|line| line.trim().chars().take(160).collect())
+        .unwrap_or_default();
+    ("text".to_owned(), format!("text ({size}); begins: {first}"))
+}
+
+/// The reference that stands in the context for stored large content.
+pub(crate) fn large_content_reference(blob_id: &str, description: &str) -> String {
+    format!(
+        "[Large content stored as {blob_id}: {description}. Read it with {DESCRIBE_TOOL} {{\"id\": \"{blob_id}\", \"lines\": \"1-200\"}}.]"
+    )
+}

@@ -1,0 +1,589 @@
+//! The recall tools: `vilvona_grep`, `vilvona_describe`, `vilvona_expand`.
+//!
+//! Each has a name, a description and a JSON schema a host can hand to a model, and a call API
+//! that takes the calling session and JSON arguments and returns JSON. Every read is scoped:
+//! the caller's conversation and its earlier sessions (same session key); other conversations
+//! of the agent only when the config allows; other agents only when the config names them; a
+//! subagent also reaches what its live grants allow.
+
+use serde::Serialize;
+use serde_json::{Value, json};
+use vilvona_core::summarize::SummaryKind;
+use vilvona_store::*;
+use vilvona_summarize::format_utc_rfc3339;
+
+use crate::engine::{LosslessEngine, now_ms};
+use crate::render::{DESCRIBE_TOOL, EXPAND_TOOL, GREP_TOOL};
+
+/// A tool as a host offers it to a model.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ToolDefinition {
+    pub name: &'static str,
+    pub description: &'static str,
+    pub parameters: Value,
+}
+
+/// The three recall tools.
+pub fn tool_definitions() -> Vec<ToolDefinition> {
+    vec![
+        ToolDefinition {
+            name: GREP_TOOL,
+            description: "Search the full conversation history, including parts folded into summaries. \
+                          Returns matching messages and summaries with snippets; a message hit names the \
+                          summary that currently covers it.",
+            parameters: json!({
+                "type": "object",
+                "properties": {
+                    "query": {"type": "string", "description": "Words, a phrase, or a regular expression."},
+                    "mode": {"type": "string", "enum": ["text", "phrase", "regex"], "default": "text"},
+                    "scope": {"type": "string", "enum": ["messages", "summaries", "both"], "default": "both"},
+                    "since": {"type": ["string", "integer"], "description": "RFC 3339 time or milliseconds; inclusive."},
+                    "before": {"type": ["string", "integer"], "description": "RFC 3339 time or milliseconds; exclusive."},
+                    "limit": {"type": "integer", "minimum": 1, "maximum": 50, "default": 10},
+                    "order": {"type": "string", "enum": ["relevance", "recency"], "default": "relevance"}
+                },
+                "required": ["query"],
+                "additionalProperties": false
+            }),
+        },
+        ToolDefinition {
+            name: DESCRIBE_TOOL,
+            description: "Describe a summary (depth, time range, tokens, children, covered messages), a \
+                          message, or stored large content (metadata, description, and a range of its lines).",
+            parameters: json!({
+                "type": "object",
+                "properties": {
+                    "id": {"type": "string", "description": "A summary id (sum_…), message id (msg_…) or file id (file_…)."},
+                    "lines": {"type": "string", "description": "For a file: a line range like \"1-200\"."}
+                },
+                "required": ["id"],
+                "additionalProperties": false
+            }),
+        },
+        ToolDefinition {
+            name: EXPAND_TOOL,
+            description: "Read what a summary covers: its child summaries, or for a leaf its source messages, \
+                          within a token cap. Pass the returned cursor to continue.",
+            parameters: json!({
+                "type": "object",
+                "properties": {
+                    "id": {"type": "string", "description": "A summary id (sum_…)."},
+                    "tokenCap": {"type": "integer", "minimum": 100},
+                    "cursor": {"type": "integer", "minimum": 0}
+                },
+                "required": ["id"],
+                "additionalProperties": false
+            }),
+        },
+    ]
+}
+
+/// Why a tool call was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ToolError {
+    #[error("unknown tool {0}")]
+    UnknownTool(String),
+    #[error("invalid arguments: {0}")]
+    InvalidArguments(String),
+    #[error("{0} not found")]
+    NotFound(String),
+    #[error("{0} is outside this session's recall scope")]
+    OutOfScope(String),
+    #[error("the recall grant for {0} has expired or was revoked")]
+    GrantEnded(String),
+    #[error("store: {0}")]
+    Store(#[from] StoreError),
+    #[error("engine: {0}")]
+    Engine(#[from] vilvona_core::EngineError),
+}
+
+/// Who calls a tool: the session the model runs in.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ToolCaller {
+    pub session_id: String,
+    pub session_key: Option<String>,
+}
+
+/// Where a caller may read.
+struct Scope {
+    /// `(agent, conversations)` pairs.
+    reach: Vec<(String, Vec<ConversationId>)>,
+    /// Conversations whose grant ended (for a clear refusal).
+    ended: Vec<ConversationId>,
+    token_cap: Option<u64>,
+    own: Conversation,
+}
+
+impl Scope {
+    fn contains(&self, conversation: ConversationId) -> bool {
+        self.reach
+            .iter()
+            .any(|(_, conversations)| conversations.contains(&conversation))
+    }
+}
+
+fn parse_time(value: Option<&Value>, key: &str) -> Result<Option<i64>, ToolError> {
+    match value {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Number(number)) => number.as_i64().map(Some).ok_or_else(|| {
+            ToolError::InvalidArguments(format!("{key} must be an integer of milliseconds"))
+        }),
+        Some(Value::String(text)) => parse_rfc3339(text).map(Some).ok_or_else(|| {
+            ToolError::InvalidArguments(format!(
+                "{key}: {text:?} is not an RFC 3339 time like 2026-03-02T09:00:00Z"
+            ))
+        }),
+        Some(_) => Err(ToolError::InvalidArguments(format!(
+            "{key} must be a string or an integer"
+        ))),
+    }
+}
+
+/// `YYYY-MM-DD[THH:MM[:SS]][Z]` (UTC) to milliseconds.
+fn parse_rfc3339(text: &str) -> Option<i64> {
+    let text = text.trim().trim_end_matches('Z');
+    let (date, time) = text.split_once(['T', ' ']).unwrap_or((text, "00:00:00"));
+    let mut date_parts = date.split('-').map(|part| part.parse::<i64>().ok());
+    let (year, month, day) = (
+        date_parts.next()??,
+        date_parts.next()??,
+        date_parts.next()??,
+    );
+    let mut time_parts = time
+        .split(':')
+        .map(|part| part.split('.').next().and_then(|p| p.parse::<i64>().ok()));
+    let hour = time_parts.next().flatten().unwrap_or(0);
+    let minute = time_parts.next().flatten().unwrap_or(0);
+    let second = time_parts.next().flatten().unwrap_or(0);
+    // Days from civil (Hinnant).
+    let y = if month <= 2 { year - 1 } else { year };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (month + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    Some(((days * 86_400) + hour * 3600 + minute * 60 + second) * 1000)
+}
+
+fn argument<'a>(arguments: &'a Value, key: &str) -> Option<&'a Value> {
+    arguments.get(key).filter(|value| !value.is_null())
+}
+
+fn string_argument(arguments: &Value, key: &str) -> Result<Option<String>, ToolError> {
+    match argument(arguments, key) {
+        None => Ok(None),
+        Some(Value::String(text)) => Ok(Some(text.clone())),
+        Some(_) => Err(ToolError::InvalidArguments(format!(
+            "{key} must be a string"
+        ))),
+    }
+}
+
+fn message_id_string(id: MessageId) -> String {
+    format!("msg_{}", id.0)
+}
+
+fn kind_name(kind: SummaryKind) -> &'static str {
+    match kind {
+        SummaryKind::Leaf => "leaf",
+        SummaryKind::Condensed => "condensed",
+    }
+}
+
+fn time(ms: Option<i64>) -> Value {
+    ms.map_or(Value::Null, |ms| Value::String(format_utc_rfc3339(ms)))
+}
+
+impl LosslessEngine {
+    /// The recall tools' definitions.
+    pub fn tools(&self) -> Vec<ToolDefinition> {
+        tool_definitions()
+    }
+
+    /// Calls a recall tool for `caller`.
+    pub async fn call_tool(
+        &self,
+        caller: &ToolCaller,
+        name: &str,
+        arguments: &Value,
+    ) -> Result<Value, ToolError> {
+        match name {
+            GREP_TOOL => self.grep_tool(caller, arguments).await,
+            DESCRIBE_TOOL => self.describe_tool(caller, arguments).await,
+            EXPAND_TOOL => self.expand_tool(caller, arguments).await,
+            other => Err(ToolError::UnknownTool(other.to_owned())),
+        }
+    }
+
+    async fn scope(&self, caller: &ToolCaller) -> Result<Scope, ToolError> {
+        let store = self.store();
+        let config = self.config();
+        let own = self
+            .conversation(&caller.session_id, caller.session_key.as_deref())
+            .await?;
+        let mut mine = vec![own.id];
+        if let Some(key) = &caller.session_key {
+            for conversation in store
+                .conversations_by_session_key(&config.agent_id, key)
+                .await?
+            {
+                if !mine.contains(&conversation.id) {
+                    mine.push(conversation.id);
+                }
+            }
+        }
+        if config.recall_all_conversations {
+            for conversation in store.conversations(Some(&config.agent_id)).await? {
+                if !mine.contains(&conversation.id) {
+                    mine.push(conversation.id);
+                }
+            }
+        }
+        let mut ended = Vec::new();
+        let mut token_cap = None;
+        if let Some(key) = &caller.session_key {
+            let now = now_ms();
+            for grant in store.grants(key).await? {
+                if grant.revoked || grant.expires_at_ms <= now {
+                    ended.push(grant.conversation);
+                    continue;
+                }
+                if !mine.contains(&grant.conversation) {
+                    mine.push(grant.conversation);
+                }
+                token_cap =
+                    Some(token_cap.map_or(grant.token_cap, |cap: u64| cap.min(grant.token_cap)));
+            }
+        }
+        let mut reach = vec![(config.agent_id.clone(), mine)];
+        for agent in &config.recall_agents {
+            let conversations = store
+                .conversations(Some(agent))
+                .await?
+                .into_iter()
+                .map(|c| c.id)
+                .collect();
+            reach.push((agent.clone(), conversations));
+        }
+        Ok(Scope {
+            reach,
+            ended,
+            token_cap,
+            own,
+        })
+    }
+
+    fn check_scope(
+        &self,
+        scope: &Scope,
+        conversation: ConversationId,
+        id: &str,
+    ) -> Result<(), ToolError> {
+        if scope.contains(conversation) {
+            Ok(())
+        } else if scope.ended.contains(&conversation) {
+            Err(ToolError::GrantEnded(id.to_owned()))
+        } else {
+            Err(ToolError::OutOfScope(id.to_owned()))
+        }
+    }
+
+    /// The summary that currently covers an item: its topmost ancestor.
+    async fn covering_summary(&self, item: ItemRef) -> Result<Option<StoredSummary>, ToolError> {
+        let mut current = item;
+        let mut top = None;
+        while let Some(parent) = self.store().parent_of(current).await? {
+            current = ItemRef::Summary(parent.row_id);
+            top = Some(parent);
+        }
+        Ok(top)
+    }
+
+    async fn grep_tool(&self, caller: &ToolCaller, arguments: &Value) -> Result<Value, ToolError> {
+        let query = string_argument(arguments, "query")?
+            .filter(|query| !query.trim().is_empty())
+            .ok_or_else(|| ToolError::InvalidArguments("query is required".to_owned()))?;
+        let mode = match string_argument(arguments, "mode")?.as_deref() {
+            None | Some("text") => SearchMode::Text,
+            Some("phrase") => SearchMode::Phrase,
+            Some("regex") => SearchMode::Regex,
+            Some(other) => {
+                return Err(ToolError::InvalidArguments(format!(
+                    "mode {other:?}: use text, phrase or regex"
+                )));
+            }
+        };
+        let target = match string_argument(arguments, "scope")?.as_deref() {
+            None | Some("both") => SearchTarget::Both,
+            Some("messages") => SearchTarget::Messages,
+            Some("summaries") => SearchTarget::Summaries,
+            Some(other) => {
+                return Err(ToolError::InvalidArguments(format!(
+                    "scope {other:?}: use messages, summaries or both"
+                )));
+            }
+        };
+        let order = match string_argument(arguments, "order")?.as_deref() {
+            None | Some("relevance") => SearchOrder::Relevance,
+            Some("recency") => SearchOrder::Recency,
+            Some(other) => {
+                return Err(ToolError::InvalidArguments(format!(
+                    "order {other:?}: use relevance or recency"
+                )));
+            }
+        };
+        let limit = match argument(arguments, "limit") {
+            None => 10,
+            Some(value) => value
+                .as_u64()
+                .filter(|limit| (1..=50).contains(limit))
+                .ok_or_else(|| {
+                    ToolError::InvalidArguments("limit must be between 1 and 50".to_owned())
+                })? as usize,
+        };
+        let since_ms = parse_time(argument(arguments, "since"), "since")?;
+        let before_ms = parse_time(argument(arguments, "before"), "before")?;
+        let scope = self.scope(caller).await?;
+        let mut hits = Vec::new();
+        for (agent, conversations) in &scope.reach {
+            hits.extend(
+                self.store()
+                    .search(SearchQuery {
+                        agent_id: agent.clone(),
+                        conversations: conversations.clone(),
+                        text: query.clone(),
+                        mode,
+                        target,
+                        since_ms,
+                        before_ms,
+                        limit,
+                        order,
+                    })
+                    .await
+                    .map_err(|error| match error {
+                        StoreError::InvalidRegex { pattern, detail } => {
+                            ToolError::InvalidArguments(format!("regex {pattern:?}: {detail}"))
+                        }
+                        other => ToolError::Store(other),
+                    })?,
+            );
+        }
+        if scope.reach.len() > 1 {
+            match order {
+                SearchOrder::Relevance => hits.sort_by(|a, b| b.score.total_cmp(&a.score)),
+                SearchOrder::Recency => hits.sort_by_key(|hit| std::cmp::Reverse(hit.time_ms)),
+            }
+            hits.truncate(limit);
+        }
+        let mut results = Vec::with_capacity(hits.len());
+        for hit in hits {
+            let mut entry = json!({
+                "time": time(Some(hit.time_ms)),
+                "snippet": hit.snippet,
+                "score": hit.score,
+            });
+            match &hit.source {
+                HitSource::Message { id, seq, role } => {
+                    entry["id"] = json!(message_id_string(*id));
+                    entry["kind"] = json!("message");
+                    entry["role"] = json!(role);
+                    entry["seq"] = json!(seq);
+                    if let Some(covering) = self.covering_summary(ItemRef::Message(*id)).await? {
+                        entry["coveredBy"] = json!(covering.summary_id);
+                    }
+                }
+                HitSource::Summary {
+                    summary_id,
+                    depth,
+                    kind,
+                    row_id,
+                } => {
+                    entry["id"] = json!(summary_id);
+                    entry["kind"] = json!("summary");
+                    entry["depth"] = json!(depth);
+                    entry["summaryKind"] = json!(kind_name(*kind));
+                    if let Some(covering) = self.covering_summary(ItemRef::Summary(*row_id)).await?
+                    {
+                        entry["coveredBy"] = json!(covering.summary_id);
+                    }
+                }
+            }
+            if hit.conversation != scope.own.id {
+                entry["conversation"] = json!(hit.conversation.0);
+            }
+            results.push(entry);
+        }
+        Ok(json!({"query": query, "results": results}))
+    }
+
+    async fn describe_tool(
+        &self,
+        caller: &ToolCaller,
+        arguments: &Value,
+    ) -> Result<Value, ToolError> {
+        let id = string_argument(arguments, "id")?
+            .ok_or_else(|| ToolError::InvalidArguments("id is required".to_owned()))?;
+        let scope = self.scope(caller).await?;
+        if id.starts_with("file_") {
+            let info = self
+                .store()
+                .blob_info(&id)
+                .await?
+                .ok_or_else(|| ToolError::NotFound(id.clone()))?;
+            self.check_scope(&scope, info.conversation, &id)?;
+            let content = self.store().blob_content(&id).await?.unwrap_or_default();
+            let (first, last) = match string_argument(arguments, "lines")? {
+                None => (1, 200),
+                Some(range) => {
+                    let (a, b) = range.split_once('-').unwrap_or((&range, &range));
+                    let parse = |text: &str| {
+                        text.trim().parse::<usize>().map_err(|_| {
+                            ToolError::InvalidArguments(format!(
+                                "lines {range:?}: use a range like \"1-200\""
+                            ))
+                        })
+                    };
+                    (parse(a)?.max(1), parse(b)?)
+                }
+            };
+            let lines: Vec<&str> = content
+                .lines()
+                .skip(first - 1)
+                .take(last.saturating_sub(first) + 1)
+                .collect();
+            return Ok(json!({
+                "id": info.blob_id,
+                "kind": info.kind,
+                "bytes": info.bytes,
+                "lines": info.lines,
+                "description": info.description,
+                "range": format!("{first}-{}", first + lines.len().saturating_sub(1)),
+                "content": lines.join("\n"),
+            }));
+        }
+        if let Some(number) = id.strip_prefix("msg_") {
+            let message_id = number
+                .parse::<i64>()
+                .map(MessageId)
+                .map_err(|_| ToolError::InvalidArguments(format!("{id} is not a message id")))?;
+            let message = self
+                .store()
+                .message(message_id)
+                .await?
+                .ok_or_else(|| ToolError::NotFound(id.clone()))?;
+            self.check_scope(&scope, message.conversation, &id)?;
+            let covering = self.covering_summary(ItemRef::Message(message_id)).await?;
+            return Ok(json!({
+                "id": id,
+                "kind": "message",
+                "role": message.role,
+                "seq": message.seq,
+                "time": time(Some(message.created_at_ms)),
+                "tokens": message.tokens,
+                "coveredBy": covering.map(|summary| summary.summary_id),
+                "text": message.text(),
+            }));
+        }
+        let summary = self
+            .store()
+            .summary_by_id(&id)
+            .await?
+            .ok_or_else(|| ToolError::NotFound(id.clone()))?;
+        self.check_scope(&scope, summary.conversation, &id)?;
+        let children = self.store().children(summary.row_id).await?;
+        let child_ids: Vec<String> = children
+            .iter()
+            .map(|child| match child {
+                ItemContent::Message(message) => message_id_string(message.id),
+                ItemContent::Summary(summary) => summary.summary_id.clone(),
+            })
+            .collect();
+        let child_tokens: u64 = children
+            .iter()
+            .map(|child| match child {
+                ItemContent::Message(message) => message.tokens,
+                ItemContent::Summary(summary) => summary.tokens,
+            })
+            .sum();
+        Ok(json!({
+            "id": summary.summary_id,
+            "kind": kind_name(summary.kind),
+            "depth": summary.depth,
+            "level": format!("{:?}", summary.level).to_lowercase(),
+            "earliest": time(summary.earliest_at_ms),
+            "latest": time(summary.latest_at_ms),
+            "tokens": summary.tokens,
+            "childTokens": child_tokens,
+            "coveredMessages": {"firstSeq": summary.first_seq, "lastSeq": summary.last_seq},
+            "children": child_ids,
+            "summarizer": summary.summarizer,
+            "content": summary.content,
+        }))
+    }
+
+    async fn expand_tool(
+        &self,
+        caller: &ToolCaller,
+        arguments: &Value,
+    ) -> Result<Value, ToolError> {
+        let id = string_argument(arguments, "id")?
+            .ok_or_else(|| ToolError::InvalidArguments("id is required".to_owned()))?;
+        let requested = argument(arguments, "tokenCap").and_then(Value::as_u64);
+        let cursor = argument(arguments, "cursor")
+            .and_then(Value::as_u64)
+            .unwrap_or(0) as usize;
+        let scope = self.scope(caller).await?;
+        let summary = self
+            .store()
+            .summary_by_id(&id)
+            .await?
+            .ok_or_else(|| ToolError::NotFound(id.clone()))?;
+        self.check_scope(&scope, summary.conversation, &id)?;
+        let mut cap = requested
+            .unwrap_or(self.config().max_expand_tokens)
+            .min(self.config().max_expand_tokens);
+        if summary.conversation != scope.own.id
+            && let Some(grant_cap) = scope.token_cap
+        {
+            cap = cap.min(grant_cap);
+        }
+        let children = self.store().children(summary.row_id).await?;
+        let mut items = Vec::new();
+        let mut used = 0;
+        let mut next = None;
+        for (index, child) in children.iter().enumerate().skip(cursor) {
+            let (value, tokens) = match child {
+                ItemContent::Message(message) => (
+                    json!({"id": message_id_string(message.id), "kind": "message", "role": message.role,
+                           "seq": message.seq, "time": time(Some(message.created_at_ms)), "text": message.text()}),
+                    message.tokens,
+                ),
+                ItemContent::Summary(child) => (
+                    json!({"id": child.summary_id, "kind": "summary", "depth": child.depth,
+                           "earliest": time(child.earliest_at_ms), "latest": time(child.latest_at_ms), "content": child.content}),
+                    child.tokens,
+                ),
+            };
+            if used + tokens > cap && !items.is_empty() {
+                next = Some(index);
+                break;
+            }
+            used += tokens;
+            items.push(value);
+            if used >= cap {
+                next = (index + 1 < children.len()).then_some(index + 1);
+                break;
+            }
+        }
+        Ok(json!({
+            "id": summary.summary_id,
+            "kind": kind_name(summary.kind),
+            "depth": summary.depth,
+            "items": items,
+            "tokens": used,
+            "nextCursor": next,
+            "total": children.len(),
+        }))
+    }
+}

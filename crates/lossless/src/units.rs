@@ -1,0 +1,174 @@
+//! Context items grouped into units, the fresh tail, and compaction candidates.
+//!
+//! A unit is what must never be split: an assistant message with its tool results, or any other
+//! single item. Every boundary the engine draws (chunks, the fresh tail, clamping) is a unit
+//! boundary.
+
+use vilvona_store::{ContextItem, ItemContent};
+
+use crate::config::LosslessConfig;
+
+/// True when the item continues the unit before it (a tool result).
+pub(crate) fn continues_unit(item: &ContextItem) -> bool {
+    matches!(&item.content, ItemContent::Message(message) if message.role == "toolResult")
+}
+
+/// Index of the first item of the unit containing `index`.
+pub(crate) fn unit_start(items: &[ContextItem], mut index: usize) -> usize {
+    while index > 0 && index < items.len() && continues_unit(&items[index]) {
+        index -= 1;
+    }
+    index
+}
+
+/// The end (exclusive) of the unit starting at `start`.
+pub(crate) fn unit_end(items: &[ContextItem], start: usize) -> usize {
+    let mut end = start + 1;
+    while end < items.len() && continues_unit(&items[end]) {
+        end += 1;
+    }
+    end
+}
+
+/// Where the protected fresh tail starts: the newest `fresh_tail_count` messages (and at most
+/// `fresh_tail_max_tokens`), widened to a unit boundary. Summaries do not count toward it.
+/// When the tail alone exceeds `tail_limit` tokens (a long tool loop after one request), it
+/// shrinks to the newest units that fit half of that, and never below one unit, so older
+/// complete units of the current turn can be summarized instead of overflowing.
+pub(crate) fn fresh_tail_start(
+    items: &[ContextItem],
+    config: &LosslessConfig,
+    tail_limit: u64,
+) -> usize {
+    let mut start = items.len();
+    let mut messages = 0;
+    let mut tokens = 0;
+    while start > 0 {
+        let item = &items[start - 1];
+        if !matches!(item.content, ItemContent::Message(_)) {
+            break;
+        }
+        if messages >= config.fresh_tail_count {
+            break;
+        }
+        if let Some(cap) = config.fresh_tail_max_tokens
+            && messages > 0
+            && tokens + item.tokens > cap
+        {
+            break;
+        }
+        messages += 1;
+        tokens += item.tokens;
+        start -= 1;
+    }
+    let mut start = unit_start(items, start);
+    let tail_tokens: u64 = items[start..].iter().map(|item| item.tokens).sum();
+    if tail_tokens > tail_limit {
+        // Escape: keep only the newest units within half the limit (at least one).
+        let mut kept = items.len();
+        let mut kept_tokens = 0;
+        while kept > start {
+            let unit = unit_start(items, kept - 1);
+            let unit_tokens: u64 = items[unit..kept].iter().map(|item| item.tokens).sum();
+            if kept < items.len() && kept_tokens + unit_tokens > tail_limit / 2 {
+                break;
+            }
+            kept_tokens += unit_tokens;
+            kept = unit;
+        }
+        start = kept;
+    }
+    start
+}
+
+/// A planned run of items to summarize.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Candidate {
+    pub(crate) range: std::ops::Range<usize>,
+    pub(crate) tokens: u64,
+    /// `None` for a leaf over messages; `Some(d)` for condensing depth-`d` summaries.
+    pub(crate) condensing_depth: Option<u32>,
+}
+
+/// The oldest run of raw messages before `tail_start`, unit-aligned, no larger than the chunk
+/// limit, and only as large as needed to free `needed` tokens (at least one unit).
+pub(crate) fn leaf_candidate(
+    items: &[ContextItem],
+    tail_start: usize,
+    chunk_limit: u64,
+    needed: u64,
+) -> Option<Candidate> {
+    let first = items[..tail_start]
+        .iter()
+        .position(|item| matches!(item.content, ItemContent::Message(_)))?;
+    let first = unit_start(items, first);
+    let mut end = first;
+    let mut tokens = 0;
+    while end < tail_start {
+        if !matches!(items[end].content, ItemContent::Message(_)) {
+            break;
+        }
+        let next = unit_end(items, end).min(tail_start);
+        let unit_tokens: u64 = items[end..next].iter().map(|item| item.tokens).sum();
+        if end > first && tokens + unit_tokens > chunk_limit {
+            break;
+        }
+        tokens += unit_tokens;
+        end = next;
+        // Enough to reach the target (a summary keeps about a third).
+        if tokens.saturating_mul(2) / 3 >= needed {
+            break;
+        }
+    }
+    (end > first).then_some(Candidate {
+        range: first..end,
+        tokens,
+        condensing_depth: None,
+    })
+}
+
+/// The oldest run of at least `fanout` same-depth summaries before `tail_start` that are not
+/// fallback output (immature nodes are never rolled up), within the chunk limit.
+pub(crate) fn condense_candidate(
+    items: &[ContextItem],
+    tail_start: usize,
+    config: &LosslessConfig,
+) -> Option<Candidate> {
+    let mut index = 0;
+    while index < tail_start {
+        let ItemContent::Summary(first) = &items[index].content else {
+            index += 1;
+            continue;
+        };
+        let depth = first.depth;
+        let mut end = index;
+        let mut tokens = 0;
+        while end < tail_start {
+            match &items[end].content {
+                ItemContent::Summary(summary)
+                    if summary.depth == depth
+                        && summary.level != vilvona_core::summarize::SummaryLevel::Fallback =>
+                {
+                    if end - index >= config.condensed_min_fanout
+                        && tokens + items[end].tokens > config.leaf_chunk_tokens
+                    {
+                        break;
+                    }
+                    tokens += items[end].tokens;
+                    end += 1;
+                }
+                _ => break,
+            }
+        }
+        let allowed = config.max_depth.is_none_or(|max| depth < max);
+        if end - index >= config.condensed_min_fanout && allowed {
+            return Some(Candidate {
+                range: index..end,
+                tokens,
+                condensing_depth: Some(depth),
+            });
+        }
+        index = end.max(index + 1);
+    }
+    None
+}

@@ -1,0 +1,11 @@
+//! The lossless engine: conformance through the host, compaction invariants, recall, isolation,
+//! faults.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod compaction;
+mod conformance;
+mod faults;
+mod isolation;
+mod model;
+mod replay;
+mod support;
