@@ -8,7 +8,7 @@
 //! do not own compaction → `maintain`. Calls for one session are serialized; sessions run
 //! concurrently.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex as StdMutex, PoisonError};
 
@@ -124,6 +124,8 @@ struct LiveSession {
     history: Messages,
     entry_ids: Vec<Option<String>>,
     history_tokens: u64,
+    /// Every message entry id in the transcript, so a replayed turn is recognized.
+    known_ids: HashSet<String>,
 }
 
 /// The outcome of one turn.
@@ -406,6 +408,7 @@ impl Host {
             history: Messages::new(),
             entry_ids: Vec::new(),
             history_tokens: 0,
+            known_ids: HashSet::new(),
         };
         self.reload_history(&mut live)?;
         if existed {
@@ -427,6 +430,13 @@ impl Host {
 
     fn reload_history(&self, live: &mut LiveSession) -> Result<(), HostError> {
         let transcript = read_transcript(&live.record.session_file)?;
+        live.known_ids.extend(
+            transcript
+                .entries
+                .iter()
+                .filter(|located| matches!(located.entry, vilvona_transcript::Entry::Message(_)))
+                .filter_map(|located| located.entry.id().map(str::to_owned)),
+        );
         let rebuilt = session_messages(&transcript.entries);
         live.history_tokens = rebuilt
             .iter()
@@ -742,6 +752,14 @@ impl Host {
             engine_id: self.engine.active_id(),
             ..TurnReport::default()
         };
+        // A turn the transcript already holds (a second replay of the same file) is skipped.
+        if !entry_ids.is_empty()
+            && entry_ids
+                .iter()
+                .all(|id| id.as_ref().is_some_and(|id| live.known_ids.contains(id)))
+        {
+            return Ok(report);
+        }
         let prompt_message = recorded.first().cloned();
         let prompt = prompt_message
             .as_ref()
@@ -858,6 +876,7 @@ impl Host {
                 None => live.writer.append_message(message, timestamp.clone())?,
             };
             live.entry_ids.push(Some(id.clone()));
+            live.known_ids.insert(id.clone());
             turn_ids.push(Some(id));
             live.history_tokens += self.estimator.message_tokens(message);
             live.history.make_mut().push(message.clone());

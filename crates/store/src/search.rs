@@ -163,11 +163,39 @@ fn floor_boundary(text: &str, mut index: usize) -> usize {
     index
 }
 
-/// An excerpt around the first match, with matches wrapped in `«` `»` and whitespace folded.
+/// Where the excerpt should start: at the match that begins the window holding the most
+/// distinct matched terms (the earliest such window on ties).
+fn best_window_start(text: &str, regex: &Regex) -> Option<usize> {
+    let matches: Vec<(usize, String)> = regex
+        .find_iter(text)
+        .filter(|found| !found.is_empty())
+        .map(|found| (found.start(), found.as_str().to_lowercase()))
+        .collect();
+    let mut best: Option<(usize, usize)> = None;
+    for (index, (start, _)) in matches.iter().enumerate() {
+        let limit = start + SNIPPET_BYTES - SNIPPET_LEAD;
+        let mut distinct: Vec<&str> = Vec::new();
+        for (position, term) in &matches[index..] {
+            if *position >= limit {
+                break;
+            }
+            if !distinct.contains(&term.as_str()) {
+                distinct.push(term);
+            }
+        }
+        if best.is_none_or(|(count, _)| distinct.len() > count) {
+            best = Some((distinct.len(), *start));
+        }
+    }
+    best.map(|(_, start)| start)
+}
+
+/// An excerpt around the densest cluster of matches, with matches wrapped in `«` `»` and
+/// whitespace folded.
 pub(crate) fn snippet(text: &str, highlighter: Option<&Regex>) -> String {
-    let first = highlighter.and_then(|regex| regex.find(text));
+    let first = highlighter.and_then(|regex| best_window_start(text, regex));
     let start = first.map_or(0, |found| {
-        floor_boundary(text, found.start().saturating_sub(SNIPPET_LEAD))
+        floor_boundary(text, found.saturating_sub(SNIPPET_LEAD))
     });
     let end = floor_boundary(text, start + SNIPPET_BYTES);
     let window = &text[start..end];
@@ -193,4 +221,29 @@ pub(crate) fn snippet(text: &str, highlighter: Option<&Regex>) -> String {
         out.push('…');
     }
     out.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_snippet_centres_on_the_densest_matches() {
+        let text = format!(
+            "{} index migration retry. {} Please remember: the ticket for the cold storage migration is OPS-68787.",
+            "word ".repeat(10),
+            "filler ".repeat(80)
+        );
+        let regex = terms_regex(&[
+            "cold".to_owned(),
+            "storage".to_owned(),
+            "migration".to_owned(),
+        ])
+        .unwrap();
+        let snippet = snippet(&text, Some(&regex));
+        assert!(
+            snippet.contains("«cold» «storage» «migration» is OPS-68787."),
+            "{snippet}"
+        );
+    }
 }

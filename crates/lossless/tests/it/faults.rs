@@ -1,1 +1,198 @@
+//! Summarizer faults and crashes: nothing is lost and the next turn proceeds.
 
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tempfile::TempDir;
+use vilvona_core::engine::*;
+use vilvona_core::summarize::*;
+use vilvona_lossless::LosslessEngine;
+use vilvona_store::ItemContent;
+
+use crate::support::*;
+
+/// A summarizer that misbehaves in a chosen way at every level except fallback.
+#[derive(Debug)]
+enum Misbehaving {
+    Errors,
+    Empty,
+    Longer,
+    Hangs,
+    Slow(Duration),
+}
+
+#[async_trait]
+impl Summarizer for Misbehaving {
+    fn id(&self) -> &str {
+        "misbehaving"
+    }
+
+    async fn summarize(&self, request: &SummaryRequest) -> Result<Summary, SummarizeError> {
+        match self {
+            Misbehaving::Errors => Err(SummarizeError::Transient(
+                "503 from the provider".to_owned(),
+            )),
+            Misbehaving::Empty => Ok(Summary {
+                text: "   ".to_owned(),
+                level: request.level,
+            }),
+            Misbehaving::Longer => Ok(Summary {
+                text: request.source_text().repeat(2),
+                level: request.level,
+            }),
+            Misbehaving::Hangs => {
+                std::future::pending::<()>().await;
+                unreachable!()
+            }
+            Misbehaving::Slow(delay) => {
+                tokio::time::sleep(*delay).await;
+                Ok(Summary {
+                    text: "slow but short".to_owned(),
+                    level: request.level,
+                })
+            }
+        }
+    }
+}
+
+async fn drive(engine: &LosslessEngine, turns: std::ops::Range<usize>) {
+    for index in turns {
+        engine
+            .after_turn(&AfterTurnParams {
+                session_id: "s1".to_owned(),
+                messages: turn(index).into(),
+                pre_prompt_message_count: 0,
+                token_budget: Some(4_000),
+                ..AfterTurnParams::default()
+            })
+            .await
+            .unwrap();
+    }
+}
+
+async fn check_nothing_lost(engine: &LosslessEngine, expected_messages: u64) {
+    let conversation = engine.conversation("s1", None).await.unwrap();
+    let row = engine
+        .store()
+        .conversation_by_id(conversation.id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(row.message_count, expected_messages);
+    let report = engine.store().integrity_check().await.unwrap();
+    assert!(report.is_healthy(), "{:?}", report.problems);
+}
+
+#[tokio::test]
+async fn every_misbehaviour_falls_back_to_truncation_and_loses_nothing() {
+    for misbehaviour in [Misbehaving::Errors, Misbehaving::Empty, Misbehaving::Longer] {
+        let dir = TempDir::new().unwrap();
+        let label = format!("{misbehaviour:?}");
+        let engine = engine_in(&dir, small_config(), Arc::new(misbehaviour)).await;
+        drive(&engine, 0..12).await;
+        check_nothing_lost(&engine, 48).await;
+        let conversation = engine.conversation("s1", None).await.unwrap();
+        let items = engine.store().context(conversation.id).await.unwrap();
+        let fallbacks = items
+            .iter()
+            .filter(|item| matches!(&item.content, ItemContent::Summary(s) if s.level == SummaryLevel::Fallback))
+            .count();
+        assert!(fallbacks > 0, "{label}: fallback summaries published");
+        let total: u64 = items.iter().map(|item| item.tokens).sum();
+        assert!(total <= 4_000, "{label}: the context still fits ({total})");
+    }
+}
+
+#[tokio::test]
+async fn maintain_resummarizes_fallback_nodes_once_the_summarizer_works() {
+    let dir = TempDir::new().unwrap();
+    {
+        let engine = engine_in(&dir, small_config(), Arc::new(Misbehaving::Errors)).await;
+        drive(&engine, 0..16).await;
+    }
+    let engine = engine(&dir).await;
+    let conversation = engine.conversation("s1", None).await.unwrap();
+    let count_fallbacks = |items: &Vec<vilvona_store::ContextItem>| {
+        items
+            .iter()
+            .filter(|item| matches!(&item.content, ItemContent::Summary(s) if s.level == SummaryLevel::Fallback))
+            .count()
+    };
+    let items = engine.store().context(conversation.id).await.unwrap();
+    let before = count_fallbacks(&items);
+    assert!(
+        before > 0,
+        "{:?}",
+        items
+            .iter()
+            .map(|i| match &i.content {
+                ItemContent::Summary(s) => format!("S{}{:?}", s.depth, s.level),
+                _ => "m".to_owned(),
+            })
+            .collect::<Vec<_>>()
+    );
+    let result = engine
+        .maintain(&MaintainParams {
+            session_id: "s1".to_owned(),
+            ..MaintainParams::default()
+        })
+        .await
+        .unwrap();
+    assert!(result.changed);
+    assert_eq!(result.rewritten_entries as usize, before);
+    assert_eq!(
+        count_fallbacks(&engine.store().context(conversation.id).await.unwrap()),
+        0
+    );
+    check_nothing_lost(&engine, 64).await;
+}
+
+#[tokio::test]
+async fn a_slow_summarizer_stops_at_the_deadline() {
+    let dir = TempDir::new().unwrap();
+    let mut config = small_config();
+    config.deadline_ms = 1;
+    let engine = engine_in(
+        &dir,
+        config,
+        Arc::new(Misbehaving::Slow(Duration::from_millis(20))),
+    )
+    .await;
+    drive(&engine, 0..10).await;
+    let conversation = engine.conversation("s1", None).await.unwrap();
+    // A small budget needs several passes; the deadline allows one.
+    let report = engine
+        .compact_conversation(conversation.id, 1_500, true, None, None, None)
+        .await
+        .unwrap();
+    assert_eq!(report.reason, Some(CompactReason::Deadline));
+    assert_eq!(report.passes, 1);
+    check_nothing_lost(&engine, 40).await;
+}
+
+#[tokio::test]
+async fn a_crash_between_summarizing_and_publishing_loses_nothing() {
+    let dir = TempDir::new().unwrap();
+    {
+        let engine = engine_in(&dir, small_config(), Arc::new(Misbehaving::Hangs)).await;
+        // The turn's messages are stored; compaction then hangs in the summarizer and the
+        // process "dies" (the future is dropped) before anything is published.
+        let outcome = tokio::time::timeout(Duration::from_millis(300), drive(&engine, 0..12)).await;
+        assert!(outcome.is_err(), "the summarizer hung");
+    }
+    let engine = engine(&dir).await;
+    let conversation = engine.conversation("s1", None).await.unwrap();
+    let stored = engine
+        .store()
+        .conversation_by_id(conversation.id)
+        .await
+        .unwrap()
+        .unwrap()
+        .message_count;
+    assert!(stored >= 4, "what was acknowledged is there");
+    check_nothing_lost(&engine, stored).await;
+    // The next turn proceeds and compacts.
+    drive(&engine, 12..14).await;
+    check_nothing_lost(&engine, stored + 8).await;
+}
