@@ -79,6 +79,10 @@ pub struct HostOptions {
     pub system_prompt: String,
     /// Tools the model can call (names go to `assemble` as `available_tools`).
     pub tools: Vec<ToolSpec>,
+    /// Use this engine whatever the slot says (`--engine`).
+    pub engine_override: Option<String>,
+    /// Use this window whatever the config says (`--context-window`).
+    pub context_window_override: Option<u64>,
 }
 
 impl HostOptions {
@@ -91,6 +95,8 @@ impl HostOptions {
             workspace_dir: None,
             system_prompt: "You are a helpful coding agent.".to_owned(),
             tools: Vec::new(),
+            engine_override: None,
+            context_window_override: None,
         }
     }
 
@@ -247,7 +253,16 @@ impl Host {
                 source,
             })
         })?;
-        let config = HostConfig::load(&options.config_path())?;
+        let mut config = HostConfig::load(&options.config_path())?;
+        if let Some(engine) = &options.engine_override {
+            config.context_engine_slot = Some(engine.clone());
+        }
+        if let Some(window) = options.context_window_override {
+            config.context_tokens = Some(window);
+            if let Some(model) = config.model.as_mut() {
+                model.context_window = Some(window);
+            }
+        }
         let estimator: Arc<dyn TokenEstimator> = Arc::new(HeuristicEstimator);
         let summarizer: Arc<dyn Summarizer> =
             Arc::new(ExtractiveSummarizer::new(estimator.clone()));
@@ -883,6 +898,7 @@ impl Host {
         }
         // Durable before the turn is acknowledged.
         live.writer.sync()?;
+        self.sessions.lock().await.update(&live.key, |_| {})?;
 
         let params = AfterTurnParams {
             session_id: live.record.session_id.clone(),

@@ -108,6 +108,13 @@ pub trait HistoryStore: Send + Sync + std::fmt::Debug {
     async fn set_state(&self, conversation: ConversationId, key: &str, value: &str) -> Result<()>;
 
     async fn integrity_check(&self) -> Result<IntegrityReport>;
+
+    /// Documents the recall index serves.
+    async fn index_doc_count(&self) -> Result<u64>;
+    /// Rebuilds the recall index from the source of truth; returns the documents indexed.
+    async fn rebuild_index(&self) -> Result<u64>;
+    /// Bytes the store occupies on disk.
+    fn disk_bytes(&self) -> u64;
 }
 
 /// How to open a [`Store`].
@@ -555,6 +562,18 @@ impl HistoryStore for Store {
             reply,
         })
         .await
+    }
+
+    async fn index_doc_count(&self) -> Result<u64> {
+        Store::index_doc_count(self).await
+    }
+
+    async fn rebuild_index(&self) -> Result<u64> {
+        Store::rebuild_index(self).await
+    }
+
+    fn disk_bytes(&self) -> u64 {
+        Store::disk_bytes(self)
     }
 
     async fn integrity_check(&self) -> Result<IntegrityReport> {

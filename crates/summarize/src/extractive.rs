@@ -185,7 +185,8 @@ fn units(request: &SummaryRequest) -> Vec<Unit> {
         let mut code_lines = 0;
         for line in item.text.lines() {
             let line = line.trim_end();
-            if line.trim().is_empty() {
+            // A child summary's footer feeds the identifier list, not the sentences.
+            if line.trim().is_empty() || line.trim_start().starts_with(EXPAND_FOOTER) {
                 continue;
             }
             if looks_like_code(line) {

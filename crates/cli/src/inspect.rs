@@ -1,0 +1,368 @@
+//! doctor, compact, the recall tools, stats, sessions, rebuild-index.
+
+use std::collections::BTreeMap;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::{Context as _, Result, anyhow, bail};
+use serde_json::{Value, json};
+use vilvona_lossless::{LosslessConfig, LosslessEngine, ToolCaller};
+use vilvona_runtime::sessions::SessionRecord;
+use vilvona_runtime::{Check, Host, doctor as doctor_report};
+use vilvona_store::ItemContent;
+use vilvona_summarize::ExtractiveSummarizer;
+
+use crate::{Global, print_json};
+
+/// A session named by its key or its id.
+pub(crate) async fn find_session(host: &Host, name: &str) -> Result<(String, SessionRecord)> {
+    if let Some(record) = host.session(name).await {
+        return Ok((name.to_owned(), record));
+    }
+    host.sessions()
+        .await
+        .into_iter()
+        .find(|(_, record)| record.session_id == name)
+        .ok_or_else(|| {
+            anyhow!("unknown session \"{name}\"; `vilvona sessions` lists the stored ones")
+        })
+}
+
+/// The lossless engine over the state dir's store: the host's own when it is the active engine,
+/// else opened read-mostly for inspection.
+pub(crate) async fn lossless(global: &Global, host: &Host) -> Result<LosslessEngine> {
+    if let Some(engine) = host.lossless() {
+        return Ok(engine);
+    }
+    let config = LosslessConfig::from_value(
+        host.config()
+            .entries
+            .get("lossless")
+            .and_then(|entry| entry.config.as_ref()),
+    )
+    .map_err(|problem| anyhow!(problem))?;
+    let dir = match &config.store_dir {
+        Some(dir) => dir.into(),
+        None => global
+            .state_dir
+            .join("agents")
+            .join(&host.options().agent_id)
+            .join("lossless"),
+    };
+    if !dir.join(vilvona_store::DATABASE_FILE).exists() {
+        bail!(
+            "no lossless store in {}; replay a session with `--engine lossless` or select it with plugins.slots.contextEngine",
+            dir.display()
+        );
+    }
+    let estimator = vilvona_summarize::estimator(config.tokenizer, config.tokenizer_multiplier);
+    LosslessEngine::open(
+        &dir,
+        config,
+        Arc::new(ExtractiveSummarizer::new(estimator.clone())),
+        estimator,
+    )
+    .await
+    .map_err(anyhow::Error::from)
+}
+
+fn caller(key: &str, record: &SessionRecord) -> ToolCaller {
+    ToolCaller {
+        session_id: record.session_id.clone(),
+        session_key: Some(key.to_owned()),
+    }
+}
+
+pub(crate) async fn doctor(global: &Global, json: bool) -> Result<ExitCode> {
+    let host = global.host().await?;
+    let mut checks = Vec::new();
+    if let Ok(engine) = lossless(global, &host).await {
+        let report = engine.store().integrity_check().await?;
+        checks.push(Check {
+            name: "store integrity".to_owned(),
+            ok: report.is_healthy(),
+            detail: if report.is_healthy() {
+                format!(
+                    "{} messages, {} summaries, {} context items, index through message {}",
+                    report.messages,
+                    report.summaries,
+                    report.context_items,
+                    report.indexed_messages_through
+                )
+            } else {
+                report.problems.join("; ")
+            },
+        });
+    }
+    let report = doctor_report(&host, checks).await;
+    if json {
+        let mut value = serde_json::to_value(&report)?;
+        value["healthy"] = json!(report.healthy());
+        print_json(&value)?;
+    } else {
+        print!("{}", report.to_text());
+    }
+    Ok(if report.healthy() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
+pub(crate) async fn compact(
+    global: &Global,
+    session: &str,
+    instructions: Option<String>,
+    json: bool,
+) -> Result<ExitCode> {
+    let host = global.host().await?;
+    let (key, _) = find_session(&host, session).await?;
+    let result = host.compact(&key, instructions).await?;
+    if json {
+        print_json(&serde_json::to_value(&result)?)?;
+    } else {
+        let details = result.result.as_ref();
+        println!(
+            "{}: {} ({} → {} tokens)",
+            key,
+            if result.compacted {
+                "compacted"
+            } else {
+                "nothing compacted"
+            },
+            details.map_or(0, |d| d.tokens_before),
+            details.and_then(|d| d.tokens_after).unwrap_or(0),
+        );
+        if let Some(reason) = &result.reason {
+            println!("reason: {reason}");
+        }
+    }
+    Ok(if result.ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
+pub(crate) async fn grep(
+    global: &Global,
+    query: &str,
+    session: &str,
+    mode: &str,
+    scope: &str,
+    limit: u64,
+    json: bool,
+) -> Result<ExitCode> {
+    let host = global.host().await?;
+    let (key, record) = find_session(&host, session).await?;
+    let engine = lossless(global, &host).await?;
+    let result = engine
+        .call_tool(
+            &caller(&key, &record),
+            "vilvona_grep",
+            &json!({"query": query, "mode": mode, "scope": scope, "limit": limit}),
+        )
+        .await?;
+    if json {
+        print_json(&result)?;
+    } else {
+        let results = result["results"].as_array().cloned().unwrap_or_default();
+        if results.is_empty() {
+            println!("no matches for {query:?}");
+        }
+        for hit in results {
+            println!(
+                "{} {} {}{}\n    {}",
+                hit["id"].as_str().unwrap_or(""),
+                hit["kind"].as_str().unwrap_or(""),
+                hit["time"].as_str().unwrap_or(""),
+                hit["coveredBy"]
+                    .as_str()
+                    .map(|s| format!(" (covered by {s})"))
+                    .unwrap_or_default(),
+                hit["snippet"].as_str().unwrap_or("")
+            );
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub(crate) async fn describe(
+    global: &Global,
+    id: &str,
+    session: &str,
+    json: bool,
+) -> Result<ExitCode> {
+    let host = global.host().await?;
+    let (key, record) = find_session(&host, session).await?;
+    let engine = lossless(global, &host).await?;
+    let result = engine
+        .call_tool(
+            &caller(&key, &record),
+            "vilvona_describe",
+            &json!({"id": id}),
+        )
+        .await?;
+    if json {
+        print_json(&result)?;
+    } else {
+        for (field, value) in result.as_object().into_iter().flatten() {
+            match value {
+                Value::String(text) if text.contains('\n') => println!("{field}:\n{text}"),
+                Value::String(text) => println!("{field}: {text}"),
+                other => println!("{field}: {other}"),
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub(crate) async fn expand(
+    global: &Global,
+    id: &str,
+    session: &str,
+    token_cap: Option<u64>,
+    json: bool,
+) -> Result<ExitCode> {
+    let host = global.host().await?;
+    let (key, record) = find_session(&host, session).await?;
+    let engine = lossless(global, &host).await?;
+    let mut arguments = json!({"id": id});
+    if let Some(cap) = token_cap {
+        arguments["tokenCap"] = json!(cap);
+    }
+    let result = engine
+        .call_tool(&caller(&key, &record), "vilvona_expand", &arguments)
+        .await?;
+    if json {
+        print_json(&result)?;
+    } else {
+        for item in result["items"].as_array().cloned().unwrap_or_default() {
+            let body = item["text"]
+                .as_str()
+                .or_else(|| item["content"].as_str())
+                .unwrap_or("");
+            println!(
+                "── {} {} {}",
+                item["id"].as_str().unwrap_or(""),
+                item["kind"].as_str().unwrap_or(""),
+                item["time"]
+                    .as_str()
+                    .or_else(|| item["latest"].as_str())
+                    .unwrap_or("")
+            );
+            println!("{body}");
+        }
+        if let Some(next) = result["nextCursor"].as_u64() {
+            println!(
+                "(more: {} of {} items shown; continue from cursor {next})",
+                next, result["total"]
+            );
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Summaries by depth, context items and tokens of a conversation.
+pub(crate) async fn session_stats(
+    engine: &LosslessEngine,
+    record: &SessionRecord,
+    key: &str,
+) -> Result<Value> {
+    let conversation = engine.conversation(&record.session_id, Some(key)).await?;
+    let store = engine.store();
+    let row = store
+        .conversation_by_id(conversation.id)
+        .await?
+        .context("the conversation disappeared")?;
+    let items = store.context(conversation.id).await?;
+    let mut by_depth: BTreeMap<String, u64> = BTreeMap::new();
+    for item in &items {
+        if let ItemContent::Summary(summary) = &item.content {
+            *by_depth.entry(summary.depth.to_string()).or_default() += 1;
+        }
+    }
+    Ok(json!({
+        "session": record.session_id,
+        "messages": row.message_count,
+        "summariesByDepth": by_depth,
+        "contextItems": items.len(),
+        "contextTokens": row.context_tokens,
+    }))
+}
+
+pub(crate) async fn stats(global: &Global, session: &str, json: bool) -> Result<ExitCode> {
+    let host = global.host().await?;
+    let (key, record) = find_session(&host, session).await?;
+    let engine = lossless(global, &host).await?;
+    let mut stats = session_stats(&engine, &record, &key).await?;
+    stats["databaseBytes"] = json!(engine.store().disk_bytes());
+    stats["indexDocs"] = json!(engine.store().index_doc_count().await?);
+    if json {
+        print_json(&stats)?;
+    } else {
+        for (field, value) in stats.as_object().into_iter().flatten() {
+            println!("{field}: {value}");
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub(crate) async fn sessions(global: &Global, json: bool) -> Result<ExitCode> {
+    let host = global.host().await?;
+    let engine = lossless(global, &host).await.ok();
+    let mut rows = Vec::new();
+    for (key, record) in host.sessions().await {
+        let messages = match &engine {
+            Some(engine) => session_stats(engine, &record, &key)
+                .await
+                .ok()
+                .and_then(|s| s["messages"].as_u64()),
+            None => None,
+        };
+        let messages = match messages {
+            Some(count) => count,
+            None => vilvona_transcript::read_transcript(&record.session_file)
+                .map(|t| {
+                    t.entries
+                        .iter()
+                        .filter(|l| matches!(l.entry, vilvona_transcript::Entry::Message(_)))
+                        .count() as u64
+                })
+                .unwrap_or(0),
+        };
+        rows.push(json!({
+            "agent": host.options().agent_id,
+            "key": key,
+            "id": record.session_id,
+            "messages": messages,
+            "lastActivity": vilvona_summarize::format_utc_rfc3339(record.updated_at_ms),
+            "compactions": record.compaction_count,
+        }));
+    }
+    if json {
+        print_json(&Value::Array(rows))?;
+    } else if rows.is_empty() {
+        println!("no sessions in {}", global.state_dir.display());
+    } else {
+        for row in rows {
+            println!(
+                "{}  {}  id={}  messages={}  last={}",
+                row["agent"].as_str().unwrap_or(""),
+                row["key"].as_str().unwrap_or(""),
+                row["id"].as_str().unwrap_or(""),
+                row["messages"],
+                row["lastActivity"].as_str().unwrap_or("")
+            );
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub(crate) async fn rebuild_index(global: &Global) -> Result<ExitCode> {
+    let host = global.host().await?;
+    let engine = lossless(global, &host).await?;
+    let documents = engine.store().rebuild_index().await?;
+    println!("rebuilt the recall index: {documents} documents");
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,287 @@
+//! `vilvona`: the command line.
+
+mod context;
+mod inspect;
+mod replay;
+mod treemap;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context as _, Result, bail};
+use clap::{Parser, Subcommand, ValueEnum};
+use vilvona_runtime::{Host, HostOptions, default_state_dir};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "vilvona",
+    version,
+    about = "Context engines for long-lived agents: demo, replay, inspect and recall"
+)]
+struct Cli {
+    /// The state directory (default: $VILVONA_STATE_DIR, else ~/.vilvona).
+    #[arg(long, global = true, value_name = "DIR")]
+    state_dir: Option<PathBuf>,
+    /// The configuration file (default: <state dir>/vilvona.json5).
+    #[arg(long, global = true, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// More log output (repeat for more); RUST_LOG also works.
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    verbose: u8,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Generate a coding-agent session, replay it through the lossless engine, show what happened.
+    Demo {
+        #[arg(long, default_value_t = 400)]
+        turns: usize,
+    },
+    /// Replay an OpenClaw session transcript (JSONL) through the host lifecycle.
+    Replay {
+        file: PathBuf,
+        #[arg(long, value_name = "ID")]
+        engine: Option<String>,
+        #[arg(long, value_name = "TOKENS")]
+        context_window: Option<u64>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Check the configuration, the engines and the store.
+    Doctor {
+        #[arg(long)]
+        json: bool,
+    },
+    /// The /context views of a stored session.
+    Context {
+        #[arg(value_enum)]
+        view: ContextView,
+        #[arg(long)]
+        session: String,
+        /// Where `map` writes its PNG.
+        #[arg(long, default_value = "context-map.png")]
+        out: PathBuf,
+        /// The workspace whose bootstrap files are injected (AGENTS.md, SOUL.md, …).
+        #[arg(long, value_name = "DIR")]
+        workspace: Option<PathBuf>,
+    },
+    /// Manual /compact through the host.
+    Compact {
+        #[arg(long)]
+        session: String,
+        #[arg(long)]
+        instructions: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Search a session's whole history (vilvona_grep).
+    Grep {
+        query: String,
+        #[arg(long)]
+        session: String,
+        #[arg(long, value_enum, default_value_t = Mode::Text)]
+        mode: Mode,
+        #[arg(long, value_enum, default_value_t = Scope::Both)]
+        scope: Scope,
+        #[arg(long, default_value_t = 10)]
+        limit: u64,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Describe a summary, message or stored file (vilvona_describe).
+    Describe {
+        id: String,
+        #[arg(long)]
+        session: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Expand a summary into what it covers (vilvona_expand).
+    Expand {
+        id: String,
+        #[arg(long)]
+        session: String,
+        #[arg(long, value_name = "N")]
+        token_cap: Option<u64>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Counts for a stored session.
+    Stats {
+        #[arg(long)]
+        session: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Stored sessions.
+    Sessions {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Rebuild the recall index from the database.
+    RebuildIndex,
+}
+
+#[derive(Copy, Clone, Debug, ValueEnum)]
+enum ContextView {
+    List,
+    Detail,
+    Json,
+    Map,
+}
+
+#[derive(Copy, Clone, Debug, ValueEnum)]
+enum Mode {
+    Text,
+    Phrase,
+    Regex,
+}
+
+#[derive(Copy, Clone, Debug, ValueEnum)]
+enum Scope {
+    Messages,
+    Summaries,
+    Both,
+}
+
+/// How the command line opens the host.
+pub(crate) struct Global {
+    pub(crate) state_dir: PathBuf,
+    pub(crate) config: Option<PathBuf>,
+}
+
+impl Global {
+    pub(crate) fn options(&self) -> HostOptions {
+        let mut options = HostOptions::new(&self.state_dir);
+        options.config_path = self.config.clone();
+        options
+    }
+
+    pub(crate) async fn host(&self) -> Result<Host> {
+        self.host_with(self.options()).await
+    }
+
+    pub(crate) async fn host_with(&self, options: HostOptions) -> Result<Host> {
+        Host::open(options, |_, _| Ok(()))
+            .await
+            .map_err(anyhow::Error::from)
+    }
+}
+
+fn init_logging(verbose: u8) {
+    let default = match verbose {
+        0 => "warn",
+        1 => "info",
+        _ => "debug",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .try_init();
+}
+
+/// Prints a value as one JSON document on stdout.
+pub(crate) fn print_json(value: &serde_json::Value) -> Result<()> {
+    println!(
+        "{}",
+        serde_json::to_string_pretty(value).context("serializing the report")?
+    );
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(cli.verbose);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("vilvona: could not start the async runtime: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let global = Global {
+        state_dir: default_state_dir(cli.state_dir.as_deref()),
+        config: cli.config.clone(),
+    };
+    match runtime.block_on(run(cli.command, &global)) {
+        Ok(code) => code,
+        Err(error) => {
+            let chain: Vec<String> = error.chain().map(ToString::to_string).collect();
+            eprintln!("vilvona: {}", chain.join(": "));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(command: Command, global: &Global) -> Result<ExitCode> {
+    match command {
+        Command::Demo { turns } => replay::demo(global, turns).await,
+        Command::Replay {
+            file,
+            engine,
+            context_window,
+            json,
+        } => replay::replay(global, &file, engine, context_window, json).await,
+        Command::Doctor { json } => inspect::doctor(global, json).await,
+        Command::Context {
+            view,
+            session,
+            out,
+            workspace,
+        } => context::context(global, view, &session, &out, workspace.as_deref()).await,
+        Command::Compact {
+            session,
+            instructions,
+            json,
+        } => inspect::compact(global, &session, instructions, json).await,
+        Command::Grep {
+            query,
+            session,
+            mode,
+            scope,
+            limit,
+            json,
+        } => {
+            let mode = match mode {
+                Mode::Text => "text",
+                Mode::Phrase => "phrase",
+                Mode::Regex => "regex",
+            };
+            let scope = match scope {
+                Scope::Messages => "messages",
+                Scope::Summaries => "summaries",
+                Scope::Both => "both",
+            };
+            inspect::grep(global, &query, &session, mode, scope, limit, json).await
+        }
+        Command::Describe { id, session, json } => {
+            inspect::describe(global, &id, &session, json).await
+        }
+        Command::Expand {
+            id,
+            session,
+            token_cap,
+            json,
+        } => inspect::expand(global, &id, &session, token_cap, json).await,
+        Command::Stats { session, json } => inspect::stats(global, &session, json).await,
+        Command::Sessions { json } => inspect::sessions(global, json).await,
+        Command::RebuildIndex => inspect::rebuild_index(global).await,
+    }
+}
+
+/// Refuses a missing file with a message that says what to do.
+pub(crate) fn require_file(path: &std::path::Path) -> Result<()> {
+    if !path.exists() {
+        bail!("{}: no such file; check the path", path.display());
+    }
+    Ok(())
+}

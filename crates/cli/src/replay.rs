@@ -1,0 +1,368 @@
+//! `replay` and `demo`.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use anyhow::{Context as _, Result, anyhow};
+use indicatif::{ProgressBar, ProgressStyle};
+use serde_json::{Value, json};
+use vilvona_core::message::AgentMessage;
+use vilvona_lossless::ToolCaller;
+use vilvona_runtime::Host;
+use vilvona_store::ItemContent;
+use vilvona_transcript::{Cursor, Entry, read_entries, read_transcript, session_messages};
+
+use crate::inspect::{lossless, session_stats};
+use crate::{Global, print_json, require_file};
+
+/// A recorded turn: its messages and their entry ids.
+type Turn = (Vec<AgentMessage>, Vec<Option<String>>);
+
+/// Reads a transcript into turns (a user message and everything until the next one). A
+/// malformed line ends the reading; the turns before it are returned with the error.
+fn read_turns(file: &Path) -> Result<(String, Vec<Turn>, Option<anyhow::Error>)> {
+    let mut turns: Vec<Turn> = Vec::new();
+    let outcome = read_entries(file, Cursor::default(), |located| {
+        if let Entry::Message(entry) = located.entry {
+            let starts_turn = matches!(entry.message, AgentMessage::User(_)) || turns.is_empty();
+            if starts_turn {
+                turns.push((Vec::new(), Vec::new()));
+            }
+            if let Some((messages, ids)) = turns.last_mut() {
+                messages.push(entry.message);
+                ids.push(Some(entry.id));
+            }
+        }
+        Ok(())
+    });
+    match outcome {
+        Ok((Some(header), _)) => Ok((header.id, turns, None)),
+        Ok((None, _)) => Err(anyhow!(
+            "{}: the first line is not a `session` header",
+            file.display()
+        )),
+        Err(error) => {
+            // The header may have been read before the bad line.
+            let header = vilvona_transcript::read_header(file)
+                .map_err(|header_error| anyhow!(header_error))?;
+            Ok((header.id, turns, Some(anyhow!(error))))
+        }
+    }
+}
+
+/// What a replay did.
+pub(crate) struct ReplayReport {
+    pub(crate) json: Value,
+    pub(crate) session_key: String,
+}
+
+async fn replay_turns(
+    host: &Host,
+    session_id: &str,
+    turns: Vec<Turn>,
+    show_progress: bool,
+) -> Result<ReplayReport> {
+    let started = Instant::now();
+    let key = session_id.to_owned();
+    let engine_id = host.engine().active_id();
+    let lossless = if engine_id == vilvona_lossless::ENGINE_ID {
+        host.lossless()
+    } else {
+        None
+    };
+    let stored_before = match (&lossless, host.session(&key).await) {
+        (Some(engine), Some(record)) => session_stats(engine, &record, &key).await?["messages"]
+            .as_u64()
+            .unwrap_or(0),
+        _ => 0,
+    };
+    let compactions_before = host
+        .session(&key)
+        .await
+        .map_or(0, |record| record.compaction_count);
+    let summaries_before = match &lossless {
+        Some(engine) => total_summaries(engine).await?,
+        None => 0,
+    };
+    let progress = if show_progress {
+        ProgressBar::new(turns.len() as u64)
+    } else {
+        ProgressBar::hidden()
+    };
+    progress.set_style(
+        ProgressStyle::with_template("{msg} [{bar:40}] {pos}/{len} turns ({elapsed})")
+            .map_err(|error| anyhow!(error.to_string()))?
+            .progress_chars("=> "),
+    );
+    progress.set_message("replaying");
+    let mut messages = 0;
+    let mut budget = 0;
+    let mut max_assembled = 0;
+    let mut over_budget = 0;
+    let turn_count = turns.len();
+    for (recorded, ids) in turns {
+        messages += recorded.len();
+        let report = host
+            .replay_turn(&key, Some(session_id), recorded, ids)
+            .await
+            .with_context(|| format!("replaying session {session_id}"))?;
+        if report.token_budget > 0 {
+            budget = report.token_budget;
+        }
+        max_assembled = max_assembled.max(report.assembled_tokens);
+        over_budget += u64::from(report.over_budget);
+        progress.inc(1);
+    }
+    progress.finish_and_clear();
+    let record = host
+        .session(&key)
+        .await
+        .context("the replayed session has no record")?;
+    let (ingested, summaries_by_depth, final_tokens, compactions) = match &lossless {
+        Some(engine) => {
+            let stats = session_stats(engine, &record, &key).await?;
+            let stored = stats["messages"].as_u64().unwrap_or(0);
+            let summaries = total_summaries(engine).await?;
+            (
+                stored.saturating_sub(stored_before),
+                stats["summariesByDepth"].clone(),
+                stats["contextTokens"].as_u64().unwrap_or(0),
+                summaries.saturating_sub(summaries_before),
+            )
+        }
+        None => {
+            let transcript = read_transcript(&record.session_file)?;
+            let rebuilt = session_messages(&transcript.entries);
+            let tokens: u64 = rebuilt
+                .iter()
+                .map(|(_, m)| host.estimator().message_tokens(m))
+                .sum();
+            let mut by_depth = BTreeMap::new();
+            let compaction_entries = transcript
+                .entries
+                .iter()
+                .filter(|l| matches!(l.entry, Entry::Compaction(_)))
+                .count();
+            if compaction_entries > 0 {
+                by_depth.insert("0".to_owned(), compaction_entries);
+            }
+            (
+                0,
+                json!(by_depth),
+                tokens,
+                record.compaction_count.saturating_sub(compactions_before),
+            )
+        }
+    };
+    Ok(ReplayReport {
+        json: json!({
+            "engine": engine_id,
+            "session": session_id,
+            "turns": turn_count,
+            "messages": messages,
+            "ingested": ingested,
+            "compactions": compactions,
+            "summariesByDepth": summaries_by_depth,
+            "tokenBudget": budget,
+            "finalContextTokens": final_tokens,
+            "maxAssembledTokens": max_assembled,
+            "overBudgetTurns": over_budget,
+            "wallMs": started.elapsed().as_millis() as u64,
+        }),
+        session_key: key,
+    })
+}
+
+/// Every summary the store holds (not only those in a context): the compactions made.
+async fn total_summaries(engine: &vilvona_lossless::LosslessEngine) -> Result<u64> {
+    Ok(engine.store().integrity_check().await?.summaries)
+}
+
+fn print_human(report: &Value) {
+    println!(
+        "engine:               {}",
+        report["engine"].as_str().unwrap_or("")
+    );
+    println!(
+        "session:              {}",
+        report["session"].as_str().unwrap_or("")
+    );
+    println!(
+        "turns / messages:     {} / {}",
+        report["turns"], report["messages"]
+    );
+    println!("stored by the engine: {}", report["ingested"]);
+    println!("compactions:          {}", report["compactions"]);
+    println!("summaries by depth:   {}", report["summariesByDepth"]);
+    println!("token budget:         {}", report["tokenBudget"]);
+    println!("final context tokens: {}", report["finalContextTokens"]);
+    println!("max assembled tokens: {}", report["maxAssembledTokens"]);
+    println!("over-budget turns:    {}", report["overBudgetTurns"]);
+    println!("wall time:            {} ms", report["wallMs"]);
+}
+
+pub(crate) async fn replay(
+    global: &Global,
+    file: &Path,
+    engine: Option<String>,
+    window: Option<u64>,
+    json: bool,
+) -> Result<ExitCode> {
+    require_file(file)?;
+    let (session_id, turns, error) = read_turns(file)?;
+    let mut options = global.options();
+    options.engine_override = engine;
+    options.context_window_override = window;
+    let host = global.host_with(options).await?;
+    let report = replay_turns(&host, &session_id, turns, !json).await?;
+    if json {
+        print_json(&report.json)?;
+    } else {
+        print_human(&report.json);
+    }
+    host.dispose().await?;
+    if let Some(error) = error {
+        eprintln!("vilvona: {error}");
+        eprintln!(
+            "vilvona: everything before that line was replayed and kept; fix the line and replay again (nothing is stored twice)"
+        );
+        return Ok(ExitCode::FAILURE);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+const DEMO_CONFIG: &str = r#"// Written by `vilvona demo`: the lossless engine at a 32,000-token window.
+{
+  plugins: {
+    slots: { contextEngine: "lossless" },
+    entries: {
+      lossless: { config: { freshTailCount: 32, leafChunkTokens: 6000, leafTargetTokens: 900, condensedTargetTokens: 800 } },
+    },
+  },
+  agents: { defaults: { contextTokens: 32000 } },
+}
+"#;
+
+pub(crate) async fn demo(global: &Global, turns: usize) -> Result<ExitCode> {
+    let dir = global.state_dir.join("demo");
+    if dir.exists() {
+        std::fs::remove_dir_all(&dir)
+            .with_context(|| format!("clearing the previous demo in {}", dir.display()))?;
+    }
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    std::fs::write(dir.join("vilvona.json5"), DEMO_CONFIG).context("writing the demo config")?;
+    let workload = vilvona_workload::generate(turns, 7, 10);
+    let transcript = dir.join("generated-session.jsonl");
+    std::fs::write(&transcript, workload.to_jsonl()).context("writing the generated session")?;
+    println!(
+        "Generated a coding-agent session: {} turns, {} messages, {} planted facts ({}).",
+        turns,
+        workload.entries.len(),
+        workload.needles.len(),
+        transcript.display()
+    );
+    println!(
+        "Replaying it through the lossless engine at a 32,000-token window (state in {}) …",
+        dir.display()
+    );
+    let demo_global = Global {
+        state_dir: dir.clone(),
+        config: None,
+    };
+    let host = demo_global.host().await?;
+    let (session_id, turns, _) = read_turns(&transcript)?;
+    let report = replay_turns(&host, &session_id, turns, true).await?;
+    println!();
+    print_human(&report.json);
+
+    let engine = lossless(&demo_global, &host).await?;
+    let record = host
+        .session(&report.session_key)
+        .await
+        .context("the demo session has no record")?;
+    let conversation = engine
+        .conversation(&record.session_id, Some(&report.session_key))
+        .await?;
+    let items = engine.store().context(conversation.id).await?;
+    println!("\nWhat the model sees now (the context, oldest first):");
+    let mut groups: BTreeMap<String, (usize, u64)> = BTreeMap::new();
+    for item in &items {
+        let group = match &item.content {
+            ItemContent::Summary(summary) => format!("summary, depth {}", summary.depth),
+            ItemContent::Message(message) => format!("message, {}", message.role),
+        };
+        let entry = groups.entry(group).or_default();
+        entry.0 += 1;
+        entry.1 += item.tokens;
+    }
+    for (group, (count, tokens)) in &groups {
+        println!("  {group:<24} {count:>4} items {tokens:>7} tokens");
+    }
+    let total: u64 = items.iter().map(|item| item.tokens).sum();
+    println!(
+        "  {:<24} {:>4} items {total:>7} tokens of a {} budget",
+        "total",
+        items.len(),
+        report.json["tokenBudget"]
+    );
+
+    println!("\nRecalling planted facts that were folded into summaries:");
+    let caller = ToolCaller {
+        session_id: record.session_id.clone(),
+        session_key: Some(report.session_key.clone()),
+    };
+    let mut shown = 0;
+    for needle in workload.needles.iter().take(4) {
+        let found = engine
+            .call_tool(
+                &caller,
+                "vilvona_grep",
+                &json!({"query": needle.query, "scope": "messages", "limit": 1}),
+            )
+            .await?;
+        let Some(hit) = found["results"]
+            .as_array()
+            .and_then(|results| results.first())
+            .cloned()
+        else {
+            continue;
+        };
+        println!("  vilvona_grep {:?}", needle.query);
+        println!(
+            "    → {} {}",
+            hit["id"].as_str().unwrap_or(""),
+            hit["snippet"].as_str().unwrap_or("")
+        );
+        if let Some(summary) = hit["coveredBy"].as_str() {
+            let expanded = engine
+                .call_tool(
+                    &caller,
+                    "vilvona_expand",
+                    &json!({"id": summary, "tokenCap": 400}),
+                )
+                .await?;
+            println!(
+                "    vilvona_expand {summary}: depth {}, {} children; the fact lives under it.",
+                expanded["depth"], expanded["total"]
+            );
+        }
+        println!("    answer: {} (owner {})", needle.answer, needle.owner);
+        shown += 1;
+    }
+    if shown == 0 {
+        println!("  (the session was too short for any fact to be summarized; try --turns 400)");
+    }
+    println!(
+        "\nTry: vilvona --state-dir {} grep \"{}\" --session {}",
+        dir.display(),
+        workload
+            .needles
+            .first()
+            .map_or("parser cache", |needle| needle.query.as_str()),
+        report.session_key
+    );
+    host.dispose().await?;
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,319 @@
+//! A squarified treemap rendered to PNG: area ∝ tokens, one colour per group, labels in an
+//! 8×8 bitmap font (scaled up where a tile has room).
+
+use std::path::Path;
+
+use anyhow::{Context as _, Result};
+use font8x8::{BASIC_FONTS, UnicodeFonts};
+
+/// One contributor to the context.
+#[derive(Clone, Debug)]
+pub(crate) struct Tile {
+    pub(crate) group: String,
+    pub(crate) label: String,
+    pub(crate) weight: u64,
+}
+
+const WIDTH: usize = 1280;
+const HEIGHT: usize = 860;
+const TITLE_HEIGHT: usize = 44;
+const LEGEND_HEIGHT: usize = 44;
+
+#[derive(Clone, Copy, Debug)]
+struct Rect {
+    x: f64,
+    y: f64,
+    w: f64,
+    h: f64,
+}
+
+/// Worst aspect ratio of a row of areas laid along a side of length `side`.
+fn worst(row: &[f64], side: f64) -> f64 {
+    let sum: f64 = row.iter().sum();
+    let (max, min) = row.iter().fold((0.0_f64, f64::MAX), |(max, min), &a| {
+        (max.max(a), min.min(a))
+    });
+    if sum <= 0.0 || min <= 0.0 {
+        return f64::MAX;
+    }
+    let side2 = side * side;
+    (side2 * max / (sum * sum)).max(sum * sum / (side2 * min))
+}
+
+/// Squarified layout (Bruls, Huizing, van Wijk) of `weights` (any order) into `rect`; returns
+/// one rectangle per weight, in input order.
+fn squarify(weights: &[f64], rect: Rect) -> Vec<Rect> {
+    let total: f64 = weights.iter().sum();
+    let mut out = vec![
+        Rect {
+            x: rect.x,
+            y: rect.y,
+            w: 0.0,
+            h: 0.0
+        };
+        weights.len()
+    ];
+    if total <= 0.0 || rect.w <= 0.0 || rect.h <= 0.0 {
+        return out;
+    }
+    let scale = rect.w * rect.h / total;
+    let mut order: Vec<usize> = (0..weights.len()).collect();
+    order.sort_by(|a, b| weights[*b].total_cmp(&weights[*a]));
+    let areas: Vec<f64> = order.iter().map(|&i| weights[i] * scale).collect();
+    let mut free = rect;
+    let mut start = 0;
+    while start < areas.len() {
+        let side = free.w.min(free.h);
+        let mut end = start + 1;
+        while end < areas.len()
+            && worst(&areas[start..=end], side) <= worst(&areas[start..end], side)
+        {
+            end += 1;
+        }
+        let row_area: f64 = areas[start..end].iter().sum();
+        if free.w >= free.h {
+            let column = if free.h > 0.0 { row_area / free.h } else { 0.0 };
+            let mut y = free.y;
+            for (offset, area) in areas[start..end].iter().enumerate() {
+                let h = if column > 0.0 { area / column } else { 0.0 };
+                out[order[start + offset]] = Rect {
+                    x: free.x,
+                    y,
+                    w: column,
+                    h,
+                };
+                y += h;
+            }
+            free.x += column;
+            free.w -= column;
+        } else {
+            let row = if free.w > 0.0 { row_area / free.w } else { 0.0 };
+            let mut x = free.x;
+            for (offset, area) in areas[start..end].iter().enumerate() {
+                let w = if row > 0.0 { area / row } else { 0.0 };
+                out[order[start + offset]] = Rect {
+                    x,
+                    y: free.y,
+                    w,
+                    h: row,
+                };
+                x += w;
+            }
+            free.y += row;
+            free.h -= row;
+        }
+        start = end;
+    }
+    out
+}
+
+struct Canvas {
+    pixels: Vec<u8>,
+}
+
+impl Canvas {
+    fn new() -> Canvas {
+        Canvas {
+            pixels: vec![255; WIDTH * HEIGHT * 3],
+        }
+    }
+
+    fn fill(&mut self, x0: usize, y0: usize, x1: usize, y1: usize, color: [u8; 3]) {
+        for y in y0.min(HEIGHT)..y1.min(HEIGHT) {
+            for x in x0.min(WIDTH)..x1.min(WIDTH) {
+                let offset = (y * WIDTH + x) * 3;
+                self.pixels[offset..offset + 3].copy_from_slice(&color);
+            }
+        }
+    }
+
+    fn frame(
+        &mut self,
+        x0: usize,
+        y0: usize,
+        x1: usize,
+        y1: usize,
+        color: [u8; 3],
+        thickness: usize,
+    ) {
+        self.fill(x0, y0, x1, (y0 + thickness).min(y1), color);
+        self.fill(x0, y1.saturating_sub(thickness), x1, y1, color);
+        self.fill(x0, y0, (x0 + thickness).min(x1), y1, color);
+        self.fill(x1.saturating_sub(thickness), y0, x1, y1, color);
+    }
+
+    /// Draws ASCII text at a pixel position with an integer scale; returns the width drawn.
+    fn text(&mut self, x: usize, y: usize, text: &str, scale: usize, color: [u8; 3]) -> usize {
+        let mut cursor = x;
+        for ch in text.chars() {
+            let glyph = BASIC_FONTS
+                .get(ch)
+                .or_else(|| BASIC_FONTS.get('?'))
+                .unwrap_or([0; 8]);
+            for (row, bits) in glyph.iter().enumerate() {
+                for column in 0..8 {
+                    if bits & (1 << column) != 0 {
+                        let px = cursor + column * scale;
+                        let py = y + row * scale;
+                        self.fill(px, py, px + scale, py + scale, color);
+                    }
+                }
+            }
+            cursor += 8 * scale;
+        }
+        cursor - x
+    }
+}
+
+fn group_color(index: usize) -> [u8; 3] {
+    const COLORS: [[u8; 3]; 6] = [
+        [52, 101, 164],
+        [46, 139, 87],
+        [204, 102, 0],
+        [117, 80, 123],
+        [160, 50, 60],
+        [90, 90, 90],
+    ];
+    COLORS[index % COLORS.len()]
+}
+
+fn shade(color: [u8; 3], index: usize) -> [u8; 3] {
+    // Alternate lighter and darker so neighbours in a group stay distinguishable.
+    let factor = [1.0, 0.82, 1.12, 0.92, 1.2, 0.75][index % 6];
+    color.map(|c| ((c as f64) * factor).clamp(0.0, 235.0) as u8)
+}
+
+/// The longest prefix of `text` that fits `width` pixels at `scale`.
+fn fit(text: &str, width: usize, scale: usize) -> String {
+    let max = width / (8 * scale);
+    if text.chars().count() <= max {
+        text.to_owned()
+    } else if max >= 3 {
+        format!("{}..", text.chars().take(max - 2).collect::<String>())
+    } else {
+        String::new()
+    }
+}
+
+/// Renders the tiles, grouped, to a PNG at `out`.
+pub(crate) fn render_treemap(title: &str, tiles: &[Tile], out: &Path) -> Result<()> {
+    let mut canvas = Canvas::new();
+    canvas.fill(0, 0, WIDTH, TITLE_HEIGHT, [30, 30, 30]);
+    canvas.text(12, 14, &fit(title, WIDTH - 24, 2), 2, [255, 255, 255]);
+
+    let mut groups: Vec<String> = Vec::new();
+    for tile in tiles {
+        if !groups.contains(&tile.group) {
+            groups.push(tile.group.clone());
+        }
+    }
+    let group_weights: Vec<f64> = groups
+        .iter()
+        .map(|group| {
+            tiles
+                .iter()
+                .filter(|t| &t.group == group)
+                .map(|t| t.weight as f64)
+                .sum()
+        })
+        .collect();
+    let area = Rect {
+        x: 0.0,
+        y: TITLE_HEIGHT as f64,
+        w: WIDTH as f64,
+        h: (HEIGHT - TITLE_HEIGHT - LEGEND_HEIGHT) as f64,
+    };
+    let group_rects = squarify(&group_weights, area);
+    for (group_index, (group, rect)) in groups.iter().zip(&group_rects).enumerate() {
+        let members: Vec<&Tile> = tiles.iter().filter(|t| &t.group == group).collect();
+        let weights: Vec<f64> = members.iter().map(|t| t.weight as f64).collect();
+        let inner = Rect {
+            x: rect.x + 3.0,
+            y: rect.y + 3.0,
+            w: (rect.w - 6.0).max(0.0),
+            h: (rect.h - 6.0).max(0.0),
+        };
+        for (member_index, (tile, tile_rect)) in
+            members.iter().zip(squarify(&weights, inner)).enumerate()
+        {
+            let (x0, y0) = (tile_rect.x.round() as usize, tile_rect.y.round() as usize);
+            let (x1, y1) = (
+                (tile_rect.x + tile_rect.w).round() as usize,
+                (tile_rect.y + tile_rect.h).round() as usize,
+            );
+            if x1 <= x0 || y1 <= y0 {
+                continue;
+            }
+            canvas.fill(
+                x0,
+                y0,
+                x1,
+                y1,
+                shade(group_color(group_index), member_index),
+            );
+            canvas.frame(x0, y0, x1, y1, [255, 255, 255], 1);
+            let (w, h) = (x1 - x0, y1 - y0);
+            let tokens = format!("{} tok", tile.weight);
+            let scale = if w >= 16 * 10 && h >= 44 { 2 } else { 1 };
+            if h >= 8 * scale * 2 + 8 && w >= 8 * scale * 3 + 8 {
+                canvas.text(
+                    x0 + 5,
+                    y0 + 5,
+                    &fit(&tile.label, w - 10, scale),
+                    scale,
+                    [255, 255, 255],
+                );
+                canvas.text(
+                    x0 + 5,
+                    y0 + 9 + 8 * scale,
+                    &fit(&tokens, w - 10, scale),
+                    scale,
+                    [235, 235, 235],
+                );
+            } else if h >= 12 && w >= 32 {
+                canvas.text(
+                    x0 + 2,
+                    y0 + 2,
+                    &fit(&tile.label, w - 4, 1),
+                    1,
+                    [255, 255, 255],
+                );
+            }
+        }
+        let (x0, y0) = (rect.x.round() as usize, rect.y.round() as usize);
+        let (x1, y1) = (
+            (rect.x + rect.w).round() as usize,
+            (rect.y + rect.h).round() as usize,
+        );
+        canvas.frame(x0, y0, x1, y1, [20, 20, 20], 3);
+    }
+
+    // Legend: one swatch per group with its total.
+    let legend_y = HEIGHT - LEGEND_HEIGHT;
+    canvas.fill(0, legend_y, WIDTH, HEIGHT, [245, 245, 245]);
+    let mut x = 12;
+    for (index, (group, weight)) in groups.iter().zip(&group_weights).enumerate() {
+        canvas.fill(x, legend_y + 12, x + 20, legend_y + 32, group_color(index));
+        x += 28;
+        x += canvas.text(
+            x,
+            legend_y + 14,
+            &format!("{group}: {} tok", *weight as u64),
+            2,
+            [20, 20, 20],
+        );
+        x += 24;
+    }
+
+    let file = std::fs::File::create(out).with_context(|| format!("creating {}", out.display()))?;
+    let mut encoder = png::Encoder::new(std::io::BufWriter::new(file), WIDTH as u32, HEIGHT as u32);
+    encoder.set_color(png::ColorType::Rgb);
+    encoder.set_depth(png::BitDepth::Eight);
+    let mut writer = encoder
+        .write_header()
+        .with_context(|| format!("writing {}", out.display()))?;
+    writer
+        .write_image_data(&canvas.pixels)
+        .with_context(|| format!("writing {}", out.display()))?;
+    Ok(())
+}

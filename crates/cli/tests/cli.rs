@@ -1,0 +1,306 @@
+//! The built `vilvona` binary in temporary state directories.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use serde_json::Value;
+use tempfile::TempDir;
+
+fn vilvona(state: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_vilvona"))
+        .arg("--state-dir")
+        .arg(state)
+        .args(args)
+        .env_remove("RUST_LOG")
+        .output()
+        .unwrap()
+}
+
+fn json(output: &Output) -> Value {
+    assert!(
+        output.status.success(),
+        "stderr: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout)
+        .unwrap_or_else(|error| panic!("{error}: {}", String::from_utf8_lossy(&output.stdout)))
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+fn fixture() -> String {
+    format!(
+        "{}/../../fixtures/gen-session-15.jsonl",
+        env!("CARGO_MANIFEST_DIR")
+    )
+}
+
+#[test]
+fn the_demo_runs_and_recalls_facts() {
+    let dir = TempDir::new().unwrap();
+    let output = vilvona(dir.path(), &["demo", "--turns", "150"]);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{}", stderr(&output));
+    for expected in [
+        "engine:               lossless",
+        "over-budget turns:    0",
+        "What the model sees now",
+        "vilvona_grep",
+        "answer: OPS-",
+    ] {
+        assert!(
+            stdout.contains(expected),
+            "missing {expected:?} in:\n{stdout}"
+        );
+    }
+}
+
+#[test]
+fn replay_reports_and_stores_nothing_the_second_time() {
+    let dir = TempDir::new().unwrap();
+    let state = dir.path();
+    let first = json(&vilvona(
+        state,
+        &[
+            "replay",
+            &fixture(),
+            "--engine",
+            "lossless",
+            "--context-window",
+            "12000",
+            "--json",
+        ],
+    ));
+    for field in [
+        "engine",
+        "session",
+        "turns",
+        "messages",
+        "ingested",
+        "compactions",
+        "summariesByDepth",
+        "tokenBudget",
+        "finalContextTokens",
+        "maxAssembledTokens",
+        "overBudgetTurns",
+        "wallMs",
+    ] {
+        assert!(first.get(field).is_some(), "missing {field}: {first}");
+    }
+    assert_eq!(first["engine"], "lossless");
+    assert_eq!(first["session"], "synthetic-11-15");
+    assert_eq!(first["turns"], 15);
+    assert_eq!(first["ingested"], first["messages"]);
+    assert_eq!(first["overBudgetTurns"], 0);
+    let second = json(&vilvona(
+        state,
+        &[
+            "replay",
+            &fixture(),
+            "--engine",
+            "lossless",
+            "--context-window",
+            "12000",
+            "--json",
+        ],
+    ));
+    assert_eq!(second["ingested"], 0);
+
+    // The inspection commands on the replayed session.
+    std::fs::write(state.join("vilvona.json5"), r#"{ plugins: { slots: { contextEngine: "lossless" } }, agents: { defaults: { contextTokens: 12000 } } }"#).unwrap();
+    let session = "synthetic-11-15";
+    let stats = json(&vilvona(state, &["stats", "--session", session, "--json"]));
+    for field in [
+        "messages",
+        "summariesByDepth",
+        "contextItems",
+        "contextTokens",
+        "databaseBytes",
+        "indexDocs",
+    ] {
+        assert!(stats.get(field).is_some(), "missing {field}: {stats}");
+    }
+    assert_eq!(stats["messages"], first["messages"]);
+    let grep = json(&vilvona(
+        state,
+        &[
+            "grep",
+            "password rotation",
+            "--session",
+            session,
+            "--mode",
+            "phrase",
+            "--json",
+        ],
+    ));
+    let hit = &grep["results"][0];
+    assert!(
+        hit["snippet"]
+            .as_str()
+            .unwrap()
+            .contains("«password» «rotation»"),
+        "{grep}"
+    );
+    let described = json(&vilvona(
+        state,
+        &[
+            "describe",
+            hit["id"].as_str().unwrap(),
+            "--session",
+            session,
+            "--json",
+        ],
+    ));
+    assert!(
+        described["text"]
+            .as_str()
+            .unwrap()
+            .contains("Please remember")
+    );
+    let sessions = json(&vilvona(state, &["sessions", "--json"]));
+    assert_eq!(sessions[0]["id"], session);
+    assert_eq!(sessions[0]["messages"], first["messages"]);
+    let compacted = json(&vilvona(
+        state,
+        &["compact", "--session", session, "--json"],
+    ));
+    assert_eq!(compacted["ok"], true);
+    if let Some(summary) = json(&vilvona(
+        state,
+        &[
+            "grep",
+            "rotation",
+            "--session",
+            session,
+            "--scope",
+            "summaries",
+            "--json",
+        ],
+    ))["results"][0]["id"]
+        .as_str()
+    {
+        let expanded = json(&vilvona(
+            state,
+            &[
+                "expand",
+                summary,
+                "--session",
+                session,
+                "--token-cap",
+                "500",
+                "--json",
+            ],
+        ));
+        assert!(
+            expanded["items"]
+                .as_array()
+                .is_some_and(|items| !items.is_empty())
+        );
+    }
+    let doctor = vilvona(state, &["doctor", "--json"]);
+    assert_eq!(doctor.status.code(), Some(0), "{}", stderr(&doctor));
+    let report = json(&doctor);
+    assert_eq!(report["healthy"], true);
+    assert!(report["checks"][0]["name"] == "store integrity");
+
+    let context = json(&vilvona(state, &["context", "json", "--session", session]));
+    assert!(
+        context["report"]["conversation"]
+            .as_array()
+            .is_some_and(|parts| !parts.is_empty())
+    );
+    let list = vilvona(state, &["context", "list", "--session", session]);
+    assert!(String::from_utf8_lossy(&list.stdout).contains("Injected workspace files:"));
+    let map = state.join("map.png");
+    let output = vilvona(
+        state,
+        &[
+            "context",
+            "map",
+            "--session",
+            session,
+            "--out",
+            map.to_str().unwrap(),
+        ],
+    );
+    assert!(output.status.success(), "{}", stderr(&output));
+    let bytes = std::fs::read(&map).unwrap();
+    assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n");
+    assert_eq!(u32::from_be_bytes(bytes[16..20].try_into().unwrap()), 1280);
+
+    let rebuilt = vilvona(state, &["rebuild-index"]);
+    assert!(rebuilt.status.success(), "{}", stderr(&rebuilt));
+}
+
+#[test]
+fn bad_input_is_one_clear_line() {
+    let dir = TempDir::new().unwrap();
+    let state = dir.path();
+
+    let unknown = vilvona(state, &["stats", "--session", "nope"]);
+    assert_eq!(unknown.status.code(), Some(1));
+    assert_eq!(
+        stderr(&unknown).trim(),
+        "vilvona: unknown session \"nope\"; `vilvona sessions` lists the stored ones"
+    );
+
+    let missing = vilvona(state, &["replay", "/nonexistent/session.jsonl"]);
+    assert_eq!(
+        stderr(&missing).trim(),
+        "vilvona: /nonexistent/session.jsonl: no such file; check the path"
+    );
+
+    // A malformed line: named with its line number, everything before it kept, non-zero exit.
+    let lines: Vec<String> = std::fs::read_to_string(fixture())
+        .unwrap()
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    let mut broken = lines[..12].to_vec();
+    broken.push("{\"type\":\"message\",\"id\":".to_owned());
+    broken.extend(lines[12..20].iter().cloned());
+    let file = state.join("broken.jsonl");
+    std::fs::write(&file, broken.join("\n") + "\n").unwrap();
+    let output = vilvona(
+        state,
+        &[
+            "replay",
+            file.to_str().unwrap(),
+            "--engine",
+            "lossless",
+            "--json",
+        ],
+    );
+    assert_eq!(output.status.code(), Some(1));
+    let error = stderr(&output);
+    assert!(
+        error.contains(&format!("{}:13:", file.display())),
+        "{error}"
+    );
+    assert!(!error.contains("panicked"), "{error}");
+    let report: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(
+        report["messages"], 11,
+        "the 11 messages before the bad line were replayed"
+    );
+
+    std::fs::write(
+        state.join("vilvona.json5"),
+        "{\n  plugins: { slots: { contextEngine: 'lossless' ,, } }\n}\n",
+    )
+    .unwrap();
+    let config = vilvona(state, &["doctor"]);
+    assert_eq!(config.status.code(), Some(1));
+    let error = stderr(&config);
+    assert!(
+        error.starts_with(&format!(
+            "vilvona: {}:2:",
+            state.join("vilvona.json5").display()
+        )),
+        "{error}"
+    );
+    assert_eq!(error.lines().count(), 1, "{error}");
+}
