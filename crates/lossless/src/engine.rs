@@ -55,7 +55,13 @@ pub(crate) struct Inner {
     conversations: StdMutex<HashMap<String, Conversation>>,
     /// Serializes compaction per conversation (after_turn, compact, commit_turn can race).
     compaction_locks: StdMutex<HashMap<ConversationId, Arc<tokio::sync::Mutex<()>>>>,
+    /// Rendered context items, so assembly parses only what is new. Items are immutable, so
+    /// entries never go stale; the cache is emptied when it grows past its bound.
+    rendered: StdMutex<HashMap<ItemRef, Arc<AgentMessage>>>,
 }
+
+/// Most rendered items kept for assembly (a few contexts' worth).
+const RENDERED_CACHE_ITEMS: usize = 16_384;
 
 /// The lossless engine. Cheap to clone.
 #[derive(Clone)]
@@ -91,6 +97,7 @@ impl LosslessEngine {
                 config,
                 conversations: StdMutex::new(HashMap::new()),
                 compaction_locks: StdMutex::new(HashMap::new()),
+                rendered: StdMutex::new(HashMap::new()),
             }),
         }
     }
@@ -278,21 +285,27 @@ impl LosslessEngine {
         };
         let deadline = Instant::now() + Duration::from_millis(config.deadline_ms);
         let mut report = CompactionReport::default();
-        let mut items = self.context(conversation).await?;
-        let mut total: u64 = items.iter().map(|item| item.tokens).sum();
-        report.tokens_before = total;
-        if !force
-            && total
-                <= threshold.max(if target == Some(CompactionTarget::Budget) {
-                    budget
-                } else {
-                    0
-                })
-        {
-            report.tokens_after = total;
+        // The running total is one row read: the common below-threshold turn costs no more.
+        let running_total = self
+            .inner
+            .store
+            .conversation_by_id(conversation)
+            .await
+            .map_err(|error| store_error("reading the conversation", error))?
+            .map_or(0, |row| row.context_tokens);
+        let trigger = match target {
+            Some(CompactionTarget::Budget) => threshold.max(budget),
+            _ => threshold,
+        };
+        if !force && running_total <= trigger {
+            report.tokens_before = running_total;
+            report.tokens_after = running_total;
             report.reason = Some(CompactReason::BelowThreshold);
             return Ok(report);
         }
+        let mut items = self.context(conversation).await?;
+        let mut total: u64 = items.iter().map(|item| item.tokens).sum();
+        report.tokens_before = total;
         loop {
             if abort.is_some_and(AbortSignal::is_aborted) {
                 return Err(EngineError::Cancelled);
@@ -545,45 +558,75 @@ impl LosslessEngine {
         Ok(imported)
     }
 
-    /// The context as the model sees it, within `budget` when the fresh tail fits.
-    pub async fn assemble_context(
-        &self,
-        conversation: ConversationId,
-        budget: u64,
-    ) -> Result<AssembleResult, EngineError> {
-        let items = self.context(conversation).await?;
-        let total: u64 = items.iter().map(|item| item.tokens).sum();
+    /// The context as the model sees it, within `budget` when the fresh tail fits. Reads the
+    /// item references (no message bodies), then renders only items not rendered before.
+    pub async fn assemble_context(&self, conversation: ConversationId, budget: u64) -> Result<AssembleResult, EngineError> {
+        let refs = self
+            .inner
+            .store
+            .context_refs(conversation)
+            .await
+            .map_err(|error| store_error("reading the context", error))?;
+        let total: u64 = refs.iter().map(|item| item.tokens).sum();
         let mut start = 0;
         let mut authority = PromptAuthority::Assembled;
         if total > budget {
             // Clamp: drop the oldest units until the rest fits (never splitting a unit).
             let mut remaining = total;
-            while start < items.len() && remaining > budget {
-                let end = crate::units::unit_end(&items, start);
-                remaining -= items[start..end]
-                    .iter()
-                    .map(|item| item.tokens)
-                    .sum::<u64>();
+            while start < refs.len() && remaining > budget {
+                let mut end = start + 1;
+                while end < refs.len() && refs[end].continues_unit {
+                    end += 1;
+                }
+                remaining -= refs[start..end].iter().map(|item| item.tokens).sum::<u64>();
                 start = end;
             }
             authority = PromptAuthority::PreassemblyMayOverflow;
         }
-        let mut messages = Vec::with_capacity(items.len() - start);
-        let mut estimated = 0;
-        for item in &items[start..] {
-            estimated += item.tokens;
-            match &item.content {
-                ItemContent::Summary(summary) => messages.push(summary_message(summary)),
-                ItemContent::Message(message) => messages.push(
-                    message
+        let visible = &refs[start..];
+        let missing: Vec<ItemRef> = {
+            let rendered = self.inner.rendered.lock().unwrap_or_else(PoisonError::into_inner);
+            visible
+                .iter()
+                .map(|entry| entry.item)
+                .filter(|item| !rendered.contains_key(item))
+                .collect()
+        };
+        let mut fresh = Vec::with_capacity(missing.len());
+        if !missing.is_empty() {
+            let contents = self
+                .inner
+                .store
+                .items(missing.clone())
+                .await
+                .map_err(|error| store_error("reading context items", error))?;
+            for (item, content) in missing.into_iter().zip(contents) {
+                let message = match &content {
+                    ItemContent::Summary(summary) => summary_message(summary),
+                    ItemContent::Message(message) => message
                         .message()
                         .map_err(|error| store_error("reading a message", error))?,
-                ),
+                };
+                fresh.push((item, Arc::new(message)));
             }
+        }
+        let mut rendered = self.inner.rendered.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut messages = Vec::with_capacity(visible.len());
+        for (item, message) in &fresh {
+            rendered.insert(*item, message.clone());
+        }
+        for entry in visible {
+            match rendered.get(&entry.item) {
+                Some(message) => messages.push(message.as_ref().clone()),
+                None => return Err(EngineError::failed("lossless assemble: a context item vanished")),
+            }
+        }
+        if rendered.len() > RENDERED_CACHE_ITEMS {
+            rendered.clear();
         }
         Ok(AssembleResult {
             messages: messages.into(),
-            estimated_tokens: estimated,
+            estimated_tokens: visible.iter().map(|entry| entry.tokens).sum(),
             system_prompt_addition: None,
             prompt_authority: authority,
             context_projection: None,

@@ -291,13 +291,7 @@ impl LosslessEngine {
 
     /// The summary that currently covers an item: its topmost ancestor.
     async fn covering_summary(&self, item: ItemRef) -> Result<Option<StoredSummary>, ToolError> {
-        let mut current = item;
-        let mut top = None;
-        while let Some(parent) = self.store().parent_of(current).await? {
-            current = ItemRef::Summary(parent.row_id);
-            top = Some(parent);
-        }
-        Ok(top)
+        Ok(self.store().top_ancestor(item).await?)
     }
 
     async fn grep_tool(&self, caller: &ToolCaller, arguments: &Value) -> Result<Value, ToolError> {

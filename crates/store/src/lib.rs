@@ -91,6 +91,12 @@ pub trait HistoryStore: Send + Sync + std::fmt::Debug {
     async fn children(&self, parent: SummaryRowId) -> Result<Vec<ItemContent>>;
     /// The summary directly above an item, if it has been summarized.
     async fn parent_of(&self, item: ItemRef) -> Result<Option<StoredSummary>>;
+    /// The topmost summary above an item: the one in the context that covers it.
+    async fn top_ancestor(&self, item: ItemRef) -> Result<Option<StoredSummary>>;
+    /// The context as references and tokens only (cheap: no message JSON).
+    async fn context_refs(&self, conversation: ConversationId) -> Result<Vec<ContextRef>>;
+    /// The contents of items, in the order given.
+    async fn items(&self, refs: Vec<ItemRef>) -> Result<Vec<ItemContent>>;
 
     async fn search(&self, query: SearchQuery) -> Result<Vec<SearchHit>>;
 
@@ -495,6 +501,21 @@ impl HistoryStore for Store {
 
     async fn parent_of(&self, item: ItemRef) -> Result<Option<StoredSummary>> {
         self.read(move |connection| read::parent_of(connection, item))
+            .await
+    }
+
+    async fn top_ancestor(&self, item: ItemRef) -> Result<Option<StoredSummary>> {
+        self.read(move |connection| read::top_ancestor(connection, item))
+            .await
+    }
+
+    async fn context_refs(&self, conversation: ConversationId) -> Result<Vec<ContextRef>> {
+        self.read(move |connection| read::context_refs(connection, conversation))
+            .await
+    }
+
+    async fn items(&self, refs: Vec<ItemRef>) -> Result<Vec<ItemContent>> {
+        self.read(move |connection| read::items(connection, &refs))
             .await
     }
 

@@ -81,13 +81,22 @@ pub(crate) fn conversations_by_session_key(
 const MESSAGE_COLUMNS: &str =
     "m.id, m.conversation_id, m.seq, m.role, m.json, m.tokens, m.created_at";
 
+/// The stored message JSON: lz4 with its size prefixed.
+pub(crate) fn decode_json(bytes: &[u8]) -> rusqlite::Result<String> {
+    let conversion = |error: Box<dyn std::error::Error + Send + Sync>| {
+        rusqlite::Error::FromSqlConversionFailure(0, rusqlite::types::Type::Blob, error)
+    };
+    let raw = lz4_flex::decompress_size_prepended(bytes).map_err(|error| conversion(Box::new(error)))?;
+    String::from_utf8(raw).map_err(|error| conversion(Box::new(error)))
+}
+
 fn message_row(row: &Row<'_>, offset: usize) -> rusqlite::Result<StoredMessage> {
     Ok(StoredMessage {
         id: MessageId(row.get(offset)?),
         conversation: ConversationId(row.get(offset + 1)?),
         seq: row.get::<_, i64>(offset + 2)? as u64,
         role: row.get(offset + 3)?,
-        json: row.get(offset + 4)?,
+        json: decode_json(&row.get::<_, Vec<u8>>(offset + 4)?)?,
         tokens: row.get::<_, i64>(offset + 5)? as u64,
         created_at_ms: row.get(offset + 6)?,
     })
@@ -186,6 +195,58 @@ pub(crate) fn context(
         });
     }
     Ok(items)
+}
+
+/// The context as references, tokens and unit flags only (no message JSON).
+pub(crate) fn context_refs(connection: &Connection, conversation: ConversationId) -> Result<Vec<ContextRef>> {
+    let mut statement = connection.prepare_cached(
+        "SELECT ci.position, ci.message_id, ci.summary_id, ci.tokens, m.role = 'toolResult'
+         FROM context_items ci LEFT JOIN messages m ON m.id = ci.message_id
+         WHERE ci.conversation_id = ?1 ORDER BY ci.position",
+    )?;
+    let rows = statement.query_map([conversation.0], |row| {
+        let message: Option<i64> = row.get(1)?;
+        let summary: Option<i64> = row.get(2)?;
+        let item = match (message, summary) {
+            (Some(id), _) => ItemRef::Message(MessageId(id)),
+            (None, Some(id)) => ItemRef::Summary(SummaryRowId(id)),
+            (None, None) => ItemRef::Message(MessageId(-1)),
+        };
+        Ok(ContextRef {
+            position: row.get(0)?,
+            item,
+            tokens: row.get::<_, i64>(3)?.max(0) as u64,
+            continues_unit: row.get::<_, Option<bool>>(4)?.unwrap_or(false),
+        })
+    })?;
+    Ok(rows.collect::<rusqlite::Result<_>>()?)
+}
+
+/// The contents of items, in the order asked.
+pub(crate) fn items(connection: &Connection, refs: &[ItemRef]) -> Result<Vec<ItemContent>> {
+    let mut out = Vec::with_capacity(refs.len());
+    for item in refs {
+        let content = match item {
+            ItemRef::Message(id) => message(connection, *id)?.map(ItemContent::Message),
+            ItemRef::Summary(id) => summary(connection, *id)?.map(ItemContent::Summary),
+        };
+        out.push(content.ok_or_else(|| StoreError::NotFound {
+            what: "context item",
+            id: format!("{item:?}"),
+        })?);
+    }
+    Ok(out)
+}
+
+/// The topmost summary above an item (the one that currently covers it), if any.
+pub(crate) fn top_ancestor(connection: &Connection, item: ItemRef) -> Result<Option<StoredSummary>> {
+    let mut current = item;
+    let mut top = None;
+    while let Some(parent) = parent_of(connection, current)? {
+        current = ItemRef::Summary(parent.row_id);
+        top = Some(parent);
+    }
+    Ok(top)
 }
 
 pub(crate) fn items_in_range(
@@ -462,7 +523,7 @@ pub(crate) fn for_each_message_after(
     )?;
     let mut rows = statement.query([after])?;
     while let Some(row) = rows.next()? {
-        let json: String = row.get(5)?;
+        let json = decode_json(&row.get::<_, Vec<u8>>(5)?)?;
         let text = serde_json::from_str::<AgentMessage>(&json)
             .map(|message| message.plain_text())
             .unwrap_or_default();

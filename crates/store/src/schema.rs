@@ -38,7 +38,8 @@ CREATE TABLE messages (
     conversation_id INTEGER NOT NULL REFERENCES conversations (id),
     seq INTEGER NOT NULL,
     role TEXT NOT NULL,
-    json TEXT NOT NULL,
+    -- The message JSON exactly as ingested, lz4-compressed (size-prefixed).
+    json BLOB NOT NULL,
     tokens INTEGER NOT NULL,
     ingest_key BLOB NOT NULL,
     created_at INTEGER NOT NULL,
@@ -163,6 +164,9 @@ pub(crate) fn connect(path: &Path) -> Result<Connection> {
     connection.pragma_update(None, "synchronous", "NORMAL")?;
     connection.pragma_update(None, "foreign_keys", "ON")?;
     connection.pragma_update(None, "temp_store", "MEMORY")?;
+    // Checkpoint often and truncate the WAL after: its size stays small on disk.
+    connection.pragma_update(None, "wal_autocheckpoint", 256)?;
+    connection.pragma_update(None, "journal_size_limit", 1_048_576)?;
     Ok(connection)
 }
 

@@ -197,6 +197,16 @@ impl ContextItem {
     }
 }
 
+/// A context item without its content: what assembly needs to decide what to fetch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ContextRef {
+    pub position: i64,
+    pub item: ItemRef,
+    pub tokens: u64,
+    /// The item continues the unit before it (a tool result).
+    pub continues_unit: bool,
+}
+
 /// A summary to publish in place of a planned run of context items.
 #[derive(Clone, Debug)]
 pub struct NewSummary {

@@ -409,7 +409,7 @@ impl Writer {
                     conversation.0,
                     next_seq,
                     message.role,
-                    message.json,
+                    lz4_flex::compress_prepend_size(message.json.as_bytes()),
                     message.tokens as i64,
                     &message.ingest_key[..],
                     message.created_at_ms

@@ -1,0 +1,55 @@
+//! `workload --transcript FILE --needles FILE [--summarizer fake|extractive] [--json]`
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Parser;
+use vilvona_benches::{RunOptions, SummarizerChoice, run, table, to_json};
+
+#[derive(Parser, Debug)]
+#[command(about = "Runs the reference workload through vilvona's store and lossless engine")]
+struct Args {
+    #[arg(long)]
+    transcript: PathBuf,
+    #[arg(long)]
+    needles: PathBuf,
+    #[arg(long, value_enum, default_value_t = SummarizerChoice::Fake)]
+    summarizer: SummarizerChoice,
+    /// Keep the store here instead of a temporary directory.
+    #[arg(long)]
+    store_dir: Option<PathBuf>,
+    #[arg(long)]
+    json: bool,
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() -> ExitCode {
+    let args = Args::parse();
+    let options = RunOptions {
+        transcript: args.transcript,
+        needles: args.needles,
+        summarizer: args.summarizer,
+        store_dir: args.store_dir,
+        progress_every: if args.json { 0 } else { 1_000 },
+    };
+    match run(&options).await {
+        Ok(figures) if args.json => match to_json(&figures).and_then(|value| Ok(serde_json::to_string_pretty(&value)?)) {
+            Ok(text) => {
+                println!("{text}");
+                ExitCode::SUCCESS
+            }
+            Err(error) => {
+                eprintln!("workload: {error:#}");
+                ExitCode::FAILURE
+            }
+        },
+        Ok(figures) => {
+            print!("{}", table(&figures));
+            ExitCode::SUCCESS
+        }
+        Err(error) => {
+            eprintln!("workload: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

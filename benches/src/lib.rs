@@ -1,0 +1,374 @@
+//! The workload runner: the reference plugin's benchmark, run through vilvona's real store and
+//! lossless engine.
+//!
+//! For each turn of a transcript: ingest the turn's messages as one batch; run the after-turn
+//! compaction at a 128,000-token budget (threshold 0.75); every 10th turn assemble at 128,000.
+//! Then grep every needle's query and check its answer is in a returned row, and count the
+//! needle answers present verbatim in one final assembly. The summarizer's own time is measured
+//! and subtracted from compaction time.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result, anyhow};
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use vilvona_core::engine::{AssembleParams, ContextEngine, IngestBatchParams};
+use vilvona_core::message::AgentMessage;
+use vilvona_core::summarize::{SummarizeError, Summarizer, Summary, SummaryRequest};
+use vilvona_core::tokens::{HeuristicEstimator, TokenEstimator};
+use vilvona_lossless::{LosslessConfig, LosslessEngine, ToolCaller};
+use vilvona_summarize::ExtractiveSummarizer;
+use vilvona_transcript::{Cursor, Entry, read_entries};
+
+/// The budget every step uses.
+pub const BUDGET: u64 = 128_000;
+
+/// The workload's summarizer: ~zero cost, so the engine's own overhead is what is measured.
+/// `"Summary: "` + the first `4 × min(2400, ceil(0.35 × ceil(len/4)))` characters of the source.
+#[derive(Debug, Default)]
+pub struct FakeSummarizer {
+    pub nanos: AtomicU64,
+    pub calls: AtomicU64,
+}
+
+#[async_trait]
+impl Summarizer for FakeSummarizer {
+    fn id(&self) -> &str {
+        "fake/v1"
+    }
+
+    async fn summarize(&self, request: &SummaryRequest) -> Result<Summary, SummarizeError> {
+        let started = Instant::now();
+        let source = request.source_text();
+        let tokens = (source.chars().count() as f64 / 4.0).ceil();
+        let keep = 4 * (2_400.0_f64).min((0.35 * tokens).ceil()) as usize;
+        let mut text = String::from("Summary: ");
+        text.extend(source.chars().take(keep));
+        self.nanos.fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        Ok(Summary {
+            text,
+            level: request.level,
+        })
+    }
+}
+
+/// Times another summarizer.
+#[derive(Debug)]
+pub struct TimedSummarizer<S> {
+    pub inner: S,
+    pub nanos: AtomicU64,
+    pub calls: AtomicU64,
+}
+
+#[async_trait]
+impl<S: Summarizer> Summarizer for TimedSummarizer<S> {
+    fn id(&self) -> &str {
+        self.inner.id()
+    }
+
+    async fn summarize(&self, request: &SummaryRequest) -> Result<Summary, SummarizeError> {
+        let started = Instant::now();
+        let result = self.inner.summarize(request).await;
+        self.nanos.fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        result
+    }
+}
+
+/// A planted fact, as `gen_session.py --needles` writes it.
+#[derive(Clone, Debug, Deserialize)]
+pub struct Needle {
+    pub query: String,
+    pub answer: String,
+}
+
+/// Which summarizer the run uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum SummarizerChoice {
+    Fake,
+    Extractive,
+}
+
+/// Median and 99th percentile, in milliseconds.
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct Spread {
+    pub median_ms: f64,
+    pub p99_ms: f64,
+    pub count: usize,
+}
+
+fn spread(samples: &[Duration]) -> Spread {
+    if samples.is_empty() {
+        return Spread::default();
+    }
+    let mut sorted: Vec<f64> = samples.iter().map(|d| d.as_secs_f64() * 1_000.0).collect();
+    sorted.sort_by(f64::total_cmp);
+    let at = |q: f64| sorted[((sorted.len() - 1) as f64 * q).round() as usize];
+    Spread {
+        median_ms: at(0.5),
+        p99_ms: at(0.99),
+        count: sorted.len(),
+    }
+}
+
+/// Everything the runner records.
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Figures {
+    pub transcript: String,
+    pub summarizer: SummarizerChoice,
+    pub turns: usize,
+    pub messages: usize,
+    pub ingest: Spread,
+    pub ingest_median_by_tenth_ms: Vec<f64>,
+    pub compaction: Spread,
+    pub compacting_turns: usize,
+    pub summarizer_calls: u64,
+    pub summarizer_ms_per_call: f64,
+    pub summaries_by_depth: std::collections::BTreeMap<u32, u64>,
+    pub assemble: Spread,
+    pub final_estimated_tokens: u64,
+    pub grep: Spread,
+    pub needles: usize,
+    pub needles_found: usize,
+    pub needles_in_final_context: usize,
+    pub store_bytes: u64,
+    pub transcript_bytes: u64,
+    pub store_to_transcript: f64,
+    pub peak_rss_mib: f64,
+    pub wall_s: f64,
+}
+
+/// Peak resident memory of this process (Linux `VmHWM`), in MiB.
+pub fn peak_rss_mib() -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            status
+                .lines()
+                .find_map(|line| line.strip_prefix("VmHWM:"))
+                .and_then(|value| value.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        })
+        .map_or(0.0, |kib| kib / 1024.0)
+}
+
+/// A transcript's turns: a user message and everything until the next one.
+pub fn read_turns(path: &Path) -> Result<Vec<Vec<(AgentMessage, String)>>> {
+    let mut turns: Vec<Vec<(AgentMessage, String)>> = Vec::new();
+    read_entries(path, Cursor::default(), |located| {
+        if let Entry::Message(entry) = located.entry {
+            if matches!(entry.message, AgentMessage::User(_)) || turns.is_empty() {
+                turns.push(Vec::new());
+            }
+            if let Some(turn) = turns.last_mut() {
+                turn.push((entry.message, entry.id));
+            }
+        }
+        Ok(())
+    })
+    .with_context(|| format!("reading {}", path.display()))?;
+    Ok(turns)
+}
+
+/// How to run.
+#[derive(Clone, Debug)]
+pub struct RunOptions {
+    pub transcript: PathBuf,
+    pub needles: PathBuf,
+    pub summarizer: SummarizerChoice,
+    /// Where the store goes (a temporary directory when `None`).
+    pub store_dir: Option<PathBuf>,
+    /// Print progress every this many turns (0 = silent).
+    pub progress_every: usize,
+}
+
+/// Runs the workload.
+pub async fn run(options: &RunOptions) -> Result<Figures> {
+    let started = Instant::now();
+    let turns = read_turns(&options.transcript)?;
+    let needles: Vec<Needle> = serde_json::from_str(
+        &std::fs::read_to_string(&options.needles).with_context(|| format!("reading {}", options.needles.display()))?,
+    )
+    .with_context(|| format!("parsing {}", options.needles.display()))?;
+    let temporary = tempfile::TempDir::new().context("creating a temporary store directory")?;
+    let store_dir = options.store_dir.clone().unwrap_or_else(|| temporary.path().join("store"));
+    let estimator: Arc<dyn TokenEstimator> = Arc::new(HeuristicEstimator);
+    let fake = Arc::new(FakeSummarizer::default());
+    let timed = Arc::new(TimedSummarizer {
+        inner: ExtractiveSummarizer::new(estimator.clone()),
+        nanos: AtomicU64::new(0),
+        calls: AtomicU64::new(0),
+    });
+    let (summarizer, summarizer_nanos, summarizer_calls): (Arc<dyn Summarizer>, Box<dyn Fn() -> u64>, Box<dyn Fn() -> u64>) = match options.summarizer {
+        SummarizerChoice::Fake => {
+            let (a, b) = (fake.clone(), fake.clone());
+            (fake.clone(), Box::new(move || a.nanos.load(Ordering::Relaxed)), Box::new(move || b.calls.load(Ordering::Relaxed)))
+        }
+        SummarizerChoice::Extractive => {
+            let (a, b) = (timed.clone(), timed.clone());
+            (timed.clone(), Box::new(move || a.nanos.load(Ordering::Relaxed)), Box::new(move || b.calls.load(Ordering::Relaxed)))
+        }
+    };
+    let config = LosslessConfig {
+        default_token_budget: BUDGET,
+        ..LosslessConfig::default()
+    };
+    let engine = LosslessEngine::open(&store_dir, config, summarizer, estimator)
+        .await
+        .map_err(|error| anyhow!("opening the store: {error}"))?;
+    let session = "workload";
+    let conversation = engine.conversation(session, Some("agent:main:workload")).await?;
+
+    let mut ingest = Vec::with_capacity(turns.len());
+    let mut compaction = Vec::new();
+    let mut assemble = Vec::new();
+    let mut messages = 0;
+    for (index, turn) in turns.iter().enumerate() {
+        messages += turn.len();
+        let (batch, ids): (Vec<AgentMessage>, Vec<Option<String>>) =
+            turn.iter().map(|(message, id)| (message.clone(), Some(id.clone()))).unzip();
+        let begin = Instant::now();
+        engine
+            .ingest_batch(&IngestBatchParams {
+                session_id: session.to_owned(),
+                session_key: Some("agent:main:workload".to_owned()),
+                messages: batch,
+                entry_ids: ids,
+                is_heartbeat: false,
+            })
+            .await?;
+        ingest.push(begin.elapsed());
+
+        let summarizer_before = summarizer_nanos();
+        let begin = Instant::now();
+        let report = engine.compact_conversation(conversation.id, BUDGET, false, None, None, None).await?;
+        let elapsed = begin.elapsed();
+        if report.summaries_created > 0 {
+            let own = Duration::from_nanos(summarizer_nanos() - summarizer_before);
+            compaction.push(elapsed.saturating_sub(own));
+        }
+        if (index + 1) % 10 == 0 {
+            let begin = Instant::now();
+            engine.assemble_context(conversation.id, BUDGET).await?;
+            assemble.push(begin.elapsed());
+        }
+        if options.progress_every > 0 && (index + 1) % options.progress_every == 0 {
+            eprintln!("  {} / {} turns", index + 1, turns.len());
+        }
+    }
+
+    let caller = ToolCaller {
+        session_id: session.to_owned(),
+        session_key: Some("agent:main:workload".to_owned()),
+    };
+    // Grep in steady state: the index commits on a short timer in real use; make the pending
+    // documents visible before timing, as a turn later would find them.
+    engine.store().index_doc_count().await?;
+    let mut grep = Vec::with_capacity(needles.len());
+    let mut found = 0;
+    for needle in &needles {
+        let begin = Instant::now();
+        let result = engine
+            .call_tool(&caller, "vilvona_grep", &json!({"query": needle.query, "mode": "text", "scope": "both"}))
+            .await?;
+        grep.push(begin.elapsed());
+        let mut hit = false;
+        for row in result["results"].as_array().cloned().unwrap_or_default() {
+            let described = engine.call_tool(&caller, "vilvona_describe", &json!({"id": row["id"]})).await?;
+            let text = described["text"].as_str().or_else(|| described["content"].as_str()).unwrap_or("");
+            if text.contains(&needle.answer) {
+                hit = true;
+                break;
+            }
+        }
+        found += usize::from(hit);
+    }
+    let assembled = engine
+        .assemble(&AssembleParams {
+            session_id: session.to_owned(),
+            session_key: Some("agent:main:workload".to_owned()),
+            token_budget: Some(BUDGET),
+            ..AssembleParams::default()
+        })
+        .await?;
+    let context_text: String = assembled.messages.iter().map(AgentMessage::plain_text).collect::<Vec<_>>().join("\n");
+    let in_context = needles.iter().filter(|needle| context_text.contains(&needle.answer)).count();
+
+    let items = engine.store().context(conversation.id).await?;
+    let mut by_depth = std::collections::BTreeMap::new();
+    let integrity = engine.store().integrity_check().await?;
+    for item in &items {
+        if let vilvona_store::ItemContent::Summary(summary) = &item.content {
+            *by_depth.entry(summary.depth).or_insert(0) += 1;
+        }
+    }
+    if !integrity.is_healthy() {
+        return Err(anyhow!("the store failed its integrity check: {:?}", integrity.problems));
+    }
+    let store_bytes = engine.store().disk_bytes();
+    let transcript_bytes = std::fs::metadata(&options.transcript).map_or(0, |meta| meta.len());
+    let tenths: Vec<f64> = (0..10)
+        .map(|tenth| {
+            let chunk = ingest.len().div_ceil(10).max(1);
+            let slice: Vec<Duration> = ingest.iter().skip(tenth * chunk).take(chunk).copied().collect();
+            spread(&slice).median_ms
+        })
+        .collect();
+    let calls = summarizer_calls();
+    Ok(Figures {
+        transcript: options.transcript.display().to_string(),
+        summarizer: options.summarizer,
+        turns: turns.len(),
+        messages,
+        ingest: spread(&ingest),
+        ingest_median_by_tenth_ms: tenths,
+        compacting_turns: compaction.len(),
+        compaction: spread(&compaction),
+        summarizer_calls: calls,
+        summarizer_ms_per_call: if calls == 0 { 0.0 } else { summarizer_nanos() as f64 / calls as f64 / 1e6 },
+        summaries_by_depth: by_depth,
+        assemble: spread(&assemble),
+        final_estimated_tokens: assembled.estimated_tokens,
+        grep: spread(&grep),
+        needles: needles.len(),
+        needles_found: found,
+        needles_in_final_context: in_context,
+        store_bytes,
+        transcript_bytes,
+        store_to_transcript: if transcript_bytes == 0 { 0.0 } else { store_bytes as f64 / transcript_bytes as f64 },
+        peak_rss_mib: peak_rss_mib(),
+        wall_s: started.elapsed().as_secs_f64(),
+    })
+}
+
+/// The figures as a small table.
+pub fn table(figures: &Figures) -> String {
+    let value = |spread: &Spread| format!("{:.3} ms (p99 {:.3} ms, n={})", spread.median_ms, spread.p99_ms, spread.count);
+    let tenths: Vec<String> = figures.ingest_median_by_tenth_ms.iter().map(|ms| format!("{ms:.3}")).collect();
+    let rows: Vec<(&str, String)> = vec![
+        ("transcript", format!("{} ({} turns, {} messages)", figures.transcript, figures.turns, figures.messages)),
+        ("summarizer", format!("{:?} ({} calls, {:.3} ms per call)", figures.summarizer, figures.summarizer_calls, figures.summarizer_ms_per_call)),
+        ("ingest per turn, median", value(&figures.ingest)),
+        ("ingest medians by tenth", format!("{} ms", tenths.join(" → "))),
+        ("compaction per compacting turn", format!("{} over {} turns", value(&figures.compaction), figures.compacting_turns)),
+        ("summaries by depth", format!("{:?}", figures.summaries_by_depth)),
+        ("assemble at 128k", format!("{}, {} tokens assembled", value(&figures.assemble), figures.final_estimated_tokens)),
+        ("grep", format!("{}; {}/{} needles found", value(&figures.grep), figures.needles_found, figures.needles)),
+        ("needles in the final context", format!("{} of {}", figures.needles_in_final_context, figures.needles)),
+        ("store ÷ transcript bytes", format!("{:.2}× ({} / {})", figures.store_to_transcript, figures.store_bytes, figures.transcript_bytes)),
+        ("peak RSS", format!("{:.0} MiB", figures.peak_rss_mib)),
+        ("wall time", format!("{:.1} s", figures.wall_s)),
+    ];
+    rows.iter().map(|(name, value)| format!("{name:<32} {value}\n")).collect()
+}
+
+/// The figures as one JSON document.
+pub fn to_json(figures: &Figures) -> Result<Value> {
+    Ok(serde_json::to_value(figures)?)
+}
