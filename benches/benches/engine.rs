@@ -1,4 +1,5 @@
 //! Criterion benches of the engine's hot paths at several history sizes.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::sync::Arc;
 
@@ -6,7 +7,7 @@ use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use serde_json::json;
 use vilvona_benches::FakeSummarizer;
 use vilvona_core::engine::{ContextEngine, IngestBatchParams};
-use vilvona_core::tokens::{HeuristicEstimator, TokenEstimator};
+use vilvona_core::tokens::HeuristicEstimator;
 use vilvona_lossless::{LosslessConfig, LosslessEngine, ToolCaller};
 use vilvona_summarize::{TokenizerKind, estimator};
 
@@ -21,14 +22,18 @@ struct Fixture {
 }
 
 fn fixture(turns: usize) -> Fixture {
-    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
     let dir = tempfile::TempDir::new().unwrap();
     let workload = vilvona_workload::generate(turns + 2_000, 7, 10);
     let engine = runtime.block_on(async {
         let engine = LosslessEngine::open(
             &dir.path().join("store"),
             LosslessConfig::default(),
-            Arc::new(FakeSummarizer::default()),
+            Arc::new(FakeSummarizer),
             Arc::new(HeuristicEstimator),
         )
         .await
@@ -36,7 +41,10 @@ fn fixture(turns: usize) -> Fixture {
         for turn in 0..turns {
             ingest_turn(&engine, &workload, turn).await;
             let conversation = engine.conversation("bench", None).await.unwrap();
-            engine.compact_conversation(conversation.id, 128_000, false, None, None, None).await.unwrap();
+            engine
+                .compact_conversation(conversation.id, 128_000, false, None, None, None)
+                .await
+                .unwrap();
         }
         engine
     });
@@ -51,8 +59,14 @@ fn fixture(turns: usize) -> Fixture {
 
 async fn ingest_turn(engine: &LosslessEngine, workload: &vilvona_workload::Workload, turn: usize) {
     let range = workload.turns[turn % workload.turns.len()].clone();
-    let messages = workload.entries[range.clone()].iter().map(|e| e.message.clone()).collect();
-    let ids = workload.entries[range].iter().map(|e| Some(format!("{}-{turn}", e.id))).collect();
+    let messages = workload.entries[range.clone()]
+        .iter()
+        .map(|e| e.message.clone())
+        .collect();
+    let ids = workload.entries[range]
+        .iter()
+        .map(|e| Some(format!("{}-{turn}", e.id)))
+        .collect();
     engine
         .ingest_batch(&IngestBatchParams {
             session_id: "bench".to_owned(),
@@ -69,33 +83,61 @@ fn benches(c: &mut Criterion) {
     group.sample_size(20);
     for size in SIZES {
         let fixture = fixture(size);
-        let conversation = fixture.runtime.block_on(fixture.engine.conversation("bench", None)).unwrap();
+        let conversation = fixture
+            .runtime
+            .block_on(fixture.engine.conversation("bench", None))
+            .unwrap();
         group.bench_with_input(BenchmarkId::new("ingest_turn", size), &size, |b, _| {
             b.iter(|| {
                 let turn = fixture.next_turn.get();
                 fixture.next_turn.set(turn + 1);
-                fixture.runtime.block_on(ingest_turn(&fixture.engine, &fixture.workload, turn));
+                fixture
+                    .runtime
+                    .block_on(ingest_turn(&fixture.engine, &fixture.workload, turn));
             });
         });
         group.bench_with_input(BenchmarkId::new("assemble_128k", size), &size, |b, _| {
-            b.iter(|| fixture.runtime.block_on(fixture.engine.assemble_context(conversation.id, 128_000)).unwrap());
+            b.iter(|| {
+                fixture
+                    .runtime
+                    .block_on(fixture.engine.assemble_context(conversation.id, 128_000))
+                    .unwrap()
+            });
         });
         group.bench_with_input(BenchmarkId::new("compaction_check", size), &size, |b, _| {
             b.iter(|| {
                 fixture
                     .runtime
-                    .block_on(fixture.engine.compact_conversation(conversation.id, 128_000, false, None, None, None))
+                    .block_on(fixture.engine.compact_conversation(
+                        conversation.id,
+                        128_000,
+                        false,
+                        None,
+                        None,
+                        None,
+                    ))
                     .unwrap()
             });
         });
-        group.bench_with_input(BenchmarkId::new("compaction_pass_forced", size), &size, |b, _| {
-            b.iter(|| {
-                fixture
-                    .runtime
-                    .block_on(fixture.engine.compact_conversation(conversation.id, 128_000, true, None, None, None))
-                    .unwrap()
-            });
-        });
+        group.bench_with_input(
+            BenchmarkId::new("compaction_pass_forced", size),
+            &size,
+            |b, _| {
+                b.iter(|| {
+                    fixture
+                        .runtime
+                        .block_on(fixture.engine.compact_conversation(
+                            conversation.id,
+                            128_000,
+                            true,
+                            None,
+                            None,
+                            None,
+                        ))
+                        .unwrap()
+                });
+            },
+        );
         let caller = ToolCaller {
             session_id: "bench".to_owned(),
             session_key: None,
@@ -104,7 +146,11 @@ fn benches(c: &mut Criterion) {
             b.iter(|| {
                 fixture
                     .runtime
-                    .block_on(fixture.engine.call_tool(&caller, "vilvona_grep", &json!({"query": "staging database password rotation"})))
+                    .block_on(fixture.engine.call_tool(
+                        &caller,
+                        "vilvona_grep",
+                        &json!({"query": "staging database password rotation"}),
+                    ))
                     .unwrap()
             });
         });
@@ -113,7 +159,11 @@ fn benches(c: &mut Criterion) {
 
     let mut tokens = c.benchmark_group("tokens");
     let text = vilvona_workload::generate(20, 7, 1).to_jsonl();
-    for (name, kind) in [("heuristic", TokenizerKind::Heuristic), ("o200k", TokenizerKind::O200k), ("cl100k", TokenizerKind::Cl100k)] {
+    for (name, kind) in [
+        ("heuristic", TokenizerKind::Heuristic),
+        ("o200k", TokenizerKind::O200k),
+        ("cl100k", TokenizerKind::Cl100k),
+    ] {
         let estimator = estimator(kind, 1.0);
         tokens.bench_function(name, |b| b.iter(|| estimator.text_tokens(&text)));
     }

@@ -30,10 +30,7 @@ pub const BUDGET: u64 = 128_000;
 /// The workload's summarizer: ~zero cost, so the engine's own overhead is what is measured.
 /// `"Summary: "` + the first `4 × min(2400, ceil(0.35 × ceil(len/4)))` characters of the source.
 #[derive(Debug, Default)]
-pub struct FakeSummarizer {
-    pub nanos: AtomicU64,
-    pub calls: AtomicU64,
-}
+pub struct FakeSummarizer;
 
 #[async_trait]
 impl Summarizer for FakeSummarizer {
@@ -42,14 +39,11 @@ impl Summarizer for FakeSummarizer {
     }
 
     async fn summarize(&self, request: &SummaryRequest) -> Result<Summary, SummarizeError> {
-        let started = Instant::now();
         let source = request.source_text();
         let tokens = (source.chars().count() as f64 / 4.0).ceil();
         let keep = 4 * (2_400.0_f64).min((0.35 * tokens).ceil()) as usize;
         let mut text = String::from("Summary: ");
         text.extend(source.chars().take(keep));
-        self.nanos.fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
-        self.calls.fetch_add(1, Ordering::Relaxed);
         Ok(Summary {
             text,
             level: request.level,
@@ -57,16 +51,16 @@ impl Summarizer for FakeSummarizer {
     }
 }
 
-/// Times another summarizer.
+/// Times another summarizer: its own time is subtracted from compaction time.
 #[derive(Debug)]
-pub struct TimedSummarizer<S> {
-    pub inner: S,
+pub struct TimedSummarizer {
+    pub inner: Arc<dyn Summarizer>,
     pub nanos: AtomicU64,
     pub calls: AtomicU64,
 }
 
 #[async_trait]
-impl<S: Summarizer> Summarizer for TimedSummarizer<S> {
+impl Summarizer for TimedSummarizer {
     fn id(&self) -> &str {
         self.inner.id()
     }
@@ -74,7 +68,8 @@ impl<S: Summarizer> Summarizer for TimedSummarizer<S> {
     async fn summarize(&self, request: &SummaryRequest) -> Result<Summary, SummarizeError> {
         let started = Instant::now();
         let result = self.inner.summarize(request).await;
-        self.nanos.fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        self.nanos
+            .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
         self.calls.fetch_add(1, Ordering::Relaxed);
         result
     }
@@ -153,27 +148,49 @@ pub fn peak_rss_mib() -> f64 {
             status
                 .lines()
                 .find_map(|line| line.strip_prefix("VmHWM:"))
-                .and_then(|value| value.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+                .and_then(|value| {
+                    value
+                        .trim()
+                        .trim_end_matches("kB")
+                        .trim()
+                        .parse::<f64>()
+                        .ok()
+                })
         })
         .map_or(0.0, |kib| kib / 1024.0)
 }
 
-/// A transcript's turns: a user message and everything until the next one.
-pub fn read_turns(path: &Path) -> Result<Vec<Vec<(AgentMessage, String)>>> {
-    let mut turns: Vec<Vec<(AgentMessage, String)>> = Vec::new();
-    read_entries(path, Cursor::default(), |located| {
-        if let Entry::Message(entry) = located.entry {
-            if matches!(entry.message, AgentMessage::User(_)) || turns.is_empty() {
-                turns.push(Vec::new());
+/// One turn: a user message and everything until the next one, with entry ids.
+pub type Turn = Vec<(AgentMessage, String)>;
+
+/// Streams a transcript's turns through a small channel, so memory does not grow with the
+/// transcript: a reader thread parses while the engine works.
+pub fn stream_turns(path: &Path) -> tokio::sync::mpsc::Receiver<Result<Turn>> {
+    let (sender, receiver) = tokio::sync::mpsc::channel::<Result<Turn>>(64);
+    let path = path.to_owned();
+    std::thread::spawn(move || {
+        let mut current: Turn = Vec::new();
+        let outcome = read_entries(&path, Cursor::default(), |located| {
+            if let Entry::Message(entry) = located.entry {
+                if matches!(entry.message, AgentMessage::User(_)) && !current.is_empty() {
+                    let turn = std::mem::take(&mut current);
+                    sender
+                        .blocking_send(Ok(turn))
+                        .map_err(|_| "the runner stopped".to_owned())?;
+                }
+                current.push((entry.message, entry.id));
             }
-            if let Some(turn) = turns.last_mut() {
-                turn.push((entry.message, entry.id));
-            }
+            Ok(())
+        });
+        let last = match outcome {
+            Ok(_) => (!current.is_empty()).then_some(Ok(current)),
+            Err(error) => Some(Err(anyhow!("reading {}: {error}", path.display()))),
+        };
+        if let Some(last) = last {
+            let _ = sender.blocking_send(last);
         }
-        Ok(())
-    })
-    .with_context(|| format!("reading {}", path.display()))?;
-    Ok(turns)
+    });
+    receiver
 }
 
 /// How to run.
@@ -191,30 +208,30 @@ pub struct RunOptions {
 /// Runs the workload.
 pub async fn run(options: &RunOptions) -> Result<Figures> {
     let started = Instant::now();
-    let turns = read_turns(&options.transcript)?;
+    let mut turns = stream_turns(&options.transcript);
     let needles: Vec<Needle> = serde_json::from_str(
-        &std::fs::read_to_string(&options.needles).with_context(|| format!("reading {}", options.needles.display()))?,
+        &std::fs::read_to_string(&options.needles)
+            .with_context(|| format!("reading {}", options.needles.display()))?,
     )
     .with_context(|| format!("parsing {}", options.needles.display()))?;
     let temporary = tempfile::TempDir::new().context("creating a temporary store directory")?;
-    let store_dir = options.store_dir.clone().unwrap_or_else(|| temporary.path().join("store"));
+    let store_dir = options
+        .store_dir
+        .clone()
+        .unwrap_or_else(|| temporary.path().join("store"));
     let estimator: Arc<dyn TokenEstimator> = Arc::new(HeuristicEstimator);
-    let fake = Arc::new(FakeSummarizer::default());
+    let inner: Arc<dyn Summarizer> = match options.summarizer {
+        SummarizerChoice::Fake => Arc::new(FakeSummarizer),
+        SummarizerChoice::Extractive => Arc::new(ExtractiveSummarizer::new(estimator.clone())),
+    };
     let timed = Arc::new(TimedSummarizer {
-        inner: ExtractiveSummarizer::new(estimator.clone()),
+        inner,
         nanos: AtomicU64::new(0),
         calls: AtomicU64::new(0),
     });
-    let (summarizer, summarizer_nanos, summarizer_calls): (Arc<dyn Summarizer>, Box<dyn Fn() -> u64>, Box<dyn Fn() -> u64>) = match options.summarizer {
-        SummarizerChoice::Fake => {
-            let (a, b) = (fake.clone(), fake.clone());
-            (fake.clone(), Box::new(move || a.nanos.load(Ordering::Relaxed)), Box::new(move || b.calls.load(Ordering::Relaxed)))
-        }
-        SummarizerChoice::Extractive => {
-            let (a, b) = (timed.clone(), timed.clone());
-            (timed.clone(), Box::new(move || a.nanos.load(Ordering::Relaxed)), Box::new(move || b.calls.load(Ordering::Relaxed)))
-        }
-    };
+    let summarizer_nanos = || timed.nanos.load(Ordering::Relaxed);
+    let summarizer_calls = || timed.calls.load(Ordering::Relaxed);
+    let summarizer: Arc<dyn Summarizer> = timed.clone();
     let config = LosslessConfig {
         default_token_budget: BUDGET,
         ..LosslessConfig::default()
@@ -223,16 +240,22 @@ pub async fn run(options: &RunOptions) -> Result<Figures> {
         .await
         .map_err(|error| anyhow!("opening the store: {error}"))?;
     let session = "workload";
-    let conversation = engine.conversation(session, Some("agent:main:workload")).await?;
+    let conversation = engine
+        .conversation(session, Some("agent:main:workload"))
+        .await?;
 
-    let mut ingest = Vec::with_capacity(turns.len());
+    let mut ingest = Vec::new();
     let mut compaction = Vec::new();
     let mut assemble = Vec::new();
     let mut messages = 0;
-    for (index, turn) in turns.iter().enumerate() {
+    let mut index = 0;
+    while let Some(turn) = turns.recv().await {
+        let turn = turn?;
         messages += turn.len();
-        let (batch, ids): (Vec<AgentMessage>, Vec<Option<String>>) =
-            turn.iter().map(|(message, id)| (message.clone(), Some(id.clone()))).unzip();
+        let (batch, ids): (Vec<AgentMessage>, Vec<Option<String>>) = turn
+            .iter()
+            .map(|(message, id)| (message.clone(), Some(id.clone())))
+            .unzip();
         let begin = Instant::now();
         engine
             .ingest_batch(&IngestBatchParams {
@@ -247,7 +270,9 @@ pub async fn run(options: &RunOptions) -> Result<Figures> {
 
         let summarizer_before = summarizer_nanos();
         let begin = Instant::now();
-        let report = engine.compact_conversation(conversation.id, BUDGET, false, None, None, None).await?;
+        let report = engine
+            .compact_conversation(conversation.id, BUDGET, false, None, None, None)
+            .await?;
         let elapsed = begin.elapsed();
         if report.summaries_created > 0 {
             let own = Duration::from_nanos(summarizer_nanos() - summarizer_before);
@@ -259,9 +284,11 @@ pub async fn run(options: &RunOptions) -> Result<Figures> {
             assemble.push(begin.elapsed());
         }
         if options.progress_every > 0 && (index + 1) % options.progress_every == 0 {
-            eprintln!("  {} / {} turns", index + 1, turns.len());
+            eprintln!("  {} turns", index + 1);
         }
+        index += 1;
     }
+    let turn_count = index;
 
     let caller = ToolCaller {
         session_id: session.to_owned(),
@@ -275,13 +302,22 @@ pub async fn run(options: &RunOptions) -> Result<Figures> {
     for needle in &needles {
         let begin = Instant::now();
         let result = engine
-            .call_tool(&caller, "vilvona_grep", &json!({"query": needle.query, "mode": "text", "scope": "both"}))
+            .call_tool(
+                &caller,
+                "vilvona_grep",
+                &json!({"query": needle.query, "mode": "text", "scope": "both"}),
+            )
             .await?;
         grep.push(begin.elapsed());
         let mut hit = false;
         for row in result["results"].as_array().cloned().unwrap_or_default() {
-            let described = engine.call_tool(&caller, "vilvona_describe", &json!({"id": row["id"]})).await?;
-            let text = described["text"].as_str().or_else(|| described["content"].as_str()).unwrap_or("");
+            let described = engine
+                .call_tool(&caller, "vilvona_describe", &json!({"id": row["id"]}))
+                .await?;
+            let text = described["text"]
+                .as_str()
+                .or_else(|| described["content"].as_str())
+                .unwrap_or("");
             if text.contains(&needle.answer) {
                 hit = true;
                 break;
@@ -297,8 +333,16 @@ pub async fn run(options: &RunOptions) -> Result<Figures> {
             ..AssembleParams::default()
         })
         .await?;
-    let context_text: String = assembled.messages.iter().map(AgentMessage::plain_text).collect::<Vec<_>>().join("\n");
-    let in_context = needles.iter().filter(|needle| context_text.contains(&needle.answer)).count();
+    let context_text: String = assembled
+        .messages
+        .iter()
+        .map(AgentMessage::plain_text)
+        .collect::<Vec<_>>()
+        .join("\n");
+    let in_context = needles
+        .iter()
+        .filter(|needle| context_text.contains(&needle.answer))
+        .count();
 
     let items = engine.store().context(conversation.id).await?;
     let mut by_depth = std::collections::BTreeMap::new();
@@ -309,14 +353,22 @@ pub async fn run(options: &RunOptions) -> Result<Figures> {
         }
     }
     if !integrity.is_healthy() {
-        return Err(anyhow!("the store failed its integrity check: {:?}", integrity.problems));
+        return Err(anyhow!(
+            "the store failed its integrity check: {:?}",
+            integrity.problems
+        ));
     }
     let store_bytes = engine.store().disk_bytes();
     let transcript_bytes = std::fs::metadata(&options.transcript).map_or(0, |meta| meta.len());
     let tenths: Vec<f64> = (0..10)
         .map(|tenth| {
             let chunk = ingest.len().div_ceil(10).max(1);
-            let slice: Vec<Duration> = ingest.iter().skip(tenth * chunk).take(chunk).copied().collect();
+            let slice: Vec<Duration> = ingest
+                .iter()
+                .skip(tenth * chunk)
+                .take(chunk)
+                .copied()
+                .collect();
             spread(&slice).median_ms
         })
         .collect();
@@ -324,14 +376,18 @@ pub async fn run(options: &RunOptions) -> Result<Figures> {
     Ok(Figures {
         transcript: options.transcript.display().to_string(),
         summarizer: options.summarizer,
-        turns: turns.len(),
+        turns: turn_count,
         messages,
         ingest: spread(&ingest),
         ingest_median_by_tenth_ms: tenths,
         compacting_turns: compaction.len(),
         compaction: spread(&compaction),
         summarizer_calls: calls,
-        summarizer_ms_per_call: if calls == 0 { 0.0 } else { summarizer_nanos() as f64 / calls as f64 / 1e6 },
+        summarizer_ms_per_call: if calls == 0 {
+            0.0
+        } else {
+            summarizer_nanos() as f64 / calls as f64 / 1e6
+        },
         summaries_by_depth: by_depth,
         assemble: spread(&assemble),
         final_estimated_tokens: assembled.estimated_tokens,
@@ -341,7 +397,11 @@ pub async fn run(options: &RunOptions) -> Result<Figures> {
         needles_in_final_context: in_context,
         store_bytes,
         transcript_bytes,
-        store_to_transcript: if transcript_bytes == 0 { 0.0 } else { store_bytes as f64 / transcript_bytes as f64 },
+        store_to_transcript: if transcript_bytes == 0 {
+            0.0
+        } else {
+            store_bytes as f64 / transcript_bytes as f64
+        },
         peak_rss_mib: peak_rss_mib(),
         wall_s: started.elapsed().as_secs_f64(),
     })
@@ -349,23 +409,86 @@ pub async fn run(options: &RunOptions) -> Result<Figures> {
 
 /// The figures as a small table.
 pub fn table(figures: &Figures) -> String {
-    let value = |spread: &Spread| format!("{:.3} ms (p99 {:.3} ms, n={})", spread.median_ms, spread.p99_ms, spread.count);
-    let tenths: Vec<String> = figures.ingest_median_by_tenth_ms.iter().map(|ms| format!("{ms:.3}")).collect();
+    let value = |spread: &Spread| {
+        format!(
+            "{:.3} ms (p99 {:.3} ms, n={})",
+            spread.median_ms, spread.p99_ms, spread.count
+        )
+    };
+    let tenths: Vec<String> = figures
+        .ingest_median_by_tenth_ms
+        .iter()
+        .map(|ms| format!("{ms:.3}"))
+        .collect();
     let rows: Vec<(&str, String)> = vec![
-        ("transcript", format!("{} ({} turns, {} messages)", figures.transcript, figures.turns, figures.messages)),
-        ("summarizer", format!("{:?} ({} calls, {:.3} ms per call)", figures.summarizer, figures.summarizer_calls, figures.summarizer_ms_per_call)),
+        (
+            "transcript",
+            format!(
+                "{} ({} turns, {} messages)",
+                figures.transcript, figures.turns, figures.messages
+            ),
+        ),
+        (
+            "summarizer",
+            format!(
+                "{:?} ({} calls, {:.3} ms per call)",
+                figures.summarizer, figures.summarizer_calls, figures.summarizer_ms_per_call
+            ),
+        ),
         ("ingest per turn, median", value(&figures.ingest)),
-        ("ingest medians by tenth", format!("{} ms", tenths.join(" → "))),
-        ("compaction per compacting turn", format!("{} over {} turns", value(&figures.compaction), figures.compacting_turns)),
-        ("summaries by depth", format!("{:?}", figures.summaries_by_depth)),
-        ("assemble at 128k", format!("{}, {} tokens assembled", value(&figures.assemble), figures.final_estimated_tokens)),
-        ("grep", format!("{}; {}/{} needles found", value(&figures.grep), figures.needles_found, figures.needles)),
-        ("needles in the final context", format!("{} of {}", figures.needles_in_final_context, figures.needles)),
-        ("store ÷ transcript bytes", format!("{:.2}× ({} / {})", figures.store_to_transcript, figures.store_bytes, figures.transcript_bytes)),
+        (
+            "ingest medians by tenth",
+            format!("{} ms", tenths.join(" → ")),
+        ),
+        (
+            "compaction per compacting turn",
+            format!(
+                "{} over {} turns",
+                value(&figures.compaction),
+                figures.compacting_turns
+            ),
+        ),
+        (
+            "summaries by depth",
+            format!("{:?}", figures.summaries_by_depth),
+        ),
+        (
+            "assemble at 128k",
+            format!(
+                "{}, {} tokens assembled",
+                value(&figures.assemble),
+                figures.final_estimated_tokens
+            ),
+        ),
+        (
+            "grep",
+            format!(
+                "{}; {}/{} needles found",
+                value(&figures.grep),
+                figures.needles_found,
+                figures.needles
+            ),
+        ),
+        (
+            "needles in the final context",
+            format!(
+                "{} of {}",
+                figures.needles_in_final_context, figures.needles
+            ),
+        ),
+        (
+            "store ÷ transcript bytes",
+            format!(
+                "{:.2}× ({} / {})",
+                figures.store_to_transcript, figures.store_bytes, figures.transcript_bytes
+            ),
+        ),
         ("peak RSS", format!("{:.0} MiB", figures.peak_rss_mib)),
         ("wall time", format!("{:.1} s", figures.wall_s)),
     ];
-    rows.iter().map(|(name, value)| format!("{name:<32} {value}\n")).collect()
+    rows.iter()
+        .map(|(name, value)| format!("{name:<32} {value}\n"))
+        .collect()
 }
 
 /// The figures as one JSON document.

@@ -28,7 +28,21 @@ async fn the_runner_runs_on_fifty_turns() {
         assert_eq!(figures.assemble.count, 5);
         assert!(figures.store_bytes > 0);
         let json = to_json(&figures).unwrap();
-        for field in ["ingest", "ingestMedianByTenthMs", "compaction", "summariesByDepth", "assemble", "finalEstimatedTokens", "grep", "needlesFound", "needlesInFinalContext", "storeBytes", "transcriptBytes", "peakRssMib", "wallS"] {
+        for field in [
+            "ingest",
+            "ingestMedianByTenthMs",
+            "compaction",
+            "summariesByDepth",
+            "assemble",
+            "finalEstimatedTokens",
+            "grep",
+            "needlesFound",
+            "needlesInFinalContext",
+            "storeBytes",
+            "transcriptBytes",
+            "peakRssMib",
+            "wallS",
+        ] {
             assert!(json.get(field).is_some(), "missing {field}");
         }
     }

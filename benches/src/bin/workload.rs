@@ -33,16 +33,18 @@ async fn main() -> ExitCode {
         progress_every: if args.json { 0 } else { 1_000 },
     };
     match run(&options).await {
-        Ok(figures) if args.json => match to_json(&figures).and_then(|value| Ok(serde_json::to_string_pretty(&value)?)) {
-            Ok(text) => {
-                println!("{text}");
-                ExitCode::SUCCESS
+        Ok(figures) if args.json => {
+            match to_json(&figures).and_then(|value| Ok(serde_json::to_string_pretty(&value)?)) {
+                Ok(text) => {
+                    println!("{text}");
+                    ExitCode::SUCCESS
+                }
+                Err(error) => {
+                    eprintln!("workload: {error:#}");
+                    ExitCode::FAILURE
+                }
             }
-            Err(error) => {
-                eprintln!("workload: {error:#}");
-                ExitCode::FAILURE
-            }
-        },
+        }
         Ok(figures) => {
             print!("{}", table(&figures));
             ExitCode::SUCCESS

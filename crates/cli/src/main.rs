@@ -3,6 +3,7 @@
 mod context;
 mod inspect;
 mod replay;
+mod serve;
 mod treemap;
 
 use std::path::PathBuf;
@@ -122,6 +123,12 @@ enum Command {
     },
     /// Rebuild the recall index from the database.
     RebuildIndex,
+    /// Serve one engine over JSON-RPC 2.0 (for the OpenClaw plugin in bindings/openclaw).
+    Serve {
+        /// Use stdin/stdout (one JSON object per line; logs go to stderr).
+        #[arg(long, required = true)]
+        stdio: bool,
+    },
 }
 
 #[derive(Copy, Clone, Debug, ValueEnum)]
@@ -275,6 +282,7 @@ async fn run(command: Command, global: &Global) -> Result<ExitCode> {
         Command::Stats { session, json } => inspect::stats(global, &session, json).await,
         Command::Sessions { json } => inspect::sessions(global, json).await,
         Command::RebuildIndex => inspect::rebuild_index(global).await,
+        Command::Serve { stdio: _ } => serve::serve(global).await,
     }
 }
 

@@ -58,6 +58,13 @@ pub(crate) struct Inner {
     /// Rendered context items, so assembly parses only what is new. Items are immutable, so
     /// entries never go stale; the cache is emptied when it grows past its bound.
     rendered: StdMutex<HashMap<ItemRef, Arc<AgentMessage>>>,
+    /// The last assembly per conversation (its items and messages), extended when the context
+    /// only grew.
+    assembled: StdMutex<HashMap<ConversationId, (Vec<ItemRef>, Messages)>>,
+}
+
+fn lock_map<T>(mutex: &StdMutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// Most rendered items kept for assembly (a few contexts' worth).
@@ -98,6 +105,7 @@ impl LosslessEngine {
                 conversations: StdMutex::new(HashMap::new()),
                 compaction_locks: StdMutex::new(HashMap::new()),
                 rendered: StdMutex::new(HashMap::new()),
+                assembled: StdMutex::new(HashMap::new()),
             }),
         }
     }
@@ -559,8 +567,14 @@ impl LosslessEngine {
     }
 
     /// The context as the model sees it, within `budget` when the fresh tail fits. Reads the
-    /// item references (no message bodies), then renders only items not rendered before.
-    pub async fn assemble_context(&self, conversation: ConversationId, budget: u64) -> Result<AssembleResult, EngineError> {
+    /// item references (no message bodies), renders only items not rendered before, and when
+    /// the context only grew since the last assembly, appends to the previous list instead of
+    /// rebuilding it.
+    pub async fn assemble_context(
+        &self,
+        conversation: ConversationId,
+        budget: u64,
+    ) -> Result<AssembleResult, EngineError> {
         let refs = self
             .inner
             .store
@@ -583,13 +597,20 @@ impl LosslessEngine {
             }
             authority = PromptAuthority::PreassemblyMayOverflow;
         }
-        let visible = &refs[start..];
+        let visible: Vec<ItemRef> = refs[start..].iter().map(|entry| entry.item).collect();
+        let estimated_tokens = refs[start..].iter().map(|entry| entry.tokens).sum();
+        // The previous assembly of this conversation, if the new one extends it.
+        let previous = lock_map(&self.inner.assembled).remove(&conversation);
+        let (reused, mut messages) = match previous {
+            Some((items, messages)) if visible.starts_with(&items) => (items.len(), messages),
+            _ => (0, Messages::new()),
+        };
         let missing: Vec<ItemRef> = {
-            let rendered = self.inner.rendered.lock().unwrap_or_else(PoisonError::into_inner);
-            visible
+            let rendered = lock_map(&self.inner.rendered);
+            visible[reused..]
                 .iter()
-                .map(|entry| entry.item)
                 .filter(|item| !rendered.contains_key(item))
+                .copied()
                 .collect()
         };
         let mut fresh = Vec::with_capacity(missing.len());
@@ -610,23 +631,30 @@ impl LosslessEngine {
                 fresh.push((item, Arc::new(message)));
             }
         }
-        let mut rendered = self.inner.rendered.lock().unwrap_or_else(PoisonError::into_inner);
-        let mut messages = Vec::with_capacity(visible.len());
-        for (item, message) in &fresh {
-            rendered.insert(*item, message.clone());
-        }
-        for entry in visible {
-            match rendered.get(&entry.item) {
-                Some(message) => messages.push(message.as_ref().clone()),
-                None => return Err(EngineError::failed("lossless assemble: a context item vanished")),
+        {
+            let mut rendered = lock_map(&self.inner.rendered);
+            for (item, message) in fresh {
+                rendered.insert(item, message);
+            }
+            let list = messages.make_mut();
+            for item in &visible[reused..] {
+                match rendered.get(item) {
+                    Some(message) => list.push(message.as_ref().clone()),
+                    None => {
+                        return Err(EngineError::failed(
+                            "lossless assemble: a context item vanished",
+                        ));
+                    }
+                }
+            }
+            if rendered.len() > RENDERED_CACHE_ITEMS {
+                rendered.clear();
             }
         }
-        if rendered.len() > RENDERED_CACHE_ITEMS {
-            rendered.clear();
-        }
+        lock_map(&self.inner.assembled).insert(conversation, (visible, messages.clone()));
         Ok(AssembleResult {
-            messages: messages.into(),
-            estimated_tokens: visible.iter().map(|entry| entry.tokens).sum(),
+            messages,
+            estimated_tokens,
             system_prompt_addition: None,
             prompt_authority: authority,
             context_projection: None,

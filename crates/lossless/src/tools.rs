@@ -383,25 +383,21 @@ impl LosslessEngine {
                     entry["kind"] = json!("message");
                     entry["role"] = json!(role);
                     entry["seq"] = json!(seq);
-                    if let Some(covering) = self.covering_summary(ItemRef::Message(*id)).await? {
-                        entry["coveredBy"] = json!(covering.summary_id);
-                    }
                 }
                 HitSource::Summary {
                     summary_id,
                     depth,
                     kind,
-                    row_id,
+                    ..
                 } => {
                     entry["id"] = json!(summary_id);
                     entry["kind"] = json!("summary");
                     entry["depth"] = json!(depth);
                     entry["summaryKind"] = json!(kind_name(*kind));
-                    if let Some(covering) = self.covering_summary(ItemRef::Summary(*row_id)).await?
-                    {
-                        entry["coveredBy"] = json!(covering.summary_id);
-                    }
                 }
+            }
+            if let Some(covering) = &hit.covered_by {
+                entry["coveredBy"] = json!(covering);
             }
             if hit.conversation != scope.own.id {
                 entry["conversation"] = json!(hit.conversation.0);

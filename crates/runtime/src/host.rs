@@ -178,12 +178,14 @@ impl std::fmt::Debug for Host {
 pub fn register_lossless(
     registry: &Registry,
     handle: Arc<StdMutex<Option<LosslessEngine>>>,
+    host_model: Option<Arc<dyn Summarizer>>,
 ) -> Result<(), vilvona_core::registry::RegisterError> {
     registry.register(
         vilvona_lossless::ENGINE_ID,
         Owner::plugin(vilvona_lossless::ENGINE_ID),
         engine_factory(move |context| {
             let handle = handle.clone();
+            let host_model = host_model.clone();
             async move {
                 let config = LosslessConfig::from_value(context.config.as_ref())
                     .map_err(EngineError::InvalidConfig)?;
@@ -197,8 +199,9 @@ pub fn register_lossless(
                         ))
                     })?,
                 };
-                let summarizer = summarizer_from_config(&summarizer_config, estimator.clone())
-                    .map_err(|error| EngineError::InvalidConfig(error.to_string()))?;
+                let summarizer =
+                    summarizer_from_config(&summarizer_config, estimator.clone(), host_model)
+                        .map_err(|error| EngineError::InvalidConfig(error.to_string()))?;
                 let dir = match (&config.store_dir, &context.agent_dir) {
                     (Some(dir), _) => PathBuf::from(dir),
                     (None, Some(agent_dir)) => agent_dir.join("lossless"),
@@ -270,7 +273,7 @@ impl Host {
         register_legacy(&registry, &config, summarizer.clone(), estimator.clone())
             .map_err(|error| HostError::Invalid(error.to_string()))?;
         let lossless = Arc::new(StdMutex::new(None));
-        register_lossless(&registry, lossless.clone())
+        register_lossless(&registry, lossless.clone(), None)
             .map_err(|error| HostError::Invalid(error.to_string()))?;
         register(&registry, &config)?;
         let selection = config.engine_selection(

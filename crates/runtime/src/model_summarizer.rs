@@ -19,13 +19,16 @@ use crate::config::ModelConfig;
 use crate::model::ModelError;
 use crate::openai::OpenAiClient;
 
-/// `summarizer` in an engine's config: `{kind: "extractive"}` or `{kind: "openai", …}`.
+/// `summarizer` in an engine's config: `{kind: "extractive"}`, `{kind: "openai", …}`, or
+/// `{kind: "host"}` (the embedding host's own model, e.g. OpenClaw's `llm.complete`).
 #[derive(Clone, Debug, Default, PartialEq, Deserialize)]
 #[serde(rename_all = "camelCase", tag = "kind")]
 pub enum SummarizerConfig {
     #[default]
     #[serde(rename = "extractive")]
     Extractive,
+    #[serde(rename = "host")]
+    Host,
     #[serde(rename = "openai", rename_all = "camelCase")]
     OpenAi {
         base_url: String,
@@ -62,10 +65,21 @@ fn default_cooldown_ms() -> u64 {
 pub fn summarizer_from_config(
     config: &SummarizerConfig,
     estimator: Arc<dyn TokenEstimator>,
+    host_model: Option<Arc<dyn Summarizer>>,
 ) -> Result<Arc<dyn Summarizer>, ModelError> {
     let extractive = Arc::new(ExtractiveSummarizer::new(estimator.clone()));
     match config {
         SummarizerConfig::Extractive => Ok(extractive),
+        SummarizerConfig::Host => match host_model {
+            Some(primary) => Ok(Arc::new(DegradingSummarizer {
+                primary,
+                fallback: extractive,
+            })),
+            None => Err(ModelError::Failed(
+                "summarizer kind \"host\" needs a host that offers its model (vilvona serve)"
+                    .to_owned(),
+            )),
+        },
         SummarizerConfig::OpenAi {
             base_url,
             model,

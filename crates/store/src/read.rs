@@ -86,7 +86,8 @@ pub(crate) fn decode_json(bytes: &[u8]) -> rusqlite::Result<String> {
     let conversion = |error: Box<dyn std::error::Error + Send + Sync>| {
         rusqlite::Error::FromSqlConversionFailure(0, rusqlite::types::Type::Blob, error)
     };
-    let raw = lz4_flex::decompress_size_prepended(bytes).map_err(|error| conversion(Box::new(error)))?;
+    let raw =
+        lz4_flex::decompress_size_prepended(bytes).map_err(|error| conversion(Box::new(error)))?;
     String::from_utf8(raw).map_err(|error| conversion(Box::new(error)))
 }
 
@@ -198,7 +199,10 @@ pub(crate) fn context(
 }
 
 /// The context as references, tokens and unit flags only (no message JSON).
-pub(crate) fn context_refs(connection: &Connection, conversation: ConversationId) -> Result<Vec<ContextRef>> {
+pub(crate) fn context_refs(
+    connection: &Connection,
+    conversation: ConversationId,
+) -> Result<Vec<ContextRef>> {
     let mut statement = connection.prepare_cached(
         "SELECT ci.position, ci.message_id, ci.summary_id, ci.tokens, m.role = 'toolResult'
          FROM context_items ci LEFT JOIN messages m ON m.id = ci.message_id
@@ -239,7 +243,10 @@ pub(crate) fn items(connection: &Connection, refs: &[ItemRef]) -> Result<Vec<Ite
 }
 
 /// The topmost summary above an item (the one that currently covers it), if any.
-pub(crate) fn top_ancestor(connection: &Connection, item: ItemRef) -> Result<Option<StoredSummary>> {
+pub(crate) fn top_ancestor(
+    connection: &Connection,
+    item: ItemRef,
+) -> Result<Option<StoredSummary>> {
     let mut current = item;
     let mut top = None;
     while let Some(parent) = parent_of(connection, current)? {

@@ -24,10 +24,19 @@ pub(crate) fn run(
     if query.conversations.is_empty() || query.limit == 0 {
         return Ok(Vec::new());
     }
-    match query.mode {
-        SearchMode::Regex => regex_search(connection, query),
-        SearchMode::Text | SearchMode::Phrase => indexed_search(connection, index, query),
+    let mut hits = match query.mode {
+        SearchMode::Regex => regex_search(connection, query)?,
+        SearchMode::Text | SearchMode::Phrase => indexed_search(connection, index, query)?,
+    };
+    // In the same read: which summary covers each hit now.
+    for hit in &mut hits {
+        let item = match &hit.source {
+            HitSource::Message { id, .. } => ItemRef::Message(*id),
+            HitSource::Summary { row_id, .. } => ItemRef::Summary(*row_id),
+        };
+        hit.covered_by = read::top_ancestor(connection, item)?.map(|summary| summary.summary_id);
     }
+    Ok(hits)
 }
 
 fn indexed_search(
@@ -52,6 +61,7 @@ fn indexed_search(
                     time_ms: message.created_at_ms,
                     score,
                     snippet: snippet(&text, highlighter.as_ref()),
+                    covered_by: None,
                 }
             }),
             IndexedRow::Summary(id) => read::summary(connection, SummaryRowId(id))?
@@ -69,6 +79,7 @@ fn indexed_search(
 
 fn summary_hit(summary: StoredSummary, score: f32, highlighter: Option<&Regex>) -> SearchHit {
     SearchHit {
+        covered_by: None,
         snippet: snippet(&summary.content, highlighter),
         conversation: summary.conversation,
         time_ms: summary.latest_at_ms.unwrap_or(summary.created_at_ms),
@@ -109,6 +120,7 @@ fn regex_search(connection: &Connection, query: &SearchQuery) -> Result<Vec<Sear
                             conversation: message.conversation,
                             time_ms: message.created_at_ms,
                             score: 0.0,
+                            covered_by: None,
                             source: HitSource::Message {
                                 id: message.id,
                                 seq: message.seq,

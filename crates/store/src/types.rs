@@ -358,8 +358,10 @@ pub struct SearchHit {
     pub time_ms: i64,
     /// BM25 score (0 for regex and recency order).
     pub score: f32,
-    /// A short excerpt around the first match, matches wrapped in `«` `»`.
+    /// A short excerpt around the densest matches, matches wrapped in `«` `»`.
     pub snippet: String,
+    /// The summary that currently covers the row (its topmost ancestor), if it was compacted.
+    pub covered_by: Option<String>,
 }
 
 /// The outcome of the integrity check: empty `problems` means healthy.

@@ -1,0 +1,400 @@
+//! `vilvona serve --stdio`: the JSON-RPC server as a client drives it.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tempfile::TempDir;
+
+struct Client {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    lines: Receiver<Value>,
+    pending: Vec<Value>,
+}
+
+impl Client {
+    fn start(state: &std::path::Path) -> Client {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_vilvona"))
+            .args(["--state-dir", state.to_str().unwrap(), "serve", "--stdio"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (sender, lines) = channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                let value: Value =
+                    serde_json::from_str(&line).expect("the server writes JSON lines only");
+                if sender.send(value).is_err() {
+                    break;
+                }
+            }
+        });
+        Client {
+            stdin: child.stdin.take(),
+            child,
+            lines,
+            pending: Vec::new(),
+        }
+    }
+
+    fn send_raw(&mut self, line: &str) {
+        let stdin = self.stdin.as_mut().unwrap();
+        stdin.write_all(line.as_bytes()).unwrap();
+        stdin.write_all(b"\n").unwrap();
+        stdin.flush().unwrap();
+    }
+
+    fn send(&mut self, id: u64, method: &str, params: Value) {
+        self.send_raw(
+            &json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}).to_string(),
+        );
+    }
+
+    /// The next message matching `want`, keeping the others for later.
+    fn wait(&mut self, want: impl Fn(&Value) -> bool) -> Value {
+        if let Some(index) = self.pending.iter().position(&want) {
+            return self.pending.remove(index);
+        }
+        loop {
+            match self.lines.recv_timeout(Duration::from_secs(30)) {
+                Ok(value) if want(&value) => return value,
+                Ok(value) => self.pending.push(value),
+                Err(RecvTimeoutError::Timeout) => {
+                    panic!("no reply; still pending: {:?}", self.pending)
+                }
+                Err(RecvTimeoutError::Disconnected) => {
+                    panic!("the server exited; pending: {:?}", self.pending)
+                }
+            }
+        }
+    }
+
+    fn reply(&mut self, id: u64) -> Value {
+        self.wait(|value| value["id"] == id && value.get("method").is_none())
+    }
+
+    fn call(&mut self, id: u64, method: &str, params: Value) -> Value {
+        self.send(id, method, params);
+        let reply = self.reply(id);
+        assert!(reply.get("error").is_none(), "{method}: {reply}");
+        reply["result"].clone()
+    }
+}
+
+fn user(text: &str, at: i64) -> Value {
+    json!({"role": "user", "content": text, "timestamp": at})
+}
+
+fn initialize(client: &mut Client, config: Value) -> Value {
+    client.call(
+        1,
+        "initialize",
+        json!({"engineId": "lossless", "config": config}),
+    )
+}
+
+#[test]
+fn every_method_answers() {
+    let dir = TempDir::new().unwrap();
+    let mut client = Client::start(dir.path());
+    let info = initialize(&mut client, json!({"freshTailCount": 4}));
+    assert_eq!(info["info"]["id"], "lossless");
+    assert_eq!(
+        info["transcriptSemantics"]["currentTurnFence"],
+        "before-current-turn-entry-v1"
+    );
+    assert!(
+        info["acceptedHostParams"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("sessionKey"))
+    );
+    assert_eq!(info["tools"].as_array().unwrap().len(), 3);
+
+    let session = json!({"sessionId": "s1", "sessionKey": "agent:main:s1"});
+    let with = |extra: Value| {
+        let mut params = session.clone();
+        params
+            .as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        params
+    };
+    assert_eq!(
+        client.call(2, "bootstrap", with(json!({})))["bootstrapped"],
+        false
+    );
+    assert_eq!(
+        client.call(
+            3,
+            "ingest",
+            with(json!({"message": user("Please remember: the vault code is VAULT-7788.", 1)}))
+        )["ingested"],
+        true
+    );
+    assert_eq!(
+        client.call(
+            4,
+            "ingestBatch",
+            with(json!({"messages": [user("second", 2), user("third", 3)]}))
+        )["ingestedCount"],
+        2
+    );
+    let assembled = client.call(
+        5,
+        "assemble",
+        with(json!({"messages": [], "tokenBudget": 10000, "availableTools": ["vilvona_grep"]})),
+    );
+    assert_eq!(assembled["messages"].as_array().unwrap().len(), 3);
+    assert!(
+        assembled["systemPromptAddition"]
+            .as_str()
+            .unwrap()
+            .contains("vilvona_grep")
+    );
+    client.call(6, "afterTurn", with(json!({"messages": [user("fourth", 4)], "prePromptMessageCount": 0, "tokenBudget": 10000})));
+    let commit = with(json!({"advancementKey": "k1", "messages": [user("fifth", 5)]}));
+    assert_eq!(
+        client.call(7, "commitTurn", commit.clone())["status"],
+        "committed"
+    );
+    assert_eq!(client.call(8, "commitTurn", commit)["status"], "duplicate");
+    let compacted = client.call(
+        9,
+        "compact",
+        with(json!({"tokenBudget": 10000, "force": true})),
+    );
+    assert_eq!(compacted["ok"], true);
+    assert!(
+        client
+            .call(10, "maintain", with(json!({"reason": "turn"})))
+            .get("changed")
+            .is_some()
+    );
+    let spawn = client.call(11, "prepareSubagentSpawn", json!({"parentSessionKey": "agent:main:s1", "childSessionKey": "agent:main:s1:sub", "parentSessionId": "s1", "contextMode": "fork", "ttlMs": 60000}));
+    let handle = spawn["rollbackHandle"].as_str().unwrap().to_owned();
+    assert_eq!(
+        client.call(12, "rollback", json!({"handle": handle})),
+        json!({})
+    );
+    client.send(13, "rollback", json!({"handle": "rollback-unknown"}));
+    assert_eq!(client.reply(13)["error"]["code"], -32602);
+    assert_eq!(
+        client.call(
+            14,
+            "onSubagentEnded",
+            json!({"childSessionKey": "agent:main:s1:sub", "reason": "completed"})
+        ),
+        json!({})
+    );
+    let tools = client.call(15, "tools/list", json!({}));
+    assert_eq!(tools["tools"][0]["name"], "vilvona_grep");
+    let found = client.call(16, "tools/call", json!({"name": "vilvona_grep", "sessionId": "s1", "sessionKey": "agent:main:s1", "arguments": {"query": "vault code"}}));
+    assert!(
+        found["results"][0]["snippet"]
+            .as_str()
+            .unwrap()
+            .contains("«VAULT»-7788"),
+        "{found}"
+    );
+    client.send(
+        17,
+        "tools/call",
+        json!({"name": "vilvona_grep", "sessionId": "s1", "arguments": {}}),
+    );
+    assert_eq!(client.reply(17)["error"]["code"], -32003);
+    client.send(18, "nope", json!({}));
+    assert_eq!(client.reply(18)["error"]["code"], -32601);
+    client.send(19, "ingest", json!({"sessionId": "s1"}));
+    let invalid = client.reply(19);
+    assert_eq!(invalid["error"]["code"], -32602);
+    assert!(
+        invalid["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("missing field `message`")
+    );
+    assert_eq!(client.call(20, "dispose", json!({})), json!({}));
+    drop(client.stdin.take());
+    assert!(client.child.wait().unwrap().success());
+}
+
+#[test]
+fn malformed_lines_get_an_error_and_the_server_keeps_serving() {
+    let dir = TempDir::new().unwrap();
+    let mut client = Client::start(dir.path());
+    client.send_raw("{this is not json");
+    let error = client.wait(|value| value["id"].is_null());
+    assert_eq!(error["error"]["code"], -32700);
+    client.send(
+        2,
+        "ingest",
+        json!({"sessionId": "s", "message": user("too early", 0)}),
+    );
+    assert_eq!(
+        client.reply(2)["error"]["code"],
+        -32002,
+        "not initialized yet"
+    );
+    initialize(&mut client, json!({}));
+    assert_eq!(
+        client.call(
+            3,
+            "ingest",
+            json!({"sessionId": "s", "message": user("hi", 1)})
+        )["ingested"],
+        true
+    );
+}
+
+#[test]
+fn calls_run_concurrently_and_each_session_keeps_its_order() {
+    let dir = TempDir::new().unwrap();
+    let mut client = Client::start(dir.path());
+    initialize(&mut client, json!({}));
+    let mut id = 100;
+    for index in 0..25 {
+        for session in 0..4 {
+            id += 1;
+            client.send(id, "ingest", json!({"sessionId": format!("s{session}"), "message": user(&format!("s{session} m{index}"), index)}));
+        }
+    }
+    for reply in 101..=id {
+        assert_eq!(client.reply(reply)["result"]["ingested"], true);
+    }
+    for session in 0..4 {
+        let assembled = client.call(
+            1_000 + session,
+            "assemble",
+            json!({"sessionId": format!("s{session}"), "messages": [], "tokenBudget": 100000}),
+        );
+        let texts: Vec<String> = assembled["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["content"].as_str().unwrap().to_owned())
+            .collect();
+        let expected: Vec<String> = (0..25)
+            .map(|index| format!("s{session} m{index}"))
+            .collect();
+        assert_eq!(texts, expected);
+    }
+}
+
+/// A compaction whose summarizer is the host's model: the server asks `llm.complete`.
+fn host_model_session(client: &mut Client) {
+    initialize(
+        client,
+        json!({"summarizer": {"kind": "host"}, "freshTailCount": 2, "leafChunkTokens": 400, "leafTargetTokens": 60, "condensedTargetTokens": 50}),
+    );
+    let messages: Vec<Value> = (0..12)
+        .map(|i| {
+            user(
+                &format!("Message {i}: {}", "the queue drains the batch. ".repeat(10)),
+                i,
+            )
+        })
+        .collect();
+    client.call(
+        2,
+        "ingestBatch",
+        json!({"sessionId": "h", "messages": messages}),
+    );
+}
+
+#[test]
+fn the_summarizer_can_be_the_hosts_model_and_a_call_can_be_cancelled() {
+    let dir = TempDir::new().unwrap();
+    let mut client = Client::start(dir.path());
+    host_model_session(&mut client);
+    client.send(
+        3,
+        "compact",
+        json!({"sessionId": "h", "tokenBudget": 2000, "force": true}),
+    );
+    let ask = client.wait(|value| value["method"] == "llm.complete");
+    assert!(
+        ask["params"]["messages"][1]["content"]
+            .as_str()
+            .unwrap()
+            .contains("<source>")
+    );
+    client.send_raw(&json!({"jsonrpc": "2.0", "id": ask["id"], "result": {"text": "HOST SUMMARY of the queue work"}}).to_string());
+    // Later passes ask again; answer until the compaction replies.
+    let reply = loop {
+        let message = client.wait(|value| value["method"] == "llm.complete" || value["id"] == 3);
+        if message["id"] == 3 {
+            break message;
+        }
+        client.send_raw(&json!({"jsonrpc": "2.0", "id": message["id"], "result": {"content": [{"type": "text", "text": "HOST SUMMARY again"}]}}).to_string());
+    };
+    assert_eq!(reply["result"]["compacted"], true, "{reply}");
+    let assembled = client.call(
+        4,
+        "assemble",
+        json!({"sessionId": "h", "messages": [], "tokenBudget": 100000}),
+    );
+    assert!(
+        assembled["messages"][0]["content"]
+            .as_str()
+            .unwrap()
+            .contains("HOST SUMMARY")
+    );
+
+    // A compaction waiting on the host is cancelled.
+    client.call(5, "ingestBatch", json!({"sessionId": "h", "messages": (20..32).map(|i| user(&format!("Later {i}: {}", "more queue work here. ".repeat(10)), i)).collect::<Vec<_>>()}));
+    client.send(
+        6,
+        "compact",
+        json!({"sessionId": "h", "tokenBudget": 2000, "force": true}),
+    );
+    client.wait(|value| value["method"] == "llm.complete");
+    client.send_raw(
+        &json!({"jsonrpc": "2.0", "method": "$/cancel", "params": {"id": 6}}).to_string(),
+    );
+    let cancelled = client.reply(6);
+    assert_eq!(cancelled["error"]["code"], -32800, "{cancelled}");
+    // The session still answers.
+    assert_eq!(
+        client.call(
+            7,
+            "ingest",
+            json!({"sessionId": "h", "message": user("after the cancel", 99)})
+        )["ingested"],
+        true
+    );
+}
+
+#[test]
+fn a_client_that_disconnects_mid_call_loses_nothing() {
+    let dir = TempDir::new().unwrap();
+    let mut client = Client::start(dir.path());
+    host_model_session(&mut client);
+    client.send(
+        3,
+        "compact",
+        json!({"sessionId": "h", "tokenBudget": 2000, "force": true}),
+    );
+    client.wait(|value| value["method"] == "llm.complete");
+    // The client dies while the server waits on it.
+    drop(client.stdin.take());
+    let status = client.child.wait().unwrap();
+    assert!(status.success());
+    // Everything acknowledged is there.
+    let mut again = Client::start(dir.path());
+    initialize(&mut again, json!({}));
+    let assembled = again.call(
+        2,
+        "assemble",
+        json!({"sessionId": "h", "messages": [], "tokenBudget": 100000}),
+    );
+    assert_eq!(assembled["messages"].as_array().unwrap().len(), 12);
+}
