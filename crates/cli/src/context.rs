@@ -118,7 +118,7 @@ fn group(message: &AgentMessage) -> String {
 
 async fn build(global: &Global, session: &str, workspace: Option<&Path>) -> Result<Report> {
     let host = global.host().await?;
-    let (key, record) = find_session(&host, session).await?;
+    let (key, record) = find_session(global, &host, session).await?;
     let estimator = host.estimator().clone();
     let transcript = read_transcript(&record.session_file)?;
     let history: Vec<AgentMessage> = session_messages(&transcript.entries)

@@ -14,18 +14,49 @@ use vilvona_summarize::ExtractiveSummarizer;
 
 use crate::{Global, print_json};
 
-/// A session named by its key or its id.
-pub(crate) async fn find_session(host: &Host, name: &str) -> Result<(String, SessionRecord)> {
+/// A session named by its key or its id: one this host ran, or one an embedding host (the
+/// OpenClaw plugin) stored in the lossless store directly.
+pub(crate) async fn find_session(
+    global: &Global,
+    host: &Host,
+    name: &str,
+) -> Result<(String, SessionRecord)> {
     if let Some(record) = host.session(name).await {
         return Ok((name.to_owned(), record));
     }
-    host.sessions()
+    if let Some(found) = host
+        .sessions()
         .await
         .into_iter()
         .find(|(_, record)| record.session_id == name)
-        .ok_or_else(|| {
-            anyhow!("unknown session \"{name}\"; `vilvona sessions` lists the stored ones")
-        })
+    {
+        return Ok(found);
+    }
+    if let Ok(engine) = lossless(global, host).await {
+        let conversations = engine
+            .store()
+            .conversations(Some(&engine.config().agent_id))
+            .await?;
+        if let Some(conversation) = conversations
+            .into_iter()
+            .find(|c| c.session_id == name || c.session_key.as_deref() == Some(name))
+        {
+            let key = conversation
+                .session_key
+                .clone()
+                .unwrap_or_else(|| conversation.session_id.clone());
+            return Ok((
+                key,
+                SessionRecord {
+                    session_id: conversation.session_id,
+                    ..SessionRecord::default()
+                },
+            ));
+        }
+    }
+    Err(anyhow!(
+        "unknown session \"{name}\"; `vilvona sessions` lists the stored ones"
+    ))
 }
 
 /// The lossless engine over the state dir's store: the host's own when it is the active engine,
@@ -116,7 +147,7 @@ pub(crate) async fn compact(
     json: bool,
 ) -> Result<ExitCode> {
     let host = global.host().await?;
-    let (key, _) = find_session(&host, session).await?;
+    let (key, _) = find_session(global, &host, session).await?;
     let result = host.compact(&key, instructions).await?;
     if json {
         print_json(&serde_json::to_value(&result)?)?;
@@ -154,7 +185,7 @@ pub(crate) async fn grep(
     json: bool,
 ) -> Result<ExitCode> {
     let host = global.host().await?;
-    let (key, record) = find_session(&host, session).await?;
+    let (key, record) = find_session(global, &host, session).await?;
     let engine = lossless(global, &host).await?;
     let result = engine
         .call_tool(
@@ -194,7 +225,7 @@ pub(crate) async fn describe(
     json: bool,
 ) -> Result<ExitCode> {
     let host = global.host().await?;
-    let (key, record) = find_session(&host, session).await?;
+    let (key, record) = find_session(global, &host, session).await?;
     let engine = lossless(global, &host).await?;
     let result = engine
         .call_tool(
@@ -225,7 +256,7 @@ pub(crate) async fn expand(
     json: bool,
 ) -> Result<ExitCode> {
     let host = global.host().await?;
-    let (key, record) = find_session(&host, session).await?;
+    let (key, record) = find_session(global, &host, session).await?;
     let engine = lossless(global, &host).await?;
     let mut arguments = json!({"id": id});
     if let Some(cap) = token_cap {
@@ -293,7 +324,7 @@ pub(crate) async fn session_stats(
 
 pub(crate) async fn stats(global: &Global, session: &str, json: bool) -> Result<ExitCode> {
     let host = global.host().await?;
-    let (key, record) = find_session(&host, session).await?;
+    let (key, record) = find_session(global, &host, session).await?;
     let engine = lossless(global, &host).await?;
     let mut stats = session_stats(&engine, &record, &key).await?;
     stats["databaseBytes"] = json!(engine.store().disk_bytes());

@@ -347,7 +347,13 @@ impl LosslessEngine {
                 .sum();
             let needed = total.saturating_sub(goal).max(1);
             let leaf = leaf_candidate(&items, tail_start, config.leaf_chunk_tokens, needed);
-            let condense = condense_candidate(&items, tail_start, config);
+            let mut condense =
+                condense_candidate(&items, tail_start, config, config.condensed_min_fanout);
+            if leaf.is_none() && condense.is_none() && force {
+                // Forced (manual /compact, overflow recovery): fold any two same-depth summaries
+                // rather than report that nothing can be done.
+                condense = condense_candidate(&items, tail_start, config, 2);
+            }
             let candidate = match (leaf, condense) {
                 (Some(_), Some(condense)) if summary_prefix > budget / 4 => condense,
                 (Some(leaf), _) => leaf,

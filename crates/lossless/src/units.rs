@@ -133,6 +133,7 @@ pub(crate) fn condense_candidate(
     items: &[ContextItem],
     tail_start: usize,
     config: &LosslessConfig,
+    fanout: usize,
 ) -> Option<Candidate> {
     let mut index = 0;
     while index < tail_start {
@@ -149,7 +150,7 @@ pub(crate) fn condense_candidate(
                     if summary.depth == depth
                         && summary.level != vilvona_core::summarize::SummaryLevel::Fallback =>
                 {
-                    if end - index >= config.condensed_min_fanout
+                    if end - index >= fanout
                         && tokens + items[end].tokens > config.leaf_chunk_tokens
                     {
                         break;
@@ -161,7 +162,7 @@ pub(crate) fn condense_candidate(
             }
         }
         let allowed = config.max_depth.is_none_or(|max| depth < max);
-        if end - index >= config.condensed_min_fanout && allowed {
+        if end - index >= fanout && allowed {
             return Some(Candidate {
                 range: index..end,
                 tokens,

