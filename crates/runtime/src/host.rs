@@ -394,6 +394,22 @@ impl Host {
             .clone()
     }
 
+    /// The session's live state, loaded on first use, held for the caller: calls for one
+    /// session queue here; different sessions proceed in parallel.
+    async fn live_session(
+        &self,
+        session_key: &str,
+        session_id: Option<&str>,
+    ) -> Result<tokio::sync::OwnedMappedMutexGuard<Option<LiveSession>, LiveSession>, HostError>
+    {
+        let mut guard = self.slot(session_key).lock_owned().await;
+        if guard.is_none() {
+            *guard = Some(self.load(session_key, session_id).await?);
+        }
+        tokio::sync::OwnedMutexGuard::try_map(guard, Option::as_mut)
+            .map_err(|_| HostError::UnknownSession(session_key.to_owned()))
+    }
+
     /// Opens (or creates) a session and bootstraps the engine if its transcript pre-existed.
     async fn load(
         &self,
@@ -531,6 +547,39 @@ impl Host {
         }
     }
 
+    /// Assembles for a prompt and runs the overflow precheck: when the estimate (as
+    /// `promptAuthority` directs) is over budget, compacts through the active engine and
+    /// assembles again.
+    async fn assemble_checked(
+        &self,
+        live: &mut LiveSession,
+        prompt: &str,
+        prompt_tokens: u64,
+        budget: u64,
+        report: &mut TurnReport,
+    ) -> Result<AssembleResult, HostError> {
+        let assembled = self.assemble(live, prompt, budget).await?;
+        let Some(estimate) = self.precheck_estimate(live, &assembled) else {
+            return Ok(assembled);
+        };
+        report.prechecked = true;
+        if estimate + prompt_tokens <= budget {
+            return Ok(assembled);
+        }
+        let result = self
+            .compact_live(
+                live,
+                false,
+                Some(CompactionTarget::Budget),
+                None,
+                budget,
+                Some(estimate),
+            )
+            .await?;
+        report.compactions += u32::from(result.compacted);
+        self.assemble(live, prompt, budget).await
+    }
+
     fn engine_error(&self, operation: &'static str, source: EngineError) -> HostError {
         HostError::Engine {
             engine: self.engine.active_id(),
@@ -632,14 +681,8 @@ impl Host {
         model: &dyn Model,
     ) -> Result<TurnReport, HostError> {
         self.check(Operation::AgentRun)?;
-        let slot = self.slot(session_key);
-        let mut guard = slot.lock().await;
-        if guard.is_none() {
-            *guard = Some(self.load(session_key, None).await?);
-        }
-        let Some(live) = guard.as_mut() else {
-            return Err(HostError::UnknownSession(session_key.to_owned()));
-        };
+        let mut guard = self.live_session(session_key, None).await?;
+        let live = &mut *guard;
         let prompt = user_message.plain_text();
         let mut report = TurnReport {
             engine_id: self.engine.active_id(),
@@ -649,24 +692,9 @@ impl Host {
         report.token_budget = budget;
         let prompt_tokens = self.estimator.message_tokens(&user_message);
 
-        let mut assembled = self.assemble(live, &prompt, budget).await?;
-        if let Some(estimate) = self.precheck_estimate(live, &assembled) {
-            report.prechecked = true;
-            if estimate + prompt_tokens > budget {
-                let result = self
-                    .compact_live(
-                        live,
-                        false,
-                        Some(CompactionTarget::Budget),
-                        None,
-                        budget,
-                        Some(estimate),
-                    )
-                    .await?;
-                report.compactions += u32::from(result.compacted);
-                assembled = self.assemble(live, &prompt, budget).await?;
-            }
-        }
+        let mut assembled = self
+            .assemble_checked(live, &prompt, prompt_tokens, budget, &mut report)
+            .await?;
 
         let mut attempts = 0;
         let response = loop {
@@ -758,14 +786,8 @@ impl Host {
         entry_ids: Vec<Option<String>>,
     ) -> Result<TurnReport, HostError> {
         self.check(Operation::AgentRun)?;
-        let slot = self.slot(session_key);
-        let mut guard = slot.lock().await;
-        if guard.is_none() {
-            *guard = Some(self.load(session_key, session_id).await?);
-        }
-        let Some(live) = guard.as_mut() else {
-            return Err(HostError::UnknownSession(session_key.to_owned()));
-        };
+        let mut guard = self.live_session(session_key, session_id).await?;
+        let live = &mut *guard;
         let mut report = TurnReport {
             engine_id: self.engine.active_id(),
             ..TurnReport::default()
@@ -785,27 +807,12 @@ impl Host {
             .unwrap_or_default();
         let budget = self.token_budget(&self.options.system_prompt, &prompt);
         report.token_budget = budget;
-        let mut assembled = self.assemble(live, &prompt, budget).await?;
         let prompt_tokens = prompt_message
             .as_ref()
             .map_or(0, |message| self.estimator.message_tokens(message));
-        if let Some(estimate) = self.precheck_estimate(live, &assembled) {
-            report.prechecked = true;
-            if estimate + prompt_tokens > budget {
-                let result = self
-                    .compact_live(
-                        live,
-                        false,
-                        Some(CompactionTarget::Budget),
-                        None,
-                        budget,
-                        Some(estimate),
-                    )
-                    .await?;
-                report.compactions += u32::from(result.compacted);
-                assembled = self.assemble(live, &prompt, budget).await?;
-            }
-        }
+        let assembled = self
+            .assemble_checked(live, &prompt, prompt_tokens, budget, &mut report)
+            .await?;
         let assembled_tokens = if assembled.estimated_tokens > 0 {
             assembled.estimated_tokens
         } else if assembled.messages.len() == live.history.len() {
@@ -966,14 +973,8 @@ impl Host {
         if self.session(session_key).await.is_none() {
             return Err(HostError::UnknownSession(session_key.to_owned()));
         }
-        let slot = self.slot(session_key);
-        let mut guard = slot.lock().await;
-        if guard.is_none() {
-            *guard = Some(self.load(session_key, None).await?);
-        }
-        let Some(live) = guard.as_mut() else {
-            return Err(HostError::UnknownSession(session_key.to_owned()));
-        };
+        let mut guard = self.live_session(session_key, None).await?;
+        let live = &mut *guard;
         let budget = self.token_budget(&self.options.system_prompt, "");
         self.compact_live(
             live,

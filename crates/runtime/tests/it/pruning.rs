@@ -68,3 +68,47 @@ fn hard_clear_replaces_the_oldest_once_enough_is_prunable() {
     );
     assert_eq!(messages[16].plain_text().len(), 20_002);
 }
+
+mod memory {
+    use std::collections::BTreeSet;
+    use std::sync::Arc;
+
+    use vilvona_runtime::memory::{MemoryProvider, build_memory_system_prompt_addition};
+
+    #[derive(Debug)]
+    struct Notes;
+
+    impl MemoryProvider for Notes {
+        fn id(&self) -> &str {
+            "notes"
+        }
+        fn prompt_section(&self, tools: &BTreeSet<String>, citations: Option<&str>) -> Vec<String> {
+            if !tools.contains("memory_search") {
+                return Vec::new();
+            }
+            vec![
+                "Search memory with memory_search.".to_owned(),
+                format!("Citations: {}", citations.unwrap_or("off")),
+            ]
+        }
+    }
+
+    #[test]
+    fn the_memory_addition_comes_from_the_active_provider() {
+        let provider: Arc<dyn MemoryProvider> = Arc::new(Notes);
+        let tools: BTreeSet<String> = ["memory_search".to_owned()].into_iter().collect();
+        assert_eq!(
+            build_memory_system_prompt_addition(Some(&provider), &tools, Some("inline")).as_deref(),
+            Some("Search memory with memory_search.\nCitations: inline")
+        );
+        assert_eq!(
+            build_memory_system_prompt_addition(Some(&provider), &BTreeSet::new(), None),
+            None
+        );
+        assert_eq!(
+            build_memory_system_prompt_addition(None, &tools, None),
+            None,
+            "no provider configured: nothing added"
+        );
+    }
+}
