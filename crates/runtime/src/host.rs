@@ -595,7 +595,17 @@ impl Host {
         if info.owns_compaction && assembled.prompt_authority == PromptAuthority::Assembled {
             return None;
         }
-        let assembled_estimate = if assembled.estimated_tokens > 0 {
+        let assembled_estimate = self.assembled_tokens(live, assembled);
+        Some(match assembled.prompt_authority {
+            PromptAuthority::Assembled => assembled_estimate,
+            PromptAuthority::PreassemblyMayOverflow => assembled_estimate.max(live.history_tokens),
+        })
+    }
+
+    /// Tokens of an assembled context: the engine's own estimate when it gives one, the live
+    /// history's running total when the engine passed the history through, else a count.
+    fn assembled_tokens(&self, live: &LiveSession, assembled: &AssembleResult) -> u64 {
+        if assembled.estimated_tokens > 0 {
             assembled.estimated_tokens
         } else if assembled.messages.len() == live.history.len() {
             live.history_tokens
@@ -605,11 +615,7 @@ impl Host {
                 .iter()
                 .map(|message| self.estimator.message_tokens(message))
                 .sum()
-        };
-        Some(match assembled.prompt_authority {
-            PromptAuthority::Assembled => assembled_estimate,
-            PromptAuthority::PreassemblyMayOverflow => assembled_estimate.max(live.history_tokens),
-        })
+        }
     }
 
     async fn compact_live(
@@ -813,17 +819,7 @@ impl Host {
         let assembled = self
             .assemble_checked(live, &prompt, prompt_tokens, budget, &mut report)
             .await?;
-        let assembled_tokens = if assembled.estimated_tokens > 0 {
-            assembled.estimated_tokens
-        } else if assembled.messages.len() == live.history.len() {
-            live.history_tokens
-        } else {
-            assembled
-                .messages
-                .iter()
-                .map(|m| self.estimator.message_tokens(m))
-                .sum()
-        };
+        let assembled_tokens = self.assembled_tokens(live, &assembled);
         report.assembled_tokens = assembled_tokens + prompt_tokens;
         report.over_budget = report.assembled_tokens > budget;
         report.new_messages = recorded.len();
