@@ -247,10 +247,29 @@ pub(crate) fn top_ancestor(
     connection: &Connection,
     item: ItemRef,
 ) -> Result<Option<StoredSummary>> {
+    match top_ancestor_row(connection, item)? {
+        Some(row_id) => summary(connection, row_id),
+        None => Ok(None),
+    }
+}
+
+/// The public id of the topmost summary above an item: the walk reads edges only, and no
+/// summary body is loaded.
+pub(crate) fn top_ancestor_id(connection: &Connection, item: ItemRef) -> Result<Option<String>> {
+    let Some(row_id) = top_ancestor_row(connection, item)? else {
+        return Ok(None);
+    };
+    Ok(connection
+        .prepare_cached("SELECT summary_id FROM summaries WHERE id = ?1")?
+        .query_row([row_id.0], |row| row.get(0))
+        .optional()?)
+}
+
+fn top_ancestor_row(connection: &Connection, item: ItemRef) -> Result<Option<SummaryRowId>> {
     let mut current = item;
     let mut top = None;
-    while let Some(parent) = parent_of(connection, current)? {
-        current = ItemRef::Summary(parent.row_id);
+    while let Some(parent) = parent_row(connection, current)? {
+        current = ItemRef::Summary(parent);
         top = Some(parent);
     }
     Ok(top)
@@ -433,6 +452,13 @@ pub(crate) fn children(connection: &Connection, parent: SummaryRowId) -> Result<
 
 /// The summary whose children include `item`, if any.
 pub(crate) fn parent_of(connection: &Connection, item: ItemRef) -> Result<Option<StoredSummary>> {
+    match parent_row(connection, item)? {
+        Some(row_id) => summary(connection, row_id),
+        None => Ok(None),
+    }
+}
+
+fn parent_row(connection: &Connection, item: ItemRef) -> Result<Option<SummaryRowId>> {
     let parent: Option<i64> = match item {
         ItemRef::Message(id) => connection
             .prepare_cached("SELECT parent_id FROM summary_edges WHERE child_message_id = ?1")?
@@ -443,10 +469,7 @@ pub(crate) fn parent_of(connection: &Connection, item: ItemRef) -> Result<Option
             .query_row([id.0], |row| row.get(0))
             .optional()?,
     };
-    match parent {
-        Some(id) => summary(connection, SummaryRowId(id)),
-        None => Ok(None),
-    }
+    Ok(parent.map(SummaryRowId))
 }
 
 pub(crate) fn blob_info(connection: &Connection, blob_id: &str) -> Result<Option<BlobInfo>> {

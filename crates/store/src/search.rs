@@ -34,7 +34,7 @@ pub(crate) fn run(
             HitSource::Message { id, .. } => ItemRef::Message(*id),
             HitSource::Summary { row_id, .. } => ItemRef::Summary(*row_id),
         };
-        hit.covered_by = read::top_ancestor(connection, item)?.map(|summary| summary.summary_id);
+        hit.covered_by = read::top_ancestor_id(connection, item)?;
     }
     Ok(hits)
 }
