@@ -34,7 +34,9 @@ pub struct LosslessConfig {
     pub max_expand_tokens: u64,
     /// Budget when the host gives none.
     pub default_token_budget: u64,
-    /// Wall-clock limit of one compaction call, in milliseconds.
+    /// Wall-clock limit of one compaction call, in milliseconds, checked between passes: a
+    /// call that needs compaction always makes its first pass, so it never returns without
+    /// progress only because the machine was slow to reach it.
     pub deadline_ms: u64,
     pub tokenizer: TokenizerKind,
     pub tokenizer_multiplier: f64,

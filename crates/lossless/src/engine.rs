@@ -335,7 +335,7 @@ impl LosslessEngine {
                 });
                 break;
             }
-            if Instant::now() >= deadline {
+            if report.passes > 0 && Instant::now() >= deadline {
                 report.reason = Some(CompactReason::Deadline);
                 break;
             }

@@ -178,7 +178,8 @@ async fn a_crash_between_summarizing_and_publishing_loses_nothing() {
         let engine = engine_in(&dir, small_config(), Arc::new(Misbehaving::Hangs)).await;
         // The turn's messages are stored; compaction then hangs in the summarizer and the
         // process "dies" (the future is dropped) before anything is published.
-        let outcome = tokio::time::timeout(Duration::from_millis(300), drive(&engine, 0..12)).await;
+        let outcome =
+            tokio::time::timeout(Duration::from_millis(1_000), drive(&engine, 0..12)).await;
         assert!(outcome.is_err(), "the summarizer hung");
     }
     let engine = engine(&dir).await;
