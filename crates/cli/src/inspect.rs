@@ -97,6 +97,21 @@ pub(crate) async fn lossless(global: &Global, host: &Host) -> Result<LosslessEng
     .map_err(anyhow::Error::from)
 }
 
+/// Calls one of the lossless engine's recall tools as the named session would.
+async fn call_recall_tool(
+    global: &Global,
+    session: &str,
+    tool: &str,
+    arguments: &Value,
+) -> Result<Value> {
+    let host = global.host().await?;
+    let (key, record) = find_session(global, &host, session).await?;
+    let engine = lossless(global, &host).await?;
+    Ok(engine
+        .call_tool(&caller(&key, &record), tool, arguments)
+        .await?)
+}
+
 fn caller(key: &str, record: &SessionRecord) -> ToolCaller {
     ToolCaller {
         session_id: record.session_id.clone(),
@@ -184,16 +199,13 @@ pub(crate) async fn grep(
     limit: u64,
     json: bool,
 ) -> Result<ExitCode> {
-    let host = global.host().await?;
-    let (key, record) = find_session(global, &host, session).await?;
-    let engine = lossless(global, &host).await?;
-    let result = engine
-        .call_tool(
-            &caller(&key, &record),
-            "vilvona_grep",
-            &json!({"query": query, "mode": mode, "scope": scope, "limit": limit}),
-        )
-        .await?;
+    let result = call_recall_tool(
+        global,
+        session,
+        "vilvona_grep",
+        &json!({"query": query, "mode": mode, "scope": scope, "limit": limit}),
+    )
+    .await?;
     if json {
         print_json(&result)?;
     } else {
@@ -224,16 +236,7 @@ pub(crate) async fn describe(
     session: &str,
     json: bool,
 ) -> Result<ExitCode> {
-    let host = global.host().await?;
-    let (key, record) = find_session(global, &host, session).await?;
-    let engine = lossless(global, &host).await?;
-    let result = engine
-        .call_tool(
-            &caller(&key, &record),
-            "vilvona_describe",
-            &json!({"id": id}),
-        )
-        .await?;
+    let result = call_recall_tool(global, session, "vilvona_describe", &json!({"id": id})).await?;
     if json {
         print_json(&result)?;
     } else {
@@ -255,16 +258,11 @@ pub(crate) async fn expand(
     token_cap: Option<u64>,
     json: bool,
 ) -> Result<ExitCode> {
-    let host = global.host().await?;
-    let (key, record) = find_session(global, &host, session).await?;
-    let engine = lossless(global, &host).await?;
     let mut arguments = json!({"id": id});
     if let Some(cap) = token_cap {
         arguments["tokenCap"] = json!(cap);
     }
-    let result = engine
-        .call_tool(&caller(&key, &record), "vilvona_expand", &arguments)
-        .await?;
+    let result = call_recall_tool(global, session, "vilvona_expand", &arguments).await?;
     if json {
         print_json(&result)?;
     } else {

@@ -180,6 +180,29 @@ fn string_argument(arguments: &Value, key: &str) -> Result<Option<String>, ToolE
     }
 }
 
+/// One of a fixed set of string values, `default` when the argument is absent.
+fn choice_argument<T: Copy>(
+    arguments: &Value,
+    key: &str,
+    default: T,
+    options: &[(&str, T)],
+) -> Result<T, ToolError> {
+    let Some(given) = string_argument(arguments, key)? else {
+        return Ok(default);
+    };
+    if let Some((_, value)) = options.iter().find(|(name, _)| *name == given) {
+        return Ok(*value);
+    }
+    let names: Vec<&str> = options.iter().map(|(name, _)| *name).collect();
+    let listed = match names.split_last() {
+        Some((last, rest)) if !rest.is_empty() => format!("{} or {last}", rest.join(", ")),
+        _ => names.join(""),
+    };
+    Err(ToolError::InvalidArguments(format!(
+        "{key} {given:?}: use {listed}"
+    )))
+}
+
 fn message_id_string(id: MessageId) -> String {
     format!("msg_{}", id.0)
 }
@@ -298,35 +321,35 @@ impl LosslessEngine {
         let query = string_argument(arguments, "query")?
             .filter(|query| !query.trim().is_empty())
             .ok_or_else(|| ToolError::InvalidArguments("query is required".to_owned()))?;
-        let mode = match string_argument(arguments, "mode")?.as_deref() {
-            None | Some("text") => SearchMode::Text,
-            Some("phrase") => SearchMode::Phrase,
-            Some("regex") => SearchMode::Regex,
-            Some(other) => {
-                return Err(ToolError::InvalidArguments(format!(
-                    "mode {other:?}: use text, phrase or regex"
-                )));
-            }
-        };
-        let target = match string_argument(arguments, "scope")?.as_deref() {
-            None | Some("both") => SearchTarget::Both,
-            Some("messages") => SearchTarget::Messages,
-            Some("summaries") => SearchTarget::Summaries,
-            Some(other) => {
-                return Err(ToolError::InvalidArguments(format!(
-                    "scope {other:?}: use messages, summaries or both"
-                )));
-            }
-        };
-        let order = match string_argument(arguments, "order")?.as_deref() {
-            None | Some("relevance") => SearchOrder::Relevance,
-            Some("recency") => SearchOrder::Recency,
-            Some(other) => {
-                return Err(ToolError::InvalidArguments(format!(
-                    "order {other:?}: use relevance or recency"
-                )));
-            }
-        };
+        let mode = choice_argument(
+            arguments,
+            "mode",
+            SearchMode::Text,
+            &[
+                ("text", SearchMode::Text),
+                ("phrase", SearchMode::Phrase),
+                ("regex", SearchMode::Regex),
+            ],
+        )?;
+        let target = choice_argument(
+            arguments,
+            "scope",
+            SearchTarget::Both,
+            &[
+                ("messages", SearchTarget::Messages),
+                ("summaries", SearchTarget::Summaries),
+                ("both", SearchTarget::Both),
+            ],
+        )?;
+        let order = choice_argument(
+            arguments,
+            "order",
+            SearchOrder::Relevance,
+            &[
+                ("relevance", SearchOrder::Relevance),
+                ("recency", SearchOrder::Recency),
+            ],
+        )?;
         let limit = match argument(arguments, "limit") {
             None => 10,
             Some(value) => value

@@ -6,6 +6,7 @@ use vilvona_core::message::AgentMessage;
 use vilvona_core::summarize::SummaryKind;
 
 use crate::error::{Result, StoreError};
+use crate::index::{IndexDoc, IndexedRow};
 use crate::types::*;
 
 const CONVERSATION_COLUMNS: &str = "c.id, c.agent_id, c.session_id, c.session_key, c.active,
@@ -532,12 +533,25 @@ pub(crate) fn state(
 
 /// A row to index, with its text extracted.
 pub(crate) struct IndexRow {
-    pub(crate) id: i64,
-    pub(crate) conversation: i64,
-    pub(crate) agent: String,
-    pub(crate) role: String,
-    pub(crate) time_ms: i64,
-    pub(crate) text: String,
+    row: IndexedRow,
+    conversation: i64,
+    agent: String,
+    role: String,
+    time_ms: i64,
+    text: String,
+}
+
+impl IndexRow {
+    pub(crate) fn doc(&self) -> IndexDoc<'_> {
+        IndexDoc {
+            row: self.row,
+            conversation: self.conversation,
+            agent: &self.agent,
+            role: &self.role,
+            time_ms: self.time_ms,
+            text: &self.text,
+        }
+    }
 }
 
 /// Streams messages with `id > after`, in id order, with their text.
@@ -558,7 +572,7 @@ pub(crate) fn for_each_message_after(
             .map(|message| message.plain_text())
             .unwrap_or_default();
         f(IndexRow {
-            id: row.get(0)?,
+            row: IndexedRow::Message(row.get(0)?),
             conversation: row.get(1)?,
             agent: row.get(2)?,
             role: row.get(3)?,
@@ -583,7 +597,7 @@ pub(crate) fn for_each_summary_after(
     let mut rows = statement.query([after])?;
     while let Some(row) = rows.next()? {
         f(IndexRow {
-            id: row.get(0)?,
+            row: IndexedRow::Summary(row.get(0)?),
             conversation: row.get(1)?,
             agent: row.get(2)?,
             role: "summary".to_owned(),

@@ -152,30 +152,13 @@ impl Writer {
         let mut added = 0;
         let connection = &self.connection;
         let sink = &mut self.sink;
-        read::for_each_message_after(connection, watermark.messages, |row| {
-            sink.add(IndexDoc {
-                row: IndexedRow::Message(row.id),
-                conversation: row.conversation,
-                agent: &row.agent,
-                role: &row.role,
-                time_ms: row.time_ms,
-                text: &row.text,
-            })?;
+        let mut add = |row: read::IndexRow| -> Result<()> {
+            sink.add(row.doc())?;
             added += 1;
             Ok(())
-        })?;
-        read::for_each_summary_after(connection, watermark.summaries, |row| {
-            sink.add(IndexDoc {
-                row: IndexedRow::Summary(row.id),
-                conversation: row.conversation,
-                agent: &row.agent,
-                role: &row.role,
-                time_ms: row.time_ms,
-                text: &row.text,
-            })?;
-            added += 1;
-            Ok(())
-        })?;
+        };
+        read::for_each_message_after(connection, watermark.messages, &mut add)?;
+        read::for_each_summary_after(connection, watermark.summaries, &mut add)?;
         if added > 0 {
             tracing::info!(
                 documents = added,

@@ -225,6 +225,25 @@ async fn recall_finds_a_compacted_fact_and_expansion_reaches_it() {
         .await
         .unwrap_err();
     assert!(bad.to_string().contains("mode \"fuzzy\""), "{bad}");
+    assert!(
+        bad.to_string()
+            .contains("mode \"fuzzy\": use text, phrase or regex"),
+        "{bad}"
+    );
+    let bad_scope = engine
+        .call_tool(
+            &caller,
+            "vilvona_grep",
+            &json!({"query": "x", "scope": "files"}),
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        bad_scope
+            .to_string()
+            .contains("scope \"files\": use messages, summaries or both"),
+        "{bad_scope}"
+    );
 }
 
 #[tokio::test]
