@@ -184,9 +184,16 @@ impl LosslessEngine {
     ) -> Result<Vec<NewMessage>, EngineError> {
         let mut prepared = Vec::with_capacity(messages.len());
         for (index, message) in messages.iter().enumerate() {
-            let message = self.externalize(conversation, message).await?;
+            let tokens = self.inner.estimator.message_tokens(message);
+            let (message, tokens) = match self.externalize(conversation, message, tokens).await? {
+                Some(moved) => {
+                    let tokens = self.inner.estimator.message_tokens(&moved);
+                    (moved, tokens)
+                }
+                None => (message.clone(), tokens),
+            };
             prepared.push(NewMessage {
-                tokens: self.inner.estimator.message_tokens(&message),
+                tokens,
                 message,
                 entry_id: entry_ids.get(index).cloned().flatten(),
             });
@@ -196,22 +203,23 @@ impl LosslessEngine {
 
     /// A tool result (or user content) larger than the threshold: each large text block is stored
     /// once as a blob and replaced by a reference and a description. The original is restorable:
-    /// the block keeps the blob id.
+    /// the block keeps the blob id. `None` when the message (of `tokens`) stays as it is.
     async fn externalize(
         &self,
         conversation: ConversationId,
         message: &AgentMessage,
-    ) -> Result<AgentMessage, EngineError> {
+        tokens: u64,
+    ) -> Result<Option<AgentMessage>, EngineError> {
         let threshold = self.inner.config.large_content_threshold_tokens;
         let is_candidate = matches!(message, AgentMessage::ToolResult(_) | AgentMessage::User(_));
-        if !is_candidate || self.inner.estimator.message_tokens(message) <= threshold {
-            return Ok(message.clone());
+        if !is_candidate || tokens <= threshold {
+            return Ok(None);
         }
         let mut message = message.clone();
         let content = match &mut message {
             AgentMessage::ToolResult(result) => &mut result.content,
             AgentMessage::User(user) => &mut user.content,
-            _ => return Ok(message),
+            _ => return Ok(None),
         };
         if let MessageContent::Text(text) = content {
             *content = MessageContent::Blocks(vec![ContentBlock::text(std::mem::take(text))]);
@@ -241,7 +249,7 @@ impl LosslessEngine {
                     .insert(BLOB_KEY.to_owned(), Value::String(info.blob_id));
             }
         }
-        Ok(message)
+        Ok(Some(message))
     }
 
     async fn ingest_messages(
@@ -981,7 +989,8 @@ impl ContextEngine for LosslessEngine {
         let conversation = self
             .conversation(&params.session_id, params.session_key.as_deref())
             .await?;
-        // Installed mid-session: the host has history the store lacks. Import it first.
+        // Installed mid-session: the host has history the store lacks. Import it first. The
+        // cached row's count is from when the session was first seen: read the current one.
         if conversation.message_count == 0 && !params.messages.is_empty() {
             let refreshed = self
                 .inner
@@ -998,12 +1007,14 @@ impl ContextEngine for LosslessEngine {
                     None,
                 )
                 .await?;
-                self.inner
-                    .conversations
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .remove(&params.session_id);
             }
+            // Either way the store now holds messages: drop the stale row so this check is
+            // not repeated on every later assembly.
+            self.inner
+                .conversations
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .remove(&params.session_id);
         }
         let mut result = self
             .assemble_context(conversation.id, self.budget(params.token_budget))
