@@ -769,15 +769,13 @@ impl Host {
         let mut new_messages = vec![user_message];
         new_messages.extend(response.messages);
         report.new_messages = new_messages.len();
-        let input = response.input_tokens.unwrap_or(0);
-        let output = response.output_tokens.unwrap_or(0);
-        self.finish_turn(live, new_messages, budget, &mut report)
+        let usage = (
+            response.input_tokens.unwrap_or(0),
+            response.output_tokens.unwrap_or(0),
+        );
+        let ids = vec![None; new_messages.len()];
+        self.finish_turn(live, new_messages, ids, usage, budget, &mut report)
             .await?;
-        self.sessions.lock().await.update(session_key, |record| {
-            record.input_tokens += input;
-            record.output_tokens += output;
-            record.total_tokens += input + output;
-        })?;
         Ok(report)
     }
 
@@ -823,7 +821,7 @@ impl Host {
         report.assembled_tokens = assembled_tokens + prompt_tokens;
         report.over_budget = report.assembled_tokens > budget;
         report.new_messages = recorded.len();
-        self.finish_turn_with_ids(live, recorded, entry_ids, budget, &mut report)
+        self.finish_turn(live, recorded, entry_ids, (0, 0), budget, &mut report)
             .await?;
         Ok(report)
     }
@@ -855,25 +853,15 @@ impl Host {
         }
     }
 
+    /// Appends the turn durably (with the model's `(input, output)` token usage in the session
+    /// record: one write of `sessions.json`), then `after_turn`, built-in auto-compaction
+    /// (non-owning engines only) and `maintain`.
     async fn finish_turn(
         &self,
         live: &mut LiveSession,
         new_messages: Vec<AgentMessage>,
-        budget: u64,
-        report: &mut TurnReport,
-    ) -> Result<(), HostError> {
-        let ids = vec![None; new_messages.len()];
-        self.finish_turn_with_ids(live, new_messages, ids, budget, report)
-            .await
-    }
-
-    /// Appends the turn durably, then `after_turn`, built-in auto-compaction (non-owning
-    /// engines only) and `maintain`.
-    async fn finish_turn_with_ids(
-        &self,
-        live: &mut LiveSession,
-        new_messages: Vec<AgentMessage>,
         recorded_ids: Vec<Option<String>>,
+        (input, output): (u64, u64),
         budget: u64,
         report: &mut TurnReport,
     ) -> Result<(), HostError> {
@@ -904,7 +892,11 @@ impl Host {
         }
         // Durable before the turn is acknowledged.
         live.writer.sync()?;
-        self.sessions.lock().await.update(&live.key, |_| {})?;
+        self.sessions.lock().await.update(&live.key, |record| {
+            record.input_tokens += input;
+            record.output_tokens += output;
+            record.total_tokens += input + output;
+        })?;
 
         let params = AfterTurnParams {
             session_id: live.record.session_id.clone(),
