@@ -84,10 +84,20 @@ struct Active {
     _registry: Registry,
 }
 
+/// What `initialize` asked for: kept so that an engine that failed to open is opened again on
+/// the next call, instead of another engine answering in its place.
+#[derive(Clone, Debug)]
+struct Setup {
+    state_dir: PathBuf,
+    engine_id: String,
+    config: Option<Value>,
+}
+
 struct Server {
     out: mpsc::UnboundedSender<String>,
     state_dir: PathBuf,
     active: RwLock<Option<Active>>,
+    setup: StdMutex<Option<Setup>>,
     in_flight: StdMutex<HashMap<String, watch::Sender<bool>>>,
     queues: StdMutex<HashMap<String, mpsc::UnboundedSender<Job>>>,
     rollbacks: StdMutex<HashMap<String, Box<dyn SpawnRollback>>>,
@@ -232,24 +242,75 @@ impl Server {
         }
     }
 
+    /// The engine, opened again if it failed to open before.
     async fn engine(&self) -> Result<Arc<dyn ContextEngine>, RpcError> {
-        self.active
-            .read()
-            .await
-            .as_ref()
-            .map(|active| active.engine.clone())
-            .ok_or_else(|| RpcError::new(NOT_INITIALIZED, "call initialize first"))
+        Ok(self.active().await?.0)
     }
 
     async fn lossless(&self) -> Result<Option<LosslessEngine>, RpcError> {
-        Ok(self
-            .active
-            .read()
+        Ok(self.active().await?.1)
+    }
+
+    async fn active(&self) -> Result<(Arc<dyn ContextEngine>, Option<LosslessEngine>), RpcError> {
+        if let Some(active) = self.active.read().await.as_ref() {
+            return Ok((active.engine.clone(), active.lossless.clone()));
+        }
+        let setup = lock(&self.setup)
+            .clone()
+            .ok_or_else(|| RpcError::new(NOT_INITIALIZED, "call initialize first"))?;
+        let mut active = self.active.write().await;
+        if active.is_none() {
+            *active = Some(self.open(&setup).await?);
+        }
+        let active = active.as_ref().ok_or_else(|| {
+            RpcError::new(ENGINE_ERROR, "the engine closed while it was being opened")
+        })?;
+        Ok((active.engine.clone(), active.lossless.clone()))
+    }
+
+    /// Opens the engine `initialize` asked for, with no quarantine guard and no fallback:
+    /// inside OpenClaw the host is OpenClaw, and its own failure policy applies to the errors
+    /// this server returns. Substituting `legacy` here would leave OpenClaw believing the
+    /// selected engine owns compaction while nothing does.
+    async fn open(&self, setup: &Setup) -> Result<Active, RpcError> {
+        let host_config = HostConfig::load(&setup.state_dir.join("vilvona.json5"))
+            .map_err(|e| RpcError::new(INVALID_PARAMS, e.to_string()))?;
+        let estimator =
+            vilvona_summarize::estimator(vilvona_summarize::TokenizerKind::Heuristic, 1.0);
+        let summarizer: Arc<dyn Summarizer> = Arc::new(
+            vilvona_summarize::ExtractiveSummarizer::new(estimator.clone()),
+        );
+        let registry = Registry::new();
+        register_legacy(&registry, &host_config, summarizer, estimator)
+            .map_err(|e| RpcError::new(ENGINE_ERROR, e.to_string()))?;
+        let handle = Arc::new(StdMutex::new(None));
+        let host_llm: Arc<dyn Summarizer> = Arc::new(HostLlmSummarizer {
+            server: lock(&self.me).clone(),
+        });
+        register_lossless(&registry, handle.clone(), Some(host_llm))
+            .map_err(|e| RpcError::new(ENGINE_ERROR, e.to_string()))?;
+        let mut selection = EngineSelection {
+            slot: Some(setup.engine_id.clone()),
+            agent_dir: Some(setup.state_dir.join("agents").join("main")),
+            ..EngineSelection::default()
+        };
+        selection.entries.insert(
+            setup.engine_id.clone(),
+            EntrySettings {
+                enabled: Some(true),
+                config: setup.config.clone(),
+            },
+        );
+        let engine = registry
+            .instantiate(&selection)
             .await
-            .as_ref()
-            .ok_or_else(|| RpcError::new(NOT_INITIALIZED, "call initialize first"))?
-            .lossless
-            .clone())
+            .map_err(|e| RpcError::new(ENGINE_ERROR, e.to_string()))?;
+        let lossless = lock(&handle).clone();
+        Ok(Active {
+            engine,
+            lossless,
+            _registry: registry,
+        })
     }
 
     async fn call(
@@ -443,72 +504,37 @@ impl Server {
     }
 
     async fn initialize(&self, params: Value) -> Result<Value, RpcError> {
-        let state_dir = params
-            .get("stateDir")
-            .and_then(Value::as_str)
-            .map_or_else(|| self.state_dir.clone(), PathBuf::from);
-        let engine_id = params
-            .get("engineId")
-            .and_then(Value::as_str)
-            .unwrap_or(vilvona_lossless::ENGINE_ID)
-            .to_owned();
-        let engine_config = params
-            .get("config")
-            .cloned()
-            .filter(|config| !config.is_null());
-        let mut active = self.active.write().await;
-        if let Some(existing) = active.as_ref() {
+        let setup = Setup {
+            state_dir: params
+                .get("stateDir")
+                .and_then(Value::as_str)
+                .map_or_else(|| self.state_dir.clone(), PathBuf::from),
+            engine_id: params
+                .get("engineId")
+                .and_then(Value::as_str)
+                .unwrap_or(vilvona_lossless::ENGINE_ID)
+                .to_owned(),
+            config: params
+                .get("config")
+                .cloned()
+                .filter(|config| !config.is_null()),
+        };
+        if let Some(existing) = self.active.read().await.as_ref() {
             return Ok(json!({"info": existing.engine.info(), "alreadyInitialized": true}));
         }
-        let host_config = HostConfig::load(&state_dir.join("vilvona.json5"))
-            .map_err(|e| RpcError::new(INVALID_PARAMS, e.to_string()))?;
-        let estimator =
-            vilvona_summarize::estimator(vilvona_summarize::TokenizerKind::Heuristic, 1.0);
-        let summarizer: Arc<dyn Summarizer> = Arc::new(
-            vilvona_summarize::ExtractiveSummarizer::new(estimator.clone()),
-        );
-        let registry = Registry::new();
-        register_legacy(&registry, &host_config, summarizer, estimator)
-            .map_err(|e| RpcError::new(ENGINE_ERROR, e.to_string()))?;
-        let handle = Arc::new(StdMutex::new(None));
-        let host_llm: Arc<dyn Summarizer> = Arc::new(HostLlmSummarizer {
-            server: lock(&self.me).clone(),
-        });
-        register_lossless(&registry, handle.clone(), Some(host_llm))
-            .map_err(|e| RpcError::new(ENGINE_ERROR, e.to_string()))?;
-        let mut selection = EngineSelection {
-            slot: Some(engine_id.clone()),
-            agent_dir: Some(state_dir.join("agents").join("main")),
-            ..EngineSelection::default()
-        };
-        selection.entries.insert(
-            engine_id.clone(),
-            EntrySettings {
-                enabled: Some(true),
-                config: engine_config,
-            },
-        );
-        let resolved = registry
-            .resolve(&selection)
-            .await
-            .map_err(|e| RpcError::new(ENGINE_ERROR, e.to_string()))?;
-        let info = resolved.engine.info();
-        let quarantines = registry.quarantines();
-        let lossless = lock(&handle).clone();
+        // Kept before opening: if the engine cannot open now, the next call tries again.
+        *lock(&self.setup) = Some(setup);
+        let (engine, lossless) = self.active().await?;
+        let info = engine.info();
         let tools = lossless
             .as_ref()
             .map(|engine| serde_json::to_value(engine.tools()).unwrap_or(Value::Null));
-        *active = Some(Active {
-            engine: resolved.engine,
-            lossless,
-            _registry: registry,
-        });
         Ok(json!({
             "info": info,
             "transcriptSemantics": info.transcript_semantics,
             "acceptedHostParams": info.accepted_host_params,
+            "hostRequirements": info.host_requirements,
             "tools": tools.unwrap_or(json!([])),
-            "quarantines": quarantines,
         }))
     }
 
@@ -615,6 +641,7 @@ pub(crate) async fn serve(global: &Global) -> Result<ExitCode> {
         out,
         state_dir: global.state_dir.clone(),
         active: RwLock::new(None),
+        setup: StdMutex::new(None),
         in_flight: StdMutex::new(HashMap::new()),
         queues: StdMutex::new(HashMap::new()),
         rollbacks: StdMutex::new(HashMap::new()),

@@ -267,6 +267,7 @@ pub async fn check_contract(
             session_key: session.session_key.clone(),
             session_file: session.session_file.clone(),
             reason: MaintainReason::Turn,
+            ..MaintainParams::default()
         })
         .await
     {

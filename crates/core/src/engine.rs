@@ -219,6 +219,43 @@ impl EngineError {
 
 // --- parameters and results ---------------------------------------------------------------------
 
+/// The host's per-run settings (`runtimeSettings` in OpenClaw 2026.x). Only what engines use is
+/// typed; every other key is kept as sent.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RuntimeSettings {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits: Option<RuntimeLimits>,
+    #[serde(flatten)]
+    pub extra: serde_json::Map<String, Value>,
+}
+
+/// `runtimeSettings.limits`: the run's prompt and output budgets.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RuntimeLimits {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_token_budget: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_output_tokens: Option<u64>,
+    #[serde(flatten)]
+    pub extra: serde_json::Map<String, Value>,
+}
+
+/// The prompt budget a call carries: its `tokenBudget`, else
+/// `runtimeSettings.limits.promptTokenBudget`. Zero counts as absent.
+pub fn carried_budget(
+    token_budget: Option<u64>,
+    runtime_settings: Option<&RuntimeSettings>,
+) -> Option<u64> {
+    token_budget.filter(|budget| *budget > 0).or_else(|| {
+        runtime_settings
+            .and_then(|settings| settings.limits.as_ref())
+            .and_then(|limits| limits.prompt_token_budget)
+            .filter(|budget| *budget > 0)
+    })
+}
+
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct BootstrapParams {
@@ -302,6 +339,8 @@ pub struct AfterTurnParams {
     pub is_heartbeat: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token_budget: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtime_settings: Option<RuntimeSettings>,
 }
 
 impl AfterTurnParams {
@@ -337,6 +376,19 @@ pub struct AssembleParams {
     pub model: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prompt: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtime_settings: Option<RuntimeSettings>,
+    /// The host's memory provider's prompt section for this run, when one is active (the
+    /// embedded host's `memory` settings); engines may place it or ignore it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_prompt: Option<String>,
+}
+
+impl AssembleParams {
+    /// The prompt budget this call carries (see [`carried_budget`]).
+    pub fn budget(&self) -> Option<u64> {
+        carried_budget(self.token_budget, self.runtime_settings.as_ref())
+    }
 }
 
 /// Which estimate the host's overflow precheck trusts.
@@ -442,6 +494,8 @@ pub enum CompactReason {
     Cancelled,
     /// The engine keeps a window instead of summarizing.
     Windowed,
+    /// Compaction ran, but what it must keep (the recent tail) alone exceeds the budget.
+    OverBudget,
     #[serde(untagged)]
     Other(String),
 }
@@ -543,6 +597,17 @@ pub struct MaintainParams {
     pub session_file: Option<String>,
     #[serde(default)]
     pub reason: MaintainReason,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_budget: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtime_settings: Option<RuntimeSettings>,
+}
+
+impl MaintainParams {
+    /// The prompt budget this call carries (see [`carried_budget`]).
+    pub fn budget(&self) -> Option<u64> {
+        carried_budget(self.token_budget, self.runtime_settings.as_ref())
+    }
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -572,6 +637,20 @@ pub struct CommitTurnParams {
     pub admission: Option<Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub terminal: Option<Value>,
+    #[serde(default)]
+    pub is_heartbeat: bool,
+    /// OpenClaw 2026.9 sends none; engines fall back to the budget they last saw.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_budget: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtime_settings: Option<RuntimeSettings>,
+}
+
+impl CommitTurnParams {
+    /// The prompt budget this call carries (see [`carried_budget`]).
+    pub fn budget(&self) -> Option<u64> {
+        carried_budget(self.token_budget, self.runtime_settings.as_ref())
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

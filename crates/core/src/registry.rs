@@ -260,6 +260,14 @@ pub enum ResolveError {
         operation: Stage,
         reason: String,
     },
+    /// [`Registry::instantiate`]: the selected engine could not be created. Nothing was
+    /// quarantined and nothing substituted; the caller may try again.
+    #[error("context engine \"{engine_id}\" could not start ({operation}): {reason}")]
+    Unavailable {
+        engine_id: String,
+        operation: Stage,
+        reason: String,
+    },
 }
 
 /// Where the active engine came from.
@@ -298,9 +306,14 @@ impl fmt::Debug for ResolvedEngine {
 }
 
 impl ResolvedEngine {
-    /// The id of the engine currently serving: the selected one, or `legacy` once quarantined.
+    /// The id of the engine currently serving: the selected one, or `legacy` when its entry is
+    /// disabled or it is quarantined.
     pub fn active_id(&self) -> String {
-        if self.selected_id != LEGACY_ENGINE_ID && self.is_quarantined() {
+        let replaced = matches!(
+            self.source,
+            SelectionSource::Disabled | SelectionSource::Quarantined
+        ) || (self.selected_id != LEGACY_ENGINE_ID && self.is_quarantined());
+        if replaced {
             LEGACY_ENGINE_ID.to_owned()
         } else {
             self.selected_id.clone()
@@ -635,6 +648,54 @@ impl Registry {
                 operation: stage,
                 reason,
             }),
+        }
+    }
+
+    /// Creates the selected engine with no quarantine guard and no fallback, for a process
+    /// whose own host applies the failure policy (`vilvona serve` inside OpenClaw: substituting
+    /// an engine behind the host's back would leave it believing the selected engine owns
+    /// compaction). A slot that selects the default, or a disabled entry, gives `legacy`; an
+    /// engine that cannot be created is [`ResolveError::Unavailable`], and nothing is recorded,
+    /// so a later call may try again.
+    pub async fn instantiate(
+        &self,
+        selection: &EngineSelection,
+    ) -> Result<Arc<dyn ContextEngine>, ResolveError> {
+        let Some(requested) = selection.requested_id() else {
+            return self.resolve_default(selection).await;
+        };
+        let unavailable = |operation, reason| ResolveError::Unavailable {
+            engine_id: requested.to_owned(),
+            operation,
+            reason,
+        };
+        let Some((owner, factory)) = self.registration(requested) else {
+            return Err(unavailable(
+                Stage::Resolve,
+                format!(
+                    "it is not registered. Available engines: {}",
+                    self.available()
+                ),
+            ));
+        };
+        let entry = selection.entry_for(requested, Some(&owner));
+        if entry.and_then(|entry| entry.enabled) == Some(false) {
+            return self.resolve_default(selection).await;
+        }
+        let context = FactoryContext {
+            config: entry.and_then(|entry| entry.config.clone()),
+            agent_dir: selection.agent_dir.clone(),
+            workspace_dir: selection.workspace_dir.clone(),
+        };
+        let engine = factory(context)
+            .await
+            .map_err(|error| unavailable(Stage::Factory, error_chain(&error)))?;
+        match contract_problems(&engine.info()) {
+            Some(problems) => Err(unavailable(
+                Stage::ContractValidation,
+                format!("the factory returned an invalid ContextEngine: {problems}"),
+            )),
+            None => Ok(engine),
         }
     }
 

@@ -17,7 +17,7 @@ use vilvona_transcript::{
     read_transcript,
 };
 
-use crate::cut::{EntryKind, find_cut};
+use crate::cut::{EntryKind, find_cut_within};
 use crate::structure::{StructuredSummary, build_summary};
 
 /// Settings of the built-in compaction (`agents.defaults.compaction.*`).
@@ -31,6 +31,50 @@ pub struct CompactionSettings {
     pub truncate_after_compaction: bool,
     /// Hard cap on the summary's length.
     pub summary_max_chars: usize,
+    /// The prompt budget of the run that asked for compaction (window − reserve − prompt
+    /// pressure), when known. The kept tail and the summary are then capped to shares of it,
+    /// as OpenClaw caps its retention when the window is known: one compaction leaves room for
+    /// many turns instead of running again on the next.
+    pub prompt_budget: Option<u64>,
+}
+
+/// Share of the prompt budget the kept recent tail may take.
+const KEPT_TAIL_SHARE: f64 = 0.4;
+/// Share of the prompt budget the kept tail may never exceed where a later cut exists: with
+/// the summary's share, a compaction leaves at most three quarters of the budget, so it frees
+/// at least a quarter of it.
+const MAX_KEPT_SHARE: f64 = 0.6;
+/// Share of the prompt budget the summary may take (in tokens, ≈ 4 characters each).
+const SUMMARY_SHARE: f64 = 0.15;
+
+impl CompactionSettings {
+    /// Recent history kept verbatim: `keep_recent_tokens`, capped to the budget's share.
+    pub fn kept_tail_tokens(&self) -> u64 {
+        match self.prompt_budget {
+            Some(budget) => self
+                .keep_recent_tokens
+                .min((budget as f64 * KEPT_TAIL_SHARE) as u64)
+                .max(1),
+            None => self.keep_recent_tokens,
+        }
+    }
+
+    /// The most the kept tail may hold when a later valid cut allows it.
+    pub fn max_kept_tokens(&self) -> u64 {
+        self.prompt_budget
+            .map_or(u64::MAX, |budget| (budget as f64 * MAX_KEPT_SHARE) as u64)
+    }
+
+    /// The summary's cap in characters: `summary_max_chars`, capped to the budget's share.
+    pub fn summary_chars(&self) -> usize {
+        match self.prompt_budget {
+            Some(budget) => self
+                .summary_max_chars
+                .min((budget as f64 * SUMMARY_SHARE * 4.0) as usize)
+                .max(400),
+            None => self.summary_max_chars,
+        }
+    }
 }
 
 impl Default for CompactionSettings {
@@ -40,6 +84,7 @@ impl Default for CompactionSettings {
             context_window: 128_000,
             truncate_after_compaction: false,
             summary_max_chars: 16_000,
+            prompt_budget: None,
         }
     }
 }
@@ -80,7 +125,11 @@ pub async fn compact_transcript(
         .map(|entry| request.estimator.text_tokens(&entry.summary))
         .unwrap_or(0);
     let tokens_before = previous_tokens + kinds.iter().map(|(_, tokens)| tokens).sum::<u64>();
-    let Some(cut) = find_cut(&kinds, request.settings.keep_recent_tokens) else {
+    let Some(cut) = find_cut_within(
+        &kinds,
+        request.settings.kept_tail_tokens(),
+        request.settings.max_kept_tokens(),
+    ) else {
         return Ok(CompactResult::unchanged(
             CompactReason::TooSmall,
             tokens_before,
@@ -125,7 +174,7 @@ pub async fn compact_transcript(
         messages: &all_summarized,
         critical_context: &critical,
         split_turn_prefix: prefix_summary.as_deref(),
-        max_chars: request.settings.summary_max_chars,
+        max_chars: request.settings.summary_chars(),
     });
     let kept_tokens: u64 = kinds[cut.first_kept..]
         .iter()
@@ -138,6 +187,12 @@ pub async fn compact_transcript(
             tokens_before,
         ));
     }
+    // Still above the budget (the kept tail holds a unit larger than its share): say so, so
+    // the caller knows another compaction of this history would not help.
+    let over_budget = request
+        .settings
+        .prompt_budget
+        .is_some_and(|budget| tokens_after > budget);
     let details = json!({
         "readFiles": structured.read_files,
         "modifiedFiles": structured.modified_files,
@@ -181,7 +236,11 @@ pub async fn compact_transcript(
         writer.append(&Entry::Compaction(compaction))?;
         writer.sync()?;
     }
-    Ok(CompactResult::compacted(result))
+    let mut compacted = CompactResult::compacted(result);
+    if over_budget {
+        compacted.reason = Some(CompactReason::OverBudget);
+    }
+    Ok(compacted)
 }
 
 /// The last compaction (if any) and the entries of the current context after it: those from

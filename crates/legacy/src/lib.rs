@@ -19,7 +19,7 @@ use vilvona_core::summarize::Summarizer;
 use vilvona_core::tokens::TokenEstimator;
 
 pub use compaction::{CompactionError, CompactionRequest, CompactionSettings, compact_transcript};
-pub use cut::{CutPoint, EntryKind, find_cut};
+pub use cut::{CutPoint, EntryKind, find_cut, find_cut_within};
 
 /// The engine id every host falls back to.
 pub const ENGINE_ID: &str = vilvona_core::registry::LEGACY_ENGINE_ID;
@@ -62,9 +62,15 @@ impl ContextEngine for LegacyEngine {
     }
 
     async fn assemble(&self, params: &AssembleParams) -> Result<AssembleResult, EngineError> {
+        // The memory provider's section is the only addition legacy makes, as OpenClaw's
+        // host does for it.
         Ok(AssembleResult {
             messages: params.messages.clone(),
             estimated_tokens: 0,
+            system_prompt_addition: params
+                .memory_prompt
+                .clone()
+                .filter(|memory| !memory.trim().is_empty()),
             ..AssembleResult::default()
         })
     }
@@ -79,8 +85,9 @@ impl ContextEngine for LegacyEngine {
             )));
         };
         let mut settings = self.settings.clone();
-        if let Some(budget) = params.token_budget {
+        if let Some(budget) = params.token_budget.filter(|budget| *budget > 0) {
             settings.context_window = budget;
+            settings.prompt_budget = Some(budget);
         }
         compact_transcript(CompactionRequest {
             session_file: Path::new(session_file),

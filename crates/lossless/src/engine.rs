@@ -30,6 +30,8 @@ pub const ENGINE_ID: &str = "lossless";
 
 /// Key of the bootstrap cursor in the store's per-conversation state.
 const BOOTSTRAP_CURSOR: &str = "bootstrap.cursor";
+/// Key of the prompt budget the host last gave for a conversation.
+const HOST_BUDGET: &str = "host.tokenBudget";
 /// Messages imported per store transaction during bootstrap.
 const BOOTSTRAP_BATCH: usize = 500;
 /// The key of a JSON text block's original location once its text moved to a blob.
@@ -61,6 +63,8 @@ pub(crate) struct Inner {
     /// The last assembly per conversation (its items and messages), extended when the context
     /// only grew.
     assembled: StdMutex<HashMap<ConversationId, (Vec<ItemRef>, Messages)>>,
+    /// The prompt budget the host last gave per conversation (mirrors the store's state).
+    budgets: StdMutex<HashMap<ConversationId, u64>>,
 }
 
 fn lock_map<T>(mutex: &StdMutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -106,6 +110,7 @@ impl LosslessEngine {
                 compaction_locks: StdMutex::new(HashMap::new()),
                 rendered: StdMutex::new(HashMap::new()),
                 assembled: StdMutex::new(HashMap::new()),
+                budgets: StdMutex::new(HashMap::new()),
             }),
         }
     }
@@ -169,10 +174,54 @@ impl LosslessEngine {
         Ok(conversation)
     }
 
-    fn budget(&self, token_budget: Option<u64>) -> u64 {
-        token_budget
-            .filter(|budget| *budget > 0)
-            .unwrap_or(self.inner.config.default_token_budget)
+    /// The budget to compact against: the one the call carries, else the one the host last
+    /// gave `assemble` for this conversation (kept in the store, so it survives restarts); the
+    /// configured default only before the host ever gave one. OpenClaw 2026.9 gives
+    /// `commitTurn` no budget, and a guess above its real prompt budget would let every session
+    /// overflow before compaction.
+    async fn budget(
+        &self,
+        conversation: ConversationId,
+        carried: Option<u64>,
+    ) -> Result<u64, EngineError> {
+        if let Some(budget) = carried {
+            return Ok(budget);
+        }
+        if let Some(budget) = lock_map(&self.inner.budgets).get(&conversation) {
+            return Ok(*budget);
+        }
+        let stored = self
+            .inner
+            .store
+            .state(conversation, HOST_BUDGET)
+            .await
+            .map_err(|error| store_error("reading the host's budget", error))?
+            .and_then(|text| text.parse::<u64>().ok())
+            .filter(|budget| *budget > 0);
+        let budget = stored.unwrap_or(self.inner.config.default_token_budget);
+        if stored.is_some() {
+            lock_map(&self.inner.budgets).insert(conversation, budget);
+        }
+        Ok(budget)
+    }
+
+    /// Keeps the prompt budget the host gave `assemble` (the one budget OpenClaw always sends
+    /// and computes from the real window); writes only when it changed.
+    async fn remember_budget(
+        &self,
+        conversation: ConversationId,
+        budget: u64,
+    ) -> Result<(), EngineError> {
+        if lock_map(&self.inner.budgets).get(&conversation) == Some(&budget) {
+            return Ok(());
+        }
+        self.inner
+            .store
+            .set_state(conversation, HOST_BUDGET, &budget.to_string())
+            .await
+            .map_err(|error| store_error("saving the host's budget", error))?;
+        lock_map(&self.inner.budgets).insert(conversation, budget);
+        Ok(())
     }
 
     /// Prepares messages for the store: token counts, and large tool output moved to blobs.
@@ -180,7 +229,7 @@ impl LosslessEngine {
         &self,
         conversation: ConversationId,
         messages: &[AgentMessage],
-        entry_ids: &[Option<String>],
+        identity: impl Fn(usize) -> MessageIdentity,
     ) -> Result<Vec<NewMessage>, EngineError> {
         let mut prepared = Vec::with_capacity(messages.len());
         for (index, message) in messages.iter().enumerate() {
@@ -195,7 +244,7 @@ impl LosslessEngine {
             prepared.push(NewMessage {
                 tokens,
                 message,
-                entry_id: entry_ids.get(index).cloned().flatten(),
+                identity: identity(index),
             });
         }
         Ok(prepared)
@@ -257,11 +306,11 @@ impl LosslessEngine {
         session_id: &str,
         session_key: Option<&str>,
         messages: &[AgentMessage],
-        entry_ids: &[Option<String>],
+        identity: impl Fn(usize) -> MessageIdentity,
         advancement_key: Option<String>,
     ) -> Result<IngestOutcome, EngineError> {
         let conversation = self.conversation(session_id, session_key).await?;
-        let prepared = self.prepare(conversation.id, messages, entry_ids).await?;
+        let prepared = self.prepare(conversation.id, messages, identity).await?;
         self.inner
             .store
             .ingest(conversation.id, prepared, advancement_key)
@@ -522,20 +571,22 @@ impl LosslessEngine {
         }
     }
 
-    /// Imports a session transcript from where the last bootstrap stopped.
+    /// Imports a session transcript from where the last bootstrap stopped. Each message is
+    /// identified by its entry id and its place among the transcript's messages, so what
+    /// `commit_turn` or `assemble` already stored is recognised, not imported twice.
     async fn import_transcript(
         &self,
         conversation: &Conversation,
         path: &Path,
     ) -> Result<u64, EngineError> {
-        let cursor: Cursor = self
+        let mark: BootstrapMark = self
             .inner
             .store
             .state(conversation.id, BOOTSTRAP_CURSOR)
             .await
             .map_err(|error| store_error("reading the bootstrap cursor", error))?
-            .and_then(|text| serde_json::from_str(&text).ok())
-            .unwrap_or_default();
+            .map_or_else(BootstrapMark::default, |text| BootstrapMark::parse(&text));
+        let (cursor, first_place) = (mark.cursor, mark.place);
         // Read synchronously in a blocking task, then ingest in batches.
         let path = path.to_owned();
         let read = tokio::task::spawn_blocking(move || {
@@ -555,11 +606,17 @@ impl LosslessEngine {
         .map_err(|error| EngineError::caused_by("lossless bootstrap", error))?;
         let (entries, end) = read;
         let mut imported = 0;
-        for chunk in entries.chunks(BOOTSTRAP_BATCH) {
+        for (chunk_index, chunk) in entries.chunks(BOOTSTRAP_BATCH).enumerate() {
             let messages: Vec<AgentMessage> =
                 chunk.iter().map(|(_, message)| message.clone()).collect();
-            let ids: Vec<Option<String>> = chunk.iter().map(|(id, _)| Some(id.clone())).collect();
-            let prepared = self.prepare(conversation.id, &messages, &ids).await?;
+            let chunk_start = (chunk_index * BOOTSTRAP_BATCH) as u64;
+            let prepared = self
+                .prepare(conversation.id, &messages, |index| MessageIdentity {
+                    entry_id: Some(chunk[index].0.clone()),
+                    turn: None,
+                    place: first_place.map(|first| first + chunk_start + index as u64),
+                })
+                .await?;
             if let IngestOutcome::Stored(results) = self
                 .inner
                 .store
@@ -571,9 +628,13 @@ impl LosslessEngine {
             }
         }
         if end != cursor {
+            let mark = BootstrapMark {
+                cursor: end,
+                place: first_place.map(|first| first + entries.len() as u64),
+            };
             self.inner
                 .store
-                .set_state(conversation.id, BOOTSTRAP_CURSOR, &json!(end).to_string())
+                .set_state(conversation.id, BOOTSTRAP_CURSOR, &mark.to_string())
                 .await
                 .map_err(|error| store_error("saving the bootstrap cursor", error))?;
         }
@@ -742,6 +803,38 @@ impl LosslessEngine {
     }
 }
 
+/// Where the last bootstrap stopped: the transcript cursor and the place (count of messages
+/// before it). A mark saved before places were kept is a bare cursor; its place is unknown.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct BootstrapMark {
+    cursor: Cursor,
+    place: Option<u64>,
+}
+
+impl Default for BootstrapMark {
+    fn default() -> BootstrapMark {
+        BootstrapMark {
+            cursor: Cursor::default(),
+            place: Some(0),
+        }
+    }
+}
+
+impl BootstrapMark {
+    fn parse(text: &str) -> BootstrapMark {
+        serde_json::from_str(text).unwrap_or_else(|_| BootstrapMark {
+            cursor: serde_json::from_str(text).unwrap_or_default(),
+            place: None,
+        })
+    }
+}
+
+impl std::fmt::Display for BootstrapMark {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&json!({"cursor": self.cursor, "place": self.place}).to_string())
+    }
+}
+
 enum Published {
     Replaced { fallback: bool },
     Stale,
@@ -900,7 +993,10 @@ impl ContextEngine for LosslessEngine {
                 &params.session_id,
                 params.session_key.as_deref(),
                 std::slice::from_ref(&params.message),
-                std::slice::from_ref(&params.entry_id),
+                |_| MessageIdentity {
+                    entry_id: params.entry_id.clone(),
+                    ..MessageIdentity::default()
+                },
                 None,
             )
             .await?;
@@ -918,7 +1014,10 @@ impl ContextEngine for LosslessEngine {
                 &params.session_id,
                 params.session_key.as_deref(),
                 &params.messages,
-                &params.entry_ids,
+                |index| MessageIdentity {
+                    entry_id: params.entry_ids.get(index).cloned().flatten(),
+                    ..MessageIdentity::default()
+                },
                 None,
             )
             .await?;
@@ -932,31 +1031,44 @@ impl ContextEngine for LosslessEngine {
         })
     }
 
+    /// Stores the turn's messages (each at its place in the host's snapshot), then compacts
+    /// unless the turn is a heartbeat.
     async fn after_turn(&self, params: &AfterTurnParams) -> Result<(), EngineError> {
         let (messages, entry_ids) = params.new_messages();
+        let first_place = (params.messages.len() - messages.len()) as u64;
         self.ingest_messages(
             &params.session_id,
             params.session_key.as_deref(),
             messages,
-            entry_ids,
+            |index| MessageIdentity {
+                entry_id: entry_ids.get(index).cloned().flatten(),
+                turn: None,
+                place: Some(first_place + index as u64),
+            },
             None,
         )
         .await?;
         let conversation = self
             .conversation(&params.session_id, params.session_key.as_deref())
             .await?;
-        self.compact_conversation(
-            conversation.id,
-            self.budget(params.token_budget),
-            false,
-            None,
-            None,
-            None,
-        )
-        .await?;
+        let budget = self
+            .budget(
+                conversation.id,
+                carried_budget(params.token_budget, params.runtime_settings.as_ref()),
+            )
+            .await?;
+        if !params.is_heartbeat {
+            self.compact_conversation(conversation.id, budget, false, None, None, None)
+                .await?;
+        }
         Ok(())
     }
 
+    /// One atomic write per advancement key; a message without entry id is identified by the
+    /// key and its index in the turn, so equal messages of two turns are both kept. Compacts
+    /// against the budget the host last gave (2026.9 sends none here), unless the turn is a
+    /// heartbeat: a heartbeat's messages are stored and searchable, but it never triggers
+    /// compaction (it would spend summarizer calls and break the prompt cache for a ping).
     async fn commit_turn(
         &self,
         params: &CommitTurnParams,
@@ -966,7 +1078,11 @@ impl ContextEngine for LosslessEngine {
                 &params.session_id,
                 params.session_key.as_deref(),
                 &params.messages,
-                &[],
+                |index| MessageIdentity {
+                    entry_id: None,
+                    turn: Some((params.advancement_key.clone(), index as u32)),
+                    place: None,
+                },
                 Some(params.advancement_key.clone()),
             )
             .await?;
@@ -978,8 +1094,11 @@ impl ContextEngine for LosslessEngine {
         let conversation = self
             .conversation(&params.session_id, params.session_key.as_deref())
             .await?;
-        self.compact_conversation(conversation.id, self.budget(None), false, None, None, None)
-            .await?;
+        let budget = self.budget(conversation.id, params.budget()).await?;
+        if !params.is_heartbeat {
+            self.compact_conversation(conversation.id, budget, false, None, None, None)
+                .await?;
+        }
         Ok(CommitTurnResult {
             status: CommitStatus::Committed,
         })
@@ -989,8 +1108,9 @@ impl ContextEngine for LosslessEngine {
         let conversation = self
             .conversation(&params.session_id, params.session_key.as_deref())
             .await?;
-        // Installed mid-session: the host has history the store lacks. Import it first. The
-        // cached row's count is from when the session was first seen: read the current one.
+        // Installed mid-session: the host has history the store lacks. Import it first, each
+        // message at its place. The cached row's count is from when the session was first
+        // seen: read the current one.
         if conversation.message_count == 0 && !params.messages.is_empty() {
             let refreshed = self
                 .inner
@@ -1003,7 +1123,7 @@ impl ContextEngine for LosslessEngine {
                     &params.session_id,
                     params.session_key.as_deref(),
                     &params.messages,
-                    &[],
+                    |index| MessageIdentity::default().at(index as u64),
                     None,
                 )
                 .await?;
@@ -1016,14 +1136,27 @@ impl ContextEngine for LosslessEngine {
                 .unwrap_or_else(PoisonError::into_inner)
                 .remove(&params.session_id);
         }
-        let mut result = self
-            .assemble_context(conversation.id, self.budget(params.token_budget))
-            .await?;
+        if let Some(budget) = params.budget() {
+            self.remember_budget(conversation.id, budget).await?;
+        }
+        let budget = self.budget(conversation.id, params.budget()).await?;
+        let mut result = self.assemble_context(conversation.id, budget).await?;
         let offers_recall = [GREP_TOOL, DESCRIBE_TOOL, EXPAND_TOOL]
             .iter()
             .any(|tool| params.available_tools.contains(*tool));
+        let mut addition: Vec<&str> = Vec::new();
         if offers_recall {
-            result.system_prompt_addition = Some(RECALL_GUIDANCE.to_owned());
+            addition.push(RECALL_GUIDANCE);
+        }
+        if let Some(memory) = params
+            .memory_prompt
+            .as_deref()
+            .filter(|m| !m.trim().is_empty())
+        {
+            addition.push(memory);
+        }
+        if !addition.is_empty() {
+            result.system_prompt_addition = Some(addition.join("\n\n"));
         }
         Ok(result)
     }
@@ -1032,10 +1165,13 @@ impl ContextEngine for LosslessEngine {
         let conversation = self
             .conversation(&params.session_id, params.session_key.as_deref())
             .await?;
+        let budget = self
+            .budget(conversation.id, carried_budget(params.token_budget, None))
+            .await?;
         let report = self
             .compact_conversation(
                 conversation.id,
-                self.budget(params.token_budget),
+                budget,
                 params.force,
                 params.compaction_target,
                 params.custom_instructions.as_deref(),
@@ -1072,17 +1208,33 @@ impl ContextEngine for LosslessEngine {
         )
     }
 
+    /// Re-summarizes fallback summaries, then compacts if the context is above the threshold
+    /// of the budget the host last gave (it may have shrunk since the last turn).
     async fn maintain(&self, params: &MaintainParams) -> Result<MaintainResult, EngineError> {
         let conversation = self
             .conversation(&params.session_id, params.session_key.as_deref())
             .await?;
         let rewritten = self.resummarize_fallbacks(conversation.id).await?;
+        let budget = self.budget(conversation.id, params.budget()).await?;
+        let report = self
+            .compact_conversation(conversation.id, budget, false, None, None, None)
+            .await?;
+        let compacted = report.summaries_created > 0;
+        let mut reasons = Vec::new();
+        if rewritten > 0 {
+            reasons.push(format!("re-summarized {rewritten} fallback summaries"));
+        }
+        if compacted {
+            reasons.push(format!(
+                "compacted {} → {} tokens",
+                report.tokens_before, report.tokens_after
+            ));
+        }
         Ok(MaintainResult {
-            changed: rewritten > 0,
+            changed: rewritten > 0 || compacted,
             bytes_freed: 0,
             rewritten_entries: rewritten,
-            reason: (rewritten > 0)
-                .then(|| format!("re-summarized {rewritten} fallback summaries")),
+            reason: (!reasons.is_empty()).then(|| reasons.join("; ")),
         })
     }
 

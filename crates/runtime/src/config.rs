@@ -117,6 +117,8 @@ pub struct HostConfig {
     pub context_engine_slot: Option<String>,
     /// `plugins.slots.memory`.
     pub memory_slot: Option<String>,
+    /// `memory.citations` (`auto`, `on`, `off`): handed to engines as `citationsMode`.
+    pub memory_citations: Option<String>,
     /// `plugins.entries`.
     pub entries: BTreeMap<String, EntrySettings>,
     pub failure_policy: FailurePolicy,
@@ -177,6 +179,16 @@ impl HostConfig {
             unknown_keys: unknown_keys(&raw),
             context_engine_slot: reader.string("plugins.slots.contextEngine")?,
             memory_slot: reader.string("plugins.slots.memory")?,
+            memory_citations: match reader.string("memory.citations")?.as_deref() {
+                None => None,
+                Some(mode @ ("auto" | "on" | "off")) => Some(mode.to_owned()),
+                Some(other) => {
+                    return Err(reader.invalid(
+                        "memory.citations",
+                        format!("must be \"auto\", \"on\" or \"off\", not {other:?}"),
+                    ));
+                }
+            },
             failure_policy: match reader
                 .string("plugins.contextEngineFailurePolicy")?
                 .as_deref()
@@ -486,6 +498,8 @@ const KNOWN_KEYS: &[&str] = &[
     "plugins.entries.*.config",
     "plugins.entries.*.config.**",
     "plugins.contextEngineFailurePolicy",
+    "memory",
+    "memory.citations",
     "agents",
     "agents.defaults",
     "agents.defaults.contextTokens",

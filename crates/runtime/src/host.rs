@@ -26,7 +26,7 @@ use vilvona_transcript::{SessionHeader, TranscriptWriter, read_transcript, sessi
 use vilvona_lossless::{LosslessConfig, LosslessEngine};
 
 use crate::config::{ConfigError, HostConfig};
-use crate::memory::MemoryProvider;
+use crate::memory::{MemoryProvider, build_memory_system_prompt_addition};
 use crate::model::{Model, ModelError, ModelRequest, ToolSpec};
 use crate::model_summarizer::{SummarizerConfig, summarizer_from_config};
 use crate::pruning::prune_tool_results;
@@ -132,6 +132,29 @@ struct LiveSession {
     history_tokens: u64,
     /// Every message entry id in the transcript, so a replayed turn is recognized.
     known_ids: HashSet<String>,
+}
+
+/// A subagent spawn as the host plans it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SubagentSpawn {
+    pub parent_key: String,
+    pub child_key: String,
+    pub mode: ContextMode,
+    pub ttl_ms: Option<u64>,
+    /// OpenClaw's `lightContext`: an isolated child that starts without the parent's context.
+    pub light_context: bool,
+}
+
+impl SubagentSpawn {
+    pub fn new(parent_key: &str, child_key: &str, mode: ContextMode) -> SubagentSpawn {
+        SubagentSpawn {
+            parent_key: parent_key.to_owned(),
+            child_key: child_key.to_owned(),
+            mode,
+            ttl_ms: None,
+            light_context: false,
+        }
+    }
 }
 
 /// The outcome of one turn.
@@ -491,6 +514,7 @@ impl Host {
             session_key: Some(live.key.clone()),
             session_file: Some(Self::session_file(live)),
             reason,
+            ..MaintainParams::default()
         };
         if let Err(error) = self.engine.engine.maintain(&params).await {
             tracing::warn!(%error, "context engine maintain failed");
@@ -522,15 +546,24 @@ impl Host {
         prompt: &str,
         budget: u64,
     ) -> Result<AssembleResult, HostError> {
+        let available_tools = self.available_tools();
+        let citations_mode = self.config.memory_citations.clone();
+        let memory_prompt = build_memory_system_prompt_addition(
+            self.memory.as_ref(),
+            &available_tools,
+            citations_mode.as_deref(),
+        );
         let params = AssembleParams {
             session_id: live.record.session_id.clone(),
             session_key: Some(live.key.clone()),
             messages: live.history.clone(),
             token_budget: Some(budget),
-            available_tools: self.available_tools(),
-            citations_mode: None,
+            available_tools,
+            citations_mode,
             model: self.config.model.as_ref().map(|model| model.model.clone()),
             prompt: Some(prompt.to_owned()),
+            runtime_settings: None,
+            memory_prompt,
         };
         match self.engine.engine.assemble(&params).await {
             Ok(result) => Ok(result),
@@ -549,12 +582,12 @@ impl Host {
 
     /// Assembles for a prompt and runs the overflow precheck: when the estimate (as
     /// `promptAuthority` directs) is over budget, compacts through the active engine and
-    /// assembles again.
+    /// assembles again. The budget already leaves room for the system prompt and the prompt
+    /// (their pressure is subtracted from it), so the history alone is compared with it.
     async fn assemble_checked(
         &self,
         live: &mut LiveSession,
         prompt: &str,
-        prompt_tokens: u64,
         budget: u64,
         report: &mut TurnReport,
     ) -> Result<AssembleResult, HostError> {
@@ -563,7 +596,7 @@ impl Host {
             return Ok(assembled);
         };
         report.prechecked = true;
-        if estimate + prompt_tokens <= budget {
+        if estimate <= budget {
             return Ok(assembled);
         }
         let result = self
@@ -699,7 +732,7 @@ impl Host {
         let prompt_tokens = self.estimator.message_tokens(&user_message);
 
         let mut assembled = self
-            .assemble_checked(live, &prompt, prompt_tokens, budget, &mut report)
+            .assemble_checked(live, &prompt, budget, &mut report)
             .await?;
 
         let mut attempts = 0;
@@ -711,7 +744,7 @@ impl Host {
                 .iter()
                 .map(|message| self.estimator.message_tokens(message))
                 .sum();
-            report.over_budget = report.assembled_tokens > budget;
+            report.over_budget = report.assembled_tokens.saturating_sub(prompt_tokens) > budget;
             match model.complete(&request).await {
                 Ok(response) => break response,
                 Err(ModelError::Overflow(detail)) => {
@@ -815,11 +848,11 @@ impl Host {
             .as_ref()
             .map_or(0, |message| self.estimator.message_tokens(message));
         let assembled = self
-            .assemble_checked(live, &prompt, prompt_tokens, budget, &mut report)
+            .assemble_checked(live, &prompt, budget, &mut report)
             .await?;
         let assembled_tokens = self.assembled_tokens(live, &assembled);
         report.assembled_tokens = assembled_tokens + prompt_tokens;
-        report.over_budget = report.assembled_tokens > budget;
+        report.over_budget = assembled_tokens > budget;
         report.new_messages = recorded.len();
         self.finish_turn(live, recorded, entry_ids, (0, 0), budget, &mut report)
             .await?;
@@ -908,6 +941,7 @@ impl Host {
             auto_compaction_summary: None,
             is_heartbeat: false,
             token_budget: Some(budget),
+            runtime_settings: None,
         };
         if let Err(error) = self.engine.engine.after_turn(&params).await {
             tracing::warn!(%error, "context engine post-turn work failed; skipping maintenance");
@@ -918,7 +952,7 @@ impl Host {
             let window = self.config.context_window();
             let threshold = window.saturating_sub(self.config.reserve_tokens(window));
             if live.history_tokens > threshold {
-                let result = self.builtin_compaction(live, None).await?;
+                let result = self.builtin_compaction(live, None, budget).await?;
                 report.compactions += u32::from(result.compacted);
             }
         }
@@ -931,11 +965,13 @@ impl Host {
         &self,
         live: &mut LiveSession,
         instructions: Option<&str>,
+        budget: u64,
     ) -> Result<CompactResult, HostError> {
         let settings = CompactionSettings {
             keep_recent_tokens: self.config.compaction.keep_recent_tokens,
             context_window: self.config.context_window(),
             truncate_after_compaction: self.config.compaction.truncate_after_compaction,
+            prompt_budget: Some(budget),
             ..CompactionSettings::default()
         };
         let result = compact_transcript(CompactionRequest {
@@ -976,30 +1012,38 @@ impl Host {
     }
 
     /// Prepares a subagent, runs `start`, and rolls the preparation back if the start fails.
+    /// The child's session (id and transcript path) is created first and handed to the engine.
+    /// An isolated spawn with a light context is not prepared at all, as in OpenClaw: the
+    /// child starts from nothing and the engine has nothing to grant or seed.
     pub async fn spawn_subagent<F, E>(
         &self,
-        parent_key: &str,
-        child_key: &str,
-        mode: ContextMode,
-        ttl_ms: Option<u64>,
+        spawn: SubagentSpawn,
         start: F,
     ) -> Result<Result<(), E>, HostError>
     where
         F: std::future::Future<Output = Result<(), E>>,
     {
         self.check(Operation::SubagentSpawn)?;
-        let parent = self.session(parent_key).await;
+        if spawn.light_context && spawn.mode == ContextMode::Isolated {
+            return Ok(start.await);
+        }
+        let parent = self.session(&spawn.parent_key).await;
+        let child = self
+            .sessions
+            .lock()
+            .await
+            .get_or_create(&spawn.child_key, &new_session_id())?;
         let params = SubagentSpawnParams {
-            parent_session_key: parent_key.to_owned(),
-            child_session_key: child_key.to_owned(),
-            context_mode: mode,
+            parent_session_key: spawn.parent_key.clone(),
+            child_session_key: spawn.child_key.clone(),
+            context_mode: spawn.mode,
             parent_session_id: parent.as_ref().map(|record| record.session_id.clone()),
             parent_session_file: parent
                 .as_ref()
                 .map(|record| record.session_file.to_string_lossy().into_owned()),
-            child_session_id: None,
-            child_session_file: None,
-            ttl_ms,
+            child_session_id: Some(child.session_id.clone()),
+            child_session_file: Some(child.session_file.to_string_lossy().into_owned()),
+            ttl_ms: spawn.ttl_ms,
         };
         let preparation = self
             .engine
@@ -1012,7 +1056,7 @@ impl Host {
             && let Some(rollback) = preparation
             && let Err(error) = rollback.rollback().await
         {
-            tracing::warn!(%error, child = child_key, "rolling back a failed subagent spawn failed");
+            tracing::warn!(%error, child = spawn.child_key, "rolling back a failed subagent spawn failed");
         }
         Ok(started)
     }

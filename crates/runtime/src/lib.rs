@@ -21,5 +21,5 @@ pub mod sessions;
 
 pub use config::{HostConfig, reset_context_engine_slot};
 pub use doctor::{Check, DoctorReport, doctor};
-pub use host::{Host, HostError, HostOptions, TurnReport, default_state_dir};
+pub use host::{Host, HostError, HostOptions, SubagentSpawn, TurnReport, default_state_dir};
 pub use model::{Model, ModelError, ModelRequest, ModelResponse, ToolSpec};

@@ -349,22 +349,29 @@ fn prepare(message: NewMessage) -> Result<PreparedMessage> {
             limit: MAX_MESSAGE_BYTES,
         });
     }
-    let ingest_key = match &message.entry_id {
-        Some(entry_id) => {
-            let mut hasher = blake3::Hasher::new();
-            hasher.update(b"entry\0");
-            hasher.update(entry_id.as_bytes());
-            hasher.finalize()
+    let identity = &message.identity;
+    // `domain\0part\0part…`: the entry form is the one every earlier store used.
+    let keyed = |domain: &[u8], parts: &[&[u8]]| {
+        let mut hasher = blake3::Hasher::new();
+        hasher.update(domain);
+        for (index, part) in parts.iter().enumerate() {
+            if index > 0 {
+                hasher.update(b"\0");
+            }
+            hasher.update(part);
         }
-        None => {
-            let mut hasher = blake3::Hasher::new();
-            hasher.update(b"json\0");
-            hasher.update(json.as_bytes());
-            hasher.finalize()
-        }
+        let mut key = [0u8; 16];
+        key.copy_from_slice(&hasher.finalize().as_bytes()[..16]);
+        key
     };
-    let mut key = [0u8; 16];
-    key.copy_from_slice(&ingest_key.as_bytes()[..16]);
+    let ingest_key = match (&identity.entry_id, &identity.turn) {
+        (Some(entry_id), _) => Some(keyed(b"entry\0", &[entry_id.as_bytes()])),
+        (None, Some((advancement_key, index))) => Some(keyed(
+            b"turn\0",
+            &[advancement_key.as_bytes(), &index.to_le_bytes()],
+        )),
+        (None, None) => None,
+    };
     Ok(PreparedMessage {
         role: message.message.role().to_owned(),
         text: message.message.plain_text(),
@@ -373,7 +380,8 @@ fn prepare(message: NewMessage) -> Result<PreparedMessage> {
             .message
             .timestamp_ms()
             .unwrap_or_else(writer::now_ms),
-        ingest_key: key,
+        ingest_key,
+        place: identity.place,
         json,
     })
 }

@@ -45,12 +45,45 @@ pub struct Conversation {
 /// The largest message JSON the store accepts. Larger content belongs in a blob.
 pub const MAX_MESSAGE_BYTES: usize = 32 * 1024 * 1024;
 
+/// How a message is recognised when it arrives again: one rule, whichever path it came by.
+///
+/// - With an entry id (the host's transcript id), that id is its identity.
+/// - Without one, inside a durable turn, it is the turn's advancement key and its index there.
+/// - With a `place` (its 0-based position in the session's message sequence as the host
+///   counts it), a message equal to the one already stored at that place is the same message.
+///   This is how a transcript bootstrapped after `commit_turn` stored its turns imports nothing
+///   twice.
+/// - Otherwise it is new: two equal messages are two messages.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MessageIdentity {
+    pub entry_id: Option<String>,
+    /// `(advancement key, index within the turn)`.
+    pub turn: Option<(String, u32)>,
+    pub place: Option<u64>,
+}
+
+impl MessageIdentity {
+    /// Identified by the host's entry id.
+    pub fn entry(entry_id: impl Into<String>) -> MessageIdentity {
+        MessageIdentity {
+            entry_id: Some(entry_id.into()),
+            ..MessageIdentity::default()
+        }
+    }
+
+    /// The same identity, also known to sit at `place` in the session.
+    pub fn at(mut self, place: u64) -> MessageIdentity {
+        self.place = Some(place);
+        self
+    }
+}
+
 /// A message to ingest, with what the engine computed for it.
 #[derive(Clone, Debug)]
 pub struct NewMessage {
     pub message: AgentMessage,
-    /// The host's transcript entry id, when it has one: the idempotency key.
-    pub entry_id: Option<String>,
+    /// How the message is recognised if it arrives again.
+    pub identity: MessageIdentity,
     /// Token count, computed once by the engine's estimator.
     pub tokens: u64,
 }
@@ -62,7 +95,10 @@ impl NewMessage {
             .map_err(|error| StoreError::InvalidMessage(error.to_string()))?;
         Ok(NewMessage {
             message,
-            entry_id,
+            identity: MessageIdentity {
+                entry_id,
+                ..MessageIdentity::default()
+            },
             tokens,
         })
     }
@@ -73,7 +109,7 @@ impl NewMessage {
 pub struct Ingested {
     pub message_id: MessageId,
     pub seq: u64,
-    /// False when the message was already stored (same entry id, or same JSON without one).
+    /// False when the message was already stored (see [`MessageIdentity`]).
     pub ingested: bool,
 }
 

@@ -36,8 +36,22 @@ pub(crate) struct PreparedMessage {
     pub(crate) role: String,
     pub(crate) text: String,
     pub(crate) tokens: u64,
-    pub(crate) ingest_key: [u8; 16],
+    /// The key of an identified message (entry id or turn slot); `None` for one that is only
+    /// recognised by its place, or not at all.
+    pub(crate) ingest_key: Option<[u8; 16]>,
+    pub(crate) place: Option<u64>,
     pub(crate) created_at_ms: i64,
+}
+
+/// The key of a message that carries no identity of its own: unique by its sequence number.
+fn sequence_key(conversation: ConversationId, seq: i64) -> [u8; 16] {
+    let mut hasher = blake3::Hasher::new();
+    hasher.update(b"seq\0");
+    hasher.update(&conversation.0.to_le_bytes());
+    hasher.update(&seq.to_le_bytes());
+    let mut key = [0u8; 16];
+    key.copy_from_slice(&hasher.finalize().as_bytes()[..16]);
+    key
 }
 
 pub(crate) enum Command {
@@ -373,12 +387,34 @@ impl Writer {
                 "INSERT INTO context_items (conversation_id, position, message_id, tokens)
                  VALUES (?1, ?2, ?3, ?4)",
             )?;
+            let mut at_place = transaction.prepare_cached(
+                "SELECT id, seq, json FROM messages WHERE conversation_id = ?1 AND seq = ?2",
+            )?;
             for message in messages {
-                let existing: Option<(i64, i64)> = find
-                    .query_row(params![conversation.0, &message.ingest_key[..]], |row| {
-                        Ok((row.get(0)?, row.get(1)?))
-                    })
-                    .optional()?;
+                let mut existing: Option<(i64, i64)> = match &message.ingest_key {
+                    Some(key) => find
+                        .query_row(params![conversation.0, &key[..]], |row| {
+                            Ok((row.get(0)?, row.get(1)?))
+                        })
+                        .optional()?,
+                    None => None,
+                };
+                if existing.is_none()
+                    && let Some(place) = message.place
+                    && let Ok(place) = i64::try_from(place)
+                {
+                    let found: Option<(i64, i64, Vec<u8>)> = at_place
+                        .query_row(params![conversation.0, place], |row| {
+                            Ok((row.get(0)?, row.get(1)?, row.get(2)?))
+                        })
+                        .optional()?;
+                    if let Some((id, seq, compressed)) = found
+                        && lz4_flex::decompress_size_prepended(&compressed)
+                            .is_ok_and(|json| json == message.json.as_bytes())
+                    {
+                        existing = Some((id, seq));
+                    }
+                }
                 if let Some((id, seq)) = existing {
                     results.push(Ingested {
                         message_id: MessageId(id),
@@ -394,7 +430,9 @@ impl Writer {
                     message.role,
                     lz4_flex::compress_prepend_size(message.json.as_bytes()),
                     message.tokens as i64,
-                    &message.ingest_key[..],
+                    &message
+                        .ingest_key
+                        .unwrap_or_else(|| sequence_key(conversation, next_seq))[..],
                     message.created_at_ms
                 ])?;
                 let id = transaction.last_insert_rowid();

@@ -2,9 +2,14 @@
 //! call, `r` tool result, `m` metadata entry; every message costs 100 tokens. The expected
 //! string marks the first kept entry with `|` and a split turn's start with `^`.
 
-use vilvona_legacy::{EntryKind, find_cut};
+use vilvona_legacy::{EntryKind, find_cut_within};
 
 fn check(spec: &str, keep_entries: u64, expected: &str) {
+    check_within(spec, keep_entries, u64::MAX, expected);
+}
+
+/// As [`check`], with the kept side held to `max_entries` where a later cut allows it.
+fn check_within(spec: &str, keep_entries: u64, max_entries: u64, expected: &str) {
     let entries: Vec<(EntryKind, u64)> = spec
         .chars()
         .map(|c| match c {
@@ -16,7 +21,11 @@ fn check(spec: &str, keep_entries: u64, expected: &str) {
             other => panic!("unknown fixture letter {other}"),
         })
         .collect();
-    let actual = match find_cut(&entries, keep_entries * 100) {
+    let actual = match find_cut_within(
+        &entries,
+        keep_entries * 100,
+        max_entries.saturating_mul(100),
+    ) {
         None => "none".to_owned(),
         Some(cut) => spec
             .chars()
@@ -73,4 +82,14 @@ fn too_small_to_compact() {
     check("uaua", 9, "none");
     check("", 1, "none");
     check("trr", 1, "none");
+}
+
+#[test]
+fn a_large_tail_moves_the_cut_forward_to_fit_the_cap() {
+    // Walking back to 4 entries must start at the call (`t`), 6 entries kept; a cap of 3
+    // moves the cut to the next valid start that fits.
+    check_within("uauatrrr", 4, 8, "ua^ua|trrr");
+    check_within("uauatrrra", 4, 3, "ua^uatrrr|a");
+    // Nothing later fits: the newest valid start is the cut.
+    check_within("uatrrr", 2, 1, "^ua|trrr");
 }

@@ -8,7 +8,7 @@ use vilvona_core::engine::{ContextMode, PromptAuthority, SubagentEndReason};
 use vilvona_core::host::HostProfile;
 use vilvona_core::message::AgentMessage;
 use vilvona_core::registry::LEGACY_ENGINE_ID;
-use vilvona_runtime::{Host, HostError, HostOptions};
+use vilvona_runtime::{Host, HostError, HostOptions, SubagentSpawn};
 use vilvona_transcript::read_transcript;
 
 use crate::support::*;
@@ -280,17 +280,22 @@ async fn a_failed_spawn_rolls_back_its_preparation() {
     };
     let (host, log, _) = host_with(&dir, RECORDER_CONFIG, behaviour).await;
     let failed: Result<(), &str> = host
-        .spawn_subagent("parent", "child", ContextMode::Fork, Some(60_000), async {
-            Err("the child process did not start")
-        })
+        .spawn_subagent(
+            SubagentSpawn {
+                ttl_ms: Some(60_000),
+                ..SubagentSpawn::new("parent", "child", ContextMode::Fork)
+            },
+            async { Err("the child process did not start") },
+        )
         .await
         .unwrap();
     assert!(failed.is_err());
     assert_eq!(calls(&log), ["prepare_subagent_spawn", "rollback"]);
     let started: Result<(), &str> = host
-        .spawn_subagent("parent", "child", ContextMode::Isolated, None, async {
-            Ok(())
-        })
+        .spawn_subagent(
+            SubagentSpawn::new("parent", "child", ContextMode::Isolated),
+            async { Ok(()) },
+        )
         .await
         .unwrap();
     assert!(started.is_ok());
@@ -565,4 +570,72 @@ async fn the_conformance_suite_runs_against_the_registered_legacy_engine() {
         },
     )
     .await;
+}
+
+#[tokio::test]
+async fn an_isolated_light_spawn_is_not_prepared() {
+    let dir = TempDir::new().unwrap();
+    let (host, log, _) = host_with(&dir, RECORDER_CONFIG, Behaviour::default()).await;
+    let started: Result<(), &str> = host
+        .spawn_subagent(
+            SubagentSpawn {
+                light_context: true,
+                ..SubagentSpawn::new("parent", "child", ContextMode::Isolated)
+            },
+            async { Ok(()) },
+        )
+        .await
+        .unwrap();
+    assert!(started.is_ok());
+    assert!(calls(&log).is_empty(), "{:?}", calls(&log));
+}
+
+/// The child's session is created before the spawn and its id reaches the engine: a forked
+/// lossless child sees the parent's context in its own first turn.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forked_child_session_starts_from_the_parents_context() {
+    let dir = TempDir::new().unwrap();
+    write_config(
+        dir.path(),
+        r#"{ plugins: { slots: { contextEngine: "lossless" } } }"#,
+    );
+    let host = Host::open(HostOptions::new(dir.path()), |_, _| Ok(()))
+        .await
+        .unwrap();
+    let model = ScriptedModel::new(vec![Ok("noted"), Ok("child reply")]);
+    host.run_turn(
+        "agent:main:parent",
+        AgentMessage::user_text("Please remember: the fork marker is FORK-4411."),
+        &model,
+    )
+    .await
+    .unwrap();
+    host.spawn_subagent(
+        SubagentSpawn::new("agent:main:parent", "agent:main:child", ContextMode::Fork),
+        async { Ok::<(), ()>(()) },
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    let child = host.session("agent:main:child").await.unwrap();
+    host.run_turn(
+        "agent:main:child",
+        AgentMessage::user_text("What was the marker?"),
+        &model,
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        host.session("agent:main:child").await.unwrap().session_id,
+        child.session_id
+    );
+    let requests = model.requests.lock().unwrap();
+    let child_request = requests.last().unwrap();
+    assert!(
+        child_request
+            .messages
+            .iter()
+            .any(|message| message.plain_text().contains("FORK-4411")),
+        "the child's first request lacks the parent's context"
+    );
 }

@@ -107,3 +107,68 @@ async fn repeated_legacy_compaction_keeps_the_context_sound() {
     assert!(tokens <= 32_000, "the rebuilt context has {tokens} tokens");
     check_tool_pairs(&rebuilt).unwrap();
 }
+
+/// At every window, legacy keeps each turn within its budget, and each compaction frees at
+/// least a quarter of the budget: no compaction churn (the kept tail and the summary are
+/// capped to the window, as OpenClaw caps them).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn legacy_stays_within_budget_at_every_window_without_churn() {
+    let workload = vilvona_workload::generate(300, 7, 60);
+    for window in [16_000u64, 32_000, 64_000, 128_000, 200_000] {
+        let dir = TempDir::new().unwrap();
+        write_config(
+            dir.path(),
+            &format!("{{ agents: {{ defaults: {{ contextTokens: {window} }} }} }}"),
+        );
+        let host = Host::open(HostOptions::new(dir.path()), |_, _| Ok(()))
+            .await
+            .unwrap();
+        let mut over_budget = 0;
+        let mut smallest_budget = u64::MAX;
+        for (turn, range) in workload.turns.iter().enumerate() {
+            let ids = workload.entries[range.clone()]
+                .iter()
+                .map(|entry| Some(entry.id.clone()))
+                .collect();
+            let report = host
+                .replay_turn(
+                    "agent:main:windows",
+                    Some(&workload.header.id),
+                    workload.turn_messages(turn),
+                    ids,
+                )
+                .await
+                .unwrap();
+            over_budget += u32::from(report.over_budget);
+            smallest_budget = smallest_budget.min(report.token_budget);
+        }
+        assert_eq!(
+            over_budget, 0,
+            "turns over budget at a {window}-token window"
+        );
+        let record = host.session("agent:main:windows").await.unwrap();
+        let transcript = read_transcript(&record.session_file).unwrap();
+        for located in &transcript.entries {
+            let Entry::Compaction(compaction) = &located.entry else {
+                continue;
+            };
+            let after = compaction
+                .details
+                .as_ref()
+                .and_then(|details| details["tokensAfter"].as_u64())
+                .unwrap();
+            eprintln!(
+                "DEBUG {window} before {} after {after} summary {} chars details {}",
+                compaction.tokens_before,
+                compaction.summary.len(),
+                compaction.details.as_ref().unwrap()
+            );
+            assert!(
+                compaction.tokens_before - after >= smallest_budget / 4,
+                "at a {window}-token window a compaction freed only {} of {} tokens (budget {smallest_budget})",
+                compaction.tokens_before - after,
+                compaction.tokens_before
+            );
+        }
+    }
+}

@@ -53,7 +53,7 @@ async fn ingest_is_idempotent_across_reopen() {
                     conversation,
                     vec![
                         new_message("deploy the parser", 1_000, Some("e1")),
-                        new_message("no entry id here", 2_000, None),
+                        placed(new_message("no entry id here", 2_000, None), 1),
                     ],
                     None,
                 )
@@ -72,9 +72,9 @@ async fn ingest_is_idempotent_across_reopen() {
                 conversation,
                 vec![
                     new_message("deploy the parser", 1_000, Some("e1")),
-                    new_message("no entry id here", 2_000, None),
+                    placed(new_message("no entry id here", 2_000, None), 1),
                     // Same text, different message (another time): kept.
-                    new_message("no entry id here", 3_000, None),
+                    placed(new_message("no entry id here", 3_000, None), 2),
                 ],
                 None,
             )
@@ -99,6 +99,70 @@ async fn ingest_is_idempotent_across_reopen() {
     assert_eq!(
         conversation_row.context_tokens,
         context.iter().map(|item| item.tokens).sum::<u64>()
+    );
+}
+
+/// One identity rule, whichever path a message arrives by.
+#[tokio::test]
+async fn message_identity_keeps_repeats_and_drops_redeliveries() {
+    let dir = TempDir::new().unwrap();
+    let store = open(&dir).await;
+    let conversation = store.conversation(&key("main", "ids")).await.unwrap().id;
+    let ingested = |outcome: IngestOutcome| -> Vec<bool> {
+        stored(outcome).iter().map(|r| r.ingested).collect()
+    };
+    let turn = |advancement: &str, index: u32, text: &str| {
+        let mut message = new_message(text, 1, None);
+        message.identity.turn = Some((advancement.to_owned(), index));
+        message
+    };
+    // Unidentified equal messages are distinct messages.
+    let plain = (0..6)
+        .map(|i| new_message(if i % 2 == 0 { "continue" } else { "ok" }, 1, None))
+        .collect();
+    assert_eq!(
+        ingested(store.ingest(conversation, plain, None).await.unwrap()),
+        [true; 6]
+    );
+    // Two turns of equal messages: both kept; the same turn again: nothing new.
+    for (advancement, expected) in [
+        ("k1", [true, true]),
+        ("k2", [true, true]),
+        ("k1", [false, false]),
+    ] {
+        let outcome = store
+            .ingest(
+                conversation,
+                vec![turn(advancement, 0, "continue"), turn(advancement, 1, "ok")],
+                None,
+            )
+            .await
+            .unwrap();
+        assert_eq!(ingested(outcome), expected, "turn {advancement}");
+    }
+    // The same messages by another path, at the places they hold (seq 6 and 7): recognised.
+    let again = store
+        .ingest(
+            conversation,
+            vec![
+                placed(new_message("continue", 1, Some("t-6")), 6),
+                placed(new_message("ok", 1, Some("t-7")), 7),
+                // At a place that holds something else: a new message.
+                placed(new_message("ok", 1, Some("t-8")), 8),
+            ],
+            None,
+        )
+        .await
+        .unwrap();
+    assert_eq!(ingested(again), [false, false, true]);
+    assert_eq!(
+        store
+            .conversation_by_id(conversation)
+            .await
+            .unwrap()
+            .unwrap()
+            .message_count,
+        11
     );
 }
 

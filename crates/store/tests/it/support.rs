@@ -24,9 +24,18 @@ pub(crate) fn user(text: &str, timestamp: i64) -> AgentMessage {
 pub(crate) fn new_message(text: &str, timestamp: i64, entry_id: Option<&str>) -> NewMessage {
     NewMessage {
         message: user(text, timestamp),
-        entry_id: entry_id.map(str::to_owned),
+        identity: MessageIdentity {
+            entry_id: entry_id.map(str::to_owned),
+            ..MessageIdentity::default()
+        },
         tokens: (text.len() as u64).div_ceil(4) + 4,
     }
+}
+
+/// The same message, known to sit at `place` in its session.
+pub(crate) fn placed(mut message: NewMessage, place: u64) -> NewMessage {
+    message.identity.place = Some(place);
+    message
 }
 
 pub(crate) fn stored(outcome: IngestOutcome) -> Vec<Ingested> {
