@@ -68,6 +68,9 @@ for _ in $(seq 1 50); do
 done
 node -e "$MOCK_UP" "http://127.0.0.1:$PORT/v1/models" || fail "the mock model server did not start"
 
+# A small window: OpenClaw gives assemble a prompt budget a little below it, so a few turns
+# with 24k-character requests fill it.
+WINDOW=24000
 cat >"$WORK/state/openclaw.json" <<JSON
 {
   update: { checkOnStart: false, auto: { enabled: false } },
@@ -76,17 +79,14 @@ cat >"$WORK/state/openclaw.json" <<JSON
   models: { mode: "merge", catalogRefresh: { enabled: false },
     providers: { mock: { baseUrl: "http://127.0.0.1:$PORT/v1", apiKey: "local", api: "openai-completions",
       models: [{ id: "mock-1", name: "Mock 1", reasoning: false, input: ["text"],
-        cost: { input: 0, output: 0, cacheRead: 0, cacheWrite: 0 }, contextWindow: 128000, maxTokens: 4096 }] } } },
+        cost: { input: 0, output: 0, cacheRead: 0, cacheWrite: 0 }, contextWindow: $WINDOW, maxTokens: 4096 }] } } },
   agents: { defaults: { model: { primary: "mock/mock-1" }, workspace: "$WORK/workspace" } },
   plugins: {
     allow: ["vilvona"],
     load: { paths: ["$ROOT/bindings/openclaw"] },
-    entries: { vilvona: { enabled: true, config: {
-      binary: "$VILVONA",
-      stateDir: "$WORK/vilvona",
-      engine: { defaultTokenBudget: 6000, contextThreshold: 0.3, targetRatio: 0.15, freshTailCount: 1,
-                leafChunkTokens: 3000, leafTargetTokens: 300, condensedTargetTokens: 250 },
-    } } },
+    // The engine's own defaults: no budget override. It learns OpenClaw's prompt budget from
+    // assemble and compacts in commitTurn, which carries none.
+    entries: { vilvona: { enabled: true, config: { binary: "$VILVONA", stateDir: "$WORK/vilvona" } } },
     slots: { contextEngine: "vilvona" },
   },
 }
@@ -95,7 +95,7 @@ JSON
 export HOME="$WORK/home" OPENCLAW_STATE_DIR="$WORK/state" OPENCLAW_CONFIG_PATH="$WORK/state/openclaw.json"
 export OPENCLAW_NO_AUTO_UPDATE=1 OPENCLAW_OFFLINE=1 OPENCLAW_DISABLE_BONJOUR=1 DO_NOT_TRACK=1
 SESSION="e2e"
-FILLER=$(printf 'The worker queue drains the batch before the lease expires and the cursor advances. %.0s' $(seq 1 60))
+FILLER=$(printf 'The worker queue drains the batch before the lease expires and the cursor advances. %.0s' $(seq 1 280))
 
 turn() {
   local message="$1"
@@ -110,17 +110,33 @@ turn() {
 requests() { wc -l <"$WORK/mock.jsonl" 2>/dev/null || echo 0; }
 
 # 4. Turns.
+summaries() {
+  "$VILVONA" --state-dir "$WORK/vilvona" stats --session "$SESSION" --json 2>&1 \
+    | node -e 'let s="";process.stdin.on("data",d=>s+=d).on("end",()=>{const r=JSON.parse(s);console.log(Object.values(r.summariesByDepth).reduce((a,b)=>a+b,0))})'
+}
 turn "Please remember: the e2e ticket for the cache rollout is E2E-4242. $FILLER"
 grep -q 'vilvona_grep' <(tail -n 1 "$WORK/mock.jsonl") || fail "the model request does not carry vilvona's systemPromptAddition"
+# OpenClaw gives commitTurn no budget: vilvona compacts against the one assemble was given,
+# before anything overflows.
+FILLED=1
+while [ "$(summaries)" -lt 1 ]; do
+  [ "$FILLED" -lt 4 ] || fail "vilvona did not compact in commitTurn at its default settings after $FILLED turns"
+  FILLED=$((FILLED + 1))
+  turn "Request $FILLED: and the cursor. $FILLER"
+done
+if grep -qi 'context overflow' "$WORK/openclaw.log" "$WORK/turn.out" 2>/dev/null; then
+  fail "overflow recovery was needed before vilvona compacted"
+fi
+step "vilvona compacted in commitTurn after $FILLED turns"
+turn "Next request: and the lease. $FILLER"
+grep -q '<summary' <(tail -n 1 "$WORK/mock.jsonl") || fail "the request after compaction did not receive vilvona's <summary> blocks"
 
 # The provider refuses the prompt once: OpenClaw asks vilvona to compact, then retries.
 BEFORE=$(requests)
-turn "TRIGGER_OVERFLOW_1 second request. $FILLER"
+turn "TRIGGER_OVERFLOW_1 overflowing request. $FILLER"
 AFTER=$(requests)
 [ $((AFTER - BEFORE)) -ge 2 ] || fail "the overflow was not retried after compaction ($((AFTER - BEFORE)) requests)"
 grep -q '<summary' <(tail -n 1 "$WORK/mock.jsonl") || fail "the retried request did not receive vilvona's <summary> blocks"
-
-turn "Third request: and the lease. $FILLER"
 STATS=$("$VILVONA" --state-dir "$WORK/vilvona" stats --session "$SESSION" --json 2>&1) || fail "vilvona stats: $STATS"
 MESSAGES=$(echo "$STATS" | node -e 'let s="";process.stdin.on("data",d=>s+=d).on("end",()=>console.log(JSON.parse(s).messages))')
 [ "$MESSAGES" -ge 6 ] || fail "vilvona stored $MESSAGES messages of the turns, expected at least 6: $STATS"

@@ -19,6 +19,24 @@ const SEMANTICS = {
   turnAdvancementIdempotency: "atomic-idempotent-v1",
 };
 
+// What the lossless engine needs from a host (the engine's own `hostRequirements`): OpenClaw
+// fails such a run closed, with this message, instead of running it without assembly.
+const HOST_REQUIREMENTS = {
+  "agent-run": {
+    requiredCapabilities: ["assemble-before-prompt"],
+    unsupportedMessage:
+      "The lossless engine builds the model's context in assemble(); this host never calls it before the prompt. Use the embedded host, or select the legacy engine for this backend.",
+  },
+};
+
+const MAINTAIN_REASONS = new Set(["bootstrap", "turn", "compaction"]);
+
+// The part of runtimeSettings the engine reads: the run's prompt budget.
+function limits(params) {
+  const found = params?.runtimeSettings?.limits;
+  return found ? { limits: { promptTokenBudget: found.promptTokenBudget, maxOutputTokens: found.maxOutputTokens } } : undefined;
+}
+
 const RECALL_TOOLS = [
   {
     name: "vilvona_grep",
@@ -191,6 +209,7 @@ function createEngine(proc) {
       ownsCompaction: true,
       acceptedHostParams: ["sessionKey", "prompt", "runtimeSettings", "sessionTarget", "runtimeContext", "abortSignal"],
       transcriptSemantics: SEMANTICS,
+      hostRequirements: HOST_REQUIREMENTS,
     },
     async bootstrap(params) {
       remember(proc, params);
@@ -211,6 +230,8 @@ function createEngine(proc) {
         messages: params.messages,
         prePromptMessageCount: params.prePromptMessageCount ?? 0,
         tokenBudget: params.tokenBudget,
+        isHeartbeat: !!params.isHeartbeat,
+        runtimeSettings: limits(params),
       });
     },
     async assemble(params) {
@@ -229,6 +250,7 @@ function createEngine(proc) {
         citationsMode: typeof params.citationsMode === "string" ? params.citationsMode : undefined,
         model,
         prompt: typeof params.prompt === "string" ? params.prompt : undefined,
+        runtimeSettings: limits(params),
       });
     },
     async commitTurn(params) {
@@ -238,8 +260,13 @@ function createEngine(proc) {
         advancementKey: params.advancementKey,
         messages: params.messages ?? [],
         prePromptMessageCount: params.prePromptMessageCount ?? 0,
+        // OpenClaw 2026.9 sends messages without entry ids: the advancement key and each
+        // message's index identify them; the anchors travel along as the host sent them.
         admission: params.admission,
         terminal: params.terminal,
+        isHeartbeat: !!params.isHeartbeat,
+        tokenBudget: params.tokenBudget,
+        runtimeSettings: limits(params),
       });
     },
     async compact(params) {
@@ -259,7 +286,11 @@ function createEngine(proc) {
     },
     async maintain(params) {
       remember(proc, params);
-      return proc.request("maintain", session(params), params.abortSignal);
+      return proc.request(
+        "maintain",
+        { ...session(params), reason: MAINTAIN_REASONS.has(params.reason) ? params.reason : undefined, tokenBudget: params.tokenBudget, runtimeSettings: limits(params) },
+        params.abortSignal,
+      );
     },
     async prepareSubagentSpawn(params) {
       const result = await proc.request("prepareSubagentSpawn", {
@@ -267,7 +298,9 @@ function createEngine(proc) {
         childSessionKey: params.childSessionKey,
         contextMode: params.contextMode,
         parentSessionId: params.parentSessionId,
+        parentSessionFile: typeof params.parentSessionFile === "string" ? params.parentSessionFile : undefined,
         childSessionId: params.childSessionId,
+        childSessionFile: typeof params.childSessionFile === "string" ? params.childSessionFile : undefined,
         ttlMs: params.ttlMs,
       });
       if (!result?.rollbackHandle) return undefined;

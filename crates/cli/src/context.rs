@@ -8,34 +8,19 @@ use serde::Serialize;
 use serde_json::json;
 use vilvona_core::engine::AssembleParams;
 use vilvona_core::message::AgentMessage;
-use vilvona_core::tokens::TokenEstimator;
-use vilvona_transcript::{read_transcript, session_messages};
+use vilvona_runtime::workspace::{FileStatus, InjectedFile};
+use vilvona_transcript::{Entry, read_transcript, session_messages};
 
 use crate::inspect::find_session;
 use crate::treemap::{Tile, render_treemap};
 use crate::{ContextView, Global, print_json};
 
-/// The workspace files injected into the system prompt, in order.
-const BOOTSTRAP_FILES: [&str; 7] = [
-    "AGENTS.md",
-    "SOUL.md",
-    "TOOLS.md",
-    "IDENTITY.md",
-    "USER.md",
-    "HEARTBEAT.md",
-    "BOOTSTRAP.md",
-];
-/// Per-file and total caps on injected characters (OpenClaw's defaults).
-const PER_FILE_MAX_CHARS: usize = 20_000;
-const TOTAL_MAX_CHARS: usize = 60_000;
-
 #[derive(Clone, Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
 struct FileReport {
-    name: String,
-    status: &'static str,
-    raw_chars: usize,
-    injected_chars: usize,
+    #[serde(flatten)]
+    file: InjectedFile,
+    raw_tokens: u64,
     injected_tokens: u64,
 }
 
@@ -44,7 +29,23 @@ struct FileReport {
 struct Part {
     name: String,
     count: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    chars: Option<usize>,
     tokens: u64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct TranscriptCounts {
+    /// Message entries in the transcript.
+    messages: usize,
+    /// Real conversation (user, assistant, tool results) after the last compaction: what a
+    /// compaction could fold.
+    compactable: usize,
+    /// Of those, what the assembled context still shows verbatim.
+    raw_in_context: usize,
+    /// Summaries in the assembled context.
+    summaries_in_context: usize,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -52,49 +53,30 @@ struct Part {
 struct Report {
     session: String,
     engine: String,
+    workspace: Option<String>,
+    sandbox: String,
     window: u64,
     token_budget: u64,
+    bootstrap_max_chars: usize,
+    bootstrap_total_max_chars: usize,
     system_prompt_chars: usize,
     system_prompt_tokens: u64,
+    project_context_chars: usize,
+    project_context_tokens: u64,
     engine_addition_tokens: u64,
     workspace_files: Vec<FileReport>,
+    skills: Vec<Part>,
+    skills_list_chars: usize,
+    skills_list_tokens: u64,
+    tool_list_chars: usize,
+    tool_list_tokens: u64,
     tools: Vec<Part>,
     conversation: Vec<Part>,
+    transcript: TranscriptCounts,
     fresh_tail_messages: usize,
     session_tokens: u64,
-}
-
-fn workspace_files(workspace: Option<&Path>, estimator: &dyn TokenEstimator) -> Vec<FileReport> {
-    let mut total = 0;
-    BOOTSTRAP_FILES
-        .iter()
-        .map(|name| {
-            let text = workspace.and_then(|dir| std::fs::read_to_string(dir.join(name)).ok());
-            match text {
-                None => FileReport {
-                    name: (*name).to_owned(),
-                    status: "MISSING",
-                    raw_chars: 0,
-                    injected_chars: 0,
-                    injected_tokens: 0,
-                },
-                Some(text) => {
-                    let raw = text.chars().count();
-                    let allowed = PER_FILE_MAX_CHARS.min(TOTAL_MAX_CHARS.saturating_sub(total));
-                    let injected = raw.min(allowed);
-                    total += injected;
-                    let injected_text: String = text.chars().take(injected).collect();
-                    FileReport {
-                        name: (*name).to_owned(),
-                        status: if injected < raw { "TRUNCATED" } else { "OK" },
-                        raw_chars: raw,
-                        injected_chars: injected,
-                        injected_tokens: estimator.text_tokens(&injected_text),
-                    }
-                }
-            }
-        })
-        .collect()
+    input_tokens: u64,
+    output_tokens: u64,
 }
 
 /// The group a context message belongs to.
@@ -117,7 +99,9 @@ fn group(message: &AgentMessage) -> String {
 }
 
 async fn build(global: &Global, session: &str, workspace: Option<&Path>) -> Result<Report> {
-    let host = global.host().await?;
+    let mut options = global.options();
+    options.workspace_dir = workspace.map(Path::to_path_buf);
+    let host = global.host_with(options).await?;
     let (key, record) = find_session(global, &host, session).await?;
     let estimator = host.estimator().clone();
     let transcript = read_transcript(&record.session_file)?;
@@ -125,14 +109,15 @@ async fn build(global: &Global, session: &str, workspace: Option<&Path>) -> Resu
         .into_iter()
         .map(|(_, m)| m)
         .collect();
-    let budget = host.token_budget(&host.options().system_prompt, "");
+    let system = host.system_prompt();
+    let budget = host.token_budget(&system.text, "");
     let assembled = host
         .engine()
         .engine
         .assemble(&AssembleParams {
             session_id: record.session_id.clone(),
             session_key: Some(key.clone()),
-            messages: history.into(),
+            messages: history.clone().into(),
             token_budget: Some(budget),
             available_tools: host
                 .options()
@@ -156,55 +141,133 @@ async fn build(global: &Global, session: &str, workspace: Option<&Path>) -> Resu
             None => conversation.push(Part {
                 name,
                 count: 1,
+                chars: None,
                 tokens,
             }),
         }
     }
+    let is_summary = |m: &AgentMessage| m.plain_text().starts_with("<summary ");
     let fresh_tail = assembled
         .messages
         .iter()
         .rev()
-        .take_while(|m| !m.plain_text().starts_with("<summary "))
+        .take_while(|m| !is_summary(m))
         .count();
+    let real = |m: &AgentMessage| {
+        matches!(
+            m,
+            AgentMessage::User(_) | AgentMessage::Assistant(_) | AgentMessage::ToolResult(_)
+        )
+    };
+    let transcript_counts = TranscriptCounts {
+        messages: transcript
+            .entries
+            .iter()
+            .filter(|located| matches!(located.entry, Entry::Message(_)))
+            .count(),
+        compactable: history.iter().filter(|m| real(m) && !is_summary(m)).count(),
+        raw_in_context: assembled
+            .messages
+            .iter()
+            .filter(|m| real(m) && !is_summary(m))
+            .count(),
+        summaries_in_context: assembled.messages.iter().filter(|m| is_summary(m)).count(),
+    };
     let tools: Vec<Part> = host
         .options()
         .tools
         .iter()
-        .map(|tool| Part {
-            name: tool.name.clone(),
-            count: 1,
-            tokens: estimator.text_tokens(&json!({"name": tool.name, "description": tool.description, "parameters": tool.parameters}).to_string()),
+        .map(|tool| {
+            let schema = json!({"name": tool.name, "description": tool.description, "parameters": tool.parameters}).to_string();
+            Part {
+                name: tool.name.clone(),
+                count: 1,
+                chars: Some(schema.chars().count()),
+                tokens: estimator.text_tokens(&schema),
+            }
         })
         .collect();
-    let system_prompt = &host.options().system_prompt;
+    let skills: Vec<Part> = system
+        .skills
+        .iter()
+        .map(|skill| Part {
+            name: skill.name.clone(),
+            count: 1,
+            chars: Some(skill.entry_chars),
+            tokens: (skill.entry_chars as u64).div_ceil(4),
+        })
+        .collect();
     let addition_tokens = assembled
         .system_prompt_addition
         .as_deref()
         .map_or(0, |addition| estimator.text_tokens(addition));
-    let files = workspace_files(workspace, &*estimator);
-    let system_tokens = estimator.text_tokens(system_prompt);
+    let files: Vec<FileReport> = system
+        .files
+        .iter()
+        .map(|file| FileReport {
+            raw_tokens: (file.raw_chars as u64).div_ceil(4),
+            injected_tokens: estimator.text_tokens(&file.text),
+            file: file.clone(),
+        })
+        .collect();
+    let chars_tokens = |chars: usize| (chars as u64).div_ceil(4);
+    let system_tokens = estimator.text_tokens(&system.text);
     let session_tokens = system_tokens
         + addition_tokens
-        + files.iter().map(|f| f.injected_tokens).sum::<u64>()
         + tools.iter().map(|t| t.tokens).sum::<u64>()
         + conversation.iter().map(|c| c.tokens).sum::<u64>();
+    let config = host.config();
     Ok(Report {
         session: key,
         engine: host.engine().active_id(),
-        window: host.config().context_window(),
+        workspace: system
+            .workspace
+            .as_ref()
+            .map(|dir| dir.display().to_string()),
+        sandbox: format!(
+            "mode={} sandboxed=false",
+            config.sandbox_mode.as_deref().unwrap_or("off")
+        ),
+        window: config.context_window(),
         token_budget: budget,
-        system_prompt_chars: system_prompt.len(),
+        bootstrap_max_chars: config.bootstrap.per_file_max_chars,
+        bootstrap_total_max_chars: config.bootstrap.total_max_chars,
+        system_prompt_chars: system.text.chars().count(),
         system_prompt_tokens: system_tokens,
+        project_context_chars: system.project_context_chars,
+        project_context_tokens: chars_tokens(system.project_context_chars),
         engine_addition_tokens: addition_tokens,
         workspace_files: files,
+        skills,
+        skills_list_chars: system.skills_chars,
+        skills_list_tokens: chars_tokens(system.skills_chars),
+        tool_list_chars: system.tool_list_chars,
+        tool_list_tokens: chars_tokens(system.tool_list_chars),
         tools,
         conversation,
+        transcript: transcript_counts,
         fresh_tail_messages: fresh_tail,
         session_tokens,
+        input_tokens: record.input_tokens,
+        output_tokens: record.output_tokens,
     })
 }
 
+/// `12,345`: the way `/context` prints counts.
+fn grouped(value: impl Into<u64>) -> String {
+    let digits = value.into().to_string();
+    let mut out = String::new();
+    for (index, digit) in digits.chars().enumerate() {
+        if index > 0 && (digits.len() - index) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(digit);
+    }
+    out
+}
+
 fn print_list(report: &Report, detail: bool) {
+    let n = |value: usize| grouped(value as u64);
     println!(
         "Context breakdown{} — session {} (engine {})",
         if detail { " (detailed)" } else { "" },
@@ -212,44 +275,121 @@ fn print_list(report: &Report, detail: bool) {
         report.engine
     );
     println!(
-        "System prompt: {} chars (~{} tok); engine addition ~{} tok",
-        report.system_prompt_chars, report.system_prompt_tokens, report.engine_addition_tokens
+        "Workspace: {}",
+        report.workspace.as_deref().unwrap_or("(none)")
     );
-    println!("Bootstrap max/file: {PER_FILE_MAX_CHARS} chars, total {TOTAL_MAX_CHARS} chars");
+    println!(
+        "Bootstrap max/file: {} chars (total {} chars)",
+        n(report.bootstrap_max_chars),
+        n(report.bootstrap_total_max_chars)
+    );
+    println!("Sandbox: {}", report.sandbox);
+    println!(
+        "System prompt (estimate): {} chars (~{} tok) (Project Context {} chars (~{} tok)); engine addition ~{} tok",
+        n(report.system_prompt_chars),
+        grouped(report.system_prompt_tokens),
+        n(report.project_context_chars),
+        grouped(report.project_context_tokens),
+        grouped(report.engine_addition_tokens)
+    );
+    println!();
     println!("Injected workspace files:");
-    for file in &report.workspace_files {
+    for entry in &report.workspace_files {
+        let file = &entry.file;
         match file.status {
-            "MISSING" => println!("- {}: MISSING | raw 0 | injected 0", file.name),
+            FileStatus::Missing => println!("- {}: MISSING | raw 0 | injected 0", file.name),
             status => println!(
-                "- {}: {status} | raw {} chars | injected {} chars (~{} tok)",
-                file.name, file.raw_chars, file.injected_chars, file.injected_tokens
+                "- {}: {} | raw {} chars (~{} tok) | injected {} chars (~{} tok)",
+                file.name,
+                if status == FileStatus::Ok {
+                    "OK"
+                } else {
+                    "TRUNCATED"
+                },
+                n(file.raw_chars),
+                grouped(entry.raw_tokens),
+                n(file.injected_chars),
+                grouped(entry.injected_tokens)
             ),
         }
     }
-    let tool_tokens: u64 = report.tools.iter().map(|t| t.tokens).sum();
+    println!();
     println!(
-        "Tool schemas (JSON): ~{tool_tokens} tok ({} tools; counts toward context, not shown as text)",
-        report.tools.len()
+        "Skills list (system prompt text): {} chars (~{} tok) ({} skills)",
+        n(report.skills_list_chars),
+        grouped(report.skills_list_tokens),
+        report.skills.len()
+    );
+    let names: Vec<&str> = report.tools.iter().map(|t| t.name.as_str()).collect();
+    println!(
+        "Tools: {}",
+        if names.is_empty() {
+            "(none)".to_owned()
+        } else {
+            names.join(", ")
+        }
+    );
+    println!(
+        "Tool list (system prompt text): {} chars (~{} tok)",
+        n(report.tool_list_chars),
+        grouped(report.tool_list_tokens)
+    );
+    let schema_chars: usize = report.tools.iter().filter_map(|t| t.chars).sum();
+    let schema_tokens: u64 = report.tools.iter().map(|t| t.tokens).sum();
+    println!(
+        "Tool schemas (JSON): {} chars (~{} tok) (counts toward context; not shown as text)",
+        n(schema_chars),
+        grouped(schema_tokens)
     );
     if detail {
-        for tool in &report.tools {
-            println!("  - {}: ~{} tok", tool.name, tool.tokens);
-        }
+        let top = |title: &str, parts: &[Part], unit: &str| {
+            let mut sorted: Vec<&Part> = parts.iter().collect();
+            sorted.sort_by_key(|part| std::cmp::Reverse(part.tokens));
+            println!();
+            println!("Top {title} ({unit}):");
+            for part in sorted.iter().take(10) {
+                println!(
+                    "- {}: {} chars (~{} tok)",
+                    part.name,
+                    n(part.chars.unwrap_or(0)),
+                    grouped(part.tokens)
+                );
+            }
+            if sorted.len() > 10 {
+                println!("… (+{} more {title})", sorted.len() - 10);
+            }
+        };
+        top("skills", &report.skills, "prompt entry size");
+        top("tools", &report.tools, "schema size");
+        let counts = &report.transcript;
+        println!();
+        println!(
+            "Transcript: {} messages; {} compactable (user, assistant, tool results since the last compaction); in context: {} verbatim, {} summaries",
+            counts.messages, counts.compactable, counts.raw_in_context, counts.summaries_in_context
+        );
     }
+    println!();
     println!("Conversation:");
     for part in &report.conversation {
         println!(
             "- {}: {} messages, ~{} tok",
-            part.name, part.count, part.tokens
+            part.name,
+            part.count,
+            grouped(part.tokens)
         );
     }
     println!(
         "Fresh tail: {} raw messages after the last summary",
         report.fresh_tail_messages
     );
+    println!();
     println!(
-        "Session tokens: {} total / budget={} / ctx={}",
-        report.session_tokens, report.token_budget, report.window
+        "Session tokens (estimate): {} total / budget={} / ctx={} (used in: {} / out: {})",
+        grouped(report.session_tokens),
+        grouped(report.token_budget),
+        grouped(report.window),
+        grouped(report.input_tokens),
+        grouped(report.output_tokens)
     );
 }
 
@@ -265,13 +405,17 @@ pub(crate) async fn context(
         ContextView::List => print_list(&report, false),
         ContextView::Detail => print_list(&report, true),
         ContextView::Json => print_json(
-            &json!({"report": report, "session": {"totalTokens": report.session_tokens, "contextTokens": report.window}}),
+            &json!({"report": report, "session": {"totalTokens": report.session_tokens, "contextTokens": report.window, "inputTokens": report.input_tokens, "outputTokens": report.output_tokens}}),
         )?,
         ContextView::Map => {
             let mut tiles = vec![Tile {
                 group: "System prompt".to_owned(),
                 label: "System prompt".to_owned(),
-                weight: report.system_prompt_tokens + report.engine_addition_tokens,
+                // The files and skills have tiles of their own.
+                weight: report
+                    .system_prompt_tokens
+                    .saturating_sub(report.project_context_tokens + report.skills_list_tokens)
+                    + report.engine_addition_tokens,
             }];
             tiles.extend(
                 report
@@ -280,10 +424,15 @@ pub(crate) async fn context(
                     .filter(|f| f.injected_tokens > 0)
                     .map(|file| Tile {
                         group: "Workspace files".to_owned(),
-                        label: file.name.clone(),
+                        label: file.file.name.clone(),
                         weight: file.injected_tokens,
                     }),
             );
+            tiles.extend(report.skills.iter().map(|skill| Tile {
+                group: "Skills".to_owned(),
+                label: skill.name.clone(),
+                weight: skill.tokens,
+            }));
             tiles.extend(report.tools.iter().map(|tool| Tile {
                 group: "Tool schemas".to_owned(),
                 label: tool.name.clone(),

@@ -123,11 +123,26 @@ enum Command {
     },
     /// Rebuild the recall index from the database.
     RebuildIndex,
+    /// Manage engine plugins in the configuration.
+    Plugins {
+        #[command(subcommand)]
+        action: PluginsAction,
+    },
     /// Serve one engine over JSON-RPC 2.0 (for the OpenClaw plugin in bindings/openclaw).
     Serve {
         /// Use stdin/stdout (one JSON object per line; logs go to stderr).
         #[arg(long, required = true)]
         stdio: bool,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum PluginsAction {
+    /// Uninstall an engine plugin: if the contextEngine slot selects it, the slot is reset to
+    /// `legacy` (only that value in the file changes; comments and order stay).
+    Uninstall {
+        /// The engine id (for example `lossless`).
+        id: String,
     },
 }
 
@@ -282,8 +297,28 @@ async fn run(command: Command, global: &Global) -> Result<ExitCode> {
         Command::Stats { session, json } => inspect::stats(global, &session, json).await,
         Command::Sessions { json } => inspect::sessions(global, json).await,
         Command::RebuildIndex => inspect::rebuild_index(global).await,
+        Command::Plugins {
+            action: PluginsAction::Uninstall { id },
+        } => uninstall_plugin(global, &id),
         Command::Serve { stdio: _ } => serve::serve(global).await,
     }
+}
+
+/// `vilvona plugins uninstall ID`: the selected engine is gone, so the slot selects `legacy`.
+fn uninstall_plugin(global: &Global, id: &str) -> Result<ExitCode> {
+    let path = global.options().config_path();
+    if vilvona_runtime::reset_context_engine_slot(&path, id)? {
+        println!(
+            "{}: the contextEngine slot selected {id:?}; it now selects \"legacy\"",
+            path.display()
+        );
+    } else {
+        println!(
+            "{}: the contextEngine slot does not select {id:?}; nothing changed",
+            path.display()
+        );
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 /// Refuses a missing file with a message that says what to do.

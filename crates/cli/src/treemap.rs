@@ -1,10 +1,11 @@
-//! A squarified treemap rendered to PNG: area ∝ tokens, one colour per group, labels in an
-//! 8×8 bitmap font (scaled up where a tile has room).
+//! A squarified treemap rendered to PNG: area ∝ tokens, one colour per group, labels in Noto
+//! Sans Mono (anti-aliased glyphs blended into the picture), and a legend that wraps onto as
+//! many rows as it needs.
 
 use std::path::Path;
 
 use anyhow::{Context as _, Result};
-use font8x8::{BASIC_FONTS, UnicodeFonts};
+use noto_sans_mono_bitmap::{FontWeight, RasterHeight, get_raster, get_raster_width};
 
 /// One contributor to the context.
 #[derive(Clone, Debug)]
@@ -17,7 +18,37 @@ pub(crate) struct Tile {
 const WIDTH: usize = 1280;
 const HEIGHT: usize = 860;
 const TITLE_HEIGHT: usize = 44;
-const LEGEND_HEIGHT: usize = 44;
+const LEGEND_ROW_HEIGHT: usize = 30;
+
+/// A text style: the font's weight and size.
+#[derive(Clone, Copy, Debug)]
+struct Style {
+    weight: FontWeight,
+    height: RasterHeight,
+}
+
+impl Style {
+    const TITLE: Style = Style {
+        weight: FontWeight::Bold,
+        height: RasterHeight::Size24,
+    };
+    const LABEL: Style = Style {
+        weight: FontWeight::Regular,
+        height: RasterHeight::Size16,
+    };
+    const STRONG: Style = Style {
+        weight: FontWeight::Bold,
+        height: RasterHeight::Size16,
+    };
+
+    fn advance(self) -> usize {
+        get_raster_width(self.weight, self.height)
+    }
+
+    fn line_height(self) -> usize {
+        self.height.val()
+    }
+}
 
 #[derive(Clone, Copy, Debug)]
 struct Rect {
@@ -142,26 +173,36 @@ impl Canvas {
         self.fill(x1.saturating_sub(thickness), y0, x1, y1, color);
     }
 
-    /// Draws ASCII text at a pixel position with an integer scale; returns the width drawn.
-    fn text(&mut self, x: usize, y: usize, text: &str, scale: usize, color: [u8; 3]) -> usize {
+    /// Draws text with its top-left corner at a pixel position, blending each glyph's
+    /// coverage into what is below; returns the width drawn.
+    fn text(&mut self, x: usize, y: usize, text: &str, style: Style, color: [u8; 3]) -> usize {
         let mut cursor = x;
         for ch in text.chars() {
-            let glyph = BASIC_FONTS
-                .get(ch)
-                .or_else(|| BASIC_FONTS.get('?'))
-                .unwrap_or([0; 8]);
-            for (row, bits) in glyph.iter().enumerate() {
-                for column in 0..8 {
-                    if bits & (1 << column) != 0 {
-                        let px = cursor + column * scale;
-                        let py = y + row * scale;
-                        self.fill(px, py, px + scale, py + scale, color);
+            let glyph = get_raster(ch, style.weight, style.height)
+                .or_else(|| get_raster('?', style.weight, style.height));
+            if let Some(glyph) = glyph {
+                for (row, coverage) in glyph.rows().enumerate() {
+                    for (column, alpha) in coverage.iter().enumerate() {
+                        self.blend(cursor + column, y + row, color, *alpha);
                     }
                 }
             }
-            cursor += 8 * scale;
+            cursor += style.advance();
         }
         cursor - x
+    }
+
+    fn blend(&mut self, x: usize, y: usize, color: [u8; 3], alpha: u8) {
+        if x >= WIDTH || y >= HEIGHT || alpha == 0 {
+            return;
+        }
+        let offset = (y * WIDTH + x) * 3;
+        for (channel, value) in color.iter().enumerate() {
+            let below = u32::from(self.pixels[offset + channel]);
+            let above = u32::from(*value);
+            let a = u32::from(alpha);
+            self.pixels[offset + channel] = ((above * a + below * (255 - a)) / 255) as u8;
+        }
     }
 }
 
@@ -183,23 +224,47 @@ fn shade(color: [u8; 3], index: usize) -> [u8; 3] {
     color.map(|c| ((c as f64) * factor).clamp(0.0, 235.0) as u8)
 }
 
-/// The longest prefix of `text` that fits `width` pixels at `scale`.
-fn fit(text: &str, width: usize, scale: usize) -> String {
-    let max = width / (8 * scale);
+/// The longest prefix of `text` that fits `width` pixels in `style` (marked with `…`).
+fn fit(text: &str, width: usize, style: Style) -> String {
+    let max = width / style.advance();
     if text.chars().count() <= max {
         text.to_owned()
     } else if max >= 3 {
-        format!("{}..", text.chars().take(max - 2).collect::<String>())
+        format!("{}…", text.chars().take(max - 1).collect::<String>())
     } else {
         String::new()
     }
+}
+
+/// The legend's entries laid out in rows within the picture's width: `(row, x)` per entry.
+fn legend_layout(entries: &[String]) -> Vec<(usize, usize)> {
+    const SWATCH: usize = 28;
+    const GAP: usize = 24;
+    let mut placed = Vec::with_capacity(entries.len());
+    let (mut row, mut x) = (0, 12);
+    for entry in entries {
+        let width = SWATCH + entry.chars().count() * Style::STRONG.advance() + GAP;
+        if x > 12 && x + width > WIDTH - 12 {
+            row += 1;
+            x = 12;
+        }
+        placed.push((row, x));
+        x += width;
+    }
+    placed
 }
 
 /// Renders the tiles, grouped, to a PNG at `out`.
 pub(crate) fn render_treemap(title: &str, tiles: &[Tile], out: &Path) -> Result<()> {
     let mut canvas = Canvas::new();
     canvas.fill(0, 0, WIDTH, TITLE_HEIGHT, [30, 30, 30]);
-    canvas.text(12, 14, &fit(title, WIDTH - 24, 2), 2, [255, 255, 255]);
+    canvas.text(
+        12,
+        10,
+        &fit(title, WIDTH - 24, Style::TITLE),
+        Style::TITLE,
+        [255, 255, 255],
+    );
 
     let mut groups: Vec<String> = Vec::new();
     for tile in tiles {
@@ -217,11 +282,19 @@ pub(crate) fn render_treemap(title: &str, tiles: &[Tile], out: &Path) -> Result<
                 .sum()
         })
         .collect();
+    let legend: Vec<String> = groups
+        .iter()
+        .zip(&group_weights)
+        .map(|(group, weight)| format!("{group}: {} tok", *weight as u64))
+        .collect();
+    let placed = legend_layout(&legend);
+    let legend_rows = placed.last().map_or(1, |(row, _)| row + 1);
+    let legend_height = legend_rows * LEGEND_ROW_HEIGHT + 12;
     let area = Rect {
         x: 0.0,
         y: TITLE_HEIGHT as f64,
         w: WIDTH as f64,
-        h: (HEIGHT - TITLE_HEIGHT - LEGEND_HEIGHT) as f64,
+        h: HEIGHT.saturating_sub(TITLE_HEIGHT + legend_height) as f64,
     };
     let group_rects = squarify(&group_weights, area);
     for (group_index, (group, rect)) in groups.iter().zip(&group_rects).enumerate() {
@@ -254,28 +327,28 @@ pub(crate) fn render_treemap(title: &str, tiles: &[Tile], out: &Path) -> Result<
             canvas.frame(x0, y0, x1, y1, [255, 255, 255], 1);
             let (w, h) = (x1 - x0, y1 - y0);
             let tokens = format!("{} tok", tile.weight);
-            let scale = if w >= 16 * 10 && h >= 44 { 2 } else { 1 };
-            if h >= 8 * scale * 2 + 8 && w >= 8 * scale * 3 + 8 {
+            let line = Style::LABEL.line_height();
+            if h >= 2 * line + 10 && w >= 4 * Style::LABEL.advance() + 10 {
                 canvas.text(
                     x0 + 5,
-                    y0 + 5,
-                    &fit(&tile.label, w - 10, scale),
-                    scale,
+                    y0 + 4,
+                    &fit(&tile.label, w - 10, Style::STRONG),
+                    Style::STRONG,
                     [255, 255, 255],
                 );
                 canvas.text(
                     x0 + 5,
-                    y0 + 9 + 8 * scale,
-                    &fit(&tokens, w - 10, scale),
-                    scale,
-                    [235, 235, 235],
+                    y0 + 6 + line,
+                    &fit(&tokens, w - 10, Style::LABEL),
+                    Style::LABEL,
+                    [240, 240, 240],
                 );
-            } else if h >= 12 && w >= 32 {
+            } else if h >= line + 4 && w >= 4 * Style::LABEL.advance() + 4 {
                 canvas.text(
                     x0 + 2,
                     y0 + 2,
-                    &fit(&tile.label, w - 4, 1),
-                    1,
+                    &fit(&tile.label, w - 4, Style::LABEL),
+                    Style::LABEL,
                     [255, 255, 255],
                 );
             }
@@ -288,21 +361,13 @@ pub(crate) fn render_treemap(title: &str, tiles: &[Tile], out: &Path) -> Result<
         canvas.frame(x0, y0, x1, y1, [20, 20, 20], 3);
     }
 
-    // Legend: one swatch per group with its total.
-    let legend_y = HEIGHT - LEGEND_HEIGHT;
+    // Legend: one swatch per group with its total, wrapped onto as many rows as it needs.
+    let legend_y = HEIGHT - legend_height;
     canvas.fill(0, legend_y, WIDTH, HEIGHT, [245, 245, 245]);
-    let mut x = 12;
-    for (index, (group, weight)) in groups.iter().zip(&group_weights).enumerate() {
-        canvas.fill(x, legend_y + 12, x + 20, legend_y + 32, group_color(index));
-        x += 28;
-        x += canvas.text(
-            x,
-            legend_y + 14,
-            &format!("{group}: {} tok", *weight as u64),
-            2,
-            [20, 20, 20],
-        );
-        x += 24;
+    for (index, (entry, (row, x))) in legend.iter().zip(&placed).enumerate() {
+        let y = legend_y + 8 + row * LEGEND_ROW_HEIGHT;
+        canvas.fill(*x, y + 2, x + 20, y + 22, group_color(index));
+        canvas.text(x + 28, y + 2, entry, Style::STRONG, [20, 20, 20]);
     }
 
     let file = std::fs::File::create(out).with_context(|| format!("creating {}", out.display()))?;

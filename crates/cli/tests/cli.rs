@@ -304,3 +304,51 @@ fn bad_input_is_one_clear_line() {
     );
     assert_eq!(error.lines().count(), 1, "{error}");
 }
+
+/// A disabled entry selects `legacy`, and every report names the engine that served.
+#[test]
+fn a_disabled_entry_is_reported_as_legacy() {
+    let dir = TempDir::new().unwrap();
+    let state = dir.path();
+    std::fs::write(
+        state.join("vilvona.json5"),
+        r#"{ plugins: { slots: { contextEngine: "lossless" }, entries: { lossless: { enabled: false } } } }"#,
+    )
+    .unwrap();
+    let replay = json(&vilvona(state, &["replay", &fixture(), "--json"]));
+    assert_eq!(replay["engine"], "legacy");
+    let doctor = json(&vilvona(state, &["doctor", "--json"]));
+    assert_eq!(doctor["activeEngine"], "legacy", "{doctor}");
+    let context = json(&vilvona(
+        state,
+        &["context", "json", "--session", "synthetic-11-15"],
+    ));
+    assert_eq!(context["report"]["engine"], "legacy", "{context}");
+}
+
+#[test]
+fn uninstalling_the_selected_engine_resets_the_slot() {
+    let dir = TempDir::new().unwrap();
+    let config = dir.path().join("vilvona.json5");
+    std::fs::write(
+        &config,
+        "{\n  // mine\n  plugins: { slots: { contextEngine: \"lossless\" } },\n}\n",
+    )
+    .unwrap();
+    let output = vilvona(dir.path(), &["plugins", "uninstall", "window"]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    assert!(
+        std::fs::read_to_string(&config)
+            .unwrap()
+            .contains("\"lossless\"")
+    );
+    let output = vilvona(dir.path(), &["plugins", "uninstall", "lossless"]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let text = std::fs::read_to_string(&config).unwrap();
+    assert!(
+        text.contains("contextEngine: \"legacy\"") && text.contains("// mine"),
+        "{text}"
+    );
+    let doctor = json(&vilvona(dir.path(), &["doctor", "--json"]));
+    assert_eq!(doctor["activeEngine"], "legacy");
+}

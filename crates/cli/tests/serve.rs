@@ -398,3 +398,213 @@ fn a_client_that_disconnects_mid_call_loses_nothing() {
     );
     assert_eq!(assembled["messages"].as_array().unwrap().len(), 12);
 }
+
+fn assistant(text: &str) -> Value {
+    json!({"role": "assistant", "content": [{"type": "text", "text": text}]})
+}
+
+fn stored_count(client: &mut Client, id: u64, session: &str) -> usize {
+    client.call(
+        id,
+        "assemble",
+        json!({"sessionId": session, "messages": [], "tokenBudget": 1_000_000}),
+    )["messages"]
+        .as_array()
+        .unwrap()
+        .len()
+}
+
+/// OpenClaw 2026.9 sends turns without entry ids: equal messages of two turns are two pairs;
+/// the same advancement key again is a duplicate; a transcript of the same turns imports
+/// nothing twice.
+#[test]
+fn message_identity_over_commit_turn_and_bootstrap() {
+    let dir = TempDir::new().unwrap();
+    let mut client = Client::start(dir.path());
+    initialize(&mut client, json!({}));
+    let turn = |key: &str| json!({"sessionId": "r", "advancementKey": key, "messages": [{"role": "user", "content": "continue"}, assistant("ok")]});
+    assert_eq!(
+        client.call(2, "commitTurn", turn("k1"))["status"],
+        "committed"
+    );
+    assert_eq!(
+        client.call(3, "commitTurn", turn("k2"))["status"],
+        "committed"
+    );
+    assert_eq!(stored_count(&mut client, 4, "r"), 4);
+    assert_eq!(
+        client.call(5, "commitTurn", turn("k1"))["status"],
+        "duplicate"
+    );
+    assert_eq!(stored_count(&mut client, 6, "r"), 4);
+    let batch = json!({"sessionId": "b", "messages": [user("u", 1), assistant("a"), user("u", 1), assistant("a"), user("u", 1), assistant("a")]});
+    assert_eq!(client.call(7, "ingestBatch", batch)["ingestedCount"], 6);
+
+    // commitTurn first, then bootstrap of a transcript holding the same two messages.
+    let first = [
+        json!({"role": "user", "content": "deploy it", "timestamp": 10}),
+        assistant("deployed"),
+    ];
+    client.call(
+        8,
+        "commitTurn",
+        json!({"sessionId": "t", "advancementKey": "t1", "messages": first}),
+    );
+    let file = dir.path().join("t.jsonl");
+    let mut lines = vec![json!({"type": "session", "version": 3, "id": "t", "timestamp": "2026-11-30T00:00:00Z", "cwd": "/"}).to_string()];
+    let mut parent = Value::Null;
+    for (index, message) in first.iter().enumerate() {
+        let id = format!("e{index}");
+        lines.push(json!({"type": "message", "id": id, "parentId": parent, "timestamp": "2026-11-30T00:00:01Z", "message": message}).to_string());
+        parent = json!(id);
+    }
+    std::fs::write(&file, lines.join("\n") + "\n").unwrap();
+    let booted = client.call(
+        9,
+        "bootstrap",
+        json!({"sessionId": "t", "sessionFile": file.to_str().unwrap()}),
+    );
+    assert_eq!(booted["importedMessages"], 0, "{booted}");
+    assert_eq!(stored_count(&mut client, 10, "t"), 2);
+}
+
+/// `commitTurn` carries no budget in OpenClaw 2026.9: the engine compacts against the one the
+/// host last gave `assemble` for the session, even after a restart.
+#[test]
+fn commit_turn_compacts_against_the_budget_assemble_was_given() {
+    let dir = TempDir::new().unwrap();
+    let config = json!({"freshTailCount": 2});
+    let mut client = Client::start(dir.path());
+    initialize(&mut client, config.clone());
+    client.call(
+        2,
+        "assemble",
+        json!({"sessionId": "c", "messages": [], "tokenBudget": 3000}),
+    );
+    let filler = "the parser rewrites the queue and the batch drains slowly; ".repeat(6);
+    let mut id = 10;
+    for turn in 0..40 {
+        id += 1;
+        client.call(id, "commitTurn", json!({"sessionId": "c", "advancementKey": format!("c{turn}"), "messages": [user(&format!("turn {turn}: {filler}"), turn), assistant(&format!("done {turn}: {filler}"))]}));
+        id += 1;
+        // Only runtimeSettings this time: the same budget, by the other route.
+        let assembled = client.call(
+            id,
+            "assemble",
+            json!({"sessionId": "c", "messages": [], "runtimeSettings": {"limits": {"promptTokenBudget": 3000}}}),
+        );
+        let tokens = assembled["estimatedTokens"].as_u64().unwrap();
+        assert!(
+            tokens <= 2250 && assembled["promptAuthority"] == "assembled",
+            "turn {turn}: {tokens} tokens ({})",
+            assembled["promptAuthority"]
+        );
+    }
+    let summaries = client.call(
+        900,
+        "tools/call",
+        json!({"name": "vilvona_grep", "sessionId": "c", "arguments": {"query": "parser", "scope": "summaries"}}),
+    );
+    assert!(
+        !summaries["results"].as_array().unwrap().is_empty(),
+        "commitTurn never compacted: {summaries}"
+    );
+    drop(client.stdin.take());
+    assert!(client.child.wait().unwrap().success());
+
+    // After a restart the remembered budget still applies, before any assemble.
+    let mut again = Client::start(dir.path());
+    initialize(&mut again, config);
+    for turn in 40..50i64 {
+        again.call(1_000 + turn as u64, "commitTurn", json!({"sessionId": "c", "advancementKey": format!("c{turn}"), "messages": [user(&format!("turn {turn}: {filler}"), turn), assistant(&format!("done {turn}: {filler}"))]}));
+    }
+    let tokens = again.call(
+        2_000,
+        "assemble",
+        json!({"sessionId": "c", "messages": [], "tokenBudget": 3000}),
+    )["estimatedTokens"]
+        .as_u64()
+        .unwrap();
+    assert!(tokens <= 2250 + 400, "{tokens} tokens after 10 more turns");
+}
+
+/// Inside OpenClaw the server never substitutes another engine: a store that cannot open is a
+/// JSON-RPC error on every call, and the next call tries again.
+#[test]
+fn an_engine_that_cannot_open_is_an_error_and_is_retried() {
+    let dir = TempDir::new().unwrap();
+    let store = dir.path().join("agents").join("main").join("lossless");
+    std::fs::create_dir_all(store.parent().unwrap()).unwrap();
+    // A file where the store's directory belongs.
+    std::fs::write(&store, "not a directory").unwrap();
+    let mut client = Client::start(dir.path());
+    client.send(
+        1,
+        "initialize",
+        json!({"engineId": "lossless", "config": {}}),
+    );
+    let failed = client.reply(1);
+    assert_eq!(failed["error"]["code"], -32001, "{failed}");
+    client.send(
+        2,
+        "ingest",
+        json!({"sessionId": "x", "message": user("hi", 1)}),
+    );
+    let failed = client.reply(2);
+    assert_eq!(failed["error"]["code"], -32001, "{failed}");
+    assert!(
+        failed["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("lossless"),
+        "{failed}"
+    );
+    std::fs::remove_file(&store).unwrap();
+    assert_eq!(
+        client.call(
+            3,
+            "ingest",
+            json!({"sessionId": "x", "message": user("hi", 1)})
+        )["ingested"],
+        true
+    );
+}
+
+/// A heartbeat turn is stored (and searchable) but never triggers compaction; the next real
+/// turn does.
+#[test]
+fn heartbeat_turns_are_stored_but_never_compact() {
+    let dir = TempDir::new().unwrap();
+    let mut client = Client::start(dir.path());
+    initialize(&mut client, json!({"freshTailCount": 2}));
+    client.call(
+        2,
+        "assemble",
+        json!({"sessionId": "h", "messages": [], "tokenBudget": 2000}),
+    );
+    let filler = "HEARTBEAT_OK and the status of the queue stays the same; ".repeat(8);
+    for turn in 0..20i64 {
+        client.call(10 + turn as u64, "commitTurn", json!({"sessionId": "h", "advancementKey": format!("h{turn}"), "isHeartbeat": true, "messages": [user(&format!("ping {turn}: {filler}"), turn), assistant(&filler)]}));
+    }
+    let before = client.call(
+        100,
+        "assemble",
+        json!({"sessionId": "h", "messages": [], "tokenBudget": 1_000_000}),
+    );
+    assert_eq!(
+        before["messages"].as_array().unwrap().len(),
+        40,
+        "nothing compacted"
+    );
+    client.call(101, "commitTurn", json!({"sessionId": "h", "advancementKey": "real", "messages": [user("a real question", 99), assistant("a real answer")]}));
+    let after = client.call(
+        102,
+        "assemble",
+        json!({"sessionId": "h", "messages": [], "tokenBudget": 2000}),
+    );
+    assert!(
+        after["messages"].as_array().unwrap().len() < 42,
+        "the real turn did not compact ({} tokens)",
+        after["estimatedTokens"]
+    );
+}

@@ -23,7 +23,7 @@ use crate::render::{
     DESCRIBE_TOOL, EXPAND_TOOL, GREP_TOOL, RECALL_GUIDANCE, SummaryHeader, describe_content,
     large_content_reference, summary_message, summary_tokens,
 };
-use crate::units::{Candidate, condense_candidate, fresh_tail_start, leaf_candidate};
+use crate::units::{Candidate, condense_candidate, fresh_tail_start, leaf_candidate, unit_start};
 
 /// The engine id and the slot value that selects it.
 pub const ENGINE_ID: &str = "lossless";
@@ -406,10 +406,21 @@ impl LosslessEngine {
             let leaf = leaf_candidate(&items, tail_start, config.leaf_chunk_tokens, needed);
             let mut condense =
                 condense_candidate(&items, tail_start, config, config.condensed_min_fanout);
+            let mut leaf = leaf;
             if leaf.is_none() && condense.is_none() && force {
                 // Forced (manual /compact, overflow recovery): fold any two same-depth summaries
-                // rather than report that nothing can be done.
+                // rather than report that nothing can be done. Overflow recovery (the budget
+                // target) may then summarize the fresh tail too, all but its newest unit: a
+                // provider that refused the prompt is better served by a summary than by a
+                // protected tail.
                 condense = condense_candidate(&items, tail_start, config, 2);
+                if condense.is_none()
+                    && target == Some(CompactionTarget::Budget)
+                    && !items.is_empty()
+                {
+                    let newest_unit = unit_start(&items, items.len() - 1);
+                    leaf = leaf_candidate(&items, newest_unit, config.leaf_chunk_tokens, needed);
+                }
             }
             let candidate = match (leaf, condense) {
                 (Some(_), Some(condense)) if summary_prefix > budget / 4 => condense,

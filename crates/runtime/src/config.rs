@@ -10,6 +10,8 @@ use std::path::{Path, PathBuf};
 use serde_json::Value;
 use vilvona_core::registry::{EngineSelection, EntrySettings, FailurePolicy};
 
+use crate::workspace::BootstrapLimits;
+
 /// The default window when neither the model nor the config gives one (OpenClaw's).
 pub const DEFAULT_CONTEXT_TOKENS: u64 = 200_000;
 
@@ -127,6 +129,12 @@ pub struct HostConfig {
     pub compaction: CompactionConfig,
     pub pruning: PruningConfig,
     pub model: Option<ModelConfig>,
+    /// `agents.defaults.workspace`: the agent's workspace (bootstrap files, skills).
+    pub workspace: Option<PathBuf>,
+    /// `agents.defaults.bootstrapMaxChars` / `bootstrapTotalMaxChars`.
+    pub bootstrap: BootstrapLimits,
+    /// `agents.defaults.sandbox.mode` (reported by `/context`; this host runs no sandbox).
+    pub sandbox_mode: Option<String>,
 }
 
 impl HostConfig {
@@ -277,6 +285,16 @@ impl HostConfig {
             pruning.hard_clear_placeholder = value;
         }
         config.model = model_config(&reader)?;
+        config.workspace = reader
+            .string("agents.defaults.workspace")?
+            .map(PathBuf::from);
+        if let Some(value) = reader.positive("agents.defaults.bootstrapMaxChars")? {
+            config.bootstrap.per_file_max_chars = value as usize;
+        }
+        if let Some(value) = reader.positive("agents.defaults.bootstrapTotalMaxChars")? {
+            config.bootstrap.total_max_chars = value as usize;
+        }
+        config.sandbox_mode = reader.string("agents.defaults.sandbox.mode")?;
         Ok(config)
     }
 
@@ -503,6 +521,11 @@ const KNOWN_KEYS: &[&str] = &[
     "agents",
     "agents.defaults",
     "agents.defaults.contextTokens",
+    "agents.defaults.workspace",
+    "agents.defaults.bootstrapMaxChars",
+    "agents.defaults.bootstrapTotalMaxChars",
+    "agents.defaults.sandbox",
+    "agents.defaults.sandbox.**",
     "agents.defaults.model",
     "agents.defaults.model.primary",
     "agents.defaults.compaction",

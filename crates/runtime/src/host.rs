@@ -31,6 +31,7 @@ use crate::model::{Model, ModelError, ModelRequest, ToolSpec};
 use crate::model_summarizer::{SummarizerConfig, summarizer_from_config};
 use crate::pruning::prune_tool_results;
 use crate::sessions::{SessionRecord, SessionStore, SessionStoreError, now_ms};
+use crate::workspace::{SystemPrompt, build_system_prompt};
 
 /// How many provider-overflow recoveries a turn may spend (only ones that freed tokens count).
 pub const MAX_OVERFLOW_ATTEMPTS: u32 = 3;
@@ -380,6 +381,26 @@ impl Host {
         &self.estimator
     }
 
+    /// The system prompt of a run now: the host's own prompt, the tool list, and the
+    /// workspace's skills and bootstrap files (`options.workspace_dir`, else
+    /// `agents.defaults.workspace`).
+    pub fn system_prompt(&self) -> SystemPrompt {
+        build_system_prompt(
+            &self.options.system_prompt,
+            &self.options.tools,
+            self.workspace(),
+            self.config.bootstrap,
+        )
+    }
+
+    /// The agent's workspace, if it has one.
+    pub fn workspace(&self) -> Option<&Path> {
+        self.options
+            .workspace_dir
+            .as_deref()
+            .or(self.config.workspace.as_deref())
+    }
+
     /// The token budget for a prompt: window − reserve − prompt pressure (chars/4 × 1.2).
     pub fn token_budget(&self, system_prompt: &str, prompt: &str) -> u64 {
         let window = self.config.context_window();
@@ -727,7 +748,8 @@ impl Host {
             engine_id: self.engine.active_id(),
             ..TurnReport::default()
         };
-        let budget = self.token_budget(&self.options.system_prompt, &prompt);
+        let system = self.system_prompt();
+        let budget = self.token_budget(&system.text, &prompt);
         report.token_budget = budget;
         let prompt_tokens = self.estimator.message_tokens(&user_message);
 
@@ -737,7 +759,7 @@ impl Host {
 
         let mut attempts = 0;
         let response = loop {
-            let request = self.model_request(&assembled, &user_message);
+            let request = self.model_request(&system.text, &assembled, &user_message);
             report.system_prompt = request.system_prompt.clone();
             report.assembled_tokens = request
                 .messages
@@ -842,7 +864,7 @@ impl Host {
             .as_ref()
             .map(AgentMessage::plain_text)
             .unwrap_or_default();
-        let budget = self.token_budget(&self.options.system_prompt, &prompt);
+        let budget = self.token_budget(&self.system_prompt().text, &prompt);
         report.token_budget = budget;
         let prompt_tokens = prompt_message
             .as_ref()
@@ -861,10 +883,11 @@ impl Host {
 
     fn model_request(
         &self,
+        system_prompt: &str,
         assembled: &AssembleResult,
         user_message: &AgentMessage,
     ) -> ModelRequest {
-        let mut system_prompt = self.options.system_prompt.clone();
+        let mut system_prompt = system_prompt.to_owned();
         if let Some(addition) = assembled
             .system_prompt_addition
             .as_deref()
@@ -999,7 +1022,7 @@ impl Host {
         }
         let mut guard = self.live_session(session_key, None).await?;
         let live = &mut *guard;
-        let budget = self.token_budget(&self.options.system_prompt, "");
+        let budget = self.token_budget(&self.system_prompt().text, "");
         self.compact_live(
             live,
             true,

@@ -18,6 +18,7 @@ pub mod openai;
 pub mod pruning;
 pub mod sdk;
 pub mod sessions;
+pub mod workspace;
 
 pub use config::{HostConfig, reset_context_engine_slot};
 pub use doctor::{Check, DoctorReport, doctor};

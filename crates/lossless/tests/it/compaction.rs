@@ -401,6 +401,34 @@ async fn compact_reports_honestly() {
         .unwrap();
     assert!(!forced.compacted);
     assert_eq!(forced.reason, Some(CompactReason::NoCandidate));
+    // Overflow recovery (the budget target) may summarize the fresh tail, all but its newest
+    // unit: the provider refused the prompt.
+    let recovery = engine
+        .compact(&CompactParams {
+            session_id: "s2".to_owned(),
+            token_budget: Some(100_000),
+            force: true,
+            compaction_target: Some(CompactionTarget::Budget),
+            ..CompactParams::default()
+        })
+        .await
+        .unwrap();
+    assert!(
+        !recovery.compacted,
+        "an empty session has nothing to summarize"
+    );
+    drive(&engine, "s2", 0..2, 100_000).await;
+    let recovery = engine
+        .compact(&CompactParams {
+            session_id: "s2".to_owned(),
+            token_budget: Some(100_000),
+            force: true,
+            compaction_target: Some(CompactionTarget::Budget),
+            ..CompactParams::default()
+        })
+        .await
+        .unwrap();
+    assert!(recovery.compacted, "{recovery:?}");
     drive(&engine, "s1", 2..12, 100_000).await;
     let forced = engine
         .compact(&CompactParams {

@@ -639,3 +639,44 @@ async fn a_forked_child_session_starts_from_the_parents_context() {
         "the child's first request lacks the parent's context"
     );
 }
+
+/// The run's system prompt carries the workspace's bootstrap files under Project Context, each
+/// capped and the total capped, with truncation marked; the skills list comes along.
+#[tokio::test]
+async fn turns_inject_the_workspace_bootstrap_files() {
+    let dir = TempDir::new().unwrap();
+    let workspace = dir.path().join("ws");
+    std::fs::create_dir_all(workspace.join("skills/deploy")).unwrap();
+    std::fs::write(workspace.join("AGENTS.md"), "Always run the tests.").unwrap();
+    std::fs::write(workspace.join("SOUL.md"), "x".repeat(500)).unwrap();
+    std::fs::write(
+        workspace.join("skills/deploy/SKILL.md"),
+        "---\nname: deploy\ndescription: Ship it blue-green\n---\nsteps\n",
+    )
+    .unwrap();
+    write_config(
+        dir.path(),
+        &format!(
+            r#"{{ agents: {{ defaults: {{ workspace: {:?}, bootstrapMaxChars: 300, bootstrapTotalMaxChars: 310 }} }} }}"#,
+            workspace.display().to_string()
+        ),
+    );
+    let host = Host::open(HostOptions::new(dir.path()), |_, _| Ok(()))
+        .await
+        .unwrap();
+    let model = ScriptedModel::new(vec![Ok("done")]);
+    host.run_turn("agent:main:ws", AgentMessage::user_text("hi"), &model)
+        .await
+        .unwrap();
+    let requests = model.requests.lock().unwrap();
+    let system = &requests[0].system_prompt;
+    assert!(system.contains("# Project Context"), "{system}");
+    assert!(system.contains("## AGENTS.md\nAlways run the tests."));
+    // SOUL.md: 500 characters, capped by what the total leaves (310 − 21).
+    assert!(
+        system.contains("[SOUL.md truncated: 289 of 500 characters injected]"),
+        "{system}"
+    );
+    assert!(system.contains("- deploy: Ship it blue-green"));
+    assert!(system.contains(&format!("Working directory: {}", workspace.display())));
+}
