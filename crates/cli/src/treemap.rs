@@ -382,3 +382,29 @@ pub(crate) fn render_treemap(title: &str, tiles: &[Tile], out: &Path) -> Result<
         .with_context(|| format!("writing {}", out.display()))?;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_legend_wraps_instead_of_running_off_the_edge() {
+        let entries: Vec<String> = (0..9)
+            .map(|index| format!("A rather long group name {index}: 123456 tok"))
+            .collect();
+        let placed = legend_layout(&entries);
+        assert!(placed.last().unwrap().0 >= 2, "{placed:?}");
+        for ((_, x), entry) in placed.iter().zip(&entries) {
+            let end = x + 28 + entry.chars().count() * Style::STRONG.advance();
+            assert!(end <= WIDTH - 12, "{entry} ends at {end}");
+        }
+    }
+
+    #[test]
+    fn labels_are_cut_to_fit_with_an_ellipsis() {
+        let width = 10 * Style::LABEL.advance();
+        assert_eq!(fit("short", width, Style::LABEL), "short");
+        assert_eq!(fit("a label far too long", width, Style::LABEL), "a label f…");
+        assert_eq!(fit("anything", 2 * Style::LABEL.advance(), Style::LABEL), "");
+    }
+}

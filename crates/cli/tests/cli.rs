@@ -352,3 +352,56 @@ fn uninstalling_the_selected_engine_resets_the_slot() {
     let doctor = json(&vilvona(dir.path(), &["doctor", "--json"]));
     assert_eq!(doctor["activeEngine"], "legacy");
 }
+
+/// The /context views report what OpenClaw's report: the workspace and sandbox lines, injected
+/// files raw against injected, skills, the tool list's text, compactable transcript counts,
+/// and token usage in json.
+#[test]
+fn context_views_report_the_workspace_skills_and_usage() {
+    let dir = TempDir::new().unwrap();
+    let state = dir.path();
+    let workspace = state.join("ws");
+    std::fs::create_dir_all(workspace.join("skills/deploy")).unwrap();
+    std::fs::write(workspace.join("AGENTS.md"), "a".repeat(25_000)).unwrap();
+    std::fs::write(
+        workspace.join("skills/deploy/SKILL.md"),
+        "---\nname: deploy\ndescription: Ship it\n---\n",
+    )
+    .unwrap();
+    json(&vilvona(state, &["replay", &fixture(), "--json"]));
+    let ws = workspace.to_str().unwrap();
+    let session = "synthetic-11-15";
+    let list = vilvona(
+        state,
+        &["context", "list", "--session", session, "--workspace", ws],
+    );
+    let text = String::from_utf8_lossy(&list.stdout);
+    for expected in [
+        &format!("Workspace: {ws}") as &str,
+        "Sandbox: mode=off sandboxed=false",
+        "Bootstrap max/file: 20,000 chars",
+        "- AGENTS.md: TRUNCATED | raw 25,000 chars (~6,250 tok) | injected 20,000 chars",
+        "Skills list (system prompt text):",
+        "(1 skills)",
+        "Tool list (system prompt text):",
+    ] {
+        assert!(text.contains(expected), "missing {expected:?} in:\n{text}");
+    }
+    let detail = vilvona(
+        state,
+        &["context", "detail", "--session", session, "--workspace", ws],
+    );
+    let text = String::from_utf8_lossy(&detail.stdout);
+    assert!(
+        text.contains("Top skills (prompt entry size):\n- deploy:"),
+        "{text}"
+    );
+    assert!(
+        text.contains("Transcript: 68 messages; 68 compactable"),
+        "{text}"
+    );
+    let report = json(&vilvona(state, &["context", "json", "--session", session]));
+    assert_eq!(report["session"]["inputTokens"], 0);
+    assert_eq!(report["session"]["outputTokens"], 0);
+    assert_eq!(report["report"]["transcript"]["messages"], 68);
+}

@@ -288,3 +288,42 @@ async fn rotation_writes_a_successor_and_leaves_the_old_transcript_alone() {
     let rebuilt = session_messages(&transcript.entries);
     assert!(rebuilt.len() > 1);
 }
+
+/// With the run's prompt budget known, the kept tail and the summary fit shares of it; a
+/// newest unit larger than the budget is kept (it cannot be split) and the result says the
+/// context is still over budget instead of pretending.
+#[tokio::test]
+async fn the_kept_tail_and_summary_fit_the_prompt_budget() {
+    let dir = TempDir::new().unwrap();
+    let path = write_session(dir.path(), 12, 400);
+    let budget = 2_000;
+    let capped = CompactionSettings {
+        prompt_budget: Some(budget),
+        ..settings(20_000)
+    };
+    let result = compact(&path, &capped, &extractive()).await;
+    assert!(result.compacted, "{result:?}");
+    assert_eq!(result.reason, Some(CompactReason::Compacted));
+    let details = result.result.unwrap();
+    assert!(
+        details.tokens_after.unwrap() <= budget * 3 / 4,
+        "{details:?}"
+    );
+    assert!(details.summary.unwrap().chars().count() <= (budget as usize * 3 / 20) * 4);
+
+    // A last tool result larger than the whole budget.
+    let mut writer = TranscriptWriter::open(&path).unwrap();
+    for value in [
+        json!({"role": "user", "content": "read the big log", "timestamp": 1}),
+        json!({"role": "assistant", "content": [{"type": "toolCall", "id": "big", "name": "read", "arguments": {"path": "big.log"}}], "timestamp": 2}),
+        json!({"role": "toolResult", "toolCallId": "big", "toolName": "read", "content": [{"type": "text", "text": "log line ".repeat(1_500)}], "timestamp": 3}),
+    ] {
+        writer
+            .append_message(&message(value), "t".to_owned())
+            .unwrap();
+    }
+    writer.sync().unwrap();
+    let result = compact(&path, &capped, &extractive()).await;
+    assert!(result.compacted, "{result:?}");
+    assert_eq!(result.reason, Some(CompactReason::OverBudget));
+}

@@ -111,4 +111,37 @@ mod memory {
             "no provider configured: nothing added"
         );
     }
+
+    /// The active provider's section reaches the engine on every assembly, with the citation
+    /// mode from `memory.citations`; legacy places it in the system prompt.
+    #[tokio::test]
+    async fn the_memory_section_reaches_the_engine() {
+        use vilvona_core::message::AgentMessage;
+        use vilvona_runtime::{Host, HostOptions, ToolSpec};
+
+        use crate::support::{ScriptedModel, write_config};
+
+        let dir = tempfile::TempDir::new().unwrap();
+        write_config(
+            dir.path(),
+            r#"{ plugins: { slots: { memory: "notes" } }, memory: { citations: "on" } }"#,
+        );
+        let mut options = HostOptions::new(dir.path());
+        options.tools.push(ToolSpec {
+            name: "memory_search".to_owned(),
+            description: "Search memory".to_owned(),
+            parameters: serde_json::json!({"type": "object"}),
+        });
+        let mut host = Host::open(options, |_, _| Ok(())).await.unwrap();
+        host.set_memory_provider(Arc::new(Notes));
+        let model = ScriptedModel::new(vec![Ok("ok")]);
+        host.run_turn("agent:main:m", AgentMessage::user_text("hi"), &model)
+            .await
+            .unwrap();
+        let system = model.requests.lock().unwrap()[0].system_prompt.clone();
+        assert!(
+            system.contains("Search memory with memory_search.\nCitations: on"),
+            "{system}"
+        );
+    }
 }
