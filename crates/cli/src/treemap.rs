@@ -404,7 +404,13 @@ mod tests {
     fn labels_are_cut_to_fit_with_an_ellipsis() {
         let width = 10 * Style::LABEL.advance();
         assert_eq!(fit("short", width, Style::LABEL), "short");
-        assert_eq!(fit("a label far too long", width, Style::LABEL), "a label f…");
-        assert_eq!(fit("anything", 2 * Style::LABEL.advance(), Style::LABEL), "");
+        assert_eq!(
+            fit("a label far too long", width, Style::LABEL),
+            "a label f…"
+        );
+        assert_eq!(
+            fit("anything", 2 * Style::LABEL.advance(), Style::LABEL),
+            ""
+        );
     }
 }

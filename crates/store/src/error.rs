@@ -40,6 +40,14 @@ pub enum StoreError {
     InjectedFault(String),
     #[error("corrupt row: {0}")]
     CorruptRow(String),
+    /// `rebuild-index` while another process keeps maintaining the index.
+    #[error(
+        "{0}: another process (a running `vilvona serve` or replay) maintains the recall index and keeps it current; stop it to rebuild the index"
+    )]
+    IndexBusy(PathBuf),
+    /// A write on a store opened for reading only (an inspection command).
+    #[error("{0}: the store was opened read-only")]
+    ReadOnly(String),
 }
 
 impl StoreError {

@@ -6,6 +6,8 @@
 //! atomically; on open the store indexes whatever SQLite has beyond it.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, PoisonError};
 use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
@@ -15,7 +17,9 @@ use tantivy::query::{BooleanQuery, Occur, PhraseQuery, Query, RangeQuery, TermQu
 use tantivy::schema::{
     FAST, Field, INDEXED, IndexRecordOption, STRING, Schema, TextFieldIndexing, TextOptions,
 };
-use tantivy::tokenizer::TokenStream;
+use tantivy::tokenizer::{
+    LowerCaser, RemoveLongFilter, SimpleTokenizer, TextAnalyzer, TokenStream,
+};
 use tantivy::{DocAddress, Index, IndexReader, IndexWriter, Order, ReloadPolicy, TantivyDocument};
 use tantivy::{Term, doc};
 
@@ -49,7 +53,7 @@ pub(crate) struct Fields {
 }
 
 /// What a hit points at, decoded from its key.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) enum IndexedRow {
     Message(i64),
     Summary(i64),
@@ -90,7 +94,33 @@ fn schema() -> (Schema, Fields) {
     (builder.build(), fields)
 }
 
+fn mmap_directory(dir: &Path) -> Result<MmapDirectory> {
+    MmapDirectory::open(dir).map_err(|error| {
+        StoreError::Index(tantivy::TantivyError::SystemError(format!(
+            "{}: {error}",
+            dir.display()
+        )))
+    })
+}
+
+/// Text as the index tokenizes it (tantivy's `default` analyzer: words split on anything not
+/// alphanumeric, longer than 40 bytes dropped, lowercased). Searches of rows the index does not
+/// hold yet use the same terms.
+pub(crate) fn terms(text: &str) -> Vec<String> {
+    let mut analyzer = TextAnalyzer::builder(SimpleTokenizer::default())
+        .filter(RemoveLongFilter::limit(40))
+        .filter(LowerCaser)
+        .build();
+    let mut stream = analyzer.token_stream(text);
+    let mut terms = Vec::new();
+    while stream.advance() {
+        terms.push(stream.token().text.clone());
+    }
+    terms
+}
+
 /// A document to index.
+#[derive(Clone, Copy)]
 pub(crate) struct IndexDoc<'a> {
     pub(crate) row: IndexedRow,
     pub(crate) conversation: i64,
@@ -100,12 +130,19 @@ pub(crate) struct IndexDoc<'a> {
     pub(crate) text: &'a str,
 }
 
-/// The index and a reader over it; shared by the writer thread and searchers.
+/// The index and a reader over it; shared by the writer thread and searchers. Whichever
+/// process holds the index's writer lock maintains it; every other process (a second writer, a
+/// read-only command) only reads it, reloading before each search.
 pub(crate) struct RecallIndex {
     index: Index,
     reader: IndexReader,
     fields: Fields,
     dir: PathBuf,
+    /// True while this process holds the writer lock (it reloads after its own commits).
+    maintained_here: AtomicBool,
+    /// The watermark of the commit the reader was last reloaded at, or an older one: the reader
+    /// holds at least every row up to it, so searches read SQLite for the rows beyond it.
+    reader_watermark: Mutex<Watermark>,
 }
 
 impl RecallIndex {
@@ -114,12 +151,7 @@ impl RecallIndex {
     pub(crate) fn open(dir: &Path) -> Result<(RecallIndex, bool)> {
         let (schema, fields) = schema();
         std::fs::create_dir_all(dir).map_err(|error| StoreError::io(dir, error))?;
-        let directory = MmapDirectory::open(dir).map_err(|error| {
-            StoreError::Index(tantivy::TantivyError::SystemError(format!(
-                "{}: {error}",
-                dir.display()
-            )))
-        })?;
+        let directory = mmap_directory(dir)?;
         let exists = Index::exists(&directory).map_err(|error| {
             StoreError::Index(tantivy::TantivyError::SystemError(format!(
                 "{}: {error}",
@@ -137,21 +169,71 @@ impl RecallIndex {
                 }
             }
         } else {
-            Index::create(directory, schema, tantivy::IndexSettings::default())?
+            // Two processes may create a fresh store at once: whoever loses opens the winner's.
+            match Index::create(directory.clone(), schema, tantivy::IndexSettings::default()) {
+                Ok(index) => index,
+                Err(_) => Index::open(directory)?,
+            }
         };
+        Ok((RecallIndex::with_reader(index, fields, dir)?, !exists))
+    }
+
+    /// Opens an existing index for reading only: never creates, repairs or locks anything.
+    /// `None` when there is no usable index (searches then read SQLite alone).
+    pub(crate) fn open_existing(dir: &Path) -> Option<RecallIndex> {
+        let (schema, fields) = schema();
+        let directory = mmap_directory(dir).ok()?;
+        if !Index::exists(&directory).ok()? {
+            return None;
+        }
+        let index = Index::open(directory)
+            .ok()
+            .filter(|index| index.schema() == schema)?;
+        RecallIndex::with_reader(index, fields, dir).ok()
+    }
+
+    fn with_reader(index: Index, fields: Fields, dir: &Path) -> Result<RecallIndex> {
         let reader = index
             .reader_builder()
             .reload_policy(ReloadPolicy::Manual)
             .try_into()?;
-        Ok((
-            RecallIndex {
-                index,
-                reader,
-                fields,
-                dir: dir.to_owned(),
-            },
-            !exists,
-        ))
+        let recall = RecallIndex {
+            index,
+            reader,
+            fields,
+            dir: dir.to_owned(),
+            maintained_here: AtomicBool::new(false),
+            reader_watermark: Mutex::new(Watermark::default()),
+        };
+        recall.reload()?;
+        Ok(recall)
+    }
+
+    /// The writer, if no other process holds the index's lock (`None` then: this process
+    /// writes SQLite only and tries again later).
+    pub(crate) fn try_writer(&self) -> Result<Option<IndexSink>> {
+        match self.index.writer_with_num_threads(1, WRITER_HEAP_BYTES) {
+            Ok(writer) => {
+                self.maintained_here.store(true, Ordering::SeqCst);
+                Ok(Some(IndexSink {
+                    writer,
+                    fields: self.fields,
+                    watermark: self.watermark()?,
+                    pending: 0,
+                    first_pending_at: None,
+                }))
+            }
+            Err(tantivy::TantivyError::LockFailure(..)) => Ok(None),
+            Err(error) => Err(error.into()),
+        }
+    }
+
+    /// Makes searches see the latest commit of whichever process maintains the index.
+    pub(crate) fn refresh(&self) -> Result<()> {
+        if self.maintained_here.load(Ordering::SeqCst) {
+            return Ok(());
+        }
+        self.reload()
     }
 
     pub(crate) fn dir(&self) -> &Path {
@@ -172,19 +254,24 @@ impl RecallIndex {
         self.reader.searcher().num_docs()
     }
 
-    pub(crate) fn writer(&self) -> Result<IndexSink> {
-        let writer = self.index.writer_with_num_threads(1, WRITER_HEAP_BYTES)?;
-        Ok(IndexSink {
-            writer,
-            fields: self.fields,
-            watermark: self.watermark()?,
-            pending: 0,
-            first_pending_at: None,
-        })
+    /// Reloads the reader. The watermark is read before the reload, so the reader holds at
+    /// least every row up to the watermark it records.
+    pub(crate) fn reload(&self) -> Result<()> {
+        let watermark = self.watermark()?;
+        self.reader.reload()?;
+        *self
+            .reader_watermark
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = watermark;
+        Ok(())
     }
 
-    pub(crate) fn reload(&self) -> Result<()> {
-        Ok(self.reader.reload()?)
+    /// The rows the reader is known to hold (see `reader_watermark`). Read it before searching.
+    pub(crate) fn searched_through(&self) -> Watermark {
+        *self
+            .reader_watermark
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Runs a text or phrase search; returns the matching rows with their scores, best first
@@ -267,22 +354,8 @@ impl RecallIndex {
         Ok(rows)
     }
 
-    /// The query's terms as the index tokenized them (lowercased words).
-    pub(crate) fn terms(&self, text: &str) -> Vec<String> {
-        let Ok(mut tokenizer) = self.index.tokenizer_for_field(self.fields.text) else {
-            return Vec::new();
-        };
-        let mut stream = tokenizer.token_stream(text);
-        let mut terms = Vec::new();
-        while stream.advance() {
-            terms.push(stream.token().text.clone());
-        }
-        terms
-    }
-
     fn text_query(&self, text: &str, mode: SearchMode) -> Option<Box<dyn Query>> {
-        let terms: Vec<Term> = self
-            .terms(text)
+        let terms: Vec<Term> = terms(text)
             .iter()
             .map(|term| Term::from_field_text(self.fields.text, term))
             .collect();

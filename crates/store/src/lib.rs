@@ -21,10 +21,10 @@ mod types;
 mod writer;
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use rusqlite::Connection;
@@ -130,6 +130,9 @@ pub struct StoreConfig {
     pub dir: PathBuf,
     /// Test hooks; the default injects nothing.
     pub faults: FaultPlan,
+    /// How long new rows may wait for an index commit (default 250 ms;
+    /// `VILVONA_INDEX_COMMIT_MS`). Searches never wait for it.
+    pub index_commit_delay: Option<Duration>,
 }
 
 impl StoreConfig {
@@ -137,6 +140,10 @@ impl StoreConfig {
         StoreConfig {
             dir: dir.into(),
             faults: FaultPlan::default(),
+            index_commit_delay: std::env::var("VILVONA_INDEX_COMMIT_MS")
+                .ok()
+                .and_then(|value| value.parse().ok())
+                .map(Duration::from_millis),
         }
     }
 }
@@ -144,11 +151,13 @@ impl StoreConfig {
 struct Inner {
     db_path: PathBuf,
     dir: PathBuf,
+    /// `None` for a store opened read-only: every write is refused.
     commands: Mutex<Option<Sender<Command>>>,
     writer_thread: Mutex<Option<JoinHandle<()>>>,
     readers: Mutex<Vec<Connection>>,
-    index: Arc<RecallIndex>,
-    pending_index_docs: Arc<AtomicUsize>,
+    /// `None` only for a read-only store without a usable index: searches read SQLite alone.
+    index: Option<Arc<RecallIndex>>,
+    read_only: bool,
 }
 
 impl Drop for Inner {
@@ -205,8 +214,12 @@ impl Store {
             tracing::warn!(dir = %index.dir().display(), "the recall index was missing; rebuilding it from the database");
         }
         let index = Arc::new(index);
-        let pending = Arc::new(AtomicUsize::new(0));
-        let mut writer = Writer::new(connection, index.clone(), pending.clone(), config.faults)?;
+        let mut writer = Writer::new(
+            connection,
+            index.clone(),
+            config.faults,
+            config.index_commit_delay,
+        )?;
         writer.catch_up_index()?;
         let (sender, receiver) = std::sync::mpsc::channel();
         let thread = std::thread::Builder::new()
@@ -220,10 +233,51 @@ impl Store {
                 commands: Mutex::new(Some(sender)),
                 writer_thread: Mutex::new(Some(thread)),
                 readers: Mutex::new(Vec::new()),
-                index,
-                pending_index_docs: pending,
+                index: Some(index),
+                read_only: false,
             }),
         })
+    }
+
+    /// Opens an existing store for reading only, as inspection commands do: no writer thread,
+    /// no migration, no index lock, so it works while any other process writes. The index is
+    /// read as its maintainer last committed it, and rows beyond that are searched in SQLite.
+    /// Every write fails with [`StoreError::ReadOnly`].
+    pub async fn open_read_only(dir: impl Into<PathBuf>) -> Result<Store> {
+        let dir = dir.into();
+        tokio::task::spawn_blocking(move || {
+            let db_path = dir.join(DATABASE_FILE);
+            if !db_path.exists() {
+                return Err(StoreError::NotFound {
+                    what: "store",
+                    id: dir.display().to_string(),
+                });
+            }
+            let connection = schema::connect(&db_path)?;
+            schema::check_version(&connection, &db_path)?;
+            let index = RecallIndex::open_existing(&dir.join(INDEX_DIR)).map(Arc::new);
+            if index.is_none() {
+                tracing::warn!(dir = %dir.display(), "no usable recall index; searching the database directly");
+            }
+            Ok(Store {
+                inner: Arc::new(Inner {
+                    db_path,
+                    dir,
+                    commands: Mutex::new(None),
+                    writer_thread: Mutex::new(None),
+                    readers: Mutex::new(vec![connection]),
+                    index,
+                    read_only: true,
+                }),
+            })
+        })
+        .await
+        .map_err(|error| StoreError::WriterStopped(error.to_string()))?
+    }
+
+    /// True when the store was opened with [`Store::open_read_only`].
+    pub fn is_read_only(&self) -> bool {
+        self.inner.read_only
     }
 
     /// The store directory.
@@ -253,11 +307,21 @@ impl Store {
     /// Documents the index serves (after pending commits).
     pub async fn index_doc_count(&self) -> Result<u64> {
         self.flush_index().await?;
-        Ok(self.inner.index.doc_count())
+        match &self.inner.index {
+            Some(index) => {
+                index.refresh()?;
+                Ok(index.doc_count())
+            }
+            None => Ok(0),
+        }
     }
 
-    /// Commits pending index documents so searches see them.
+    /// Commits pending index documents (a no-op for a read-only store or one whose index
+    /// another process maintains).
     pub async fn flush_index(&self) -> Result<()> {
+        if self.inner.read_only {
+            return Ok(());
+        }
         self.call(|reply| Command::FlushIndex { reply }).await
     }
 
@@ -299,6 +363,9 @@ impl Store {
                 .commands
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner);
+            if self.inner.read_only {
+                return Err(StoreError::ReadOnly(self.inner.dir.display().to_string()));
+            }
             let sender = commands
                 .as_ref()
                 .ok_or_else(|| StoreError::WriterStopped("the store is closed".to_owned()))?;
@@ -396,6 +463,13 @@ impl HistoryStore for Store {
             .await?
         {
             return Ok(found);
+        }
+        if self.inner.read_only {
+            // Reading creates nothing: an unknown session has no history here.
+            return Err(StoreError::NotFound {
+                what: "session",
+                id: format!("{} of agent {}", key.session_id, key.agent_id),
+            });
         }
         self.call(|reply| Command::Conversation { key, reply })
             .await
@@ -528,14 +602,10 @@ impl HistoryStore for Store {
     }
 
     async fn search(&self, query: SearchQuery) -> Result<Vec<SearchHit>> {
-        if query.mode != SearchMode::Regex
-            && self.inner.pending_index_docs.load(Ordering::SeqCst) > 0
-        {
-            // Read your writes: what was ingested before the search is searchable.
-            self.flush_index().await?;
-        }
+        // No flush: rows the index has not committed yet (this process's or another's) are
+        // searched in SQLite, so what was acknowledged is found at once, from any process.
         let index = self.inner.index.clone();
-        self.read(move |connection| search::run(connection, &index, &query))
+        self.read(move |connection| search::run(connection, index.as_deref(), &query))
             .await
     }
 
@@ -611,13 +681,18 @@ impl HistoryStore for Store {
         self.read(move |connection| {
             let mut report = IntegrityReport::default();
             read::integrity_problems(connection, &mut report)?;
-            let watermark = index.watermark()?;
+            let watermark = match &index {
+                Some(index) => index.watermark()?,
+                None => Default::default(),
+            };
             report.indexed_messages_through = watermark.messages;
             report.indexed_summaries_through = watermark.summaries;
             let (max_message, max_summary) = read::max_ids(connection)?;
-            if watermark.messages < max_message || watermark.summaries < max_summary {
+            // Behind is normal while writers run (those rows are searched in SQLite); ahead
+            // means the database lost rows the index still points at.
+            if watermark.messages > max_message || watermark.summaries > max_summary {
                 report.problems.push(format!(
-                    "the recall index holds messages through {} and summaries through {}, but the database has {max_message} and {max_summary}; run rebuild-index",
+                    "the recall index holds messages through {} and summaries through {}, but the database only has {max_message} and {max_summary} (rows were lost, e.g. with a deleted WAL); run rebuild-index",
                     watermark.messages, watermark.summaries
                 ));
             }

@@ -170,9 +170,13 @@ pub(crate) fn connect(path: &Path) -> Result<Connection> {
     Ok(connection)
 }
 
-/// Brings the database at `path` to [`SCHEMA_VERSION`], one transaction per migration.
-pub(crate) fn migrate(connection: &mut Connection, path: &Path) -> Result<()> {
-    let found: i64 = connection.pragma_query_value(None, "user_version", |row| row.get(0))?;
+fn version(connection: &Connection) -> Result<i64> {
+    Ok(connection.pragma_query_value(None, "user_version", |row| row.get(0))?)
+}
+
+/// Refuses a database this build cannot read as it is (a read-only open never migrates).
+pub(crate) fn check_version(connection: &Connection, path: &Path) -> Result<()> {
+    let found = version(connection)?;
     if found > SCHEMA_VERSION {
         return Err(StoreError::NewerSchema {
             path: path.to_owned(),
@@ -180,18 +184,46 @@ pub(crate) fn migrate(connection: &mut Connection, path: &Path) -> Result<()> {
             supported: SCHEMA_VERSION,
         });
     }
-    for (index, migration) in MIGRATIONS.iter().enumerate().skip(found as usize) {
-        let version = index as i64 + 1;
+    if found < SCHEMA_VERSION {
+        return Err(StoreError::Corrupt {
+            path: path.to_owned(),
+            detail: format!(
+                "schema version {found} predates this build's {SCHEMA_VERSION}; a writing command (replay, serve) migrates it"
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// Brings the database at `path` to [`SCHEMA_VERSION`], one transaction per migration. Each
+/// migration re-reads the version inside a `BEGIN IMMEDIATE` transaction, so two processes
+/// opening a fresh store at once apply it once: the second waits, then finds it done.
+pub(crate) fn migrate(connection: &mut Connection, path: &Path) -> Result<()> {
+    loop {
+        let found = version(connection)?;
+        if found > SCHEMA_VERSION {
+            return Err(StoreError::NewerSchema {
+                path: path.to_owned(),
+                found,
+                supported: SCHEMA_VERSION,
+            });
+        }
+        let Some(migration) = MIGRATIONS.get(found as usize) else {
+            return Ok(());
+        };
+        let next = found + 1;
         if migration.rewrites_data && found > 0 {
             let backup = path.with_extension(format!("v{found}.bak"));
             let _ = std::fs::remove_file(&backup);
             connection.execute("VACUUM INTO ?1", [backup.to_string_lossy()])?;
-            tracing::info!(backup = %backup.display(), "copied the database aside before migrating to schema {version}");
+            tracing::info!(backup = %backup.display(), "copied the database aside before migrating to schema {next}");
         }
-        let transaction = connection.transaction()?;
-        transaction.execute_batch(migration.sql)?;
-        transaction.pragma_update(None, "user_version", version)?;
+        let transaction =
+            connection.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+        if version(&transaction)? == found {
+            transaction.execute_batch(migration.sql)?;
+            transaction.pragma_update(None, "user_version", next)?;
+        }
         transaction.commit()?;
     }
-    Ok(())
 }

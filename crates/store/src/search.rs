@@ -5,7 +5,7 @@ use regex::{Regex, RegexBuilder};
 use rusqlite::Connection;
 
 use crate::error::{Result, StoreError};
-use crate::index::{IndexedRow, RecallIndex};
+use crate::index::{IndexedRow, RecallIndex, Watermark, terms};
 use crate::read;
 use crate::types::*;
 
@@ -18,7 +18,7 @@ const REGEX_SIZE_LIMIT: usize = 1 << 20;
 
 pub(crate) fn run(
     connection: &Connection,
-    index: &RecallIndex,
+    index: Option<&RecallIndex>,
     query: &SearchQuery,
 ) -> Result<Vec<SearchHit>> {
     if query.conversations.is_empty() || query.limit == 0 {
@@ -39,15 +39,42 @@ pub(crate) fn run(
     Ok(hits)
 }
 
+/// BM25 (or phrase) hits from the index, merged with matches among the rows it does not hold
+/// yet (beyond the watermark its reader is known to hold), read from SQLite.
 fn indexed_search(
     connection: &Connection,
-    index: &RecallIndex,
+    index: Option<&RecallIndex>,
     query: &SearchQuery,
 ) -> Result<Vec<SearchHit>> {
-    let terms = index.terms(&query.text);
-    let highlighter = terms_regex(&terms);
+    let query_terms = terms(&query.text);
+    if query_terms.is_empty() {
+        return Ok(Vec::new());
+    }
+    let highlighter = terms_regex(&query_terms);
+    let (through, mut rows) = match index {
+        Some(index) => {
+            index.refresh()?;
+            let through = index.searched_through();
+            (through, index.search(query)?)
+        }
+        None => (Watermark::default(), Vec::new()),
+    };
+    let best = rows.iter().map(|(_, score)| *score).fold(1.0_f32, f32::max);
+    let unindexed = unindexed_matches(connection, query, &query_terms, through, best)?;
+    if !unindexed.is_empty() {
+        let known: std::collections::HashSet<IndexedRow> =
+            rows.iter().map(|(row, _)| *row).collect();
+        rows.extend(
+            unindexed
+                .into_iter()
+                .filter(|(row, _)| !known.contains(row)),
+        );
+        if query.order == SearchOrder::Relevance {
+            rows.sort_by(|a, b| b.1.total_cmp(&a.1));
+        }
+    }
     let mut hits = Vec::new();
-    for (row, score) in index.search(query)? {
+    for (row, score) in rows {
         let hit = match row {
             IndexedRow::Message(id) => read::message(connection, MessageId(id))?.map(|message| {
                 let text = message.text();
@@ -74,7 +101,59 @@ fn indexed_search(
             hits.push(hit);
         }
     }
+    if query.order == SearchOrder::Recency {
+        hits.sort_by_key(|hit| std::cmp::Reverse(hit.time_ms));
+    }
+    hits.truncate(query.limit);
     Ok(hits)
+}
+
+/// Rows beyond the watermark (the last moments of writes, in any process) that match the
+/// query, scored relative to the best index score by the share of query terms they hold.
+fn unindexed_matches(
+    connection: &Connection,
+    query: &SearchQuery,
+    query_terms: &[String],
+    through: Watermark,
+    best: f32,
+) -> Result<Vec<(IndexedRow, f32)>> {
+    let mut found = Vec::new();
+    let in_scope = |conversation: i64, time_ms: i64| {
+        query.conversations.contains(&ConversationId(conversation))
+            && query.since_ms.is_none_or(|since| time_ms >= since)
+            && query.before_ms.is_none_or(|before| time_ms < before)
+    };
+    let mut consider = |row: read::IndexRow| -> Result<()> {
+        let doc = row.doc();
+        if doc.agent != query.agent_id || !in_scope(doc.conversation, doc.time_ms) {
+            return Ok(());
+        }
+        let row_terms = terms(doc.text);
+        let score = match query.mode {
+            SearchMode::Phrase if query_terms.len() >= 2 => row_terms
+                .windows(query_terms.len())
+                .any(|window| window == query_terms)
+                .then_some(1.0),
+            _ => {
+                let matched = query_terms
+                    .iter()
+                    .filter(|term| row_terms.contains(term))
+                    .count();
+                (matched > 0).then(|| matched as f32 / query_terms.len() as f32)
+            }
+        };
+        if let Some(share) = score {
+            found.push((doc.row, best * share));
+        }
+        Ok(())
+    };
+    if query.target != SearchTarget::Summaries {
+        read::for_each_message_after(connection, through.messages, &mut consider)?;
+    }
+    if query.target != SearchTarget::Messages {
+        read::for_each_summary_after(connection, through.summaries, &mut consider)?;
+    }
+    Ok(found)
 }
 
 fn summary_hit(summary: StoredSummary, score: f32, highlighter: Option<&Regex>) -> SearchHit {

@@ -7,9 +7,8 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rusqlite::{Connection, OptionalExtension, Transaction, TransactionBehavior, params};
 use tokio::sync::oneshot;
@@ -22,8 +21,11 @@ use crate::types::*;
 /// Gap between appended context positions: room to insert without renumbering.
 pub(crate) const POSITION_STEP: i64 = 1024;
 
-/// How long added documents may wait for an index commit.
+/// How long added documents may wait for an index commit (searches do not wait for it: rows
+/// beyond the committed watermark are searched in SQLite).
 const INDEX_COMMIT_DELAY: Duration = Duration::from_millis(250);
+/// How long `rebuild-index` waits for another process to release the index.
+const REBUILD_LOCK_WAIT: Duration = Duration::from_secs(10);
 /// Commit the index once this many documents wait.
 const INDEX_COMMIT_DOCS: usize = 4096;
 
@@ -130,42 +132,59 @@ pub struct FaultPlan {
 
 pub(crate) struct Writer {
     connection: Connection,
-    sink: IndexSink,
+    /// The index's writing side while this process holds its lock; `None` while another
+    /// process maintains it (this one then writes SQLite only and tries again later).
+    sink: Option<IndexSink>,
     index: Arc<RecallIndex>,
-    pending_docs: Arc<AtomicUsize>,
     agents: HashMap<i64, String>,
     faults: FaultPlan,
     writes: u64,
     crashed: bool,
+    /// When to try for the index lock again (not holding it) or look for rows other processes
+    /// wrote (holding it).
+    next_index_check: Instant,
+    commit_delay: Duration,
 }
+
+/// How often a writer without the index lock tries to take it over.
+const LOCK_RETRY: Duration = Duration::from_secs(2);
+/// How often the index's maintainer looks for rows written by other processes.
+const FOREIGN_ROWS_POLL: Duration = Duration::from_secs(1);
 
 impl Writer {
     pub(crate) fn new(
         connection: Connection,
         index: Arc<RecallIndex>,
-        pending_docs: Arc<AtomicUsize>,
         faults: FaultPlan,
+        commit_delay: Option<Duration>,
     ) -> Result<Writer> {
-        let sink = index.writer()?;
+        let sink = index.try_writer()?;
+        if sink.is_none() {
+            tracing::info!(dir = %index.dir().display(), "another process maintains the recall index; this one writes the database only");
+        }
         Ok(Writer {
             connection,
             sink,
             index,
-            pending_docs,
             agents: HashMap::new(),
             faults,
             writes: 0,
             crashed: false,
+            next_index_check: Instant::now() + LOCK_RETRY,
+            commit_delay: commit_delay.unwrap_or(INDEX_COMMIT_DELAY),
         })
     }
 
     /// Indexes every row SQLite has beyond the index's watermark (after a crash between the
-    /// two commits, or when the index was rebuilt from nothing), then commits.
+    /// two commits, rows other processes wrote, or an index rebuilt from nothing), then
+    /// commits. Nothing while another process maintains the index.
     pub(crate) fn catch_up_index(&mut self) -> Result<u64> {
-        let watermark = self.sink.watermark();
+        let Some(sink) = self.sink.as_mut() else {
+            return Ok(0);
+        };
+        let watermark = sink.watermark();
         let mut added = 0;
         let connection = &self.connection;
-        let sink = &mut self.sink;
         let mut add = |row: read::IndexRow| -> Result<()> {
             sink.add(row.doc())?;
             added += 1;
@@ -174,7 +193,7 @@ impl Writer {
         read::for_each_message_after(connection, watermark.messages, &mut add)?;
         read::for_each_summary_after(connection, watermark.summaries, &mut add)?;
         if added > 0 {
-            tracing::info!(
+            tracing::debug!(
                 documents = added,
                 "caught the recall index up with the database"
             );
@@ -183,22 +202,78 @@ impl Writer {
         Ok(added)
     }
 
+    /// How long the loop may wait for a command before index work is due.
+    fn next_wake(&self) -> Duration {
+        let index_check = self
+            .next_index_check
+            .saturating_duration_since(Instant::now());
+        match self.sink.as_ref().and_then(IndexSink::first_pending_at) {
+            Some(first) => self
+                .commit_delay
+                .saturating_sub(first.elapsed())
+                .min(index_check),
+            None => index_check,
+        }
+    }
+
+    /// Index work that is due: commit what waits, take the lock over when it is free, index
+    /// what other processes wrote.
+    fn index_work(&mut self) {
+        if self.faults.skip_index_commits || self.crashed {
+            return;
+        }
+        let commit_due = self
+            .sink
+            .as_ref()
+            .and_then(IndexSink::first_pending_at)
+            .is_some_and(|first| first.elapsed() >= self.commit_delay);
+        if commit_due {
+            self.commit_index_logged();
+        }
+        if Instant::now() < self.next_index_check {
+            return;
+        }
+        if self.sink.is_none() {
+            self.next_index_check = Instant::now() + LOCK_RETRY;
+            match self.index.try_writer() {
+                Ok(Some(sink)) => {
+                    tracing::info!("took over the recall index");
+                    self.sink = Some(sink);
+                }
+                Ok(None) => return,
+                Err(error) => {
+                    tracing::warn!(%error, "the recall index's writer could not open");
+                    return;
+                }
+            }
+        }
+        self.next_index_check = Instant::now() + FOREIGN_ROWS_POLL;
+        let behind = match (self.sink.as_ref(), read::max_ids(&self.connection)) {
+            (Some(sink), Ok((messages, summaries))) => {
+                let watermark = sink.watermark();
+                messages > watermark.messages || summaries > watermark.summaries
+            }
+            (_, Err(error)) => {
+                tracing::warn!(%error, "reading the database's newest rows failed");
+                false
+            }
+            (None, _) => false,
+        };
+        if behind && let Err(error) = self.catch_up_index() {
+            tracing::warn!(%error, "catching the recall index up failed; it will be retried");
+        }
+    }
+
     pub(crate) fn run(mut self, commands: Receiver<Command>) {
         loop {
-            let received = match self.sink.first_pending_at() {
-                Some(first) => {
-                    let wait = INDEX_COMMIT_DELAY.saturating_sub(first.elapsed());
-                    commands.recv_timeout(wait)
-                }
-                None => commands.recv().map_err(|_| RecvTimeoutError::Disconnected),
-            };
+            let received = commands.recv_timeout(self.next_wake());
             match received {
                 Ok(Command::Shutdown { reply }) => {
                     let _ = reply.send(self.commit_index());
                     return;
                 }
                 Ok(command) => self.handle(command),
-                Err(RecvTimeoutError::Timeout) => self.commit_index_logged(),
+                Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => {
                     self.commit_index_logged();
                     return;
@@ -209,9 +284,36 @@ impl Writer {
                 // Returning drops the receiver, so every later call sees a stopped writer.
                 return;
             }
-            if self.sink.pending() >= INDEX_COMMIT_DOCS {
+            if self
+                .sink
+                .as_ref()
+                .is_some_and(|sink| sink.pending() >= INDEX_COMMIT_DOCS)
+            {
                 self.commit_index_logged();
             }
+            self.index_work();
+        }
+    }
+
+    /// Indexes rows this process just committed: directly when they follow the watermark with
+    /// no gap, else (another process wrote in between) by catching up from SQLite, which covers
+    /// them in id order. Nothing while another process maintains the index.
+    fn index_committed(&mut self, docs: &[IndexDoc<'_>]) -> Result<()> {
+        let (Some(sink), Some(first)) = (self.sink.as_mut(), docs.first()) else {
+            return Ok(());
+        };
+        let watermark = sink.watermark();
+        let follows = match first.row {
+            IndexedRow::Message(id) => id == watermark.messages + 1,
+            IndexedRow::Summary(id) => id == watermark.summaries + 1,
+        };
+        if follows {
+            for doc in docs {
+                sink.add(*doc)?;
+            }
+            Ok(())
+        } else {
+            self.catch_up_index().map(drop)
         }
     }
 
@@ -470,17 +572,18 @@ impl Writer {
                 ])?;
         }
         transaction.commit()?;
-        for (id, message) in &created {
-            self.sink.add(IndexDoc {
+        let docs: Vec<IndexDoc<'_>> = created
+            .iter()
+            .map(|(id, message)| IndexDoc {
                 row: IndexedRow::Message(*id),
                 conversation: conversation.0,
                 agent: &agent,
                 role: &message.role,
                 time_ms: message.created_at_ms,
                 text: &message.text,
-            })?;
-        }
-        self.publish_pending();
+            })
+            .collect();
+        self.index_committed(&docs)?;
         Ok(IngestOutcome::Stored(results))
     }
 
@@ -596,15 +699,14 @@ impl Writer {
             summarizer: plan.summary.summarizer,
             created_at_ms: created_at,
         };
-        self.sink.add(IndexDoc {
+        self.index_committed(&[IndexDoc {
             row: IndexedRow::Summary(row_id),
             conversation: plan.conversation.0,
             agent: &agent,
             role: "summary",
             time_ms: stored.latest_at_ms.unwrap_or(created_at),
             text: &stored.content,
-        })?;
-        self.publish_pending();
+        }])?;
         Ok(ReplaceOutcome::Replaced(stored))
     }
 
@@ -678,16 +780,21 @@ impl Writer {
                 .execute(params![current.conversation.0, delta * changed as i64])?;
         }
         transaction.commit()?;
-        self.sink.remove(IndexedRow::Summary(update.row_id.0));
-        self.sink.add(IndexDoc {
-            row: IndexedRow::Summary(update.row_id.0),
-            conversation: current.conversation.0,
-            agent: &agent,
-            role: "summary",
-            time_ms: current.latest_at_ms.unwrap_or(current.created_at_ms),
-            text: &update.content,
-        })?;
-        self.publish_pending();
+        // Re-index the new text if the index holds the old one; a summary beyond the
+        // watermark is indexed with its new text when the index catches up.
+        if let Some(sink) = self.sink.as_mut()
+            && update.row_id.0 <= sink.watermark().summaries
+        {
+            sink.remove(IndexedRow::Summary(update.row_id.0));
+            sink.add(IndexDoc {
+                row: IndexedRow::Summary(update.row_id.0),
+                conversation: current.conversation.0,
+                agent: &agent,
+                role: "summary",
+                time_ms: current.latest_at_ms.unwrap_or(current.created_at_ms),
+                text: &update.content,
+            })?;
+        }
         Ok(true)
     }
 
@@ -801,19 +908,17 @@ impl Writer {
         Ok(())
     }
 
-    fn publish_pending(&self) {
-        self.pending_docs
-            .store(self.sink.pending(), Ordering::SeqCst);
-    }
-
     fn commit_index(&mut self) -> Result<()> {
-        if self.sink.pending() == 0 || self.faults.skip_index_commits || self.crashed {
+        let Some(sink) = self.sink.as_mut() else {
+            return Ok(());
+        };
+        if sink.pending() == 0 || self.faults.skip_index_commits || self.crashed {
             return Ok(());
         }
-        self.sink.commit()?;
+        sink.commit()?;
+        let watermark = sink.watermark();
         self.index.reload()?;
-        self.publish_pending();
-        let watermark = serde_json::to_string(&self.sink.watermark())
+        let watermark = serde_json::to_string(&watermark)
             .map_err(|error| StoreError::CorruptRow(error.to_string()))?;
         self.connection
             .prepare_cached(
@@ -831,11 +936,29 @@ impl Writer {
     }
 
     fn rebuild_index(&mut self) -> Result<u64> {
-        self.sink.clear()?;
+        // Another process may be maintaining the index: wait a little for its lock.
+        let deadline = Instant::now() + REBUILD_LOCK_WAIT;
+        while self.sink.is_none() {
+            self.sink = self.index.try_writer()?;
+            if self.sink.is_none() {
+                if Instant::now() >= deadline {
+                    return Err(StoreError::IndexBusy(self.index.dir().to_owned()));
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+        // What waits to be committed first, so that clearing removes it too.
+        self.commit_index()?;
+        let Some(sink) = self.sink.as_mut() else {
+            return Ok(0);
+        };
+        sink.clear()?;
         let added = self.catch_up_index()?;
         // A rebuild of an empty database still has to publish the cleared index.
-        if added == 0 {
-            self.sink.commit()?;
+        if added == 0
+            && let Some(sink) = self.sink.as_mut()
+        {
+            sink.commit()?;
             self.index.reload()?;
         }
         Ok(added)

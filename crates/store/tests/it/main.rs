@@ -4,6 +4,7 @@
 mod basics;
 mod faults;
 mod model;
+mod processes;
 mod recovery;
 mod search;
 mod support;

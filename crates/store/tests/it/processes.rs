@@ -1,0 +1,155 @@
+//! Several stores on one directory at once, as several processes open it: a second writer, a
+//! read-only reader, fresh opens racing the migration. The index lock and SQLite's file locks
+//! behave the same between two handles of one process as between two processes.
+
+use std::time::Duration;
+
+use tempfile::TempDir;
+use vilvona_store::*;
+
+use crate::support::*;
+
+fn slow_commits(dir: &TempDir) -> StoreConfig {
+    StoreConfig {
+        // The index commits only at close: every search below reads SQLite for new rows.
+        index_commit_delay: Some(Duration::from_secs(3_600)),
+        ..StoreConfig::new(dir.path())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_writer_works_without_the_index_and_everything_is_found_at_once() {
+    let dir = TempDir::new().unwrap();
+    let first = Store::open(slow_commits(&dir)).await.unwrap();
+    // The second cannot take the index lock; it opens anyway.
+    let second = Store::open(slow_commits(&dir)).await.unwrap();
+    let a = first.conversation(&key("main", "a")).await.unwrap().id;
+    let b = second.conversation(&key("main", "b")).await.unwrap().id;
+    first
+        .ingest(
+            a,
+            vec![new_message("the rollout ticket is OPS-111", 1, None)],
+            None,
+        )
+        .await
+        .unwrap();
+    second
+        .ingest(
+            b,
+            vec![new_message("the rollback ticket is OPS-222", 2, None)],
+            None,
+        )
+        .await
+        .unwrap();
+    // Acknowledged, not committed to the index: found by both, by text and by phrase.
+    for store in [&first, &second] {
+        let hits = store
+            .search(query("main", vec![a, b], "ticket"))
+            .await
+            .unwrap();
+        assert_eq!(hits.len(), 2, "{hits:?}");
+        let mut phrase = query("main", vec![b], "rollback ticket");
+        phrase.mode = SearchMode::Phrase;
+        assert_eq!(store.search(phrase).await.unwrap().len(), 1);
+    }
+    // A reader opened now sees both too.
+    let reader = Store::open_read_only(dir.path()).await.unwrap();
+    assert_eq!(
+        reader
+            .search(query("main", vec![a, b], "ticket"))
+            .await
+            .unwrap()
+            .len(),
+        2
+    );
+    // The maintainer leaves; the second writer takes the index over and catches up.
+    first.close().await.unwrap();
+    second
+        .ingest(
+            b,
+            vec![new_message("the third ticket is OPS-333", 3, None)],
+            None,
+        )
+        .await
+        .unwrap();
+    let mut indexed = 0;
+    for _ in 0..100 {
+        second.flush_index().await.unwrap();
+        indexed = second.index_doc_count().await.unwrap();
+        if indexed == 3 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(
+        indexed, 3,
+        "the second writer took over and indexed every row"
+    );
+    assert!(second.integrity_check().await.unwrap().is_healthy());
+}
+
+#[tokio::test]
+async fn a_read_only_store_reads_and_never_writes() {
+    let dir = TempDir::new().unwrap();
+    let writer = open(&dir).await;
+    let conversation = writer.conversation(&key("main", "s")).await.unwrap().id;
+    writer
+        .ingest(
+            conversation,
+            vec![new_message("kept verbatim", 1, None)],
+            None,
+        )
+        .await
+        .unwrap();
+    let reader = Store::open_read_only(dir.path()).await.unwrap();
+    assert!(reader.is_read_only());
+    assert_eq!(reader.context(conversation).await.unwrap().len(), 1);
+    assert_eq!(
+        reader.conversation(&key("main", "s")).await.unwrap().id,
+        conversation
+    );
+    // An unknown session is not created by a reader.
+    let unknown = reader
+        .conversation(&key("main", "nobody"))
+        .await
+        .unwrap_err();
+    assert!(matches!(unknown, StoreError::NotFound { .. }), "{unknown}");
+    assert_eq!(writer.conversations(None).await.unwrap().len(), 1);
+    let refused = reader
+        .ingest(conversation, vec![new_message("no", 2, None)], None)
+        .await
+        .unwrap_err();
+    assert!(matches!(refused, StoreError::ReadOnly(_)), "{refused}");
+    assert!(reader.integrity_check().await.unwrap().is_healthy());
+    // No store at all: a clear error, and nothing is created.
+    let empty = TempDir::new().unwrap();
+    let missing = Store::open_read_only(empty.path().join("none"))
+        .await
+        .unwrap_err();
+    assert!(missing.to_string().contains("unknown store"), "{missing}");
+    assert!(!empty.path().join("none").exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fresh_opens_racing_the_migration_all_succeed() {
+    let dir = TempDir::new().unwrap();
+    let opens: Vec<_> = (0..8)
+        .map(|_| tokio::spawn(Store::open(StoreConfig::new(dir.path()))))
+        .collect();
+    let mut stores = Vec::new();
+    for open in opens {
+        stores.push(open.await.unwrap().unwrap());
+    }
+    for (index, store) in stores.iter().enumerate() {
+        let conversation = store
+            .conversation(&key("main", &format!("s{index}")))
+            .await
+            .unwrap()
+            .id;
+        store
+            .ingest(conversation, vec![new_message("hello", 1, None)], None)
+            .await
+            .unwrap();
+    }
+    assert_eq!(stores[0].conversations(None).await.unwrap().len(), 8);
+}
