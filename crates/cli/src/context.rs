@@ -101,6 +101,7 @@ fn group(message: &AgentMessage) -> String {
 async fn build(global: &Global, session: &str, workspace: Option<&Path>) -> Result<Report> {
     let mut options = global.options();
     options.workspace_dir = workspace.map(Path::to_path_buf);
+    options.read_only = true;
     let host = global.host_with(options).await?;
     let (key, record) = find_session(global, &host, session).await?;
     let estimator = host.estimator().clone();

@@ -1,6 +1,7 @@
 //! doctor, compact, the recall tools, stats, sessions, rebuild-index.
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
@@ -65,6 +66,25 @@ pub(crate) async fn lossless(global: &Global, host: &Host) -> Result<LosslessEng
     if let Some(engine) = host.lossless() {
         return Ok(engine);
     }
+    let (config, dir) = lossless_settings(global, host)?;
+    if !dir.join(vilvona_store::DATABASE_FILE).exists() {
+        bail!(
+            "no lossless store in {}; replay a session with `--engine lossless` or select it with plugins.slots.contextEngine",
+            dir.display()
+        );
+    }
+    let estimator = vilvona_summarize::estimator(config.tokenizer, config.tokenizer_multiplier);
+    let summarizer = Arc::new(ExtractiveSummarizer::new(estimator.clone()));
+    if host.options().read_only {
+        LosslessEngine::open_read_only(&dir, config, summarizer, estimator).await
+    } else {
+        LosslessEngine::open(&dir, config, summarizer, estimator).await
+    }
+    .map_err(anyhow::Error::from)
+}
+
+/// The lossless engine's settings and its store directory, as the configuration says.
+fn lossless_settings(global: &Global, host: &Host) -> Result<(LosslessConfig, PathBuf)> {
     let config = LosslessConfig::from_value(
         host.config()
             .entries
@@ -80,21 +100,7 @@ pub(crate) async fn lossless(global: &Global, host: &Host) -> Result<LosslessEng
             .join(&host.options().agent_id)
             .join("lossless"),
     };
-    if !dir.join(vilvona_store::DATABASE_FILE).exists() {
-        bail!(
-            "no lossless store in {}; replay a session with `--engine lossless` or select it with plugins.slots.contextEngine",
-            dir.display()
-        );
-    }
-    let estimator = vilvona_summarize::estimator(config.tokenizer, config.tokenizer_multiplier);
-    LosslessEngine::open(
-        &dir,
-        config,
-        Arc::new(ExtractiveSummarizer::new(estimator.clone())),
-        estimator,
-    )
-    .await
-    .map_err(anyhow::Error::from)
+    Ok((config, dir))
 }
 
 /// Calls one of the lossless engine's recall tools as the named session would.
@@ -104,7 +110,7 @@ async fn call_recall_tool(
     tool: &str,
     arguments: &Value,
 ) -> Result<Value> {
-    let host = global.host().await?;
+    let host = global.reader().await?;
     let (key, record) = find_session(global, &host, session).await?;
     let engine = lossless(global, &host).await?;
     Ok(engine
@@ -120,25 +126,40 @@ fn caller(key: &str, record: &SessionRecord) -> ToolCaller {
 }
 
 pub(crate) async fn doctor(global: &Global, json: bool) -> Result<ExitCode> {
-    let host = global.host().await?;
+    let mut options = global.options();
+    options.read_only = true;
+    let host = Global::host_as_configured(options).await?;
     let mut checks = Vec::new();
-    if let Ok(engine) = lossless(global, &host).await {
-        let report = engine.store().integrity_check().await?;
-        checks.push(Check {
+    // A store is expected when lossless serves or one exists on disk.
+    let store_expected = host.engine().active_id() == vilvona_lossless::ENGINE_ID
+        || lossless_settings(global, &host)
+            .is_ok_and(|(_, dir)| dir.join(vilvona_store::DATABASE_FILE).exists());
+    match lossless(global, &host).await {
+        // No store and none expected: nothing to check.
+        Err(_) if !store_expected => {}
+        Err(error) => checks.push(Check {
             name: "store integrity".to_owned(),
-            ok: report.is_healthy(),
-            detail: if report.is_healthy() {
-                format!(
-                    "{} messages, {} summaries, {} context items, index through message {}",
-                    report.messages,
-                    report.summaries,
-                    report.context_items,
-                    report.indexed_messages_through
-                )
-            } else {
-                report.problems.join("; ")
-            },
-        });
+            ok: false,
+            detail: format!("the store could not be checked: {error:#}"),
+        }),
+        Ok(engine) => {
+            let report = engine.store().integrity_check().await?;
+            checks.push(Check {
+                name: "store integrity".to_owned(),
+                ok: report.is_healthy(),
+                detail: if report.is_healthy() {
+                    format!(
+                        "{} messages, {} summaries, {} context items, index through message {}",
+                        report.messages,
+                        report.summaries,
+                        report.context_items,
+                        report.indexed_messages_through
+                    )
+                } else {
+                    report.problems.join("; ")
+                },
+            });
+        }
     }
     let report = doctor_report(&host, checks).await;
     if json {
@@ -321,7 +342,7 @@ pub(crate) async fn session_stats(
 }
 
 pub(crate) async fn stats(global: &Global, session: &str, json: bool) -> Result<ExitCode> {
-    let host = global.host().await?;
+    let host = global.reader().await?;
     let (key, record) = find_session(global, &host, session).await?;
     let engine = lossless(global, &host).await?;
     let mut stats = session_stats(&engine, &record, &key).await?;
@@ -338,7 +359,7 @@ pub(crate) async fn stats(global: &Global, session: &str, json: bool) -> Result<
 }
 
 pub(crate) async fn sessions(global: &Global, json: bool) -> Result<ExitCode> {
-    let host = global.host().await?;
+    let host = global.reader().await?;
     let engine = lossless(global, &host).await.ok();
     let mut rows = Vec::new();
     for (key, record) in host.sessions().await {

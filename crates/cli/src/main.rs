@@ -181,11 +181,42 @@ impl Global {
         options
     }
 
+    /// A host for a command that writes (replay, compact, rebuild-index).
     pub(crate) async fn host(&self) -> Result<Host> {
         self.host_with(self.options()).await
     }
 
+    /// A host for a command that only reads (grep, describe, expand, stats, sessions, context):
+    /// engines open their storage read-only, so it works while any other process writes.
+    pub(crate) async fn reader(&self) -> Result<Host> {
+        let mut options = self.options();
+        options.read_only = true;
+        self.host_with(options).await
+    }
+
+    /// Opens a host whose selected engine must serve: on the command line nothing is
+    /// substituted silently. An engine that cannot start fails the command with its reason.
     pub(crate) async fn host_with(&self, options: HostOptions) -> Result<Host> {
+        let host = Self::host_as_configured(options).await?;
+        let engine = host.engine();
+        if engine.is_quarantined() {
+            let reason = host
+                .registry()
+                .quarantine_of(&engine.selected_id)
+                .map_or_else(String::new, |record| {
+                    format!(" during {}: {}", record.operation, record.reason)
+                });
+            bail!(
+                "context engine \"{}\" could not serve{reason}",
+                engine.selected_id
+            );
+        }
+        Ok(host)
+    }
+
+    /// Opens a host as the gateway would, with the configured failure policy (doctor reports
+    /// what failed instead of failing).
+    pub(crate) async fn host_as_configured(options: HostOptions) -> Result<Host> {
         Host::open(options, |_, _| Ok(()))
             .await
             .map_err(anyhow::Error::from)

@@ -35,6 +35,9 @@ pub struct FactoryContext {
     pub config: Option<Value>,
     pub agent_dir: Option<PathBuf>,
     pub workspace_dir: Option<PathBuf>,
+    /// The host only reads (an inspection command beside a running gateway): the engine opens
+    /// its storage without creating anything or taking any writer's lock, and refuses writes.
+    pub read_only: bool,
 }
 
 /// Creates an engine instance.
@@ -143,6 +146,8 @@ pub struct EngineSelection {
     /// The agent's directories, handed to the factory.
     pub agent_dir: Option<PathBuf>,
     pub workspace_dir: Option<PathBuf>,
+    /// Handed to the factory as [`FactoryContext::read_only`].
+    pub read_only: bool,
 }
 
 impl EngineSelection {
@@ -549,6 +554,7 @@ impl Registry {
                 .and_then(|entry| entry.config.clone()),
             agent_dir: selection.agent_dir.clone(),
             workspace_dir: selection.workspace_dir.clone(),
+            read_only: selection.read_only,
         };
         factory(context).await.map_err(ResolveError::DefaultFactory)
     }
@@ -606,6 +612,7 @@ impl Registry {
                     config: entry.and_then(|entry| entry.config.clone()),
                     agent_dir: selection.agent_dir.clone(),
                     workspace_dir: selection.workspace_dir.clone(),
+                    read_only: selection.read_only,
                 };
                 match factory(context).await {
                     Err(error) => (Stage::Factory, error_chain(&error)),
@@ -686,6 +693,7 @@ impl Registry {
             config: entry.and_then(|entry| entry.config.clone()),
             agent_dir: selection.agent_dir.clone(),
             workspace_dir: selection.workspace_dir.clone(),
+            read_only: selection.read_only,
         };
         let engine = factory(context)
             .await

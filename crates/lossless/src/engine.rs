@@ -133,6 +133,25 @@ impl LosslessEngine {
         ))
     }
 
+    /// Opens the embedded store in `dir` for reading only (inspection beside a running writer):
+    /// recall, assembly and statistics work; nothing is created or written.
+    pub async fn open_read_only(
+        dir: &Path,
+        config: LosslessConfig,
+        summarizer: Arc<dyn Summarizer>,
+        estimator: Arc<dyn TokenEstimator>,
+    ) -> Result<LosslessEngine, EngineError> {
+        let store = Store::open_read_only(dir)
+            .await
+            .map_err(|error| store_error("opening the store", error))?;
+        Ok(LosslessEngine::new(
+            Arc::new(store),
+            summarizer,
+            estimator,
+            config,
+        ))
+    }
+
     pub fn store(&self) -> &Arc<dyn HistoryStore> {
         &self.inner.store
     }
@@ -1122,7 +1141,8 @@ impl ContextEngine for LosslessEngine {
         // Installed mid-session: the host has history the store lacks. Import it first, each
         // message at its place. The cached row's count is from when the session was first
         // seen: read the current one.
-        if conversation.message_count == 0 && !params.messages.is_empty() {
+        let read_only = self.inner.store.is_read_only();
+        if conversation.message_count == 0 && !params.messages.is_empty() && !read_only {
             let refreshed = self
                 .inner
                 .store
@@ -1147,7 +1167,7 @@ impl ContextEngine for LosslessEngine {
                 .unwrap_or_else(PoisonError::into_inner)
                 .remove(&params.session_id);
         }
-        if let Some(budget) = params.budget() {
+        if let Some(budget) = params.budget().filter(|_| !read_only) {
             self.remember_budget(conversation.id, budget).await?;
         }
         let budget = self.budget(conversation.id, params.budget()).await?;

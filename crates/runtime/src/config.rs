@@ -310,6 +310,7 @@ impl HostConfig {
             failure_policy: self.failure_policy,
             agent_dir,
             workspace_dir,
+            read_only: false,
         }
     }
 

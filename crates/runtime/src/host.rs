@@ -84,6 +84,9 @@ pub struct HostOptions {
     pub engine_override: Option<String>,
     /// Use this window whatever the config says (`--context-window`).
     pub context_window_override: Option<u64>,
+    /// Inspection only: engines open their storage read-only (no writer lock, nothing created),
+    /// so this host works beside any process that writes the same state directory.
+    pub read_only: bool,
 }
 
 impl HostOptions {
@@ -98,6 +101,7 @@ impl HostOptions {
             tools: Vec::new(),
             engine_override: None,
             context_window_override: None,
+            read_only: false,
         }
     }
 
@@ -231,7 +235,11 @@ pub fn register_lossless(
                     (None, Some(agent_dir)) => agent_dir.join("lossless"),
                     (None, None) => PathBuf::from("lossless"),
                 };
-                let engine = LosslessEngine::open(&dir, config, summarizer, estimator).await?;
+                let engine = if context.read_only {
+                    LosslessEngine::open_read_only(&dir, config, summarizer, estimator).await?
+                } else {
+                    LosslessEngine::open(&dir, config, summarizer, estimator).await?
+                };
                 *handle.lock().unwrap_or_else(PoisonError::into_inner) = Some(engine.clone());
                 let engine: Arc<dyn ContextEngine> = Arc::new(engine);
                 Ok(engine)
@@ -300,10 +308,11 @@ impl Host {
         register_lossless(&registry, lossless.clone(), None)
             .map_err(|error| HostError::Invalid(error.to_string()))?;
         register(&registry, &config)?;
-        let selection = config.engine_selection(
+        let mut selection = config.engine_selection(
             Some(options.state_dir.join("agents").join(&options.agent_id)),
             options.workspace_dir.clone(),
         );
+        selection.read_only = options.read_only;
         let engine = registry.resolve(&selection).await?;
         tracing::info!(engine = %engine.active_id(), selected = %engine.selected_id, "context engine resolved");
         let sessions = SessionStore::open(&options.state_dir)?;
@@ -414,19 +423,29 @@ impl Host {
     }
 
     /// A session's record, if it exists.
+    /// (Read from `sessions.json` now: other processes may have added it.)
     pub async fn session(&self, session_key: &str) -> Option<SessionRecord> {
-        self.sessions.lock().await.get(session_key).cloned()
+        match self.sessions.lock().await.get(session_key) {
+            Ok(record) => record.cloned(),
+            Err(error) => {
+                tracing::warn!(%error, "reading the session index failed");
+                None
+            }
+        }
     }
 
     /// Every session record, by key.
     pub async fn sessions(&self) -> Vec<(String, SessionRecord)> {
-        self.sessions
-            .lock()
-            .await
-            .records()
-            .iter()
-            .map(|(key, record)| (key.clone(), record.clone()))
-            .collect()
+        match self.sessions.lock().await.records() {
+            Ok(records) => records
+                .iter()
+                .map(|(key, record)| (key.clone(), record.clone()))
+                .collect(),
+            Err(error) => {
+                tracing::warn!(%error, "reading the session index failed");
+                Vec::new()
+            }
+        }
     }
 
     fn slot(&self, session_key: &str) -> Arc<Mutex<Option<LiveSession>>> {
@@ -851,11 +870,13 @@ impl Host {
             engine_id: self.engine.active_id(),
             ..TurnReport::default()
         };
-        // A turn the transcript already holds (a second replay of the same file) is skipped.
+        // A turn the transcript already holds (a second replay of the same file, here or in
+        // another process) is skipped.
+        live.writer.refresh()?;
         if !entry_ids.is_empty()
             && entry_ids
                 .iter()
-                .all(|id| id.as_ref().is_some_and(|id| live.known_ids.contains(id)))
+                .all(|id| id.as_ref().is_some_and(|id| live.writer.contains(id)))
         {
             return Ok(report);
         }
@@ -926,6 +947,9 @@ impl Host {
         let timestamp = format_utc_rfc3339(now_ms());
         for (index, message) in new_messages.iter().enumerate() {
             let id = match recorded_ids.get(index).cloned().flatten() {
+                // Already in this session's history (a turn resumed after a crash): not again.
+                Some(id) if live.known_ids.contains(&id) => continue,
+                // The writer skips an entry another process appended meanwhile.
                 Some(id) => {
                     live.writer.append(&vilvona_transcript::Entry::Message(
                         vilvona_transcript::MessageEntry {

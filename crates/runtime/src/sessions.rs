@@ -1,8 +1,9 @@
 //! `sessions.json`: session key → session id, transcript, compaction count, token counters.
-//! Written atomically (temporary file, then rename).
+//! Written atomically (temporary file, then rename) under a lock shared by every process.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::{Deserialize, Serialize};
 
@@ -41,7 +42,10 @@ pub enum SessionStoreError {
     },
 }
 
-/// The session index of a state directory.
+/// The session index of a state directory, shared by every process that opens it: each
+/// change is a read-modify-write under an exclusive lock on `sessions.json.lock`, written to a
+/// temporary file of its own and renamed over `sessions.json`, so no record is lost and no
+/// reader ever sees a torn file. Reads re-read the file, so they see other processes' records.
 #[derive(Debug)]
 pub struct SessionStore {
     path: PathBuf,
@@ -53,48 +57,44 @@ impl SessionStore {
     /// Loads `<state_dir>/sessions.json` (empty when missing).
     pub fn open(state_dir: &Path) -> Result<SessionStore, SessionStoreError> {
         let path = state_dir.join("sessions.json");
-        let records = match std::fs::read_to_string(&path) {
-            Ok(text) => serde_json::from_str(&text).map_err(|source| SessionStoreError::Json {
-                path: path.clone(),
-                source,
-            })?,
-            Err(error) if error.kind() == std::io::ErrorKind::NotFound => BTreeMap::new(),
-            Err(source) => return Err(SessionStoreError::Io { path, source }),
-        };
         Ok(SessionStore {
+            records: read_records(&path)?,
             path,
             sessions_dir: state_dir.join("sessions"),
-            records,
         })
     }
 
-    pub fn get(&self, session_key: &str) -> Option<&SessionRecord> {
-        self.records.get(session_key)
+    /// The record for a key, as the file holds it now.
+    pub fn get(&mut self, session_key: &str) -> Result<Option<&SessionRecord>, SessionStoreError> {
+        self.records = read_records(&self.path)?;
+        Ok(self.records.get(session_key))
     }
 
-    pub fn records(&self) -> &BTreeMap<String, SessionRecord> {
-        &self.records
+    /// Every record, as the file holds them now.
+    pub fn records(&mut self) -> Result<&BTreeMap<String, SessionRecord>, SessionStoreError> {
+        self.records = read_records(&self.path)?;
+        Ok(&self.records)
     }
 
-    /// The record for a key, creating one (and naming its transcript) on first use.
+    /// The record for a key, creating one (and naming its transcript) on first use. When two
+    /// processes create the same key at once, both get the first one's record.
     pub fn get_or_create(
         &mut self,
         session_key: &str,
         session_id: &str,
     ) -> Result<SessionRecord, SessionStoreError> {
-        if let Some(record) = self.records.get(session_key) {
-            return Ok(record.clone());
-        }
-        let record = SessionRecord {
-            session_id: session_id.to_owned(),
-            session_file: self
-                .sessions_dir
-                .join(format!("{}.jsonl", file_safe(session_id))),
-            ..SessionRecord::default()
-        };
-        self.records.insert(session_key.to_owned(), record.clone());
-        self.save()?;
-        Ok(record)
+        let sessions_dir = self.sessions_dir.clone();
+        self.modify(|records| {
+            records
+                .entry(session_key.to_owned())
+                .or_insert_with(|| SessionRecord {
+                    session_id: session_id.to_owned(),
+                    session_file: sessions_dir.join(format!("{}.jsonl", file_safe(session_id))),
+                    updated_at_ms: now_ms(),
+                    ..SessionRecord::default()
+                })
+                .clone()
+        })
     }
 
     /// Applies `change` to a record and saves.
@@ -103,36 +103,78 @@ impl SessionStore {
         session_key: &str,
         change: impl FnOnce(&mut SessionRecord),
     ) -> Result<(), SessionStoreError> {
-        if let Some(record) = self.records.get_mut(session_key) {
-            change(record);
-            record.updated_at_ms = now_ms();
-            self.save()?;
-        }
-        Ok(())
+        self.modify(|records| {
+            if let Some(record) = records.get_mut(session_key) {
+                change(record);
+                record.updated_at_ms = now_ms();
+            }
+        })
     }
 
-    fn save(&self) -> Result<(), SessionStoreError> {
+    /// Read-modify-write under the lock; the file is replaced only when something changed.
+    fn modify<T>(
+        &mut self,
+        change: impl FnOnce(&mut BTreeMap<String, SessionRecord>) -> T,
+    ) -> Result<T, SessionStoreError> {
+        let io = |path: &Path| {
+            let path = path.to_owned();
+            move |source| SessionStoreError::Io { path, source }
+        };
         if let Some(parent) = self.path.parent() {
-            std::fs::create_dir_all(parent).map_err(|source| SessionStoreError::Io {
-                path: parent.to_owned(),
-                source,
-            })?;
+            std::fs::create_dir_all(parent).map_err(io(parent))?;
         }
-        let text = serde_json::to_string_pretty(&self.records).map_err(|source| {
-            SessionStoreError::Json {
-                path: self.path.clone(),
-                source,
+        let lock_path = self.path.with_extension("json.lock");
+        let lock = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(io(&lock_path))?;
+        lock.lock().map_err(io(&lock_path))?;
+        let before = read_records(&self.path)?;
+        let mut records = before.clone();
+        let result = change(&mut records);
+        if records != before {
+            let text = serde_json::to_string_pretty(&records).map_err(|source| {
+                SessionStoreError::Json {
+                    path: self.path.clone(),
+                    source,
+                }
+            })?;
+            let temporary = self.path.with_extension(format!(
+                "json.{}.{}.tmp",
+                std::process::id(),
+                NEXT_TEMPORARY.fetch_add(1, Ordering::Relaxed)
+            ));
+            std::fs::write(&temporary, text).map_err(io(&temporary))?;
+            if let Err(source) = std::fs::rename(&temporary, &self.path) {
+                let _ = std::fs::remove_file(&temporary);
+                return Err(SessionStoreError::Io {
+                    path: self.path.clone(),
+                    source,
+                });
             }
-        })?;
-        let temporary = self.path.with_extension("json.tmp");
-        std::fs::write(&temporary, text).map_err(|source| SessionStoreError::Io {
-            path: temporary.clone(),
+        }
+        self.records = records;
+        drop(lock);
+        Ok(result)
+    }
+}
+
+/// Distinguishes temporary files of one process.
+static NEXT_TEMPORARY: AtomicU64 = AtomicU64::new(0);
+
+fn read_records(path: &Path) -> Result<BTreeMap<String, SessionRecord>, SessionStoreError> {
+    match std::fs::read_to_string(path) {
+        Ok(text) => serde_json::from_str(&text).map_err(|source| SessionStoreError::Json {
+            path: path.to_owned(),
             source,
-        })?;
-        std::fs::rename(&temporary, &self.path).map_err(|source| SessionStoreError::Io {
-            path: self.path.clone(),
+        }),
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(BTreeMap::new()),
+        Err(source) => Err(SessionStoreError::Io {
+            path: path.to_owned(),
             source,
-        })
+        }),
     }
 }
 

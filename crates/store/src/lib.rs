@@ -121,6 +121,10 @@ pub trait HistoryStore: Send + Sync + std::fmt::Debug {
     async fn rebuild_index(&self) -> Result<u64>;
     /// Bytes the store occupies on disk.
     fn disk_bytes(&self) -> u64;
+    /// True when every write is refused (the store was opened for inspection).
+    fn is_read_only(&self) -> bool {
+        false
+    }
 }
 
 /// How to open a [`Store`].
@@ -673,6 +677,10 @@ impl HistoryStore for Store {
 
     fn disk_bytes(&self) -> u64 {
         Store::disk_bytes(self)
+    }
+
+    fn is_read_only(&self) -> bool {
+        self.inner.read_only
     }
 
     async fn integrity_check(&self) -> Result<IntegrityReport> {

@@ -418,8 +418,10 @@ impl Writer {
         steps.step()?;
         transaction
             .prepare_cached(
+                // Another process may have created it since the lookup: theirs is the one.
                 "INSERT INTO conversations (agent_id, session_id, session_key, created_at)
-                 VALUES (?1, ?2, ?3, ?4)",
+                 VALUES (?1, ?2, ?3, ?4)
+                 ON CONFLICT (agent_id, session_id) DO NOTHING",
             )?
             .execute(params![
                 key.agent_id,

@@ -7,6 +7,7 @@
 //! mid-append): that one is skipped with a warning and reported, and everything before it is
 //! kept. Appends are flushed and synced before they return.
 
+use std::collections::HashSet;
 use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
@@ -113,6 +114,22 @@ pub enum Entry {
 }
 
 impl Entry {
+    /// Sets the entry's parent (`parentId`), for the entry kinds that chain.
+    pub fn set_parent(&mut self, parent: Option<String>) {
+        match self {
+            Entry::Message(entry) => entry.parent_id = parent,
+            Entry::Compaction(entry) => entry.parent_id = parent,
+            Entry::Other(fields) => {
+                if fields.contains_key("parentId") {
+                    fields.insert(
+                        "parentId".to_owned(),
+                        parent.map_or(Value::Null, Value::String),
+                    );
+                }
+            }
+        }
+    }
+
     pub fn id(&self) -> Option<&str> {
         match self {
             Entry::Message(entry) => Some(&entry.id),
@@ -322,16 +339,58 @@ pub struct TranscriptWriter {
     path: PathBuf,
     file: File,
     last_id: Option<String>,
+    /// Every entry id in the file, as far as it has been read.
+    known: HashSet<String>,
+    /// How far the file has been read (other processes may append after it).
+    seen: Cursor,
 }
 
 impl TranscriptWriter {
-    /// Creates a new transcript with its header; fails if the file exists.
+    /// Creates a new transcript with its header. If another process created it first (two
+    /// processes starting one session at once), opens theirs instead.
     pub fn create(path: &Path, header: &SessionHeader) -> Result<TranscriptWriter> {
         if let Some(parent) = path.parent() {
             std::fs::create_dir_all(parent).map_err(|error| io_error(parent, error))?;
         }
-        let file = OpenOptions::new()
+        let file = match OpenOptions::new()
             .create_new(true)
+            .read(true)
+            .append(true)
+            .open(path)
+        {
+            Ok(file) => file,
+            Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => {
+                return TranscriptWriter::open(path);
+            }
+            Err(error) => return Err(io_error(path, error)),
+        };
+        let mut writer = TranscriptWriter {
+            path: path.to_owned(),
+            file,
+            last_id: None,
+            known: HashSet::new(),
+            seen: Cursor::default(),
+        };
+        let mut value = serde_json::to_value(header).unwrap_or(Value::Null);
+        if let Value::Object(fields) = &mut value {
+            fields.insert("type".to_owned(), Value::String("session".to_owned()));
+        }
+        writer.locked(|writer| {
+            writer.write_line(&value)?;
+            writer.seen = writer.end_cursor(1)?;
+            Ok(())
+        })?;
+        writer.sync()?;
+        Ok(writer)
+    }
+
+    /// Opens an existing transcript for appending. A torn last line (no final newline) is cut
+    /// off first: it was never acknowledged, and appending after it would corrupt the next
+    /// line. Remembers the entry ids so that nothing is appended twice, and the last one so
+    /// new entries chain to it.
+    pub fn open(path: &Path) -> Result<TranscriptWriter> {
+        let file = OpenOptions::new()
+            .read(true)
             .append(true)
             .open(path)
             .map_err(|error| io_error(path, error))?;
@@ -339,54 +398,11 @@ impl TranscriptWriter {
             path: path.to_owned(),
             file,
             last_id: None,
+            known: HashSet::new(),
+            seen: Cursor::default(),
         };
-        let mut value = serde_json::to_value(header).unwrap_or(Value::Null);
-        if let Value::Object(fields) = &mut value {
-            fields.insert("type".to_owned(), Value::String("session".to_owned()));
-        }
-        writer.write_line(&value)?;
-        writer.sync()?;
+        writer.locked(TranscriptWriter::catch_up)?;
         Ok(writer)
-    }
-
-    /// Opens an existing transcript for appending. A torn last line (no final newline) is cut
-    /// off first: it was never acknowledged, and appending after it would corrupt the next
-    /// line. Remembers the last entry id so new entries chain to it.
-    pub fn open(path: &Path) -> Result<TranscriptWriter> {
-        let transcript = read_transcript(path)?;
-        let mut file = OpenOptions::new()
-            .read(true)
-            .append(true)
-            .open(path)
-            .map_err(|error| io_error(path, error))?;
-        let length = file
-            .metadata()
-            .map_err(|error| io_error(path, error))?
-            .len();
-        if length > 0 {
-            let mut last = [0u8; 1];
-            file.seek(SeekFrom::Start(length - 1))
-                .map_err(|error| io_error(path, error))?;
-            file.read_exact(&mut last)
-                .map_err(|error| io_error(path, error))?;
-            if last[0] != b'\n' {
-                let keep = transcript
-                    .entries
-                    .last()
-                    .map_or_else(|| header_end(path), |located| Ok(located.end.offset))?;
-                tracing::warn!(path = %path.display(), bytes = length - keep, "cutting a torn last line before appending");
-                file.set_len(keep).map_err(|error| io_error(path, error))?;
-            }
-        }
-        Ok(TranscriptWriter {
-            path: path.to_owned(),
-            file,
-            last_id: transcript
-                .entries
-                .iter()
-                .rev()
-                .find_map(|located| located.entry.id().map(str::to_owned)),
-        })
     }
 
     pub fn path(&self) -> &Path {
@@ -396,6 +412,17 @@ impl TranscriptWriter {
     /// The id of the last entry, which the next entry names as its parent.
     pub fn last_id(&self) -> Option<&str> {
         self.last_id.as_deref()
+    }
+
+    /// Whether the transcript holds an entry with this id (as far as it was last read; see
+    /// [`TranscriptWriter::refresh`]).
+    pub fn contains(&self, id: &str) -> bool {
+        self.known.contains(id)
+    }
+
+    /// Reads what other processes appended since this writer last looked.
+    pub fn refresh(&mut self) -> Result<()> {
+        self.locked(TranscriptWriter::catch_up)
     }
 
     /// Appends a message entry with a fresh id chained to the previous entry; returns the id.
@@ -412,13 +439,27 @@ impl TranscriptWriter {
         Ok(id)
     }
 
-    /// Appends any entry as it is (its id and parent are the caller's).
-    pub fn append(&mut self, entry: &Entry) -> Result<()> {
-        self.write_line(&entry.to_value())?;
-        if let Some(id) = entry.id() {
-            self.last_id = Some(id.to_owned());
-        }
-        Ok(())
+    /// Appends an entry unless the transcript already holds its id; returns whether it was
+    /// appended. Appends are serialized across processes (an exclusive lock on the file),
+    /// and each first reads what others appended, so a resumed, repeated or concurrent turn
+    /// never writes an entry twice, and the entry's parent is the transcript's real last
+    /// entry (no parent loops).
+    pub fn append(&mut self, entry: &Entry) -> Result<bool> {
+        self.locked(|writer| {
+            writer.catch_up()?;
+            if entry.id().is_some_and(|id| writer.known.contains(id)) {
+                return Ok(false);
+            }
+            let mut entry = entry.clone();
+            entry.set_parent(writer.last_id.clone());
+            writer.write_line(&entry.to_value())?;
+            writer.seen = writer.end_cursor(writer.seen.line + 1)?;
+            if let Some(id) = entry.id() {
+                writer.known.insert(id.to_owned());
+                writer.last_id = Some(id.to_owned());
+            }
+            Ok(true)
+        })
     }
 
     /// Flushes and syncs what was appended: call before acknowledging a turn.
@@ -440,10 +481,84 @@ impl TranscriptWriter {
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |elapsed| elapsed.as_nanos());
         hasher.update(&nanos.to_le_bytes());
+        hasher.update(&std::process::id().to_le_bytes());
         hasher.finalize().as_bytes()[..4]
             .iter()
             .map(|byte| format!("{byte:02x}"))
             .collect()
+    }
+
+    /// Runs `work` holding the transcript's exclusive lock (other processes' appends wait).
+    fn locked<T>(&mut self, work: impl FnOnce(&mut TranscriptWriter) -> Result<T>) -> Result<T> {
+        self.file
+            .lock()
+            .map_err(|error| io_error(&self.path, error))?;
+        let result = work(self);
+        let unlocked = self
+            .file
+            .unlock()
+            .map_err(|error| io_error(&self.path, error));
+        let value = result?;
+        unlocked?;
+        Ok(value)
+    }
+
+    /// Under the lock: cuts a torn last line (a writer that died mid-line; the lock means no
+    /// live writer is mid-line), then reads the entries appended since the last look.
+    fn catch_up(&mut self) -> Result<()> {
+        let length = self
+            .file
+            .metadata()
+            .map_err(|error| io_error(&self.path, error))?
+            .len();
+        if length == self.seen.offset {
+            return Ok(());
+        }
+        if length > 0 {
+            let mut last = [0u8; 1];
+            self.file
+                .seek(SeekFrom::Start(length - 1))
+                .map_err(|error| io_error(&self.path, error))?;
+            self.file
+                .read_exact(&mut last)
+                .map_err(|error| io_error(&self.path, error))?;
+            if last[0] != b'\n' {
+                let keep = match read_transcript(&self.path)?.entries.last() {
+                    Some(located) => located.end.offset,
+                    None => header_end(&self.path)?,
+                };
+                tracing::warn!(path = %self.path.display(), bytes = length - keep, "cutting a torn last line before appending");
+                self.file
+                    .set_len(keep)
+                    .map_err(|error| io_error(&self.path, error))?;
+            }
+        }
+        let (known, last_id, mut seen) = (&mut self.known, &mut self.last_id, self.seen);
+        read_entries(&self.path, self.seen, |located| {
+            if let Some(id) = located.entry.id() {
+                known.insert(id.to_owned());
+                *last_id = Some(id.to_owned());
+            }
+            seen = located.end;
+            Ok(())
+        })?;
+        self.seen = match seen.offset {
+            0 => self.end_cursor(1)?,
+            _ => seen,
+        };
+        Ok(())
+    }
+
+    /// A cursor at the current end of the file, `line` lines in.
+    fn end_cursor(&self, line: u64) -> Result<Cursor> {
+        Ok(Cursor {
+            offset: self
+                .file
+                .metadata()
+                .map_err(|error| io_error(&self.path, error))?
+                .len(),
+            line,
+        })
     }
 
     fn write_line(&mut self, value: &Value) -> Result<()> {
