@@ -130,6 +130,8 @@ pub struct Figures {
     pub assemble: Spread,
     pub final_estimated_tokens: u64,
     pub grep: Spread,
+    /// Grep from a second process (read-only) while this one ingests, when asked for.
+    pub grep_from_another_process: Option<Spread>,
     pub needles: usize,
     pub needles_found: usize,
     pub needles_in_final_context: usize,
@@ -203,6 +205,101 @@ pub struct RunOptions {
     pub store_dir: Option<PathBuf>,
     /// Print progress every this many turns (0 = silent).
     pub progress_every: usize,
+    /// Start `probe` (this runner in `--probe-grep` mode) beside the ingestion: it greps the
+    /// needles from a second process, read-only, while this one writes.
+    pub probe: Option<PathBuf>,
+}
+
+/// The session the runner writes and the probe reads.
+const SESSION: &str = "workload";
+const SESSION_KEY: &str = "agent:main:workload";
+
+/// A second process that greps the store while the runner ingests; its latencies come back
+/// on its stdout when the runner closes its stdin.
+struct GrepProbe {
+    child: std::process::Child,
+}
+
+impl GrepProbe {
+    fn start(program: &Path, store_dir: &Path, needles: &Path) -> Result<GrepProbe> {
+        let child = std::process::Command::new(program)
+            .arg("--probe-grep")
+            .arg("--store-dir")
+            .arg(store_dir)
+            .arg("--needles")
+            .arg(needles)
+            .arg("--transcript")
+            .arg("-")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .with_context(|| format!("starting {}", program.display()))?;
+        Ok(GrepProbe { child })
+    }
+
+    fn finish(mut self) -> Result<Spread> {
+        drop(self.child.stdin.take());
+        let output = self
+            .child
+            .wait_with_output()
+            .context("waiting for the probe")?;
+        if !output.status.success() {
+            return Err(anyhow!("the grep probe failed ({})", output.status));
+        }
+        let micros: Vec<u64> =
+            serde_json::from_slice(&output.stdout).context("the probe's report")?;
+        Ok(spread(
+            &micros
+                .into_iter()
+                .map(Duration::from_micros)
+                .collect::<Vec<_>>(),
+        ))
+    }
+}
+
+/// The probe: opens the store read-only and greps every needle's query, round after round,
+/// until stdin closes; prints the latencies (µs) as a JSON array.
+pub async fn probe_grep(store_dir: &Path, needles: &Path) -> Result<()> {
+    let needles: Vec<Needle> = serde_json::from_str(
+        &std::fs::read_to_string(needles)
+            .with_context(|| format!("reading {}", needles.display()))?,
+    )?;
+    let estimator: Arc<dyn TokenEstimator> = Arc::new(HeuristicEstimator);
+    let engine = LosslessEngine::open_read_only(
+        store_dir,
+        LosslessConfig::default(),
+        Arc::new(FakeSummarizer),
+        estimator,
+    )
+    .await
+    .map_err(|error| anyhow!("opening the store read-only: {error}"))?;
+    let closed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let watcher = closed.clone();
+    std::thread::spawn(move || {
+        let _ = std::io::Read::read_to_end(&mut std::io::stdin(), &mut Vec::new());
+        watcher.store(true, Ordering::SeqCst);
+    });
+    let caller = ToolCaller {
+        session_id: SESSION.to_owned(),
+        session_key: Some(SESSION_KEY.to_owned()),
+    };
+    let mut micros = Vec::new();
+    while !closed.load(Ordering::SeqCst) {
+        for needle in &needles {
+            let begin = Instant::now();
+            engine
+                .call_tool(
+                    &caller,
+                    "vilvona_grep",
+                    &json!({"query": needle.query, "mode": "text", "scope": "both"}),
+                )
+                .await?;
+            micros.push(begin.elapsed().as_micros() as u64);
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    println!("{}", serde_json::to_string(&micros)?);
+    Ok(())
 }
 
 /// Runs the workload.
@@ -239,10 +336,9 @@ pub async fn run(options: &RunOptions) -> Result<Figures> {
     let engine = LosslessEngine::open(&store_dir, config, summarizer, estimator)
         .await
         .map_err(|error| anyhow!("opening the store: {error}"))?;
-    let session = "workload";
-    let conversation = engine
-        .conversation(session, Some("agent:main:workload"))
-        .await?;
+    let session = SESSION;
+    let conversation = engine.conversation(session, Some(SESSION_KEY)).await?;
+    let mut probe = None;
 
     let mut ingest = Vec::new();
     let mut compaction = Vec::new();
@@ -267,6 +363,11 @@ pub async fn run(options: &RunOptions) -> Result<Figures> {
             })
             .await?;
         ingest.push(begin.elapsed());
+        if index == 0
+            && let Some(program) = &options.probe
+        {
+            probe = Some(GrepProbe::start(program, &store_dir, &options.needles)?);
+        }
 
         let summarizer_before = summarizer_nanos();
         let begin = Instant::now();
@@ -289,13 +390,17 @@ pub async fn run(options: &RunOptions) -> Result<Figures> {
         index += 1;
     }
     let turn_count = index;
+    let grep_from_another_process = match probe {
+        Some(probe) => Some(probe.finish()?),
+        None => None,
+    };
 
     let caller = ToolCaller {
         session_id: session.to_owned(),
-        session_key: Some("agent:main:workload".to_owned()),
+        session_key: Some(SESSION_KEY.to_owned()),
     };
-    // Grep in steady state: the index commits on a short timer in real use; make the pending
-    // documents visible before timing, as a turn later would find them.
+    // Grep in steady state: the index commits on a short timer in real use (rows beyond it are
+    // searched in SQLite); commit what waits before timing, as a turn later would find it.
     engine.store().index_doc_count().await?;
     let mut grep = Vec::with_capacity(needles.len());
     let mut found = 0;
@@ -392,6 +497,7 @@ pub async fn run(options: &RunOptions) -> Result<Figures> {
         assemble: spread(&assemble),
         final_estimated_tokens: assembled.estimated_tokens,
         grep: spread(&grep),
+        grep_from_another_process,
         needles: needles.len(),
         needles_found: found,
         needles_in_final_context: in_context,
@@ -468,6 +574,13 @@ pub fn table(figures: &Figures) -> String {
                 figures.needles_found,
                 figures.needles
             ),
+        ),
+        (
+            "grep from another process",
+            figures
+                .grep_from_another_process
+                .as_ref()
+                .map_or_else(|| "not measured (--concurrent-grep)".to_owned(), value),
         ),
         (
             "needles in the final context",

@@ -18,6 +18,9 @@ async fn the_runner_runs_on_fifty_turns() {
             summarizer,
             store_dir: None,
             progress_every: 0,
+            // The fake run also greps from a second process while it ingests.
+            probe: (summarizer == SummarizerChoice::Fake)
+                .then(|| std::path::PathBuf::from(env!("CARGO_BIN_EXE_workload"))),
         })
         .await
         .unwrap();
@@ -27,6 +30,10 @@ async fn the_runner_runs_on_fifty_turns() {
         assert_eq!(figures.ingest.count, 50);
         assert_eq!(figures.assemble.count, 5);
         assert!(figures.store_bytes > 0);
+        if summarizer == SummarizerChoice::Fake {
+            let probe = figures.grep_from_another_process.unwrap();
+            assert!(probe.count > 0, "the probe grepped while the runner wrote");
+        }
         let json = to_json(&figures).unwrap();
         for field in [
             "ingest",

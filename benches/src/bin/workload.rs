@@ -1,4 +1,5 @@
-//! `workload --transcript FILE --needles FILE [--summarizer fake|extractive] [--json]`
+//! `workload --transcript FILE --needles FILE [--summarizer fake|extractive] [--concurrent-grep]
+//! [--json]`
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -18,6 +19,13 @@ struct Args {
     /// Keep the store here instead of a temporary directory.
     #[arg(long)]
     store_dir: Option<PathBuf>,
+    /// Also time grep from a second process (read-only) while this one ingests.
+    #[arg(long)]
+    concurrent_grep: bool,
+    /// (internal) Be that second process: grep the store at --store-dir until stdin closes.
+    #[arg(long, hide = true)]
+    probe_grep: bool,
+    /// Print one JSON document instead of the table.
     #[arg(long)]
     json: bool,
 }
@@ -25,12 +33,37 @@ struct Args {
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> ExitCode {
     let args = Args::parse();
+    if args.probe_grep {
+        let Some(store_dir) = &args.store_dir else {
+            eprintln!("workload: --probe-grep needs --store-dir");
+            return ExitCode::FAILURE;
+        };
+        return match vilvona_benches::probe_grep(store_dir, &args.needles).await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(error) => {
+                eprintln!("workload probe: {error:#}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    let probe = if args.concurrent_grep {
+        match std::env::current_exe() {
+            Ok(program) => Some(program),
+            Err(error) => {
+                eprintln!("workload: cannot find this program to start the grep probe: {error}");
+                return ExitCode::FAILURE;
+            }
+        }
+    } else {
+        None
+    };
     let options = RunOptions {
         transcript: args.transcript,
         needles: args.needles,
         summarizer: args.summarizer,
         store_dir: args.store_dir,
         progress_every: if args.json { 0 } else { 1_000 },
+        probe,
     };
     match run(&options).await {
         Ok(figures) if args.json => {

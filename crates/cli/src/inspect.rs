@@ -346,6 +346,7 @@ pub(crate) async fn stats(global: &Global, session: &str, json: bool) -> Result<
     let (key, record) = find_session(global, &host, session).await?;
     let engine = lossless(global, &host).await?;
     let mut stats = session_stats(&engine, &record, &key).await?;
+    stats["engine"] = json!(vilvona_lossless::ENGINE_ID);
     stats["databaseBytes"] = json!(engine.store().disk_bytes());
     stats["indexDocs"] = json!(engine.store().index_doc_count().await?);
     if json {

@@ -196,22 +196,9 @@ impl Global {
 
     /// Opens a host whose selected engine must serve: on the command line nothing is
     /// substituted silently. An engine that cannot start fails the command with its reason.
-    pub(crate) async fn host_with(&self, options: HostOptions) -> Result<Host> {
-        let host = Self::host_as_configured(options).await?;
-        let engine = host.engine();
-        if engine.is_quarantined() {
-            let reason = host
-                .registry()
-                .quarantine_of(&engine.selected_id)
-                .map_or_else(String::new, |record| {
-                    format!(" during {}: {}", record.operation, record.reason)
-                });
-            bail!(
-                "context engine \"{}\" could not serve{reason}",
-                engine.selected_id
-            );
-        }
-        Ok(host)
+    pub(crate) async fn host_with(&self, mut options: HostOptions) -> Result<Host> {
+        options.require_selected = true;
+        Self::host_as_configured(options).await
     }
 
     /// Opens a host as the gateway would, with the configured failure policy (doctor reports

@@ -66,14 +66,19 @@ fn engine_error(method: &str, error: EngineError) -> RpcError {
     if error.is_cancellation() {
         return RpcError::new(CANCELLED, format!("{method} was cancelled"));
     }
+    RpcError::new(ENGINE_ERROR, format!("{method}: {}", chain(&error)))
+}
+
+/// An error and its causes on one line.
+fn chain(error: &dyn std::error::Error) -> String {
     let mut text = error.to_string();
-    let mut source = std::error::Error::source(&error);
+    let mut source = error.source();
     while let Some(cause) = source {
         text.push_str(": ");
         text.push_str(&cause.to_string());
         source = cause.source();
     }
-    RpcError::new(ENGINE_ERROR, format!("{method}: {text}"))
+    text
 }
 
 type Job = Pin<Box<dyn Future<Output = ()> + Send>>;
@@ -274,7 +279,7 @@ impl Server {
     /// selected engine owns compaction while nothing does.
     async fn open(&self, setup: &Setup) -> Result<Active, RpcError> {
         let host_config = HostConfig::load(&setup.state_dir.join("vilvona.json5"))
-            .map_err(|e| RpcError::new(INVALID_PARAMS, e.to_string()))?;
+            .map_err(|e| RpcError::new(INVALID_PARAMS, chain(&e)))?;
         let estimator =
             vilvona_summarize::estimator(vilvona_summarize::TokenizerKind::Heuristic, 1.0);
         let summarizer: Arc<dyn Summarizer> = Arc::new(
@@ -304,7 +309,7 @@ impl Server {
         let engine = registry
             .instantiate(&selection)
             .await
-            .map_err(|e| RpcError::new(ENGINE_ERROR, e.to_string()))?;
+            .map_err(|e| RpcError::new(ENGINE_ERROR, chain(&e)))?;
         let lossless = lock(&handle).clone();
         Ok(Active {
             engine,
@@ -494,7 +499,7 @@ impl Server {
                 engine
                     .call_tool(&caller, name, &arguments)
                     .await
-                    .map_err(|error| RpcError::new(TOOL_ERROR, format!("{name}: {error}")))
+                    .map_err(|error| RpcError::new(TOOL_ERROR, format!("{name}: {}", chain(&error))))
             }
             other => Err(RpcError::new(
                 METHOD_NOT_FOUND,

@@ -405,3 +405,24 @@ fn context_views_report_the_workspace_skills_and_usage() {
     assert_eq!(report["session"]["outputTokens"], 0);
     assert_eq!(report["report"]["transcript"]["messages"], 68);
 }
+
+/// Asked for lossless, the command line never quietly runs on legacy.
+#[test]
+fn an_engine_that_cannot_start_fails_the_command() {
+    let dir = TempDir::new().unwrap();
+    let store = dir.path().join("agents").join("main").join("lossless");
+    std::fs::create_dir_all(store.parent().unwrap()).unwrap();
+    std::fs::write(&store, "a file where the store directory belongs").unwrap();
+    let output = vilvona(
+        dir.path(),
+        &["replay", &fixture(), "--engine", "lossless", "--json"],
+    );
+    assert!(!output.status.success());
+    assert!(output.stdout.is_empty(), "no report of a run that did not happen");
+    let error = stderr(&output);
+    assert!(
+        error.contains("context engine \"lossless\" could not start (factory): lossless opening the store:"),
+        "{error}"
+    );
+    assert_eq!(error.lines().count(), 1, "{error}");
+}

@@ -707,6 +707,46 @@ impl Registry {
         }
     }
 
+    /// Resolves the slot for a caller that asked for this engine explicitly (the command
+    /// line): the selected engine or an error, never a silent substitute. Like
+    /// [`Registry::instantiate`] nothing is quarantined when it cannot start; once it runs,
+    /// its failures are returned (failure policy `strict`).
+    pub async fn resolve_required(
+        &self,
+        selection: &EngineSelection,
+    ) -> Result<ResolvedEngine, ResolveError> {
+        let Some(requested) = selection.requested_id() else {
+            return self
+                .resolved_default(selection, LEGACY_ENGINE_ID, SelectionSource::Default)
+                .await;
+        };
+        let owner = self.registration(requested).map(|(owner, _)| owner);
+        if selection
+            .entry_for(requested, owner.as_ref())
+            .and_then(|entry| entry.enabled)
+            == Some(false)
+        {
+            return self
+                .resolved_default(selection, requested, SelectionSource::Disabled)
+                .await;
+        }
+        let engine = self.instantiate(selection).await?;
+        let guarded = GuardedEngine {
+            registered_id: requested.to_owned(),
+            owner: owner.unwrap_or(Owner::Core),
+            inner: engine,
+            fallback: self.resolve_default(selection).await?,
+            registry: self.clone(),
+            policy: FailurePolicy::Strict,
+        };
+        Ok(ResolvedEngine {
+            engine: Arc::new(guarded),
+            selected_id: requested.to_owned(),
+            source: SelectionSource::Configured,
+            registry: self.clone(),
+        })
+    }
+
     async fn resolved_default(
         &self,
         selection: &EngineSelection,

@@ -91,9 +91,9 @@ pub enum ToolError {
     OutOfScope(String),
     #[error("the recall grant for {0} has expired or was revoked")]
     GrantEnded(String),
-    #[error("store: {0}")]
+    #[error(transparent)]
     Store(#[from] StoreError),
-    #[error("engine: {0}")]
+    #[error(transparent)]
     Engine(#[from] vilvona_core::EngineError),
 }
 

@@ -17,7 +17,7 @@ pub const DEFAULT_CONTEXT_TOKENS: u64 = 200_000;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("{path}: {source}")]
+    #[error("{path}")]
     Io {
         path: PathBuf,
         #[source]

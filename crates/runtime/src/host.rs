@@ -50,7 +50,7 @@ pub enum HostError {
     Resolve(#[from] vilvona_core::registry::ResolveError),
     #[error(transparent)]
     HostRequirement(#[from] Box<vilvona_core::host::HostRequirementError>),
-    #[error("context engine \"{engine}\" failed during {operation}: {source}")]
+    #[error("context engine \"{engine}\" failed during {operation}")]
     Engine {
         engine: String,
         operation: &'static str,
@@ -87,6 +87,9 @@ pub struct HostOptions {
     /// Inspection only: engines open their storage read-only (no writer lock, nothing created),
     /// so this host works beside any process that writes the same state directory.
     pub read_only: bool,
+    /// The selected engine must serve (the command line): if it cannot start, `open` fails
+    /// with the reason instead of resolving to `legacy`, and its later failures are returned.
+    pub require_selected: bool,
 }
 
 impl HostOptions {
@@ -102,6 +105,7 @@ impl HostOptions {
             engine_override: None,
             context_window_override: None,
             read_only: false,
+            require_selected: false,
         }
     }
 
@@ -313,7 +317,11 @@ impl Host {
             options.workspace_dir.clone(),
         );
         selection.read_only = options.read_only;
-        let engine = registry.resolve(&selection).await?;
+        let engine = if options.require_selected {
+            registry.resolve_required(&selection).await?
+        } else {
+            registry.resolve(&selection).await?
+        };
         tracing::info!(engine = %engine.active_id(), selected = %engine.selected_id, "context engine resolved");
         let sessions = SessionStore::open(&options.state_dir)?;
         let mut options = options;

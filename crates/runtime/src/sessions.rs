@@ -28,13 +28,13 @@ pub struct SessionRecord {
 
 #[derive(Debug, thiserror::Error)]
 pub enum SessionStoreError {
-    #[error("{path}: {source}")]
+    #[error("{path}")]
     Io {
         path: PathBuf,
         #[source]
         source: std::io::Error,
     },
-    #[error("{path}: {source}")]
+    #[error("{path}")]
     Json {
         path: PathBuf,
         #[source]

@@ -1,6 +1,7 @@
 use std::path::PathBuf;
 
-/// Everything that can go wrong in the store. Each variant names the thing and the place.
+/// Everything that can go wrong in the store. Each variant names the thing and the place; a
+/// variant with a source does not repeat it in its message (chains print each cause once).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum StoreError {
@@ -14,15 +15,15 @@ pub enum StoreError {
         found: i64,
         supported: i64,
     },
-    #[error("{path}: {source}")]
+    #[error("{path}")]
     Io {
         path: PathBuf,
         #[source]
         source: std::io::Error,
     },
-    #[error("sqlite: {0}")]
+    #[error("sqlite")]
     Sqlite(#[from] rusqlite::Error),
-    #[error("search index: {0}")]
+    #[error("search index")]
     Index(#[from] tantivy::TantivyError),
     #[error("invalid message: {0}")]
     InvalidMessage(String),
