@@ -558,6 +558,16 @@ impl IndexRow {
 pub(crate) fn for_each_message_after(
     connection: &Connection,
     after: i64,
+    f: impl FnMut(IndexRow) -> Result<()>,
+) -> Result<()> {
+    for_each_message_after_where(connection, after, |_| true, f)
+}
+
+/// [`for_each_message_after`], skipping (before parsing them) rows whose JSON fails `keep`.
+pub(crate) fn for_each_message_after_where(
+    connection: &Connection,
+    after: i64,
+    keep: impl Fn(&str) -> bool,
     mut f: impl FnMut(IndexRow) -> Result<()>,
 ) -> Result<()> {
     let mut statement = connection.prepare_cached(
@@ -568,6 +578,9 @@ pub(crate) fn for_each_message_after(
     let mut rows = statement.query([after])?;
     while let Some(row) = rows.next()? {
         let json = decode_json(&row.get::<_, Vec<u8>>(5)?)?;
+        if !keep(&json) {
+            continue;
+        }
         let text = serde_json::from_str::<AgentMessage>(&json)
             .map(|message| message.plain_text())
             .unwrap_or_default();

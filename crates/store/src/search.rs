@@ -147,8 +147,21 @@ fn unindexed_matches(
         }
         Ok(())
     };
+    // A cheap screen before parsing a row: its JSON, lowercased, must contain the query's terms
+    // (any of them for text, all for a phrase). The terms are lowercase words, which JSON never
+    // escapes, so the screen only ever lets too much through.
+    let needs_all = query.mode == SearchMode::Phrase;
+    let screen = |json: &str| {
+        let lower = json.to_lowercase();
+        let mut present = query_terms.iter().map(|term| lower.contains(term.as_str()));
+        if needs_all {
+            present.all(|found| found)
+        } else {
+            present.any(|found| found)
+        }
+    };
     if query.target != SearchTarget::Summaries {
-        read::for_each_message_after(connection, through.messages, &mut consider)?;
+        read::for_each_message_after_where(connection, through.messages, screen, &mut consider)?;
     }
     if query.target != SearchTarget::Messages {
         read::for_each_summary_after(connection, through.summaries, &mut consider)?;
