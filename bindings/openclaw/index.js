@@ -7,11 +7,72 @@
 // handle, and the host's `runtimeContext.llm.complete` answers the server's `llm.complete`.
 
 import { spawn } from "node:child_process";
+import { accessSync, constants, statSync } from "node:fs";
+import { createRequire } from "node:module";
 import { createInterface } from "node:readline";
 import { homedir } from "node:os";
-import { join } from "node:path";
+import { delimiter, dirname, join } from "node:path";
 
 const ENGINE_ID = "vilvona";
+const BINARY_NAME = process.platform === "win32" ? "vilvona.exe" : "vilvona";
+
+/** The platform package that carries the executable for this platform and architecture. */
+export function platformPackage(platform = process.platform, arch = process.arch) {
+  return `@vilvona/cli-${platform}-${arch}`;
+}
+
+function executable(path) {
+  try {
+    if (!statSync(path).isFile()) return false;
+    accessSync(path, constants.X_OK);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+/**
+ * Finds the vilvona executable: the `binary` setting, then `VILVONA_BIN`, then the installed
+ * platform package, then `vilvona` on PATH. Throws one error that lists everything it tried.
+ */
+export function resolveBinary(config = {}, env = process.env, resolvePackage = createRequire(import.meta.url).resolve) {
+  const tried = [];
+  const candidate = (source, path) => {
+    if (path && executable(path)) return path;
+    tried.push(`${source}: ${path ? `${path} (${path && statSyncSafe(path) ? "not executable" : "missing"})` : "not set"}`);
+    return null;
+  };
+  const fromConfig = candidate("the plugin's `binary` setting", config.binary);
+  if (fromConfig) return fromConfig;
+  const fromEnv = candidate("VILVONA_BIN", env.VILVONA_BIN);
+  if (fromEnv) return fromEnv;
+  const name = platformPackage();
+  let packaged = null;
+  try {
+    packaged = join(dirname(resolvePackage(`${name}/package.json`)), "bin", BINARY_NAME);
+  } catch {
+    tried.push(`the platform package ${name}: not installed`);
+  }
+  if (packaged) {
+    const found = candidate(`the platform package ${name}`, packaged);
+    if (found) return found;
+  }
+  for (const dir of (env.PATH ?? "").split(delimiter).filter(Boolean)) {
+    const path = join(dir, BINARY_NAME);
+    if (executable(path)) return path;
+  }
+  tried.push(`${BINARY_NAME} on PATH: not found`);
+  throw new Error(`vilvona: cannot find the vilvona executable; tried ${tried.join("; ")}. Install ${name}, set VILVONA_BIN, or set the plugin's \`binary\` setting.`);
+}
+
+function statSyncSafe(path) {
+  try {
+    statSync(path);
+    return true;
+  } catch {
+    return false;
+  }
+}
 const SHARED = Symbol.for("vilvona.openclaw.process");
 
 const SEMANTICS = {
@@ -85,7 +146,7 @@ class VilvonaProcess {
   }
 
   start() {
-    const binary = this.config.binary ?? "vilvona";
+    const binary = resolveBinary(this.config);
     const stateDir = this.config.stateDir ?? join(homedir(), ".vilvona");
     const env = { ...process.env };
     if (this.config.log) env.RUST_LOG = this.config.log;

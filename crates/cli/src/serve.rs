@@ -499,7 +499,9 @@ impl Server {
                 engine
                     .call_tool(&caller, name, &arguments)
                     .await
-                    .map_err(|error| RpcError::new(TOOL_ERROR, format!("{name}: {}", chain(&error))))
+                    .map_err(|error| {
+                        RpcError::new(TOOL_ERROR, format!("{name}: {}", chain(&error)))
+                    })
             }
             other => Err(RpcError::new(
                 METHOD_NOT_FOUND,

@@ -418,10 +418,15 @@ fn an_engine_that_cannot_start_fails_the_command() {
         &["replay", &fixture(), "--engine", "lossless", "--json"],
     );
     assert!(!output.status.success());
-    assert!(output.stdout.is_empty(), "no report of a run that did not happen");
+    assert!(
+        output.stdout.is_empty(),
+        "no report of a run that did not happen"
+    );
     let error = stderr(&output);
     assert!(
-        error.contains("context engine \"lossless\" could not start (factory): lossless opening the store:"),
+        error.contains(
+            "context engine \"lossless\" could not start (factory): lossless opening the store:"
+        ),
         "{error}"
     );
     assert_eq!(error.lines().count(), 1, "{error}");
