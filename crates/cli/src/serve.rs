@@ -658,11 +658,27 @@ pub(crate) async fn serve(global: &Global) -> Result<ExitCode> {
         me: StdMutex::new(Weak::new()),
     });
     *lock(&server.me) = Arc::downgrade(&server);
-    let mut lines = BufReader::new(tokio::io::stdin()).lines();
+    // Lines are read as bytes: one line that is not UTF-8 gets a parse error, and the server
+    // keeps serving. Only the end of stdin (or a read error) ends it.
+    let mut input = BufReader::new(tokio::io::stdin());
+    let mut line = Vec::new();
     loop {
-        match lines.next_line().await {
-            Ok(Some(line)) => server.handle_line(line),
-            Ok(None) => break,
+        line.clear();
+        match input.read_until(b'\n', &mut line).await {
+            Ok(0) => break,
+            Ok(_) => match String::from_utf8(std::mem::take(&mut line)) {
+                Ok(text) => server.handle_line(text),
+                Err(error) => server.respond(
+                    Value::Null,
+                    Err(RpcError::new(
+                        PARSE_ERROR,
+                        format!(
+                            "parse error: the line is not UTF-8 ({})",
+                            error.utf8_error()
+                        ),
+                    )),
+                ),
+            },
             Err(error) => {
                 tracing::warn!(%error, "reading stdin failed");
                 break;

@@ -256,6 +256,28 @@ fn malformed_lines_get_an_error_and_the_server_keeps_serving() {
 }
 
 #[test]
+fn a_line_that_is_not_utf8_gets_a_parse_error_and_the_server_keeps_serving() {
+    let dir = TempDir::new().unwrap();
+    let mut client = Client::start(dir.path());
+    initialize(&mut client, json!({}));
+    let stdin = client.stdin.as_mut().unwrap();
+    stdin
+        .write_all(b"{\"jsonrpc\":\"2.0\",\"id\":5,\"method\":\"\xff\xfe\"}\n")
+        .unwrap();
+    stdin.flush().unwrap();
+    let error = client.wait(|value| value["id"].is_null());
+    assert_eq!(error["error"]["code"], -32700, "{error}");
+    assert_eq!(
+        client.call(
+            6,
+            "ingest",
+            json!({"sessionId": "u", "message": user("still here", 1)})
+        )["ingested"],
+        true
+    );
+}
+
+#[test]
 fn calls_run_concurrently_and_each_session_keeps_its_order() {
     let dir = TempDir::new().unwrap();
     let mut client = Client::start(dir.path());

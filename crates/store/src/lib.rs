@@ -31,6 +31,7 @@ use rusqlite::Connection;
 use tokio::sync::oneshot;
 
 pub use error::{Result, StoreError};
+pub use schema::SCHEMA_VERSION;
 pub use types::*;
 pub use writer::FaultPlan;
 

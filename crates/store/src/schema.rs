@@ -139,8 +139,8 @@ CREATE TABLE store_state (
 "#,
 }];
 
-/// The schema version this build writes.
-pub(crate) const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
+/// The schema version this build writes (`PRAGMA user_version`).
+pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
 
 /// Opens a connection with the store's settings: WAL, `synchronous=NORMAL`, foreign keys,
 /// a busy timeout, and a statement cache large enough for every query the store makes.
