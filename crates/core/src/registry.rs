@@ -624,21 +624,15 @@ impl Registry {
                             ),
                         ),
                         None => {
-                            let fallback = self.resolve_default(selection).await?;
-                            let guarded = GuardedEngine {
-                                registered_id: requested.to_owned(),
-                                owner,
-                                inner: engine,
-                                fallback,
-                                registry: self.clone(),
-                                policy: selection.failure_policy,
-                            };
-                            return Ok(ResolvedEngine {
-                                engine: Arc::new(guarded),
-                                selected_id: requested.to_owned(),
-                                source: SelectionSource::Configured,
-                                registry: self.clone(),
-                            });
+                            return self
+                                .guarded(
+                                    selection,
+                                    requested,
+                                    owner,
+                                    engine,
+                                    selection.failure_policy,
+                                )
+                                .await;
                         }
                     },
                 }
@@ -731,13 +725,32 @@ impl Registry {
                 .await;
         }
         let engine = self.instantiate(selection).await?;
+        self.guarded(
+            selection,
+            requested,
+            owner.unwrap_or(Owner::Core),
+            engine,
+            FailurePolicy::Strict,
+        )
+        .await
+    }
+
+    /// The selected engine behind its quarantine guard.
+    async fn guarded(
+        &self,
+        selection: &EngineSelection,
+        requested: &str,
+        owner: Owner,
+        engine: Arc<dyn ContextEngine>,
+        policy: FailurePolicy,
+    ) -> Result<ResolvedEngine, ResolveError> {
         let guarded = GuardedEngine {
             registered_id: requested.to_owned(),
-            owner: owner.unwrap_or(Owner::Core),
+            owner,
             inner: engine,
             fallback: self.resolve_default(selection).await?,
             registry: self.clone(),
-            policy: FailurePolicy::Strict,
+            policy,
         };
         Ok(ResolvedEngine {
             engine: Arc::new(guarded),

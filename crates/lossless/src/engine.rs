@@ -122,9 +122,17 @@ impl LosslessEngine {
         summarizer: Arc<dyn Summarizer>,
         estimator: Arc<dyn TokenEstimator>,
     ) -> Result<LosslessEngine, EngineError> {
-        let store = Store::open(StoreConfig::new(dir))
-            .await
-            .map_err(|error| store_error("opening the store", error))?;
+        let store = Store::open(StoreConfig::new(dir)).await;
+        LosslessEngine::over(store, config, summarizer, estimator)
+    }
+
+    fn over(
+        store: vilvona_store::Result<Store>,
+        config: LosslessConfig,
+        summarizer: Arc<dyn Summarizer>,
+        estimator: Arc<dyn TokenEstimator>,
+    ) -> Result<LosslessEngine, EngineError> {
+        let store = store.map_err(|error| store_error("opening the store", error))?;
         Ok(LosslessEngine::new(
             Arc::new(store),
             summarizer,
@@ -141,15 +149,8 @@ impl LosslessEngine {
         summarizer: Arc<dyn Summarizer>,
         estimator: Arc<dyn TokenEstimator>,
     ) -> Result<LosslessEngine, EngineError> {
-        let store = Store::open_read_only(dir)
-            .await
-            .map_err(|error| store_error("opening the store", error))?;
-        Ok(LosslessEngine::new(
-            Arc::new(store),
-            summarizer,
-            estimator,
-            config,
-        ))
+        let store = Store::open_read_only(dir).await;
+        LosslessEngine::over(store, config, summarizer, estimator)
     }
 
     pub fn store(&self) -> &Arc<dyn HistoryStore> {

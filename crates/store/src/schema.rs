@@ -174,8 +174,8 @@ fn version(connection: &Connection) -> Result<i64> {
     Ok(connection.pragma_query_value(None, "user_version", |row| row.get(0))?)
 }
 
-/// Refuses a database this build cannot read as it is (a read-only open never migrates).
-pub(crate) fn check_version(connection: &Connection, path: &Path) -> Result<()> {
+/// The database's schema version, refused if it is newer than this build.
+fn known_version(connection: &Connection, path: &Path) -> Result<i64> {
     let found = version(connection)?;
     if found > SCHEMA_VERSION {
         return Err(StoreError::NewerSchema {
@@ -184,6 +184,12 @@ pub(crate) fn check_version(connection: &Connection, path: &Path) -> Result<()> 
             supported: SCHEMA_VERSION,
         });
     }
+    Ok(found)
+}
+
+/// Refuses a database this build cannot read as it is (a read-only open never migrates).
+pub(crate) fn check_version(connection: &Connection, path: &Path) -> Result<()> {
+    let found = known_version(connection, path)?;
     if found < SCHEMA_VERSION {
         return Err(StoreError::Corrupt {
             path: path.to_owned(),
@@ -200,14 +206,7 @@ pub(crate) fn check_version(connection: &Connection, path: &Path) -> Result<()> 
 /// opening a fresh store at once apply it once: the second waits, then finds it done.
 pub(crate) fn migrate(connection: &mut Connection, path: &Path) -> Result<()> {
     loop {
-        let found = version(connection)?;
-        if found > SCHEMA_VERSION {
-            return Err(StoreError::NewerSchema {
-                path: path.to_owned(),
-                found,
-                supported: SCHEMA_VERSION,
-            });
-        }
+        let found = known_version(connection, path)?;
         let Some(migration) = MIGRATIONS.get(found as usize) else {
             return Ok(());
         };
