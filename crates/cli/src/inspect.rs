@@ -125,11 +125,33 @@ fn caller(key: &str, record: &SessionRecord) -> ToolCaller {
     }
 }
 
-pub(crate) async fn doctor(global: &Global, json: bool) -> Result<ExitCode> {
+pub(crate) async fn doctor(global: &Global, json: bool, fix: bool) -> Result<ExitCode> {
+    let mut checks = Vec::new();
+    if fix {
+        let tightened = vilvona_runtime::privacy::tighten(&global.state_dir)
+            .with_context(|| format!("tightening {}", global.state_dir.display()))?;
+        eprintln!(
+            "doctor --fix: tightened {tightened} path(s) in {}",
+            global.state_dir.display()
+        );
+    }
+    let loose = vilvona_runtime::privacy::loose_paths(&global.state_dir);
+    checks.push(Check {
+        name: "private state directory".to_owned(),
+        ok: loose.is_empty(),
+        detail: match loose.first() {
+            None => "only its owner can read the state directory".to_owned(),
+            Some(first) => format!(
+                "{} path(s) group or others may read, e.g. {} (mode {:o}); run `vilvona doctor --fix` (directories 0700, files 0600)",
+                loose.len(),
+                first.path.display(),
+                first.mode
+            ),
+        },
+    });
     let mut options = global.options();
     options.read_only = true;
     let host = Global::host_as_configured(options).await?;
-    let mut checks = Vec::new();
     // A store is expected when lossless serves or one exists on disk.
     let store_expected = host.engine().active_id() == vilvona_lossless::ENGINE_ID
         || lossless_settings(global, &host)

@@ -49,10 +49,15 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Check the configuration, the engines and the store.
+    /// Check the configuration, the engines, the store and the state directory's permissions.
     Doctor {
+        /// Print one JSON document.
         #[arg(long)]
         json: bool,
+        /// Tighten group- or world-accessible paths in the state directory (directories 0700,
+        /// files 0600) before checking.
+        #[arg(long)]
+        fix: bool,
     },
     /// The /context views of a stored session.
     Context {
@@ -251,6 +256,9 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(error) => error.exit(),
     };
+    // Everything this process creates (databases, index files, transcripts, session index,
+    // configuration) is private to its user, whatever umask it was started with.
+    rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o077));
     init_logging(cli.verbose);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -286,7 +294,7 @@ async fn run(command: Command, global: &Global) -> Result<ExitCode> {
             context_window,
             json,
         } => replay::replay(global, &file, engine, context_window, json).await,
-        Command::Doctor { json } => inspect::doctor(global, json).await,
+        Command::Doctor { json, fix } => inspect::doctor(global, json, fix).await,
         Command::Context {
             view,
             session,

@@ -286,7 +286,7 @@ impl Host {
         options: HostOptions,
         register: impl FnOnce(&Registry, &HostConfig) -> Result<(), HostError>,
     ) -> Result<Host, HostError> {
-        std::fs::create_dir_all(&options.state_dir).map_err(|source| {
+        crate::privacy::ensure_private_dir(&options.state_dir).map_err(|source| {
             HostError::Sessions(SessionStoreError::Io {
                 path: options.state_dir.clone(),
                 source,

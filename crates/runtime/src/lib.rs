@@ -15,6 +15,7 @@ pub mod memory;
 pub mod model;
 pub mod model_summarizer;
 pub mod openai;
+pub mod privacy;
 pub mod pruning;
 pub mod sdk;
 pub mod sessions;

@@ -2,6 +2,7 @@
 //! Written atomically (temporary file, then rename) under a lock shared by every process.
 
 use std::collections::BTreeMap;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -128,6 +129,7 @@ impl SessionStore {
             .create(true)
             .truncate(false)
             .write(true)
+            .mode(0o600)
             .open(&lock_path)
             .map_err(io(&lock_path))?;
         lock.lock().map_err(io(&lock_path))?;
@@ -146,7 +148,13 @@ impl SessionStore {
                 std::process::id(),
                 NEXT_TEMPORARY.fetch_add(1, Ordering::Relaxed)
             ));
-            std::fs::write(&temporary, text).map_err(io(&temporary))?;
+            std::fs::OpenOptions::new()
+                .create_new(true)
+                .write(true)
+                .mode(0o600)
+                .open(&temporary)
+                .and_then(|mut file| std::io::Write::write_all(&mut file, text.as_bytes()))
+                .map_err(io(&temporary))?;
             if let Err(source) = std::fs::rename(&temporary, &self.path) {
                 let _ = std::fs::remove_file(&temporary);
                 return Err(SessionStoreError::Io {

@@ -7,7 +7,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
@@ -143,12 +143,58 @@ pub(crate) struct RecallIndex {
     /// The watermark of the commit the reader was last reloaded at, or an older one: the reader
     /// holds at least every row up to it, so searches read SQLite for the rows beyond it.
     reader_watermark: Mutex<Watermark>,
+    /// A search could not read the index: its maintainer rebuilds it.
+    broken: AtomicBool,
+}
+
+/// The index a store currently uses: a rebuild swaps a new one in.
+pub(crate) struct IndexSlot(RwLock<Arc<RecallIndex>>);
+
+impl IndexSlot {
+    pub(crate) fn new(index: RecallIndex) -> IndexSlot {
+        IndexSlot(RwLock::new(Arc::new(index)))
+    }
+
+    pub(crate) fn current(&self) -> Arc<RecallIndex> {
+        self.0
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    fn replace(&self, index: RecallIndex) {
+        *self.0.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(index);
+    }
 }
 
 impl RecallIndex {
     /// Opens the index in `dir`, creating it if the directory is missing or empty. Returns the
-    /// index and whether it had to be created (so the caller rebuilds it from SQLite).
+    /// index and whether it had to be created (so the caller indexes everything from SQLite).
+    /// The index is disposable: one that cannot be opened or read (a missing or truncated
+    /// file, another schema) is moved aside and recreated, never a reason to fail.
     pub(crate) fn open(dir: &Path) -> Result<(RecallIndex, bool)> {
+        match RecallIndex::open_or_create(dir) {
+            Ok(opened) => Ok(opened),
+            Err(problem) => {
+                let aside = dir.with_file_name(format!(
+                    "{}.damaged-{}",
+                    dir.file_name()
+                        .and_then(|name| name.to_str())
+                        .unwrap_or("index"),
+                    crate::writer::now_ms()
+                ));
+                tracing::warn!(dir = %dir.display(), %problem, "the recall index is damaged; rebuilding it from the database");
+                std::fs::rename(dir, &aside).map_err(|error| StoreError::io(dir, error))?;
+                let opened = RecallIndex::open_or_create(dir)?;
+                if let Err(error) = std::fs::remove_dir_all(&aside) {
+                    tracing::warn!(dir = %aside.display(), %error, "could not remove the damaged index");
+                }
+                Ok((opened.0, true))
+            }
+        }
+    }
+
+    fn open_or_create(dir: &Path) -> Result<(RecallIndex, bool)> {
         let (schema, fields) = schema();
         std::fs::create_dir_all(dir).map_err(|error| StoreError::io(dir, error))?;
         let directory = mmap_directory(dir)?;
@@ -159,15 +205,13 @@ impl RecallIndex {
             )))
         })?;
         let index = if exists {
-            match Index::open(directory.clone()) {
-                Ok(index) if index.schema() == schema => index,
-                Ok(_) | Err(_) => {
-                    tracing::warn!(dir = %dir.display(), "the recall index is unreadable or from another schema; rebuilding it from the database");
-                    drop(directory);
-                    std::fs::remove_dir_all(dir).map_err(|error| StoreError::io(dir, error))?;
-                    return RecallIndex::open(dir).map(|(index, _)| (index, true));
-                }
+            let index = Index::open(directory)?;
+            if index.schema() != schema {
+                return Err(StoreError::Index(tantivy::TantivyError::SchemaError(
+                    "the index was written with another schema".to_owned(),
+                )));
             }
+            index
         } else {
             // Two processes may create a fresh store at once: whoever loses opens the winner's.
             match Index::create(directory.clone(), schema, tantivy::IndexSettings::default()) {
@@ -175,7 +219,39 @@ impl RecallIndex {
                 Err(_) => Index::open(directory)?,
             }
         };
-        Ok((RecallIndex::with_reader(index, fields, dir)?, !exists))
+        let opened = RecallIndex::with_reader(index, fields, dir)?;
+        // Every segment's files must be readable: a probe search touches them all.
+        opened.probe()?;
+        Ok((opened, !exists))
+    }
+
+    /// Whether the index holds a row (a term query on its key).
+    pub(crate) fn holds(&self, row: IndexedRow) -> Result<bool> {
+        let query = TermQuery::new(
+            Term::from_field_u64(self.fields.key, key_of(row)),
+            IndexRecordOption::Basic,
+        );
+        Ok(self
+            .reader
+            .searcher()
+            .search(&query, &tantivy::collector::Count)?
+            > 0)
+    }
+
+    /// A search that reads every segment's term dictionary, postings and fast fields: fails
+    /// when one of their files is missing or truncated.
+    pub(crate) fn probe(&self) -> Result<()> {
+        let searcher = self.reader.searcher();
+        for segment in searcher.segment_readers() {
+            segment.inverted_index(self.fields.text)?;
+            segment.fast_fields().u64("key")?;
+        }
+        let query = TermQuery::new(
+            Term::from_field_text(self.fields.text, "vilvona"),
+            IndexRecordOption::WithFreqsAndPositions,
+        );
+        searcher.search(&query, &TopDocs::with_limit(1))?;
+        Ok(())
     }
 
     /// Opens an existing index for reading only: never creates, repairs or locks anything.
@@ -189,7 +265,9 @@ impl RecallIndex {
         let index = Index::open(directory)
             .ok()
             .filter(|index| index.schema() == schema)?;
-        RecallIndex::with_reader(index, fields, dir).ok()
+        let opened = RecallIndex::with_reader(index, fields, dir).ok()?;
+        opened.probe().ok()?;
+        Some(opened)
     }
 
     fn with_reader(index: Index, fields: Fields, dir: &Path) -> Result<RecallIndex> {
@@ -204,6 +282,7 @@ impl RecallIndex {
             dir: dir.to_owned(),
             maintained_here: AtomicBool::new(false),
             reader_watermark: Mutex::new(Watermark::default()),
+            broken: AtomicBool::new(false),
         };
         recall.reload()?;
         Ok(recall)
@@ -226,6 +305,15 @@ impl RecallIndex {
             Err(tantivy::TantivyError::LockFailure(..)) => Ok(None),
             Err(error) => Err(error.into()),
         }
+    }
+
+    /// Records that reading the index failed (searches meanwhile read SQLite).
+    pub(crate) fn mark_broken(&self) {
+        self.broken.store(true, Ordering::SeqCst);
+    }
+
+    pub(crate) fn is_broken(&self) -> bool {
+        self.broken.load(Ordering::SeqCst)
     }
 
     /// Makes searches see the latest commit of whichever process maintains the index.
@@ -374,6 +462,58 @@ impl RecallIndex {
                     .collect(),
             ))),
         }
+    }
+}
+
+impl IndexSlot {
+    /// Builds a new index beside the current one with `fill`, then swaps it in: the current
+    /// index stays whole until the new one is committed, so a failed rebuild never leaves less
+    /// than there was. The caller must hold the current index's writer lock and drop its
+    /// writer before the swap (`release`). Returns the new index's writer (its lock taken).
+    pub(crate) fn rebuild_beside<T>(
+        &self,
+        fill: impl FnOnce(&mut IndexSink) -> Result<T>,
+        release: impl FnOnce(),
+    ) -> Result<(T, IndexSink)> {
+        let dir = self.current().dir().to_owned();
+        let name = dir
+            .file_name()
+            .and_then(|name| name.to_str())
+            .unwrap_or("index");
+        let fresh_dir = dir.with_file_name(format!("{name}.rebuild-{}", std::process::id()));
+        let old_dir = dir.with_file_name(format!("{name}.old-{}", std::process::id()));
+        for leftover in [&fresh_dir, &old_dir] {
+            if leftover.exists() {
+                std::fs::remove_dir_all(leftover)
+                    .map_err(|error| StoreError::io(leftover, error))?;
+            }
+        }
+        let filled = {
+            let (fresh, _) = RecallIndex::open_or_create(&fresh_dir)?;
+            let mut sink = fresh
+                .try_writer()?
+                .ok_or_else(|| StoreError::IndexBusy(fresh_dir.clone()))?;
+            sink.clear()?;
+            let filled = fill(&mut sink)?;
+            sink.commit()?;
+            filled
+        };
+        release();
+        std::fs::rename(&dir, &old_dir).map_err(|error| StoreError::io(&dir, error))?;
+        if let Err(error) = std::fs::rename(&fresh_dir, &dir) {
+            let _ = std::fs::rename(&old_dir, &dir);
+            return Err(StoreError::io(&fresh_dir, error));
+        }
+        if let Err(error) = std::fs::remove_dir_all(&old_dir) {
+            tracing::warn!(dir = %old_dir.display(), %error, "could not remove the replaced index");
+        }
+        let (swapped, _) = RecallIndex::open_or_create(&dir)?;
+        let sink = swapped
+            .try_writer()?
+            .ok_or_else(|| StoreError::IndexBusy(dir.clone()))?;
+        swapped.reload()?;
+        self.replace(swapped);
+        Ok((filled, sink))
     }
 }
 

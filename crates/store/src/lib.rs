@@ -20,6 +20,7 @@ mod search;
 mod types;
 mod writer;
 
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -27,7 +28,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use rusqlite::Connection;
+use rusqlite::{Connection, OptionalExtension};
 use tokio::sync::oneshot;
 
 pub use error::{Result, StoreError};
@@ -35,7 +36,7 @@ pub use schema::SCHEMA_VERSION;
 pub use types::*;
 pub use writer::FaultPlan;
 
-use index::RecallIndex;
+use index::{IndexSlot, RecallIndex};
 use writer::{Command, PreparedMessage, Writer};
 
 /// The file name of the database inside the store directory.
@@ -161,7 +162,7 @@ struct Inner {
     writer_thread: Mutex<Option<JoinHandle<()>>>,
     readers: Mutex<Vec<Connection>>,
     /// `None` only for a read-only store without a usable index: searches read SQLite alone.
-    index: Option<Arc<RecallIndex>>,
+    index: Option<Arc<IndexSlot>>,
     read_only: bool,
 }
 
@@ -210,15 +211,24 @@ impl Store {
 
     fn open_blocking(config: StoreConfig) -> Result<Store> {
         let dir = config.dir;
-        std::fs::create_dir_all(&dir).map_err(|error| StoreError::io(&dir, error))?;
+        private_dir(&dir).map_err(|error| StoreError::io(&dir, error))?;
         let db_path = dir.join(DATABASE_FILE);
+        // Created private before SQLite opens it: its WAL and shared-memory files take the
+        // database file's mode.
+        std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .mode(0o600)
+            .open(&db_path)
+            .map_err(|error| StoreError::io(&db_path, error))?;
         let mut connection = schema::connect(&db_path)?;
         schema::migrate(&mut connection, &db_path)?;
         let (index, created) = RecallIndex::open(&dir.join(INDEX_DIR))?;
         if created && read::max_ids(&connection)? != (0, 0) {
             tracing::warn!(dir = %index.dir().display(), "the recall index was missing; rebuilding it from the database");
         }
-        let index = Arc::new(index);
+        let index = Arc::new(IndexSlot::new(index));
         let mut writer = Writer::new(
             connection,
             index.clone(),
@@ -260,7 +270,8 @@ impl Store {
             }
             let connection = schema::connect(&db_path)?;
             schema::check_version(&connection, &db_path)?;
-            let index = RecallIndex::open_existing(&dir.join(INDEX_DIR)).map(Arc::new);
+            let index = RecallIndex::open_existing(&dir.join(INDEX_DIR))
+                .map(|index| Arc::new(IndexSlot::new(index)));
             if index.is_none() {
                 tracing::warn!(dir = %dir.display(), "no usable recall index; searching the database directly");
             }
@@ -313,7 +324,8 @@ impl Store {
     pub async fn index_doc_count(&self) -> Result<u64> {
         self.flush_index().await?;
         match &self.inner.index {
-            Some(index) => {
+            Some(slot) => {
+                let index = slot.current();
                 index.refresh()?;
                 Ok(index.doc_count())
             }
@@ -410,6 +422,17 @@ impl Store {
         .await
         .map_err(|error| StoreError::WriterStopped(error.to_string()))?
     }
+}
+
+/// Creates the store directory (and parents) and keeps it `0700`: conversation history is
+/// nobody else's business.
+fn private_dir(dir: &Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    let mode = std::fs::metadata(dir)?.permissions().mode();
+    if mode & 0o077 != 0 {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+    }
+    Ok(())
 }
 
 fn prepare(message: NewMessage) -> Result<PreparedMessage> {
@@ -609,7 +632,7 @@ impl HistoryStore for Store {
     async fn search(&self, query: SearchQuery) -> Result<Vec<SearchHit>> {
         // No flush: rows the index has not committed yet (this process's or another's) are
         // searched in SQLite, so what was acknowledged is found at once, from any process.
-        let index = self.inner.index.clone();
+        let index = self.inner.index.as_ref().map(|slot| slot.current());
         self.read(move |connection| search::run(connection, index.as_deref(), &query))
             .await
     }
@@ -686,7 +709,7 @@ impl HistoryStore for Store {
 
     async fn integrity_check(&self) -> Result<IntegrityReport> {
         self.flush_index().await?;
-        let index = self.inner.index.clone();
+        let index = self.inner.index.as_ref().map(|slot| slot.current());
         self.read(move |connection| {
             let mut report = IntegrityReport::default();
             read::integrity_problems(connection, &mut report)?;
@@ -696,6 +719,42 @@ impl HistoryStore for Store {
             };
             report.indexed_messages_through = watermark.messages;
             report.indexed_summaries_through = watermark.summaries;
+            if let Some(index) = &index {
+                // The index opens, every segment reads, and it answers for a row it claims.
+                let probed = index.refresh().and_then(|()| index.probe());
+                let known: Option<i64> = connection
+                    .query_row(
+                        "SELECT max(id) FROM messages WHERE id <= ?1",
+                        [watermark.messages],
+                        |row| row.get(0),
+                    )?;
+                let answered = match (probed, known) {
+                    (Err(error), _) => Err(error.to_string()),
+                    (Ok(()), Some(id)) => match index.holds(index::IndexedRow::Message(id)) {
+                        Ok(true) => Ok(()),
+                        Ok(false) => Err(format!("it does not find message {id}, which it claims to hold")),
+                        Err(error) => Err(error.to_string()),
+                    },
+                    (Ok(()), None) => Ok(()),
+                };
+                if let Err(problem) = answered {
+                    report.problems.push(format!(
+                        "the recall index cannot be read ({problem}); searches read the database meanwhile; run rebuild-index"
+                    ));
+                }
+            }
+            let undecodable: Option<String> = connection
+                .query_row(
+                    "SELECT value FROM store_state WHERE key = 'undecodable_messages'",
+                    [],
+                    |row| row.get(0),
+                )
+                .optional()?;
+            if let Some(ids) = undecodable.filter(|ids| ids != "[]") {
+                report.problems.push(format!(
+                    "messages {ids} cannot be decoded (damaged database pages): their text is neither searched nor assembled; restore the database from a backup"
+                ));
+            }
             let (max_message, max_summary) = read::max_ids(connection)?;
             // Behind is normal while writers run (those rows are searched in SQLite); ahead
             // means the database lost rows the index still points at.

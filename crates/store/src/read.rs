@@ -554,12 +554,13 @@ impl IndexRow {
     }
 }
 
-/// Streams messages with `id > after`, in id order, with their text.
+/// Streams messages with `id > after`, in id order, with their text; returns the ids of rows
+/// that could not be decoded (skipped).
 pub(crate) fn for_each_message_after(
     connection: &Connection,
     after: i64,
     f: impl FnMut(IndexRow) -> Result<()>,
-) -> Result<()> {
+) -> Result<Vec<i64>> {
     for_each_message_after_where(connection, after, |_| true, f)
 }
 
@@ -569,15 +570,29 @@ pub(crate) fn for_each_message_after_where(
     after: i64,
     keep: impl Fn(&str) -> bool,
     mut f: impl FnMut(IndexRow) -> Result<()>,
-) -> Result<()> {
+) -> Result<Vec<i64>> {
     let mut statement = connection.prepare_cached(
         "SELECT m.id, m.conversation_id, c.agent_id, m.role, m.created_at, m.json
          FROM messages m JOIN conversations c ON c.id = m.conversation_id
          WHERE m.id > ?1 ORDER BY m.id",
     )?;
     let mut rows = statement.query([after])?;
+    let mut undecodable = Vec::new();
     while let Some(row) = rows.next()? {
-        let json = decode_json(&row.get::<_, Vec<u8>>(5)?)?;
+        let id: i64 = row.get(0)?;
+        // One damaged row (a flipped byte in its page) is skipped and named, never a reason
+        // for the rest to go unindexed or unsearched.
+        let decoded = row
+            .get::<_, Vec<u8>>(5)
+            .and_then(|bytes| decode_json(&bytes));
+        let json = match decoded {
+            Ok(json) => json,
+            Err(error) => {
+                tracing::warn!(message = id, %error, "a stored message cannot be decoded; skipped");
+                undecodable.push(id);
+                continue;
+            }
+        };
         if !keep(&json) {
             continue;
         }
@@ -585,7 +600,7 @@ pub(crate) fn for_each_message_after_where(
             .map(|message| message.plain_text())
             .unwrap_or_default();
         f(IndexRow {
-            row: IndexedRow::Message(row.get(0)?),
+            row: IndexedRow::Message(id),
             conversation: row.get(1)?,
             agent: row.get(2)?,
             role: row.get(3)?,
@@ -593,7 +608,7 @@ pub(crate) fn for_each_message_after_where(
             text,
         })?;
     }
-    Ok(())
+    Ok(undecodable)
 }
 
 /// Streams summaries with `id > after`, in id order.

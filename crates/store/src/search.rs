@@ -51,11 +51,19 @@ fn indexed_search(
         return Ok(Vec::new());
     }
     let highlighter = terms_regex(&query_terms);
-    let (through, mut rows) = match index {
-        Some(index) => {
-            index.refresh()?;
-            let through = index.searched_through();
-            (through, index.search(query)?)
+    let read_index = |index: &RecallIndex| -> Result<(Watermark, Vec<(IndexedRow, f32)>)> {
+        index.refresh()?;
+        let through = index.searched_through();
+        Ok((through, index.search(query)?))
+    };
+    let (through, mut rows) = match index.map(|index| (index, read_index(index))) {
+        Some((_, Ok(found))) => found,
+        // The index is disposable: when it cannot be read, this search reads SQLite alone and
+        // the index's maintainer rebuilds it.
+        Some((index, Err(error))) => {
+            tracing::warn!(%error, "the recall index could not be read; searching the database instead");
+            index.mark_broken();
+            (Watermark::default(), Vec::new())
         }
         None => (Watermark::default(), Vec::new()),
     };
@@ -162,6 +170,7 @@ fn unindexed_matches(
     };
     if query.target != SearchTarget::Summaries {
         read::for_each_message_after_where(connection, through.messages, screen, &mut consider)?;
+        // (Rows that cannot be decoded are skipped; doctor names them.)
     }
     if query.target != SearchTarget::Messages {
         read::for_each_summary_after(connection, through.summaries, &mut consider)?;

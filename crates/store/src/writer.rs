@@ -14,7 +14,7 @@ use rusqlite::{Connection, OptionalExtension, Transaction, TransactionBehavior, 
 use tokio::sync::oneshot;
 
 use crate::error::{Result, StoreError};
-use crate::index::{IndexDoc, IndexSink, IndexedRow, RecallIndex};
+use crate::index::{IndexDoc, IndexSink, IndexSlot, IndexedRow};
 use crate::read;
 use crate::types::*;
 
@@ -135,8 +135,10 @@ pub(crate) struct Writer {
     /// The index's writing side while this process holds its lock; `None` while another
     /// process maintains it (this one then writes SQLite only and tries again later).
     sink: Option<IndexSink>,
-    index: Arc<RecallIndex>,
+    index: Arc<IndexSlot>,
     agents: HashMap<i64, String>,
+    /// Message rows the last catch-up could not decode (skipped; doctor names them).
+    undecodable: Vec<i64>,
     faults: FaultPlan,
     writes: u64,
     crashed: bool,
@@ -154,19 +156,20 @@ const FOREIGN_ROWS_POLL: Duration = Duration::from_secs(1);
 impl Writer {
     pub(crate) fn new(
         connection: Connection,
-        index: Arc<RecallIndex>,
+        index: Arc<IndexSlot>,
         faults: FaultPlan,
         commit_delay: Option<Duration>,
     ) -> Result<Writer> {
-        let sink = index.try_writer()?;
+        let sink = index.current().try_writer()?;
         if sink.is_none() {
-            tracing::info!(dir = %index.dir().display(), "another process maintains the recall index; this one writes the database only");
+            tracing::info!(dir = %index.current().dir().display(), "another process maintains the recall index; this one writes the database only");
         }
         Ok(Writer {
             connection,
             sink,
             index,
             agents: HashMap::new(),
+            undecodable: Vec::new(),
             faults,
             writes: 0,
             crashed: false,
@@ -190,8 +193,9 @@ impl Writer {
             added += 1;
             Ok(())
         };
-        read::for_each_message_after(connection, watermark.messages, &mut add)?;
+        let undecodable = read::for_each_message_after(connection, watermark.messages, &mut add)?;
         read::for_each_summary_after(connection, watermark.summaries, &mut add)?;
+        self.note_undecodable(undecodable);
         if added > 0 {
             tracing::debug!(
                 documents = added,
@@ -235,7 +239,7 @@ impl Writer {
         }
         if self.sink.is_none() {
             self.next_index_check = Instant::now() + LOCK_RETRY;
-            match self.index.try_writer() {
+            match self.index.current().try_writer() {
                 Ok(Some(sink)) => {
                     tracing::info!("took over the recall index");
                     self.sink = Some(sink);
@@ -261,6 +265,14 @@ impl Writer {
         };
         if behind && let Err(error) = self.catch_up_index() {
             tracing::warn!(%error, "catching the recall index up failed; it will be retried");
+        }
+        if self.index.current().is_broken() {
+            tracing::warn!(
+                "a search could not read the recall index; rebuilding it from the database"
+            );
+            if let Err(error) = self.rebuild_index() {
+                tracing::warn!(%error, "rebuilding the recall index failed; searches read the database meanwhile");
+            }
         }
     }
 
@@ -919,7 +931,7 @@ impl Writer {
         }
         sink.commit()?;
         let watermark = sink.watermark();
-        self.index.reload()?;
+        self.index.current().reload()?;
         let watermark = serde_json::to_string(&watermark)
             .map_err(|error| StoreError::CorruptRow(error.to_string()))?;
         self.connection
@@ -937,33 +949,63 @@ impl Writer {
         }
     }
 
+    /// Rebuilds the index from SQLite beside the current one and swaps it in (see
+    /// [`IndexSlot::rebuild_beside`]); rows that cannot be decoded are skipped and named.
     fn rebuild_index(&mut self) -> Result<u64> {
         // Another process may be maintaining the index: wait a little for its lock.
         let deadline = Instant::now() + REBUILD_LOCK_WAIT;
         while self.sink.is_none() {
-            self.sink = self.index.try_writer()?;
+            self.sink = self.index.current().try_writer()?;
             if self.sink.is_none() {
                 if Instant::now() >= deadline {
-                    return Err(StoreError::IndexBusy(self.index.dir().to_owned()));
+                    return Err(StoreError::IndexBusy(self.index.current().dir().to_owned()));
                 }
                 std::thread::sleep(Duration::from_millis(100));
             }
         }
-        // What waits to be committed first, so that clearing removes it too.
-        self.commit_index()?;
-        let Some(sink) = self.sink.as_mut() else {
-            return Ok(0);
-        };
-        sink.clear()?;
-        let added = self.catch_up_index()?;
-        // A rebuild of an empty database still has to publish the cleared index.
-        if added == 0
-            && let Some(sink) = self.sink.as_mut()
-        {
-            sink.commit()?;
-            self.index.reload()?;
-        }
+        let connection = &self.connection;
+        let sink_slot = &mut self.sink;
+        let ((added, undecodable), sink) = self.index.rebuild_beside(
+            |sink| {
+                let mut added = 0;
+                let mut add = |row: read::IndexRow| -> Result<()> {
+                    sink.add(row.doc())?;
+                    added += 1;
+                    Ok(())
+                };
+                let undecodable = read::for_each_message_after(connection, 0, &mut add)?;
+                read::for_each_summary_after(connection, 0, &mut add)?;
+                Ok((added, undecodable))
+            },
+            // Release this process's writer (and its lock) on the index being replaced.
+            || drop(sink_slot.take()),
+        )?;
+        self.sink = Some(sink);
+        self.note_undecodable(undecodable);
         Ok(added)
+    }
+
+    /// Keeps the ids of rows that could not be decoded where doctor finds them.
+    fn note_undecodable(&mut self, ids: Vec<i64>) {
+        if ids.is_empty() {
+            return;
+        }
+        self.undecodable.extend(ids);
+        self.undecodable.sort_unstable();
+        self.undecodable.dedup();
+        let Ok(value) = serde_json::to_string(&self.undecodable) else {
+            return;
+        };
+        if let Err(error) = self
+            .connection
+            .prepare_cached(
+                "INSERT INTO store_state (key, value) VALUES ('undecodable_messages', ?1)
+                 ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+            )
+            .and_then(|mut statement| statement.execute([value]))
+        {
+            tracing::warn!(%error, "recording undecodable rows failed");
+        }
     }
 }
 

@@ -10,6 +10,7 @@
 use std::collections::HashSet;
 use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -356,6 +357,7 @@ impl TranscriptWriter {
             .create_new(true)
             .read(true)
             .append(true)
+            .mode(0o600)
             .open(path)
         {
             Ok(file) => file,

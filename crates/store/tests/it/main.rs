@@ -2,6 +2,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod basics;
+mod damage;
 mod faults;
 mod model;
 mod processes;
