@@ -212,6 +212,12 @@ pub(crate) async fn replay(
 ) -> Result<ExitCode> {
     require_file(file)?;
     let (session_id, turns, error) = read_turns(file)?;
+    // Nothing before the bad line: the line is the whole story.
+    if turns.is_empty()
+        && let Some(error) = error
+    {
+        return Err(error);
+    }
     let mut options = global.options();
     options.engine_override = engine;
     options.context_window_override = window;

@@ -431,3 +431,121 @@ fn an_engine_that_cannot_start_fails_the_command() {
     );
     assert_eq!(error.lines().count(), 1, "{error}");
 }
+
+/// Hostile input: a configuration nested 30,000 levels, a transcript whose first entry is
+/// malformed — each one clear line naming the file and line, never a crash.
+#[test]
+fn hostile_configuration_and_transcripts_get_one_clear_line() {
+    let dir = TempDir::new().unwrap();
+    let state = dir.path();
+    let deep = format!("{{ a: {}1{} }}", "[".repeat(30_000), "]".repeat(30_000));
+    std::fs::write(state.join("vilvona.json5"), deep).unwrap();
+    for command in [&["doctor"][..], &["replay", &fixture()][..]] {
+        let output = vilvona(state, command);
+        assert_eq!(output.status.code(), Some(1), "{command:?}");
+        let error = stderr(&output);
+        assert!(
+            error.contains("vilvona.json5:1:") && error.contains("nest deeper than 64 levels"),
+            "{command:?}: {error}"
+        );
+        assert_eq!(error.lines().count(), 1, "{error}");
+    }
+    std::fs::remove_file(state.join("vilvona.json5")).unwrap();
+
+    let file = state.join("first-bad.jsonl");
+    let header = std::fs::read_to_string(fixture())
+        .unwrap()
+        .lines()
+        .next()
+        .unwrap()
+        .to_owned();
+    std::fs::write(
+        &file,
+        format!("{header}\n{{\"type\":\"message\",\"message\":{{\"role\":\"user\",\"content\":\"no id\"}}}}\n"),
+    )
+    .unwrap();
+    let output = vilvona(state, &["replay", file.to_str().unwrap()]);
+    assert_eq!(output.status.code(), Some(1));
+    let error = stderr(&output);
+    assert!(error.contains(&format!("{}:2:", file.display())), "{error}");
+    assert!(!error.contains("has no record"), "{error}");
+}
+
+/// Private by default: the state directory 0700 and every file in it 0600 whatever the umask;
+/// doctor reports anything looser, and doctor --fix tightens it. A relative state directory is
+/// recorded absolute.
+#[test]
+fn the_state_directory_is_private_and_absolute() {
+    use std::os::unix::fs::PermissionsExt;
+
+    let dir = TempDir::new().unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_vilvona"))
+        .current_dir(dir.path())
+        .args([
+            "--state-dir",
+            "rel",
+            "replay",
+            &fixture(),
+            "--engine",
+            "lossless",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", stderr(&output));
+    let state = dir.path().join("rel");
+    let records: Value =
+        serde_json::from_str(&std::fs::read_to_string(state.join("sessions.json")).unwrap())
+            .unwrap();
+    for record in records.as_object().unwrap().values() {
+        assert!(
+            Path::new(record["sessionFile"].as_str().unwrap()).is_absolute(),
+            "{record}"
+        );
+    }
+    let mut checked = 0;
+    let mut pending = vec![state.clone()];
+    while let Some(path) = pending.pop() {
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode & 0o077, 0, "{} is {mode:o}", path.display());
+        checked += 1;
+        if path.is_dir() {
+            pending.extend(
+                std::fs::read_dir(&path)
+                    .unwrap()
+                    .flatten()
+                    .map(|entry| entry.path()),
+            );
+        }
+    }
+    assert!(checked > 10, "only {checked} paths");
+    let doctor = json(&vilvona(&state, &["doctor", "--json"]));
+    assert_eq!(doctor["healthy"], true, "{doctor}");
+
+    let transcript = std::fs::read_dir(state.join("sessions"))
+        .unwrap()
+        .flatten()
+        .next()
+        .unwrap()
+        .path();
+    std::fs::set_permissions(&transcript, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let loose = vilvona(&state, &["doctor", "--json"]);
+    assert_eq!(loose.status.code(), Some(1));
+    let report: Value = serde_json::from_slice(&loose.stdout).unwrap();
+    let check = report["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|check| check["name"] == "private state directory")
+        .unwrap()
+        .clone();
+    assert_eq!(check["ok"], false);
+    assert!(
+        check["detail"].as_str().unwrap().contains("doctor --fix"),
+        "{check}"
+    );
+    let fixed = json(&vilvona(&state, &["doctor", "--fix", "--json"]));
+    assert_eq!(fixed["healthy"], true, "{fixed}");
+    let mode = std::fs::metadata(&transcript).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+}

@@ -157,6 +157,14 @@ impl HostConfig {
 
     /// Parses JSON5 text read from `path`.
     pub fn parse(text: &str, path: &Path) -> Result<HostConfig, ConfigError> {
+        if let Some((line, column)) = too_deep(text, MAX_NESTING) {
+            return Err(ConfigError::Syntax {
+                path: path.to_owned(),
+                line,
+                column,
+                message: format!("objects and arrays nest deeper than {MAX_NESTING} levels"),
+            });
+        }
         let raw: Value = json5::from_str(text).map_err(|error| {
             let (line, column) = error
                 .position()
@@ -501,6 +509,69 @@ fn model_config(reader: &Reader<'_>) -> Result<Option<ModelConfig>, ConfigError>
             .unwrap_or(60_000),
         context_window,
     }))
+}
+
+/// How deep objects and arrays may nest in the configuration (the parser recurses per level).
+const MAX_NESTING: usize = 64;
+
+/// Where (line, column) the text first nests deeper than `limit`, skipping strings and
+/// comments; `None` when it never does.
+fn too_deep(text: &str, limit: usize) -> Option<(usize, usize)> {
+    let (mut depth, mut line, mut column) = (0usize, 1usize, 0usize);
+    let mut chars = text.chars().peekable();
+    let mut quote: Option<char> = None;
+    while let Some(c) = chars.next() {
+        column += 1;
+        if c == '\n' {
+            line += 1;
+            column = 0;
+        }
+        match quote {
+            Some(open) => {
+                if c == '\\' {
+                    chars.next();
+                    column += 1;
+                } else if c == open {
+                    quote = None;
+                }
+            }
+            None => match c {
+                '"' | '\'' => quote = Some(c),
+                '/' if chars.peek() == Some(&'/') => {
+                    for skipped in chars.by_ref() {
+                        if skipped == '\n' {
+                            line += 1;
+                            column = 0;
+                            break;
+                        }
+                    }
+                }
+                '/' if chars.peek() == Some(&'*') => {
+                    chars.next();
+                    let mut previous = ' ';
+                    for skipped in chars.by_ref() {
+                        if skipped == '\n' {
+                            line += 1;
+                            column = 0;
+                        }
+                        if previous == '*' && skipped == '/' {
+                            break;
+                        }
+                        previous = skipped;
+                    }
+                }
+                '{' | '[' => {
+                    depth += 1;
+                    if depth > limit {
+                        return Some((line, column));
+                    }
+                }
+                '}' | ']' => depth = depth.saturating_sub(1),
+                _ => {}
+            },
+        }
+    }
+    None
 }
 
 /// Keys this build reads, as dotted paths; `*` matches any one key, and a trailing `**` accepts

@@ -118,16 +118,17 @@ impl HostOptions {
 
 /// The state dir: `--state-dir`, else `$VILVONA_STATE_DIR`, else `~/.vilvona`.
 pub fn default_state_dir(flag: Option<&Path>) -> PathBuf {
-    if let Some(dir) = flag {
-        return dir.to_owned();
-    }
-    if let Some(dir) = std::env::var_os("VILVONA_STATE_DIR") {
-        return PathBuf::from(dir);
-    }
-    std::env::var_os("HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("."))
-        .join(".vilvona")
+    let dir = match (flag, std::env::var_os("VILVONA_STATE_DIR")) {
+        (Some(dir), _) => dir.to_owned(),
+        (None, Some(dir)) => PathBuf::from(dir),
+        (None, None) => std::env::var_os("HOME")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from("."))
+            .join(".vilvona"),
+    };
+    // Absolute: the transcript paths recorded in sessions.json must mean the same file from
+    // any working directory.
+    std::path::absolute(&dir).unwrap_or(dir)
 }
 
 /// A session the host has open in this process.

@@ -255,19 +255,26 @@ impl RecallIndex {
     }
 
     /// Opens an existing index for reading only: never creates, repairs or locks anything.
-    /// `None` when there is no usable index (searches then read SQLite alone).
-    pub(crate) fn open_existing(dir: &Path) -> Option<RecallIndex> {
+    /// `Ok(None)` when there is none; an error when it is there but cannot be read (searches
+    /// then read SQLite alone, and the next writer rebuilds it).
+    pub(crate) fn open_existing(dir: &Path) -> Result<Option<RecallIndex>> {
         let (schema, fields) = schema();
-        let directory = mmap_directory(dir).ok()?;
-        if !Index::exists(&directory).ok()? {
-            return None;
+        if !dir.exists() {
+            return Ok(None);
         }
-        let index = Index::open(directory)
-            .ok()
-            .filter(|index| index.schema() == schema)?;
-        let opened = RecallIndex::with_reader(index, fields, dir).ok()?;
-        opened.probe().ok()?;
-        Some(opened)
+        let directory = mmap_directory(dir)?;
+        if !Index::exists(&directory).unwrap_or(false) {
+            return Ok(None);
+        }
+        let index = Index::open(directory)?;
+        if index.schema() != schema {
+            return Err(StoreError::Index(tantivy::TantivyError::SchemaError(
+                "the index was written with another schema".to_owned(),
+            )));
+        }
+        let opened = RecallIndex::with_reader(index, fields, dir)?;
+        opened.probe()?;
+        Ok(Some(opened))
     }
 
     fn with_reader(index: Index, fields: Fields, dir: &Path) -> Result<RecallIndex> {

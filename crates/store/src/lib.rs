@@ -163,6 +163,8 @@ struct Inner {
     readers: Mutex<Vec<Connection>>,
     /// `None` only for a read-only store without a usable index: searches read SQLite alone.
     index: Option<Arc<IndexSlot>>,
+    /// Why a read-only store has no index although one is there (doctor reports it).
+    index_problem: Option<String>,
     read_only: bool,
 }
 
@@ -249,6 +251,7 @@ impl Store {
                 writer_thread: Mutex::new(Some(thread)),
                 readers: Mutex::new(Vec::new()),
                 index: Some(index),
+                index_problem: None,
                 read_only: false,
             }),
         })
@@ -270,11 +273,14 @@ impl Store {
             }
             let connection = schema::connect(&db_path)?;
             schema::check_version(&connection, &db_path)?;
-            let index = RecallIndex::open_existing(&dir.join(INDEX_DIR))
-                .map(|index| Arc::new(IndexSlot::new(index)));
-            if index.is_none() {
-                tracing::warn!(dir = %dir.display(), "no usable recall index; searching the database directly");
-            }
+            let (index, index_problem) = match RecallIndex::open_existing(&dir.join(INDEX_DIR)) {
+                Ok(index) => (index.map(|index| Arc::new(IndexSlot::new(index))), None),
+                Err(error) => {
+                    let problem = chain(&error);
+                    tracing::warn!(dir = %dir.display(), %problem, "the recall index cannot be read; searching the database directly");
+                    (None, Some(problem))
+                }
+            };
             Ok(Store {
                 inner: Arc::new(Inner {
                     db_path,
@@ -283,6 +289,7 @@ impl Store {
                     writer_thread: Mutex::new(None),
                     readers: Mutex::new(vec![connection]),
                     index,
+                    index_problem,
                     read_only: true,
                 }),
             })
@@ -433,6 +440,18 @@ fn private_dir(dir: &Path) -> std::io::Result<()> {
         std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
     }
     Ok(())
+}
+
+/// An error and its causes on one line.
+fn chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
 }
 
 fn prepare(message: NewMessage) -> Result<PreparedMessage> {
@@ -710,9 +729,15 @@ impl HistoryStore for Store {
     async fn integrity_check(&self) -> Result<IntegrityReport> {
         self.flush_index().await?;
         let index = self.inner.index.as_ref().map(|slot| slot.current());
+        let index_problem = self.inner.index_problem.clone();
         self.read(move |connection| {
             let mut report = IntegrityReport::default();
             read::integrity_problems(connection, &mut report)?;
+            if let Some(problem) = index_problem {
+                report.problems.push(format!(
+                    "the recall index cannot be read ({problem}); searches read the database meanwhile; any writing command (or rebuild-index) rebuilds it"
+                ));
+            }
             let watermark = match &index {
                 Some(index) => index.watermark()?,
                 None => Default::default(),

@@ -266,6 +266,14 @@ pub fn read_entries(
         position += read as u64;
         let complete = buffer.last() == Some(&b'\n');
         let text = String::from_utf8_lossy(&buffer);
+        if matches!(text, std::borrow::Cow::Owned(_)) {
+            // Kept, lossily: every valid part of the line matters more than its bad bytes.
+            tracing::warn!(
+                path = %path.display(),
+                line = line_number,
+                "the line is not valid UTF-8; its invalid bytes are read as U+FFFD"
+            );
+        }
         let text = text.trim();
         if text.is_empty() {
             continue;

@@ -77,6 +77,11 @@ async fn a_missing_or_truncated_index_file_is_healed_at_open() {
         // A read-only open does not repair, but still finds everything (in SQLite).
         let reader = Store::open_read_only(dir.path()).await.unwrap();
         finds_everything(&reader, conversation).await;
+        let problems = reader.integrity_check().await.unwrap().problems;
+        assert!(
+            problems.iter().any(|problem| problem.contains("recall index cannot be read")),
+            "{extension}: doctor is told: {problems:?}"
+        );
         // A writing open moves the damaged index aside and rebuilds it.
         let store = open(&dir).await;
         finds_everything(&store, conversation).await;
