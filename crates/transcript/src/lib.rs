@@ -232,6 +232,13 @@ fn parse_header(path: &Path, line: &str) -> Result<SessionHeader> {
     })
 }
 
+/// Parses one entry line (not the header), with the reason when it does not fit.
+pub fn parse_line(text: &str) -> std::result::Result<Entry, String> {
+    serde_json::from_str::<Value>(text)
+        .map_err(|error| error.to_string())
+        .and_then(Entry::parse)
+}
+
 /// Streams a transcript's entries from `from` (the default cursor = the start, header
 /// included), calling `visit` for each. Stops at the first malformed line with an error, having
 /// visited everything before it. Returns the header (when read from the start) and a torn last
@@ -282,9 +289,7 @@ pub fn read_entries(
             header = Some(parse_header(path, text)?);
             continue;
         }
-        let parsed = serde_json::from_str::<Value>(text)
-            .map_err(|error| error.to_string())
-            .and_then(Entry::parse);
+        let parsed = parse_line(text);
         match parsed {
             Ok(entry) => visit(Located {
                 entry,

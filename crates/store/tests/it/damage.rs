@@ -79,7 +79,9 @@ async fn a_missing_or_truncated_index_file_is_healed_at_open() {
         finds_everything(&reader, conversation).await;
         let problems = reader.integrity_check().await.unwrap().problems;
         assert!(
-            problems.iter().any(|problem| problem.contains("recall index cannot be read")),
+            problems
+                .iter()
+                .any(|problem| problem.contains("recall index cannot be read")),
             "{extension}: doctor is told: {problems:?}"
         );
         // A writing open moves the damaged index aside and rebuilds it.
