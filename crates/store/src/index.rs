@@ -94,6 +94,64 @@ fn schema() -> (Schema, Fields) {
     (builder.build(), fields)
 }
 
+/// Every data file of a committed segment ends with a footer of at least 8 bytes; a shorter
+/// file is truncated. (tantivy itself panics on files of 4 to 7 bytes.) Files of segments the
+/// last commit does not name (an interrupted write's leftovers) are not the index's.
+fn check_files(dir: &Path) -> Result<()> {
+    let Ok(meta) = std::fs::read_to_string(dir.join("meta.json")) else {
+        return Ok(());
+    };
+    let committed: std::collections::HashSet<String> =
+        serde_json::from_str::<serde_json::Value>(&meta)
+            .ok()
+            .and_then(|meta| meta.get("segments").cloned())
+            .and_then(|segments| segments.as_array().cloned())
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|segment| {
+                segment
+                    .get("segment_id")?
+                    .as_str()
+                    .map(|id| id.replace('-', ""))
+            })
+            .collect();
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Ok(());
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let stem = path
+            .file_stem()
+            .map(|stem| stem.to_string_lossy().into_owned());
+        if !stem.is_some_and(|stem| committed.contains(&stem)) {
+            continue;
+        }
+        let length = entry.metadata().map_or(0, |meta| meta.len());
+        if length < 8 {
+            return Err(StoreError::Index(tantivy::TantivyError::SystemError(
+                format!("{} is truncated ({length} bytes)", entry.path().display()),
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Runs index code that may panic on damaged files (a third-party library's arithmetic on
+/// lengths it read), turning a panic into an error: the index is disposable, a panic there must
+/// not take the store down.
+pub(crate) fn contained<T>(work: impl FnOnce() -> Result<T>) -> Result<T> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(work)).unwrap_or_else(|panic| {
+        let message = panic
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| panic.downcast_ref::<&str>().copied())
+            .unwrap_or("a panic");
+        Err(StoreError::Index(tantivy::TantivyError::SystemError(
+            format!("reading the index panicked: {message}"),
+        )))
+    })
+}
+
 fn mmap_directory(dir: &Path) -> Result<MmapDirectory> {
     MmapDirectory::open(dir).map_err(|error| {
         StoreError::Index(tantivy::TantivyError::SystemError(format!(
@@ -195,6 +253,11 @@ impl RecallIndex {
     }
 
     fn open_or_create(dir: &Path) -> Result<(RecallIndex, bool)> {
+        check_files(dir)?;
+        contained(|| RecallIndex::open_or_create_unchecked(dir))
+    }
+
+    fn open_or_create_unchecked(dir: &Path) -> Result<(RecallIndex, bool)> {
         let (schema, fields) = schema();
         std::fs::create_dir_all(dir).map_err(|error| StoreError::io(dir, error))?;
         let directory = mmap_directory(dir)?;
@@ -258,10 +321,15 @@ impl RecallIndex {
     /// `Ok(None)` when there is none; an error when it is there but cannot be read (searches
     /// then read SQLite alone, and the next writer rebuilds it).
     pub(crate) fn open_existing(dir: &Path) -> Result<Option<RecallIndex>> {
-        let (schema, fields) = schema();
         if !dir.exists() {
             return Ok(None);
         }
+        check_files(dir)?;
+        contained(|| RecallIndex::open_existing_unchecked(dir))
+    }
+
+    fn open_existing_unchecked(dir: &Path) -> Result<Option<RecallIndex>> {
+        let (schema, fields) = schema();
         let directory = mmap_directory(dir)?;
         if !Index::exists(&directory).unwrap_or(false) {
             return Ok(None);

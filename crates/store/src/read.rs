@@ -645,7 +645,19 @@ pub(crate) fn integrity_problems(
 ) -> Result<()> {
     let quick: String = connection.query_row("PRAGMA quick_check", [], |row| row.get(0))?;
     if quick != "ok" {
-        report.problems.push(format!("sqlite quick_check: {quick}"));
+        report.problems.push(format!(
+            "sqlite quick_check: {quick}; restore the database from a backup"
+        ));
+    }
+    // Damage inside a row's bytes passes quick_check: every stored message must decode.
+    let undecodable = for_each_message_after(connection, 0, |_| Ok(()))?;
+    if !undecodable.is_empty() {
+        let shown: Vec<String> = undecodable.iter().take(10).map(i64::to_string).collect();
+        report.problems.push(format!(
+            "{} stored message(s) cannot be decoded (damaged database pages), e.g. {}: their text is neither searched nor assembled; restore the database from a backup",
+            undecodable.len(),
+            shown.join(", ")
+        ));
     }
     let count = |sql: &str| -> Result<u64> {
         Ok(connection

@@ -52,9 +52,11 @@ fn indexed_search(
     }
     let highlighter = terms_regex(&query_terms);
     let read_index = |index: &RecallIndex| -> Result<(Watermark, Vec<(IndexedRow, f32)>)> {
-        index.refresh()?;
-        let through = index.searched_through();
-        Ok((through, index.search(query)?))
+        crate::index::contained(|| {
+            index.refresh()?;
+            let through = index.searched_through();
+            Ok((through, index.search(query)?))
+        })
     };
     let (through, mut rows) = match index.map(|index| (index, read_index(index))) {
         Some((_, Ok(found))) => found,

@@ -1,0 +1,472 @@
+//! The crash and damage suite: a real `vilvona replay` killed with SIGKILL at spread moments
+//! more than a hundred times, each kill followed by reopening and checking; and a matrix of
+//! damage to the index and the database, after which every command works or fails with one
+//! clear line, and recall comes back whenever the database is intact.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use serde_json::Value;
+use tempfile::TempDir;
+
+fn command(state: &Path, args: &[&str]) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_vilvona"));
+    command
+        .arg("--state-dir")
+        .arg(state)
+        .args(args)
+        .env_remove("RUST_LOG");
+    command
+}
+
+fn vilvona(state: &Path, args: &[&str]) -> Output {
+    command(state, args).output().unwrap()
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+/// Exit 0, or exit 1 with a report or one error line: never a panic or a signal.
+fn clean(output: &Output, what: &str) -> bool {
+    let error = stderr(output);
+    match output.status.code() {
+        Some(0) => true,
+        Some(1) => {
+            // Either a report (doctor: problems found) or one error line; warnings may precede.
+            let lines = error
+                .lines()
+                .filter(|line| line.starts_with("vilvona:"))
+                .count();
+            assert!(
+                lines == 1 || (lines == 0 && !output.stdout.is_empty()),
+                "{what}: one error line or a report, got: {error}"
+            );
+            assert!(!error.contains("panicked"), "{what}: {error}");
+            false
+        }
+        other => panic!("{what}: exit {other:?}: {error}"),
+    }
+}
+
+fn lossless_state(dir: &Path) -> PathBuf {
+    let state = dir.join("state");
+    std::fs::create_dir_all(&state).unwrap();
+    std::fs::set_permissions(&state, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
+    let config = state.join("vilvona.json5");
+    std::fs::write(
+        &config,
+        r#"{ plugins: { slots: { contextEngine: "lossless" } }, agents: { defaults: { contextTokens: 16000 } } }"#,
+    )
+    .unwrap();
+    std::fs::set_permissions(&config, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    state
+}
+
+struct Session {
+    file: PathBuf,
+    id: String,
+    /// Each entry's message as JSON, in order.
+    messages: Vec<Value>,
+    needles: Vec<(String, String)>,
+}
+
+fn session(dir: &Path, turns: usize, seed: u64) -> Session {
+    let workload = vilvona_workload::generate(turns, seed, 8);
+    let file = dir.join(format!("session-{seed}.jsonl"));
+    std::fs::write(&file, workload.to_jsonl()).unwrap();
+    Session {
+        file,
+        id: workload.header.id.clone(),
+        messages: workload
+            .entries
+            .iter()
+            .map(|entry| serde_json::to_value(&entry.message).unwrap())
+            .collect(),
+        needles: workload
+            .needles
+            .iter()
+            .map(|needle| (needle.query.clone(), needle.answer.clone()))
+            .collect(),
+    }
+}
+
+/// The messages the store holds for a session, in sequence order.
+fn stored(state: &Path, session: &str) -> Vec<Value> {
+    let db = state.join("agents/main/lossless/vilvona.db");
+    if !db.exists() {
+        return Vec::new();
+    }
+    let connection = rusqlite::Connection::open(db).unwrap();
+    let mut statement = connection
+        .prepare(
+            "SELECT m.json FROM messages m JOIN conversations c ON c.id = m.conversation_id
+             WHERE c.session_id = ?1 ORDER BY m.seq",
+        )
+        .unwrap();
+    statement
+        .query_map([session], |row| row.get::<_, Vec<u8>>(0))
+        .unwrap()
+        .map(|bytes| {
+            let bytes = bytes.unwrap();
+            // lz4, size-prefixed (as the store writes it).
+            let size = u32::from_le_bytes(bytes[..4].try_into().unwrap()) as usize;
+            let json = lz4_decompress(&bytes[4..], size);
+            serde_json::from_slice(&json).unwrap()
+        })
+        .collect()
+}
+
+/// A minimal LZ4 block decoder (the format is small and fixed), so the test reads the store
+/// without the store's code.
+fn lz4_decompress(mut input: &[u8], size: usize) -> Vec<u8> {
+    let mut out: Vec<u8> = Vec::with_capacity(size);
+    while !input.is_empty() {
+        let token = input[0];
+        input = &input[1..];
+        let mut literals = (token >> 4) as usize;
+        if literals == 15 {
+            loop {
+                let byte = input[0];
+                input = &input[1..];
+                literals += byte as usize;
+                if byte != 255 {
+                    break;
+                }
+            }
+        }
+        out.extend_from_slice(&input[..literals]);
+        input = &input[literals..];
+        if input.is_empty() {
+            break;
+        }
+        let offset = u16::from_le_bytes([input[0], input[1]]) as usize;
+        input = &input[2..];
+        let mut length = (token & 15) as usize;
+        if length == 15 {
+            loop {
+                let byte = input[0];
+                input = &input[1..];
+                length += byte as usize;
+                if byte != 255 {
+                    break;
+                }
+            }
+        }
+        length += 4;
+        let start = out.len() - offset;
+        for index in 0..length {
+            out.push(out[start + index]);
+        }
+    }
+    out
+}
+
+/// The message entries of the session's transcript, as JSON.
+fn transcript(state: &Path, session: &str) -> Vec<Value> {
+    let path = state.join("sessions").join(format!("{session}.jsonl"));
+    let Ok(text) = std::fs::read_to_string(path) else {
+        return Vec::new();
+    };
+    let mut ids = std::collections::HashSet::new();
+    text.lines()
+        .skip(1)
+        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        .filter(|entry| entry["type"] == "message")
+        .map(|entry| {
+            assert!(
+                ids.insert(entry["id"].as_str().unwrap().to_owned()),
+                "entry {} written twice",
+                entry["id"]
+            );
+            entry["message"].clone()
+        })
+        .collect()
+}
+
+#[test]
+fn a_hundred_sigkills_lose_and_double_nothing() {
+    let dir = TempDir::new().unwrap();
+    let state = lossless_state(dir.path());
+    let session = session(dir.path(), 1_500, 31);
+    let kills = 104;
+    for kill in 0..kills {
+        let mut replay = command(
+            &state,
+            &["replay", session.file.to_str().unwrap(), "--json"],
+        )
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+        // Spread over the start (opening, bootstrap) and the middle of turns (ingest,
+        // compaction, index commits).
+        let delay = 15 + (kill * 53) % 330;
+        std::thread::sleep(Duration::from_millis(delay as u64));
+        replay.kill().unwrap();
+        replay.wait().unwrap();
+        // What the transcript holds was acknowledged to disk; the store holds the same
+        // messages, in order, each once (the last turn may still be on its way: the next open
+        // imports it).
+        let on_disk = transcript(&state, &session.id);
+        let in_store = stored(&state, &session.id);
+        assert!(on_disk.len() <= session.messages.len());
+        assert_eq!(
+            on_disk[..],
+            session.messages[..on_disk.len()],
+            "kill {kill}: transcript"
+        );
+        assert_eq!(
+            in_store[..],
+            session.messages[..in_store.len()],
+            "kill {kill}: store"
+        );
+        // (Killed before the store existed: nothing to check yet.)
+        if !state.join("agents/main/lossless/vilvona.db").exists() {
+            continue;
+        }
+        let doctor = vilvona(&state, &["doctor", "--json"]);
+        assert!(
+            doctor.status.success(),
+            "kill {kill}: doctor: {}",
+            String::from_utf8_lossy(&doctor.stdout)
+        );
+    }
+    // Resumed to the end: everything once, every fact found.
+    let done = vilvona(
+        &state,
+        &["replay", session.file.to_str().unwrap(), "--json"],
+    );
+    assert!(done.status.success(), "{}", stderr(&done));
+    assert_eq!(transcript(&state, &session.id), session.messages);
+    assert_eq!(stored(&state, &session.id), session.messages);
+    for (query, answer) in &session.needles {
+        let found = vilvona(&state, &["grep", query, "--session", &session.id, "--json"]);
+        assert!(
+            String::from_utf8_lossy(&found.stdout).contains(answer.as_str()),
+            "{query} → {answer}"
+        );
+    }
+}
+
+/// Each kind of damage, then each command: exit 0 or one clear line; when the database is
+/// intact, recall is whole again (by itself, or after rebuild-index).
+#[test]
+fn the_damage_matrix() {
+    let dir = TempDir::new().unwrap();
+    let template = lossless_state(dir.path());
+    let session = session(dir.path(), 120, 17);
+    let replayed = vilvona(
+        &template,
+        &["replay", session.file.to_str().unwrap(), "--json"],
+    );
+    assert!(replayed.status.success(), "{}", stderr(&replayed));
+    let index_dir = |state: &Path| state.join("agents/main/lossless/index");
+    let database = |state: &Path| state.join("agents/main/lossless/vilvona.db");
+
+    /// Damage to a copy of the state: given its index directory and its database file.
+    type Damage = Box<dyn Fn(&Path, &Path)>;
+    let index_file = |extension: &'static str, truncate: bool| {
+        move |index: &Path, _db: &Path| {
+            let victims: Vec<PathBuf> = std::fs::read_dir(index)
+                .unwrap()
+                .flatten()
+                .map(|entry| entry.path())
+                .filter(|path| {
+                    extension == "*"
+                        || path.extension().is_some_and(|found| found == extension)
+                        || path.file_name().is_some_and(|name| name == extension)
+                })
+                .collect();
+            assert!(!victims.is_empty(), "no {extension} file");
+            for victim in victims {
+                if truncate {
+                    std::fs::OpenOptions::new()
+                        .write(true)
+                        .open(&victim)
+                        .unwrap()
+                        .set_len(7)
+                        .unwrap();
+                } else {
+                    std::fs::remove_file(&victim).unwrap();
+                }
+            }
+        }
+    };
+    let cases: Vec<(&str, Damage, bool)> = vec![
+        (
+            "index .idx deleted",
+            Box::new(index_file("idx", false)),
+            true,
+        ),
+        (
+            "index .term deleted",
+            Box::new(index_file("term", false)),
+            true,
+        ),
+        (
+            "index .fast deleted",
+            Box::new(index_file("fast", false)),
+            true,
+        ),
+        (
+            "index .pos deleted",
+            Box::new(index_file("pos", false)),
+            true,
+        ),
+        (
+            "index .store deleted",
+            Box::new(index_file("store", false)),
+            true,
+        ),
+        (
+            "index .idx truncated",
+            Box::new(index_file("idx", true)),
+            true,
+        ),
+        (
+            "index .term truncated",
+            Box::new(index_file("term", true)),
+            true,
+        ),
+        (
+            "index meta.json deleted",
+            Box::new(index_file("meta.json", false)),
+            true,
+        ),
+        (
+            "index meta.json truncated",
+            Box::new(index_file("meta.json", true)),
+            true,
+        ),
+        (
+            "the whole index deleted",
+            Box::new(|index: &Path, _: &Path| std::fs::remove_dir_all(index).unwrap()),
+            true,
+        ),
+        (
+            "a database page flipped",
+            Box::new(|_: &Path, db: &Path| {
+                let mut bytes = std::fs::read(db).unwrap();
+                let middle = bytes.len() / 2;
+                for byte in &mut bytes[middle..middle + 64] {
+                    *byte ^= 0x5a;
+                }
+                std::fs::write(db, bytes).unwrap();
+            }),
+            false,
+        ),
+        (
+            "the database header flipped",
+            Box::new(|_: &Path, db: &Path| {
+                let mut bytes = std::fs::read(db).unwrap();
+                bytes[0] ^= 0xff;
+                std::fs::write(db, bytes).unwrap();
+            }),
+            false,
+        ),
+        (
+            "the database truncated",
+            Box::new(|_: &Path, db: &Path| {
+                let length = std::fs::metadata(db).unwrap().len();
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(db)
+                    .unwrap()
+                    .set_len(length / 3)
+                    .unwrap();
+            }),
+            false,
+        ),
+        (
+            "the database deleted",
+            Box::new(|_: &Path, db: &Path| std::fs::remove_file(db).unwrap()),
+            false,
+        ),
+    ];
+    for (name, damage, database_intact) in cases {
+        let case_dir = TempDir::new().unwrap();
+        let state = case_dir.path().join("state");
+        copy_dir(&template, &state);
+        damage(&index_dir(&state), &database(&state));
+        let needle = &session.needles[0];
+        for args in [
+            vec![
+                "grep",
+                needle.0.as_str(),
+                "--session",
+                session.id.as_str(),
+                "--json",
+            ],
+            vec![
+                "grep",
+                "line \\d+",
+                "--session",
+                session.id.as_str(),
+                "--mode",
+                "regex",
+            ],
+            vec!["stats", "--session", session.id.as_str()],
+            vec!["sessions"],
+            vec!["context", "json", "--session", session.id.as_str()],
+            vec!["doctor"],
+        ] {
+            clean(&vilvona(&state, &args), &format!("{name}: {args:?}"));
+        }
+        let doctor = vilvona(&state, &["doctor", "--json"]);
+        if !database_intact {
+            // A store that cannot open is a problem, never "healthy"; a flipped page may lie in
+            // free space or slack, where nothing can see it.
+            if name != "a database page flipped" {
+                assert_eq!(
+                    doctor.status.code(),
+                    Some(1),
+                    "{name}: doctor must not say healthy"
+                );
+            }
+            // A writer fails with one line or works; nothing panics.
+            clean(
+                &vilvona(
+                    &state,
+                    &["replay", session.file.to_str().unwrap(), "--json"],
+                ),
+                name,
+            );
+            continue;
+        }
+        // The database is intact: a writing command (or rebuild-index) heals the index.
+        clean(
+            &vilvona(&state, &["rebuild-index"]),
+            &format!("{name}: rebuild-index"),
+        );
+        let doctor = vilvona(&state, &["doctor", "--json"]);
+        assert!(
+            doctor.status.success(),
+            "{name}: {}",
+            String::from_utf8_lossy(&doctor.stdout)
+        );
+        for (query, answer) in &session.needles {
+            let found = vilvona(&state, &["grep", query, "--session", &session.id, "--json"]);
+            assert!(
+                String::from_utf8_lossy(&found.stdout).contains(answer.as_str()),
+                "{name}: {query} → {answer}"
+            );
+        }
+    }
+}
+
+/// Copies a state directory as it is, permissions included.
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    std::fs::set_permissions(to, std::fs::metadata(from).unwrap().permissions()).unwrap();
+    for entry in std::fs::read_dir(from).unwrap().flatten() {
+        let target = to.join(entry.file_name());
+        if entry.path().is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), &target).unwrap();
+        }
+    }
+}
