@@ -470,3 +470,135 @@ fn copy_dir(from: &Path, to: &Path) {
         }
     }
 }
+
+/// A small tmpfs mounted for one test, unmounted when it ends.
+struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    fn mount(at: &Path, size: &str) -> Result<Tmpfs, String> {
+        std::fs::create_dir_all(at).map_err(|error| error.to_string())?;
+        let output = Command::new("mount")
+            .args([
+                "-t",
+                "tmpfs",
+                "-o",
+                &format!("size={size},mode=0700"),
+                "tmpfs",
+            ])
+            .arg(at)
+            .output()
+            .map_err(|error| error.to_string())?;
+        if output.status.success() {
+            Ok(Tmpfs(at.to_owned()))
+        } else {
+            Err(stderr(&output))
+        }
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
+
+/// The disk fills up mid-replay: the command fails with one clear line, what was written is a
+/// consistent prefix, and the replay resumes elsewhere without writing anything twice.
+#[test]
+fn a_full_disk_fails_cleanly_and_loses_nothing() {
+    let dir = TempDir::new().unwrap();
+    let session = session(dir.path(), 1_500, 43);
+    let mount = dir.path().join("small");
+    let _tmpfs = match Tmpfs::mount(&mount, "3m") {
+        Ok(tmpfs) => tmpfs,
+        Err(reason) => {
+            // Said, not silent: this machine does not let the test mount a tmpfs.
+            eprintln!(
+                "SKIPPED a_full_disk_fails_cleanly_and_loses_nothing: cannot mount a tmpfs: {reason}"
+            );
+            return;
+        }
+    };
+    let state = lossless_state(&mount);
+    let full = vilvona(
+        &state,
+        &["replay", session.file.to_str().unwrap(), "--json"],
+    );
+    assert!(!full.status.success(), "3 MiB held the whole session?");
+    clean(&full, "a replay on a full disk");
+    assert!(
+        stderr(&full).contains("No space left on device") || stderr(&full).contains("full"),
+        "{}",
+        stderr(&full)
+    );
+    let on_disk = transcript(&state, &session.id);
+    let in_store = stored(&state, &session.id);
+    assert_eq!(on_disk[..], session.messages[..on_disk.len()]);
+    assert_eq!(in_store[..], session.messages[..in_store.len()]);
+    // Moved to a disk with room, the replay resumes and completes: everything once.
+    let roomy = dir.path().join("roomy");
+    copy_dir(&state, &roomy);
+    // (The transcript paths in sessions.json point at the old place: rewrite them.)
+    let index = roomy.join("sessions.json");
+    let text = std::fs::read_to_string(&index).unwrap();
+    std::fs::write(
+        &index,
+        text.replace(state.to_str().unwrap(), roomy.to_str().unwrap()),
+    )
+    .unwrap();
+    let done = vilvona(
+        &roomy,
+        &["replay", session.file.to_str().unwrap(), "--json"],
+    );
+    assert!(done.status.success(), "{}", stderr(&done));
+    assert_eq!(transcript(&roomy, &session.id), session.messages);
+    assert_eq!(stored(&roomy, &session.id), session.messages);
+}
+
+/// The WAL deleted after a crash: the database loses its newest transactions, the index may
+/// claim rows the database no longer has. Doctor says so, rebuild-index heals it, and the
+/// replay resumes to a complete, duplicate-free session.
+#[test]
+fn a_wal_deleted_after_a_crash_is_noticed_and_healed() {
+    let dir = TempDir::new().unwrap();
+    let state = lossless_state(dir.path());
+    let session = session(dir.path(), 1_500, 47);
+    let mut replay = command(
+        &state,
+        &["replay", session.file.to_str().unwrap(), "--json"],
+    )
+    .stdout(Stdio::null())
+    .stderr(Stdio::null())
+    .spawn()
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(1_500));
+    replay.kill().unwrap();
+    replay.wait().unwrap();
+    let wal = state.join("agents/main/lossless/vilvona.db-wal");
+    if wal.exists() {
+        std::fs::remove_file(&wal).unwrap();
+    }
+    let _ = std::fs::remove_file(state.join("agents/main/lossless/vilvona.db-shm"));
+    for args in [
+        vec!["stats", "--session", session.id.as_str()],
+        vec!["grep", "parser", "--session", session.id.as_str()],
+        vec!["doctor"],
+    ] {
+        clean(&vilvona(&state, &args), &format!("{args:?}"));
+    }
+    clean(&vilvona(&state, &["rebuild-index"]), "rebuild-index");
+    let in_store = stored(&state, &session.id);
+    assert_eq!(in_store[..], session.messages[..in_store.len()]);
+    let done = vilvona(
+        &state,
+        &["replay", session.file.to_str().unwrap(), "--json"],
+    );
+    assert!(done.status.success(), "{}", stderr(&done));
+    assert_eq!(stored(&state, &session.id), session.messages);
+    let doctor = vilvona(&state, &["doctor", "--json"]);
+    assert!(
+        doctor.status.success(),
+        "{}",
+        String::from_utf8_lossy(&doctor.stdout)
+    );
+}
