@@ -136,19 +136,6 @@ pub(crate) async fn doctor(global: &Global, json: bool, fix: bool) -> Result<Exi
         );
     }
     let loose = vilvona_runtime::privacy::loose_paths(&global.state_dir);
-    checks.push(Check {
-        name: "private state directory".to_owned(),
-        ok: loose.is_empty(),
-        detail: match loose.first() {
-            None => "only its owner can read the state directory".to_owned(),
-            Some(first) => format!(
-                "{} path(s) group or others may read, e.g. {} (mode {:o}); run `vilvona doctor --fix` (directories 0700, files 0600)",
-                loose.len(),
-                first.path.display(),
-                first.mode
-            ),
-        },
-    });
     let mut options = global.options();
     options.read_only = true;
     let host = Global::host_as_configured(options).await?;
@@ -183,6 +170,21 @@ pub(crate) async fn doctor(global: &Global, json: bool, fix: bool) -> Result<Exi
             });
         }
     }
+    // After the store's check (doctor's first), the state directory's permissions, as they
+    // were before this host opened (opening keeps the directory itself 0700).
+    checks.push(Check {
+        name: "private state directory".to_owned(),
+        ok: loose.is_empty(),
+        detail: match loose.first() {
+            None => "only its owner can read the state directory".to_owned(),
+            Some(first) => format!(
+                "{} path(s) group or others may read, e.g. {} (mode {:o}); run `vilvona doctor --fix` (directories 0700, files 0600)",
+                loose.len(),
+                first.path.display(),
+                first.mode
+            ),
+        },
+    });
     let report = doctor_report(&host, checks).await;
     if json {
         let mut value = serde_json::to_value(&report)?;

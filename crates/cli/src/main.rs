@@ -348,6 +348,9 @@ async fn run(command: Command, global: &Global) -> Result<ExitCode> {
 /// `vilvona plugins uninstall ID`: the selected engine is gone, so the slot selects `legacy`.
 fn uninstall_plugin(global: &Global, id: &str) -> Result<ExitCode> {
     let path = global.options().config_path();
+    // It rewrites a file in the state directory: the directory stays private.
+    vilvona_runtime::privacy::ensure_private_dir(&global.state_dir)
+        .with_context(|| format!("{}", global.state_dir.display()))?;
     if vilvona_runtime::reset_context_engine_slot(&path, id)? {
         println!(
             "{}: the contextEngine slot selected {id:?}; it now selects \"legacy\"",

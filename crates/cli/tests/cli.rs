@@ -522,6 +522,14 @@ fn the_state_directory_is_private_and_absolute() {
     let doctor = json(&vilvona(&state, &["doctor", "--json"]));
     assert_eq!(doctor["healthy"], true, "{doctor}");
 
+    // A 0644 file is out of reach while the directories above it are 0700: exposed only
+    // when they are opened too.
+    std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(
+        state.join("sessions"),
+        std::fs::Permissions::from_mode(0o755),
+    )
+    .unwrap();
     let transcript = std::fs::read_dir(state.join("sessions"))
         .unwrap()
         .flatten()
