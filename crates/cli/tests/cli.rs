@@ -557,3 +557,44 @@ fn the_state_directory_is_private_and_absolute() {
     let mode = std::fs::metadata(&transcript).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o600);
 }
+
+/// A transcript line with bytes that are not UTF-8 is kept, lossily, with a warning naming
+/// the line: everything valid in it matters more than its bad bytes.
+#[test]
+fn invalid_utf8_in_a_transcript_line_is_kept_with_a_warning() {
+    let dir = TempDir::new().unwrap();
+    let state = dir.path();
+    let mut bytes = std::fs::read(fixture()).unwrap();
+    // The second line (the first entry): one byte replaced by 0xff inside its text.
+    let second = bytes.iter().position(|byte| *byte == b'\n').unwrap() + 1;
+    let offset = second
+        + bytes[second..]
+            .windows(9)
+            .position(|window| window == b"\"content\"")
+            .unwrap()
+        + 14;
+    bytes[offset] = 0xff;
+    let file = state.join("bad-bytes.jsonl");
+    std::fs::write(&file, bytes).unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_vilvona"))
+        .arg("--state-dir")
+        .arg(state)
+        .args([
+            "replay",
+            file.to_str().unwrap(),
+            "--engine",
+            "lossless",
+            "--json",
+        ])
+        .env("RUST_LOG", "warn")
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", stderr(&output));
+    assert!(
+        stderr(&output).contains("not valid UTF-8") && stderr(&output).contains("line=2"),
+        "{}",
+        stderr(&output)
+    );
+    let report: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(report["ingested"], report["messages"]);
+}

@@ -278,6 +278,34 @@ fn a_line_that_is_not_utf8_gets_a_parse_error_and_the_server_keeps_serving() {
 }
 
 #[test]
+fn a_line_nested_too_deep_gets_a_parse_error_and_the_server_keeps_serving() {
+    let dir = TempDir::new().unwrap();
+    let mut client = Client::start(dir.path());
+    initialize(&mut client, json!({}));
+    client.send_raw(&format!(
+        "{{\"jsonrpc\":\"2.0\",\"id\":5,\"method\":\"ingest\",\"params\":{}1{}}}",
+        "[".repeat(100_000),
+        "]".repeat(100_000)
+    ));
+    let error = client.wait(|value| value["id"].is_null());
+    assert_eq!(error["error"]["code"], -32700, "{error}");
+    assert!(
+        error["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("recursion limit")
+    );
+    assert_eq!(
+        client.call(
+            6,
+            "ingest",
+            json!({"sessionId": "d", "message": user("fine", 1)})
+        )["ingested"],
+        true
+    );
+}
+
+#[test]
 fn calls_run_concurrently_and_each_session_keeps_its_order() {
     let dir = TempDir::new().unwrap();
     let mut client = Client::start(dir.path());
