@@ -26,6 +26,7 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::sync::{RwLock, mpsc, oneshot, watch};
 use vilvona_core::engine::*;
+use vilvona_core::error_chain;
 use vilvona_core::registry::{EngineSelection, EntrySettings, Registry};
 use vilvona_core::summarize::{SummarizeError, Summarizer, Summary, SummaryRequest};
 use vilvona_lossless::{LosslessEngine, ToolCaller};
@@ -66,19 +67,7 @@ fn engine_error(method: &str, error: EngineError) -> RpcError {
     if error.is_cancellation() {
         return RpcError::new(CANCELLED, format!("{method} was cancelled"));
     }
-    RpcError::new(ENGINE_ERROR, format!("{method}: {}", chain(&error)))
-}
-
-/// An error and its causes on one line.
-fn chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
+    RpcError::new(ENGINE_ERROR, format!("{method}: {}", error_chain(&error)))
 }
 
 type Job = Pin<Box<dyn Future<Output = ()> + Send>>;
@@ -279,7 +268,7 @@ impl Server {
     /// selected engine owns compaction while nothing does.
     async fn open(&self, setup: &Setup) -> Result<Active, RpcError> {
         let host_config = HostConfig::load(&setup.state_dir.join("vilvona.json5"))
-            .map_err(|e| RpcError::new(INVALID_PARAMS, chain(&e)))?;
+            .map_err(|e| RpcError::new(INVALID_PARAMS, error_chain(&e)))?;
         let estimator =
             vilvona_summarize::estimator(vilvona_summarize::TokenizerKind::Heuristic, 1.0);
         let summarizer: Arc<dyn Summarizer> = Arc::new(
@@ -309,7 +298,7 @@ impl Server {
         let engine = registry
             .instantiate(&selection)
             .await
-            .map_err(|e| RpcError::new(ENGINE_ERROR, chain(&e)))?;
+            .map_err(|e| RpcError::new(ENGINE_ERROR, error_chain(&e)))?;
         let lossless = lock(&handle).clone();
         Ok(Active {
             engine,
@@ -500,7 +489,7 @@ impl Server {
                     .call_tool(&caller, name, &arguments)
                     .await
                     .map_err(|error| {
-                        RpcError::new(TOOL_ERROR, format!("{name}: {}", chain(&error)))
+                        RpcError::new(TOOL_ERROR, format!("{name}: {}", error_chain(&error)))
                     })
             }
             other => Err(RpcError::new(

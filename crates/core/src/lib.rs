@@ -39,6 +39,7 @@ pub use message::{AgentMessage, ContentBlock, MessageContent};
 pub use registry::{
     EngineFactory, EngineSelection, EntrySettings, FactoryContext, FailurePolicy, LEGACY_ENGINE_ID,
     Owner, QuarantineRecord, Registry, ResolvedEngine, SelectionSource, Stage, engine_factory,
+    error_chain,
 };
 pub use summarize::{Summarizer, SummaryRequest};
 pub use tokens::{HeuristicEstimator, TokenEstimator};

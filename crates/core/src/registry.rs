@@ -787,8 +787,8 @@ fn contract_problems(info: &EngineInfo) -> Option<String> {
     (!problems.is_empty()).then(|| problems.join(", "))
 }
 
-/// An error and its sources, on one line.
-fn error_chain(error: &dyn std::error::Error) -> String {
+/// An error and its sources, on one line (each cause once: `error: cause: cause`).
+pub fn error_chain(error: &dyn std::error::Error) -> String {
     let mut text = error.to_string();
     let mut source = error.source();
     while let Some(cause) = source {

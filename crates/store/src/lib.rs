@@ -276,7 +276,7 @@ impl Store {
             let (index, index_problem) = match RecallIndex::open_existing(&dir.join(INDEX_DIR)) {
                 Ok(index) => (index.map(|index| Arc::new(IndexSlot::new(index))), None),
                 Err(error) => {
-                    let problem = chain(&error);
+                    let problem = vilvona_core::error_chain(&error);
                     tracing::warn!(dir = %dir.display(), %problem, "the recall index cannot be read; searching the database directly");
                     (None, Some(problem))
                 }
@@ -440,18 +440,6 @@ fn private_dir(dir: &Path) -> std::io::Result<()> {
         std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
     }
     Ok(())
-}
-
-/// An error and its causes on one line.
-fn chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 fn prepare(message: NewMessage) -> Result<PreparedMessage> {
