@@ -26,6 +26,8 @@ pub(crate) const POSITION_STEP: i64 = 1024;
 const INDEX_COMMIT_DELAY: Duration = Duration::from_millis(250);
 /// How long `rebuild-index` waits for another process to release the index.
 const REBUILD_LOCK_WAIT: Duration = Duration::from_secs(10);
+/// How long after a failed automatic rebuild the next one is tried.
+const REBUILD_RETRY: Duration = Duration::from_secs(60);
 /// Commit the index once this many documents wait.
 const INDEX_COMMIT_DOCS: usize = 4096;
 
@@ -266,12 +268,15 @@ impl Writer {
         if behind && let Err(error) = self.catch_up_index() {
             tracing::warn!(%error, "catching the recall index up failed; it will be retried");
         }
-        if self.index.current().is_broken() {
+        // Only the maintainer rebuilds (a writer without the lock would wait on it); a failed
+        // rebuild is retried after a pause, not on every tick.
+        if self.sink.is_some() && self.index.current().is_broken() {
             tracing::warn!(
                 "a search could not read the recall index; rebuilding it from the database"
             );
             if let Err(error) = self.rebuild_index() {
                 tracing::warn!(%error, "rebuilding the recall index failed; searches read the database meanwhile");
+                self.next_index_check = Instant::now() + REBUILD_RETRY;
             }
         }
     }
