@@ -93,6 +93,14 @@ fn session(dir: &Path, turns: usize, seed: u64) -> Session {
     }
 }
 
+/// Whether a writer has set the database up (a kill can land between creating the file and
+/// the first migration).
+fn set_up(connection: &rusqlite::Connection) -> bool {
+    connection
+        .query_row("PRAGMA user_version", [], |row| row.get::<_, i64>(0))
+        .is_ok_and(|version| version > 0)
+}
+
 /// The messages the store holds for a session, in sequence order.
 fn stored(state: &Path, session: &str) -> Vec<Value> {
     let db = state.join("agents/main/lossless/vilvona.db");
@@ -100,6 +108,9 @@ fn stored(state: &Path, session: &str) -> Vec<Value> {
         return Vec::new();
     }
     let connection = rusqlite::Connection::open(db).unwrap();
+    if !set_up(&connection) {
+        return Vec::new();
+    }
     let mut statement = connection
         .prepare(
             "SELECT m.json FROM messages m JOIN conversations c ON c.id = m.conversation_id
@@ -223,8 +234,9 @@ fn a_hundred_sigkills_lose_and_double_nothing() {
             session.messages[..in_store.len()],
             "kill {kill}: store"
         );
-        // (Killed before the store existed: nothing to check yet.)
-        if !state.join("agents/main/lossless/vilvona.db").exists() {
+        // (Killed before the store was set up: nothing to check yet.)
+        let db = state.join("agents/main/lossless/vilvona.db");
+        if !db.exists() || !set_up(&rusqlite::Connection::open(&db).unwrap()) {
             continue;
         }
         let doctor = vilvona(&state, &["doctor", "--json"]);

@@ -188,8 +188,16 @@ fn known_version(connection: &Connection, path: &Path) -> Result<i64> {
 }
 
 /// Refuses a database this build cannot read as it is (a read-only open never migrates).
+/// A database no writer has set up yet (a process died between creating the file and the
+/// first migration) is no store yet.
 pub(crate) fn check_version(connection: &Connection, path: &Path) -> Result<()> {
     let found = known_version(connection, path)?;
+    if found == 0 {
+        return Err(StoreError::NotFound {
+            what: "store",
+            id: path.display().to_string(),
+        });
+    }
     if found < SCHEMA_VERSION {
         return Err(StoreError::Corrupt {
             path: path.to_owned(),
