@@ -11,19 +11,8 @@ use std::time::Duration;
 use serde_json::Value;
 use tempfile::TempDir;
 
-fn command(state: &Path, args: &[&str]) -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_vilvona"));
-    command
-        .arg("--state-dir")
-        .arg(state)
-        .args(args)
-        .env_remove("RUST_LOG");
-    command
-}
-
-fn vilvona(state: &Path, args: &[&str]) -> Output {
-    command(state, args).output().unwrap()
-}
+mod common;
+use common::{command, vilvona};
 
 fn stderr(output: &Output) -> String {
     String::from_utf8_lossy(&output.stderr).into_owned()

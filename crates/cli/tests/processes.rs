@@ -5,25 +5,14 @@
 use std::collections::{HashMap, HashSet};
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Output, Stdio};
 use std::time::Duration;
 
 use serde_json::{Value, json};
 use tempfile::TempDir;
 
-fn command(state: &Path, args: &[&str]) -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_vilvona"));
-    command
-        .arg("--state-dir")
-        .arg(state)
-        .args(args)
-        .env_remove("RUST_LOG");
-    command
-}
-
-fn vilvona(state: &Path, args: &[&str]) -> Output {
-    command(state, args).output().unwrap()
-}
+mod common;
+use common::{command, vilvona};
 
 fn succeeded(output: &Output, what: &str) -> String {
     assert!(
