@@ -442,6 +442,7 @@ impl LosslessEngine {
                         StoreError::InvalidRegex { pattern, detail } => {
                             ToolError::InvalidArguments(format!("regex {pattern:?}: {detail}"))
                         }
+                        StoreError::QueryTooLarge(problem) => ToolError::InvalidArguments(problem),
                         other => ToolError::Store(other),
                     })?,
             );

@@ -33,6 +33,9 @@ pub enum StoreError {
     MessageTooLarge { bytes: usize, limit: usize },
     #[error("invalid regex {pattern:?}: {detail}")]
     InvalidRegex { pattern: String, detail: String },
+    /// A query over the store's bounds (length, number of terms).
+    #[error("{0}")]
+    QueryTooLarge(String),
     #[error("unknown {what} {id}")]
     NotFound { what: &'static str, id: String },
     #[error("the store's writer has stopped: {0}")]

@@ -17,13 +17,11 @@ use tantivy::query::{BooleanQuery, Occur, PhraseQuery, Query, RangeQuery, TermQu
 use tantivy::schema::{
     FAST, Field, INDEXED, IndexRecordOption, STRING, Schema, TextFieldIndexing, TextOptions,
 };
-use tantivy::tokenizer::{
-    LowerCaser, RemoveLongFilter, SimpleTokenizer, TextAnalyzer, TokenStream,
-};
 use tantivy::{DocAddress, Index, IndexReader, IndexWriter, Order, ReloadPolicy, TantivyDocument};
 use tantivy::{Term, doc};
 
 use crate::error::{Result, StoreError};
+use crate::tokenize::{RecallTokenizer, TOKENIZER, words};
 use crate::types::{SearchMode, SearchOrder, SearchQuery, SearchTarget};
 
 /// Memory for the index writer: modest, so the store's footprint does not grow with history.
@@ -79,7 +77,7 @@ fn schema() -> (Schema, Fields) {
     let mut builder = Schema::builder();
     let text_options = TextOptions::default().set_indexing_options(
         TextFieldIndexing::default()
-            .set_tokenizer("default")
+            .set_tokenizer(TOKENIZER)
             .set_index_option(IndexRecordOption::WithFreqsAndPositions),
     );
     let fields = Fields {
@@ -161,22 +159,6 @@ fn mmap_directory(dir: &Path) -> Result<MmapDirectory> {
     })
 }
 
-/// Text as the index tokenizes it (tantivy's `default` analyzer: words split on anything not
-/// alphanumeric, longer than 40 bytes dropped, lowercased). Searches of rows the index does not
-/// hold yet use the same terms.
-pub(crate) fn terms(text: &str) -> Vec<String> {
-    let mut analyzer = TextAnalyzer::builder(SimpleTokenizer::default())
-        .filter(RemoveLongFilter::limit(40))
-        .filter(LowerCaser)
-        .build();
-    let mut stream = analyzer.token_stream(text);
-    let mut terms = Vec::new();
-    while stream.advance() {
-        terms.push(stream.token().text.clone());
-    }
-    terms
-}
-
 /// A document to index.
 #[derive(Clone, Copy)]
 pub(crate) struct IndexDoc<'a> {
@@ -234,6 +216,11 @@ impl RecallIndex {
         match RecallIndex::open_or_create(dir) {
             Ok(opened) => Ok(opened),
             Err(problem) => {
+                if let StoreError::Index(tantivy::TantivyError::SchemaError(_)) = problem {
+                    tracing::info!(dir = %dir.display(), "the recall index was written by an older build (another tokenizer); rebuilding it from the database");
+                } else {
+                    tracing::warn!(dir = %dir.display(), %problem, "the recall index is damaged; rebuilding it from the database");
+                }
                 let aside = dir.with_file_name(format!(
                     "{}.damaged-{}",
                     dir.file_name()
@@ -241,7 +228,6 @@ impl RecallIndex {
                         .unwrap_or("index"),
                     crate::writer::now_ms()
                 ));
-                tracing::warn!(dir = %dir.display(), %problem, "the recall index is damaged; rebuilding it from the database");
                 std::fs::rename(dir, &aside).map_err(|error| StoreError::io(dir, error))?;
                 let opened = RecallIndex::open_or_create(dir)?;
                 if let Err(error) = std::fs::remove_dir_all(&aside) {
@@ -346,6 +332,9 @@ impl RecallIndex {
     }
 
     fn with_reader(index: Index, fields: Fields, dir: &Path) -> Result<RecallIndex> {
+        index
+            .tokenizers()
+            .register(TOKENIZER, RecallTokenizer::default());
         let reader = index
             .reader_builder()
             .reload_policy(ReloadPolicy::Manual)
@@ -517,23 +506,35 @@ impl RecallIndex {
         Ok(rows)
     }
 
+    /// Text: any word (a CJK run counts as one word: the phrase of its bigrams). Phrase: every
+    /// term at consecutive positions.
     fn text_query(&self, text: &str, mode: SearchMode) -> Option<Box<dyn Query>> {
-        let terms: Vec<Term> = terms(text)
-            .iter()
-            .map(|term| Term::from_field_text(self.fields.text, term))
-            .collect();
-        match (mode, terms.len()) {
-            (_, 0) => None,
-            (SearchMode::Phrase, n) if n >= 2 => Some(Box::new(PhraseQuery::new(terms))),
-            (SearchMode::Regex, _) => None,
-            _ => Some(Box::new(BooleanQuery::new(
-                terms
-                    .into_iter()
-                    .map(|term| {
-                        let clause: Box<dyn Query> =
-                            Box::new(TermQuery::new(term, IndexRecordOption::WithFreqs));
-                        (Occur::Should, clause)
-                    })
+        let field = self.fields.text;
+        let phrase = |terms: &[String]| -> Box<dyn Query> {
+            match terms {
+                [one] => Box::new(TermQuery::new(
+                    Term::from_field_text(field, one),
+                    IndexRecordOption::WithFreqs,
+                )),
+                many => Box::new(PhraseQuery::new(
+                    many.iter()
+                        .map(|term| Term::from_field_text(field, term))
+                        .collect(),
+                )),
+            }
+        };
+        let words = words(text);
+        match mode {
+            _ if words.is_empty() => None,
+            SearchMode::Regex => None,
+            SearchMode::Phrase => {
+                let terms: Vec<String> = words.into_iter().flat_map(|word| word.terms).collect();
+                Some(phrase(&terms))
+            }
+            SearchMode::Text => Some(Box::new(BooleanQuery::new(
+                words
+                    .iter()
+                    .map(|word| (Occur::Should, phrase(&word.terms)))
                     .collect(),
             ))),
         }

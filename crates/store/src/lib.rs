@@ -17,6 +17,7 @@ mod index;
 mod read;
 mod schema;
 mod search;
+mod tokenize;
 mod types;
 mod writer;
 
@@ -33,6 +34,7 @@ use tokio::sync::oneshot;
 
 pub use error::{Result, StoreError};
 pub use schema::SCHEMA_VERSION;
+pub use search::{MAX_QUERY_BYTES, MAX_QUERY_WORDS};
 pub use types::*;
 pub use writer::FaultPlan;
 

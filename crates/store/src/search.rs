@@ -5,8 +5,9 @@ use regex::{Regex, RegexBuilder};
 use rusqlite::Connection;
 
 use crate::error::{Result, StoreError};
-use crate::index::{IndexedRow, RecallIndex, Watermark, terms};
+use crate::index::{IndexedRow, RecallIndex, Watermark};
 use crate::read;
+use crate::tokenize::{Word, terms, words};
 use crate::types::*;
 
 /// Characters of context before the first match in a snippet.
@@ -15,12 +16,36 @@ const SNIPPET_LEAD: usize = 60;
 const SNIPPET_BYTES: usize = 220;
 /// Bound on the compiled size of a user regex.
 const REGEX_SIZE_LIMIT: usize = 1 << 20;
+/// Longest query, in bytes (any mode).
+pub const MAX_QUERY_BYTES: usize = 4096;
+/// Most words (a CJK run counts as one) in a text or phrase query.
+pub const MAX_QUERY_WORDS: usize = 64;
+
+/// Refuses a query over the bounds before any work is done for it.
+fn check_bounds(query: &SearchQuery) -> Result<()> {
+    let bytes = query.text.len();
+    if bytes > MAX_QUERY_BYTES {
+        return Err(StoreError::QueryTooLarge(format!(
+            "the query is {bytes} bytes; at most {MAX_QUERY_BYTES} are allowed"
+        )));
+    }
+    if query.mode != SearchMode::Regex {
+        let count = words(&query.text).len();
+        if count > MAX_QUERY_WORDS {
+            return Err(StoreError::QueryTooLarge(format!(
+                "the query has {count} words; at most {MAX_QUERY_WORDS} are allowed"
+            )));
+        }
+    }
+    Ok(())
+}
 
 pub(crate) fn run(
     connection: &Connection,
     index: Option<&RecallIndex>,
     query: &SearchQuery,
 ) -> Result<Vec<SearchHit>> {
+    check_bounds(query)?;
     if query.conversations.is_empty() || query.limit == 0 {
         return Ok(Vec::new());
     }
@@ -46,11 +71,11 @@ fn indexed_search(
     index: Option<&RecallIndex>,
     query: &SearchQuery,
 ) -> Result<Vec<SearchHit>> {
-    let query_terms = terms(&query.text);
-    if query_terms.is_empty() {
+    let query_words = words(&query.text);
+    if query_words.is_empty() {
         return Ok(Vec::new());
     }
-    let highlighter = terms_regex(&query_terms);
+    let highlighter = words_regex(&query.text, &query_words);
     let read_index = |index: &RecallIndex| -> Result<(Watermark, Vec<(IndexedRow, f32)>)> {
         crate::index::contained(|| {
             index.refresh()?;
@@ -70,7 +95,7 @@ fn indexed_search(
         None => (Watermark::default(), Vec::new()),
     };
     let best = rows.iter().map(|(_, score)| *score).fold(1.0_f32, f32::max);
-    let unindexed = unindexed_matches(connection, query, &query_terms, through, best)?;
+    let unindexed = unindexed_matches(connection, query, &query_words, through, best)?;
     if !unindexed.is_empty() {
         let known: std::collections::HashSet<IndexedRow> =
             rows.iter().map(|(row, _)| *row).collect();
@@ -123,11 +148,15 @@ fn indexed_search(
 fn unindexed_matches(
     connection: &Connection,
     query: &SearchQuery,
-    query_terms: &[String],
+    query_words: &[Word],
     through: Watermark,
     best: f32,
 ) -> Result<Vec<(IndexedRow, f32)>> {
     let mut found = Vec::new();
+    let all_terms: Vec<String> = query_words
+        .iter()
+        .flat_map(|word| word.terms.clone())
+        .collect();
     let in_scope = |conversation: i64, time_ms: i64| {
         query.conversations.contains(&ConversationId(conversation))
             && query.since_ms.is_none_or(|since| time_ms >= since)
@@ -139,17 +168,16 @@ fn unindexed_matches(
             return Ok(());
         }
         let row_terms = terms(doc.text);
+        let holds = |wanted: &[String]| {
+            row_terms
+                .windows(wanted.len())
+                .any(|window| window == wanted)
+        };
         let score = match query.mode {
-            SearchMode::Phrase if query_terms.len() >= 2 => row_terms
-                .windows(query_terms.len())
-                .any(|window| window == query_terms)
-                .then_some(1.0),
+            SearchMode::Phrase => holds(&all_terms).then_some(1.0),
             _ => {
-                let matched = query_terms
-                    .iter()
-                    .filter(|term| row_terms.contains(term))
-                    .count();
-                (matched > 0).then(|| matched as f32 / query_terms.len() as f32)
+                let matched = query_words.iter().filter(|word| holds(&word.terms)).count();
+                (matched > 0).then(|| matched as f32 / query_words.len() as f32)
             }
         };
         if let Some(share) = score {
@@ -158,12 +186,15 @@ fn unindexed_matches(
         Ok(())
     };
     // A cheap screen before parsing a row: its JSON, lowercased, must contain the query's terms
-    // (any of them for text, all for a phrase). The terms are lowercase words, which JSON never
-    // escapes, so the screen only ever lets too much through.
+    // (any of them for text, all for a phrase). JSON escapes no letter unless asked to: a row
+    // holding `\u` escapes is always parsed, so the screen only ever lets too much through.
     let needs_all = query.mode == SearchMode::Phrase;
     let screen = |json: &str| {
         let lower = json.to_lowercase();
-        let mut present = query_terms.iter().map(|term| lower.contains(term.as_str()));
+        if lower.contains("\\u") {
+            return true;
+        }
+        let mut present = all_terms.iter().map(|term| lower.contains(term.as_str()));
         if needs_all {
             present.all(|found| found)
         } else {
@@ -257,13 +288,27 @@ fn regex_search(connection: &Connection, query: &SearchQuery) -> Result<Vec<Sear
     Ok(hits)
 }
 
-/// A case-insensitive regex matching any of the (already lowercased, alphanumeric) terms.
-fn terms_regex(terms: &[String]) -> Option<Regex> {
-    if terms.is_empty() {
+/// A case-insensitive regex matching any word of the query as written: alphabetic words whole
+/// (`\b` on both sides), CJK runs anywhere (their neighbours are letters too).
+fn words_regex(text: &str, words: &[Word]) -> Option<Regex> {
+    if words.is_empty() {
         return None;
     }
-    let alternatives: Vec<String> = terms.iter().map(|term| regex::escape(term)).collect();
-    RegexBuilder::new(&format!(r"\b(?:{})\b", alternatives.join("|")))
+    let mut alternatives: Vec<String> = words
+        .iter()
+        .map(|word| {
+            let written = regex::escape(&text[word.start..word.end]);
+            if word.cjk {
+                written
+            } else {
+                format!(r"\b{written}\b")
+            }
+        })
+        .collect();
+    // Longest first, so a word inside a longer one never cuts its highlight short.
+    alternatives.sort_by_key(|alternative| std::cmp::Reverse(alternative.len()));
+    alternatives.dedup();
+    RegexBuilder::new(&format!("(?:{})", alternatives.join("|")))
         .case_insensitive(true)
         .size_limit(REGEX_SIZE_LIMIT)
         .build()
@@ -349,12 +394,8 @@ mod tests {
             "word ".repeat(10),
             "filler ".repeat(80)
         );
-        let regex = terms_regex(&[
-            "cold".to_owned(),
-            "storage".to_owned(),
-            "migration".to_owned(),
-        ])
-        .unwrap();
+        let query = "cold storage migration";
+        let regex = words_regex(query, &words(query)).unwrap();
         let snippet = snippet(&text, Some(&regex));
         assert!(
             snippet.contains("«cold» «storage» «migration» is OPS-68787."),

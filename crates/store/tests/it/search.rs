@@ -213,3 +213,94 @@ async fn summaries_are_searchable_with_their_ids() {
     );
     assert_eq!(hits.len(), 1);
 }
+
+/// Facts in Chinese, Japanese and Korean, each found by a word inside its run (text and
+/// phrase), with the word highlighted in the snippet.
+#[tokio::test]
+async fn cjk_words_are_found_inside_runs() {
+    let dir = TempDir::new().unwrap();
+    let store = open(&dir).await;
+    let main = store.conversation(&key("main", "cjk")).await.unwrap().id;
+    let facts = [
+        "我们把告警阈值改成了百分之八十五，明天上线。",
+        "本番環境のしきい値を変更しました。チケットはOPS-4411です。",
+        "운영 환경의 경고 임계값을 85퍼센트로 바꿨습니다.",
+        "An English line about thresholds, for contrast.",
+    ];
+    for (index, text) in facts.iter().enumerate() {
+        store
+            .ingest(
+                main,
+                vec![new_message(
+                    text,
+                    1_000 + index as i64,
+                    Some(&format!("c{index}")),
+                )],
+                None,
+            )
+            .await
+            .unwrap();
+    }
+    // Once through the index (after a rebuild commits everything), once from rows beyond it.
+    for indexed in [false, true] {
+        if indexed {
+            store.rebuild_index().await.unwrap();
+        }
+        for (word, expected) in [
+            ("告警阈值", "我们把«告警阈值»改成了百分之八十五，明天上线。"),
+            (
+                "しきい値",
+                "本番環境の«しきい値»を変更しました。チケットはOPS-4411です。",
+            ),
+            (
+                "임계값",
+                "운영 환경의 경고 «임계값»을 85퍼센트로 바꿨습니다.",
+            ),
+        ] {
+            for mode in [SearchMode::Text, SearchMode::Phrase] {
+                let mut search = query("main", vec![main], word);
+                search.mode = mode;
+                let hits = store.search(search).await.unwrap();
+                assert_eq!(
+                    texts(&hits),
+                    [expected],
+                    "{word} ({mode:?}, indexed: {indexed})"
+                );
+            }
+        }
+        // A run's characters in another order is not the word.
+        let hits = store
+            .search(query("main", vec![main], "阈值告警"))
+            .await
+            .unwrap();
+        assert!(hits.is_empty(), "{:?}", texts(&hits));
+    }
+}
+
+#[tokio::test]
+async fn oversize_queries_are_refused_with_one_line() {
+    let f = fixture().await;
+    let long = "word ".repeat(1_000);
+    let error = f
+        .store
+        .search(query("main", vec![f.main], &long))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        format!("the query is 5000 bytes; at most {MAX_QUERY_BYTES} are allowed")
+    );
+    let many = (0..100)
+        .map(|n| format!("w{n}"))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let error = f
+        .store
+        .search(query("main", vec![f.main], &many))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        format!("the query has 100 words; at most {MAX_QUERY_WORDS} are allowed")
+    );
+}

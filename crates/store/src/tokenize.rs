@@ -1,0 +1,236 @@
+//! How the recall index splits text into terms, in every script.
+//!
+//! Words of alphabetic scripts and numbers are split on anything that is not alphanumeric, as
+//! before. Chinese, Japanese and Korean do not put spaces between words (Korean puts them
+//! between phrases, with particles attached), so a run of CJK characters becomes overlapping
+//! bigrams — `告警阈值` is `告警 警阈 阈值` at consecutive positions — and a query's run is a
+//! phrase of its bigrams. A lone CJK character is a term of its own. Terms are lowercased;
+//! terms longer than [`MAX_TERM_BYTES`] are dropped (hashes, base64).
+//!
+//! Bigrams were chosen over single characters (index the same size within a few per cent on
+//! CJK text, but a query of two characters matches every text holding both anywhere) and over
+//! a dictionary segmenter (tens of megabytes of dictionary in the binary, and a query segmented
+//! differently from the text is not found). BENCHMARKS.md has the measurements.
+
+use tantivy::tokenizer::{Token, TokenStream, Tokenizer};
+
+/// The name the index's text field is registered with.
+pub(crate) const TOKENIZER: &str = "vilvona";
+
+/// Longer terms are not indexed.
+pub(crate) const MAX_TERM_BYTES: usize = 40;
+
+/// Han (with extensions and compatibility ideographs), kana, Hangul and CJK symbols-with-letters
+/// that are written without spaces.
+pub(crate) fn is_cjk(c: char) -> bool {
+    matches!(c as u32,
+        0x3040..=0x30FF     // Hiragana, Katakana
+        | 0x31F0..=0x31FF   // Katakana phonetic extensions
+        | 0x3400..=0x4DBF   // CJK extension A
+        | 0x4E00..=0x9FFF   // CJK unified ideographs
+        | 0xAC00..=0xD7AF   // Hangul syllables
+        | 0x1100..=0x11FF   // Hangul jamo
+        | 0x3130..=0x318F   // Hangul compatibility jamo
+        | 0xF900..=0xFAFF   // CJK compatibility ideographs
+        | 0xFF66..=0xFF9F   // half-width Katakana
+        | 0x20000..=0x2FA1F // CJK extensions B–F, compatibility supplement
+    )
+}
+
+/// A word of a text: an alphanumeric word, or a run of CJK characters with its terms.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Word {
+    /// The word as written (byte range of the source text).
+    pub(crate) start: usize,
+    pub(crate) end: usize,
+    /// Its terms, lowercased: one for an alphabetic word, the bigrams of a CJK run.
+    pub(crate) terms: Vec<String>,
+    pub(crate) cjk: bool,
+}
+
+/// The words of `text`, in order, with the terms the index holds for each (words whose only
+/// term is too long are left out).
+pub(crate) fn words(text: &str) -> Vec<Word> {
+    let mut words = Vec::new();
+    let mut chars = text.char_indices().peekable();
+    while let Some((start, c)) = chars.next() {
+        if is_cjk(c) {
+            let mut run = vec![(start, c)];
+            while let Some(&(at, next)) = chars.peek() {
+                if !is_cjk(next) {
+                    break;
+                }
+                run.push((at, next));
+                chars.next();
+            }
+            let end = run.last().map_or(start, |(at, c)| at + c.len_utf8());
+            let terms = if run.len() == 1 {
+                vec![c.to_string()]
+            } else {
+                run.windows(2)
+                    .map(|pair| [pair[0].1, pair[1].1].iter().collect())
+                    .collect()
+            };
+            words.push(Word {
+                start,
+                end,
+                terms,
+                cjk: true,
+            });
+        } else if c.is_alphanumeric() {
+            let mut end = start + c.len_utf8();
+            while let Some(&(at, next)) = chars.peek() {
+                if !next.is_alphanumeric() || is_cjk(next) {
+                    break;
+                }
+                end = at + next.len_utf8();
+                chars.next();
+            }
+            let word = &text[start..end];
+            if word.len() <= MAX_TERM_BYTES {
+                words.push(Word {
+                    start,
+                    end,
+                    terms: vec![word.to_lowercase()],
+                    cjk: false,
+                });
+            }
+        }
+    }
+    words
+}
+
+/// Every term of `text`, in order (what the index holds for it, position by position).
+pub(crate) fn terms(text: &str) -> Vec<String> {
+    words(text)
+        .into_iter()
+        .flat_map(|word| word.terms)
+        .collect()
+}
+
+/// The tokenizer registered with the index: the terms of [`words`], at consecutive positions.
+#[derive(Clone, Default)]
+pub(crate) struct RecallTokenizer {
+    token: Token,
+    pending: Vec<Token>,
+}
+
+pub(crate) struct RecallTokenStream<'a> {
+    tokens: std::vec::IntoIter<Token>,
+    token: &'a mut Token,
+}
+
+impl Tokenizer for RecallTokenizer {
+    type TokenStream<'a> = RecallTokenStream<'a>;
+
+    fn token_stream<'a>(&'a mut self, text: &'a str) -> RecallTokenStream<'a> {
+        self.token.reset();
+        self.pending.clear();
+        let mut position = 0;
+        for word in words(text) {
+            let chars: Vec<(usize, char)> = text[word.start..word.end].char_indices().collect();
+            for (index, term) in word.terms.into_iter().enumerate() {
+                // A bigram spans its two characters; an alphabetic word, the whole word.
+                let (from, to) = if word.cjk && chars.len() > 1 {
+                    let (second, c) = chars[index + 1];
+                    (
+                        word.start + chars[index].0,
+                        word.start + second + c.len_utf8(),
+                    )
+                } else {
+                    (word.start, word.end)
+                };
+                self.pending.push(Token {
+                    offset_from: from,
+                    offset_to: to,
+                    position,
+                    text: term,
+                    position_length: 1,
+                });
+                position += 1;
+            }
+        }
+        RecallTokenStream {
+            tokens: std::mem::take(&mut self.pending).into_iter(),
+            token: &mut self.token,
+        }
+    }
+}
+
+impl TokenStream for RecallTokenStream<'_> {
+    fn advance(&mut self) -> bool {
+        match self.tokens.next() {
+            Some(token) => {
+                *self.token = token;
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn token(&self) -> &Token {
+        self.token
+    }
+
+    fn token_mut(&mut self) -> &mut Token {
+        self.token
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn words_split_by_script() {
+        let cases: &[(&str, &[&str])] = &[
+            (
+                "Hello, happy tax payer!",
+                &["hello", "happy", "tax", "payer"],
+            ),
+            (
+                "我们把告警阈值改成了",
+                &[
+                    "我们", "们把", "把告", "告警", "警阈", "阈值", "值改", "改成", "成了",
+                ],
+            ),
+            ("v2告警 OPS-17", &["v2", "告警", "ops", "17"]),
+            ("警", &["警"]),
+            (
+                "しきい値を変更",
+                &["しき", "きい", "い値", "値を", "を変", "変更"],
+            ),
+            ("경고 임계값을", &["경고", "임계", "계값", "값을"]),
+            ("Ünïcode ÉCOLE", &["ünïcode", "école"]),
+            (&"x".repeat(41), &[]),
+        ];
+        for (text, expected) in cases {
+            assert_eq!(terms(text), *expected, "{text}");
+        }
+    }
+
+    #[test]
+    fn bigrams_take_consecutive_positions_and_their_characters_offsets() {
+        let mut tokenizer = RecallTokenizer::default();
+        let text = "at 告警阈值";
+        let mut stream = tokenizer.token_stream(text);
+        let mut seen = Vec::new();
+        while stream.advance() {
+            let token = stream.token();
+            seen.push((
+                token.position,
+                text[token.offset_from..token.offset_to].to_owned(),
+                token.text.clone(),
+            ));
+        }
+        assert_eq!(
+            seen,
+            [
+                (0, "at".to_owned(), "at".to_owned()),
+                (1, "告警".to_owned(), "告警".to_owned()),
+                (2, "警阈".to_owned(), "警阈".to_owned()),
+                (3, "阈值".to_owned(), "阈值".to_owned()),
+            ]
+        );
+    }
+}
