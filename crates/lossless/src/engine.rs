@@ -34,8 +34,6 @@ const BOOTSTRAP_CURSOR: &str = "bootstrap.cursor";
 const HOST_BUDGET: &str = "host.tokenBudget";
 /// Messages imported per store transaction during bootstrap.
 const BOOTSTRAP_BATCH: usize = 500;
-/// The key of a JSON text block's original location once its text moved to a blob.
-const BLOB_KEY: &str = "vilvonaBlobId";
 
 /// Why a compaction call stopped, with what it did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -314,8 +312,10 @@ impl LosslessEngine {
                     .await
                     .map_err(|error| store_error("storing large content", error))?;
                 text.text = large_content_reference(&info.blob_id, &description);
-                text.extra
-                    .insert(BLOB_KEY.to_owned(), Value::String(info.blob_id));
+                text.extra.insert(
+                    vilvona_store::BLOB_ID_KEY.to_owned(),
+                    Value::String(info.blob_id),
+                );
             }
         }
         Ok(Some(message))

@@ -15,6 +15,9 @@ use vilvona_summarize::format_utc_rfc3339;
 use crate::engine::{LosslessEngine, now_ms};
 use crate::render::{DESCRIBE_TOOL, EXPAND_TOOL, GREP_TOOL};
 
+/// Most bytes of stored content one `vilvona_describe` call returns.
+const MAX_DESCRIBE_BYTES: usize = 64 * 1024;
+
 /// A tool as a host offers it to a model.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct ToolDefinition {
@@ -483,6 +486,9 @@ impl LosslessEngine {
             if let Some(covering) = &hit.covered_by {
                 entry["coveredBy"] = json!(covering);
             }
+            if let Some(file) = &hit.file {
+                entry["file"] = json!(file);
+            }
             if hit.conversation != scope.own.id {
                 entry["conversation"] = json!(hit.conversation.0);
             }
@@ -505,7 +511,14 @@ impl LosslessEngine {
                 .blob_info(&id)
                 .await?
                 .ok_or_else(|| ToolError::NotFound(id.clone()))?;
-            self.check_scope(&scope, info.conversation, &id)?;
+            // Scoped by reference: any conversation whose messages reference it may read it.
+            let readers = self.store().blob_readers(&id).await?;
+            let reader = readers
+                .iter()
+                .copied()
+                .find(|conversation| scope.contains(*conversation))
+                .unwrap_or(info.conversation);
+            self.check_scope(&scope, reader, &id)?;
             let content = self.store().blob_content(&id).await?.unwrap_or_default();
             let (first, last) = match string_argument(arguments, "lines")? {
                 None => (1, 200),
@@ -526,15 +539,29 @@ impl LosslessEngine {
                 .skip(first - 1)
                 .take(last.saturating_sub(first) + 1)
                 .collect();
-            return Ok(json!({
+            let mut shown = lines.join("\n");
+            // A range of huge lines (a 50 MB line of minified output) is cut, and says so.
+            let truncated = shown.len() > MAX_DESCRIBE_BYTES;
+            if truncated {
+                let mut end = MAX_DESCRIBE_BYTES;
+                while !shown.is_char_boundary(end) {
+                    end -= 1;
+                }
+                shown.truncate(end);
+            }
+            let mut described = json!({
                 "id": info.blob_id,
                 "kind": info.kind,
                 "bytes": info.bytes,
                 "lines": info.lines,
                 "description": info.description,
                 "range": format!("{first}-{}", first + lines.len().saturating_sub(1)),
-                "content": lines.join("\n"),
-            }));
+                "content": shown,
+            });
+            if truncated {
+                described["truncatedAtBytes"] = json!(MAX_DESCRIBE_BYTES);
+            }
+            return Ok(described);
         }
         if let Some(number) = id.strip_prefix("msg_") {
             let message_id = number

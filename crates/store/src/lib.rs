@@ -12,6 +12,7 @@
 //! Engines see the store through the [`HistoryStore`] trait; [`Store`] is the embedded
 //! SQLite + tantivy implementation.
 
+mod blobs;
 mod error;
 mod index;
 mod read;
@@ -32,6 +33,7 @@ use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension};
 use tokio::sync::oneshot;
 
+pub use blobs::{BLOB_ID_KEY, referenced_blobs};
 pub use error::{Result, StoreError};
 pub use schema::SCHEMA_VERSION;
 pub use search::{MAX_QUERY_BYTES, MAX_QUERY_WORDS};
@@ -107,6 +109,9 @@ pub trait HistoryStore: Send + Sync + std::fmt::Debug {
     async fn put_blob(&self, blob: NewBlob) -> Result<BlobInfo>;
     async fn blob_info(&self, blob_id: &str) -> Result<Option<BlobInfo>>;
     async fn blob_content(&self, blob_id: &str) -> Result<Option<String>>;
+    /// The conversations that may read a blob: the one that stored it first and every one
+    /// whose messages reference it.
+    async fn blob_readers(&self, blob_id: &str) -> Result<Vec<ConversationId>>;
 
     async fn create_grant(&self, grant: NewGrant) -> Result<Grant>;
     /// Revokes every grant of a grantee; returns how many were active.
@@ -477,6 +482,7 @@ fn prepare(message: NewMessage) -> Result<PreparedMessage> {
         (None, None) => None,
     };
     Ok(PreparedMessage {
+        blobs: blobs::referenced_blobs(&message.message),
         role: message.message.role().to_owned(),
         text: message.message.plain_text(),
         tokens: message.tokens,
@@ -658,7 +664,13 @@ impl HistoryStore for Store {
 
     async fn blob_content(&self, blob_id: &str) -> Result<Option<String>> {
         let blob_id = blob_id.to_owned();
-        self.read(move |connection| read::blob_content(connection, &blob_id))
+        self.read(move |connection| blobs::content(connection, &blob_id))
+            .await
+    }
+
+    async fn blob_readers(&self, blob_id: &str) -> Result<Vec<ConversationId>> {
+        let blob_id = blob_id.to_owned();
+        self.read(move |connection| blobs::readers(connection, &blob_id))
             .await
     }
 

@@ -493,13 +493,6 @@ pub(crate) fn blob_info(connection: &Connection, blob_id: &str) -> Result<Option
         .optional()?)
 }
 
-pub(crate) fn blob_content(connection: &Connection, blob_id: &str) -> Result<Option<String>> {
-    Ok(connection
-        .prepare_cached("SELECT content FROM blobs WHERE blob_id = ?1")?
-        .query_row([blob_id], |row| row.get(0))
-        .optional()?)
-}
-
 pub(crate) fn grants(connection: &Connection, grantee: &str) -> Result<Vec<Grant>> {
     let mut statement = connection.prepare_cached(
         "SELECT id, grantee, conversation_id, expires_at, token_cap, revoked_at
@@ -596,9 +589,15 @@ pub(crate) fn for_each_message_after_where(
         if !keep(&json) {
             continue;
         }
-        let text = serde_json::from_str::<AgentMessage>(&json)
-            .map(|message| message.plain_text())
-            .unwrap_or_default();
+        let mut text = String::new();
+        if let Ok(message) = serde_json::from_str::<AgentMessage>(&json) {
+            text = message.plain_text();
+            crate::blobs::indexed_text(
+                connection,
+                &mut text,
+                &crate::blobs::referenced_blobs(&message),
+            )?;
+        }
         f(IndexRow {
             row: IndexedRow::Message(id),
             conversation: row.get(1)?,

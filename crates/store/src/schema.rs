@@ -13,11 +13,16 @@ struct Migration {
     /// database is copied aside before it runs.
     rewrites_data: bool,
     sql: &'static str,
+    /// Rows the SQL alone cannot derive (it cannot read the compressed message JSON), filled in
+    /// the same transaction.
+    backfill: Option<fn(&Connection) -> Result<()>>,
 }
 
-const MIGRATIONS: &[Migration] = &[Migration {
-    rewrites_data: false,
-    sql: r#"
+const MIGRATIONS: &[Migration] = &[
+    Migration {
+        rewrites_data: false,
+        backfill: None,
+        sql: r#"
 CREATE TABLE conversations (
     id INTEGER PRIMARY KEY,
     agent_id TEXT NOT NULL,
@@ -137,7 +142,23 @@ CREATE TABLE store_state (
     value TEXT NOT NULL
 ) WITHOUT ROWID;
 "#,
-}];
+    },
+    // 2: which messages reference which blobs (a blob is readable by every conversation that
+    // references it, and indexed under the messages that do).
+    Migration {
+        rewrites_data: false,
+        backfill: Some(crate::blobs::backfill_references),
+        sql: r#"
+CREATE TABLE blob_references (
+    message_id INTEGER NOT NULL REFERENCES messages (id),
+    blob_id TEXT NOT NULL REFERENCES blobs (blob_id),
+    conversation_id INTEGER NOT NULL REFERENCES conversations (id),
+    PRIMARY KEY (message_id, blob_id)
+) WITHOUT ROWID;
+CREATE INDEX blob_references_by_blob ON blob_references (blob_id, conversation_id);
+"#,
+    },
+];
 
 /// The schema version this build writes (`PRAGMA user_version`).
 pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
@@ -229,6 +250,9 @@ pub(crate) fn migrate(connection: &mut Connection, path: &Path) -> Result<()> {
             connection.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
         if version(&transaction)? == found {
             transaction.execute_batch(migration.sql)?;
+            if let Some(backfill) = migration.backfill {
+                backfill(&transaction)?;
+            }
             transaction.pragma_update(None, "user_version", next)?;
         }
         transaction.commit()?;

@@ -4,10 +4,11 @@
 use regex::{Regex, RegexBuilder};
 use rusqlite::Connection;
 
+use crate::blobs::{self, BLOB_ID_KEY};
 use crate::error::{Result, StoreError};
 use crate::index::{IndexedRow, RecallIndex, Watermark};
 use crate::read;
-use crate::tokenize::{Word, terms, words};
+use crate::tokenize::{Terms, Word, words};
 use crate::types::*;
 
 /// Characters of context before the first match in a snippet.
@@ -16,6 +17,8 @@ const SNIPPET_LEAD: usize = 60;
 const SNIPPET_BYTES: usize = 220;
 /// Bound on the compiled size of a user regex.
 const REGEX_SIZE_LIMIT: usize = 1 << 20;
+/// Bytes of large content one regex search reads at most.
+const REGEX_BLOB_BYTES: usize = 512 * 1024 * 1024;
 /// Longest query, in bytes (any mode).
 pub const MAX_QUERY_BYTES: usize = 4096;
 /// Most words (a CJK run counts as one) in a text or phrase query.
@@ -111,21 +114,15 @@ fn indexed_search(
     let mut hits = Vec::new();
     for (row, score) in rows {
         let hit = match row {
-            IndexedRow::Message(id) => read::message(connection, MessageId(id))?.map(|message| {
-                let text = message.text();
-                SearchHit {
-                    source: HitSource::Message {
-                        id: message.id,
-                        seq: message.seq,
-                        role: message.role.clone(),
-                    },
-                    conversation: message.conversation,
-                    time_ms: message.created_at_ms,
+            IndexedRow::Message(id) => match read::message(connection, MessageId(id))? {
+                Some(message) => Some(message_hit(
+                    connection,
+                    message,
                     score,
-                    snippet: snippet(&text, highlighter.as_ref()),
-                    covered_by: None,
-                }
-            }),
+                    highlighter.as_ref(),
+                )?),
+                None => None,
+            },
             IndexedRow::Summary(id) => read::summary(connection, SummaryRowId(id))?
                 .map(|summary| summary_hit(summary, score, highlighter.as_ref())),
         };
@@ -167,16 +164,17 @@ fn unindexed_matches(
         if doc.agent != query.agent_id || !in_scope(doc.conversation, doc.time_ms) {
             return Ok(());
         }
-        let row_terms = terms(doc.text);
-        let holds = |wanted: &[String]| {
-            row_terms
-                .windows(wanted.len())
-                .any(|window| window == wanted)
-        };
         let score = match query.mode {
-            SearchMode::Phrase => holds(&all_terms).then_some(1.0),
+            SearchMode::Phrase => {
+                holds_sequences(doc.text, std::slice::from_ref(&all_terms))[0].then_some(1.0)
+            }
             _ => {
-                let matched = query_words.iter().filter(|word| holds(&word.terms)).count();
+                let wanted: Vec<Vec<String>> =
+                    query_words.iter().map(|word| word.terms.clone()).collect();
+                let matched = holds_sequences(doc.text, &wanted)
+                    .into_iter()
+                    .filter(|held| *held)
+                    .count();
                 (matched > 0).then(|| matched as f32 / query_words.len() as f32)
             }
         };
@@ -191,7 +189,7 @@ fn unindexed_matches(
     let needs_all = query.mode == SearchMode::Phrase;
     let screen = |json: &str| {
         let lower = json.to_lowercase();
-        if lower.contains("\\u") {
+        if lower.contains("\\u") || json.contains(BLOB_ID_KEY) {
             return true;
         }
         let mut present = all_terms.iter().map(|term| lower.contains(term.as_str()));
@@ -214,6 +212,7 @@ fn unindexed_matches(
 fn summary_hit(summary: StoredSummary, score: f32, highlighter: Option<&Regex>) -> SearchHit {
     SearchHit {
         covered_by: None,
+        file: None,
         snippet: snippet(&summary.content, highlighter),
         conversation: summary.conversation,
         time_ms: summary.latest_at_ms.unwrap_or(summary.created_at_ms),
@@ -227,6 +226,44 @@ fn summary_hit(summary: StoredSummary, score: f32, highlighter: Option<&Regex>) 
     }
 }
 
+/// A hit on a message: the snippet from its own text when the match is there, else from the
+/// first blob it references that matches (named in `file`).
+fn message_hit(
+    connection: &Connection,
+    message: StoredMessage,
+    score: f32,
+    highlighter: Option<&Regex>,
+) -> Result<SearchHit> {
+    let text = message.text();
+    let mut found = (snippet(&text, highlighter), None);
+    if let Some(regex) = highlighter
+        && !regex.is_match(&text)
+    {
+        for blob in blobs::of_message(connection, message.id.0)? {
+            if let Some(content) = blobs::content(connection, &blob)?
+                && regex.is_match(&content)
+            {
+                found = (snippet(&content, highlighter), Some(blob));
+                break;
+            }
+        }
+    }
+    let (snippet, file) = found;
+    Ok(SearchHit {
+        source: HitSource::Message {
+            id: message.id,
+            seq: message.seq,
+            role: message.role.clone(),
+        },
+        conversation: message.conversation,
+        time_ms: message.created_at_ms,
+        score,
+        snippet,
+        file,
+        covered_by: None,
+    })
+}
+
 fn regex_search(connection: &Connection, query: &SearchQuery) -> Result<Vec<SearchHit>> {
     let pattern = RegexBuilder::new(&query.text)
         .size_limit(REGEX_SIZE_LIMIT)
@@ -236,6 +273,7 @@ fn regex_search(connection: &Connection, query: &SearchQuery) -> Result<Vec<Sear
             detail: error.to_string(),
         })?;
     let mut hits = Vec::new();
+    let mut budget = REGEX_BLOB_BYTES;
     let want_messages = query.target != SearchTarget::Summaries;
     let want_summaries = query.target != SearchTarget::Messages;
     for conversation in &query.conversations {
@@ -247,20 +285,10 @@ fn regex_search(connection: &Connection, query: &SearchQuery) -> Result<Vec<Sear
                 query.before_ms,
                 true,
                 |message| {
-                    let text = message.text();
-                    if pattern.is_match(&text) {
-                        hits.push(SearchHit {
-                            snippet: snippet(&text, Some(&pattern)),
-                            conversation: message.conversation,
-                            time_ms: message.created_at_ms,
-                            score: 0.0,
-                            covered_by: None,
-                            source: HitSource::Message {
-                                id: message.id,
-                                seq: message.seq,
-                                role: message.role,
-                            },
-                        });
+                    if let Some(hit) =
+                        regex_message_hit(connection, message, &pattern, &mut budget)?
+                    {
+                        hits.push(hit);
                     }
                     Ok(hits.len() < query.limit)
                 },
@@ -286,6 +314,86 @@ fn regex_search(connection: &Connection, query: &SearchQuery) -> Result<Vec<Sear
     hits.sort_by_key(|hit| std::cmp::Reverse(hit.time_ms));
     hits.truncate(query.limit);
     Ok(hits)
+}
+
+/// For each wanted sequence of terms, whether `text` holds it at consecutive positions. The
+/// text's terms stream through a window as long as the longest sequence, so a 50 MB text is
+/// never held as terms.
+fn holds_sequences(text: &str, wanted: &[Vec<String>]) -> Vec<bool> {
+    let mut held = vec![false; wanted.len()];
+    let longest = wanted.iter().map(Vec::len).max().unwrap_or(0);
+    if longest == 0 {
+        return held;
+    }
+    let mut window: std::collections::VecDeque<String> =
+        std::collections::VecDeque::with_capacity(longest);
+    for term in Terms::new(text) {
+        if window.len() == longest {
+            window.pop_front();
+        }
+        window.push_back(term.text);
+        for (sequence, found) in wanted.iter().zip(held.iter_mut()) {
+            if !*found
+                && sequence.len() <= window.len()
+                && window
+                    .iter()
+                    .skip(window.len() - sequence.len())
+                    .eq(sequence.iter())
+            {
+                *found = true;
+            }
+        }
+        if held.iter().all(|found| *found) {
+            break;
+        }
+    }
+    held
+}
+
+/// A message matching a regex in its own text or in a blob it references; blobs are read
+/// while `budget` (bytes of blob text per query) lasts.
+fn regex_message_hit(
+    connection: &Connection,
+    message: StoredMessage,
+    pattern: &Regex,
+    budget: &mut usize,
+) -> Result<Option<SearchHit>> {
+    let text = message.text();
+    let mut found = pattern
+        .is_match(&text)
+        .then(|| (snippet(&text, Some(pattern)), None));
+    if found.is_none() && message.json.contains(BLOB_ID_KEY) {
+        for blob in blobs::of_message(connection, message.id.0)? {
+            if *budget == 0 {
+                tracing::warn!(
+                    message = message.id.0,
+                    "regex search read its budget of large content; later blobs are not searched"
+                );
+                break;
+            }
+            let Some(content) = blobs::content(connection, &blob)? else {
+                continue;
+            };
+            *budget = budget.saturating_sub(content.len());
+            if pattern.is_match(&content) {
+                found = Some((snippet(&content, Some(pattern)), Some(blob)));
+                break;
+            }
+        }
+    }
+    Ok(found.map(|(snippet, file)| SearchHit {
+        snippet,
+        file,
+        conversation: message.conversation,
+        time_ms: message.created_at_ms,
+        score: 0.0,
+        covered_by: None,
+        source: HitSource::Message {
+            id: message.id,
+            seq: message.seq,
+            role: message.role,
+        },
+    }))
 }
 
 /// A case-insensitive regex matching any word of the query as written: alphabetic words whole
@@ -315,7 +423,7 @@ fn words_regex(text: &str, words: &[Word]) -> Option<Regex> {
         .ok()
 }
 
-fn floor_boundary(text: &str, mut index: usize) -> usize {
+pub(crate) fn floor_boundary(text: &str, mut index: usize) -> usize {
     index = index.min(text.len());
     while !text.is_char_boundary(index) {
         index -= 1;

@@ -48,75 +48,142 @@ pub(crate) struct Word {
     pub(crate) cjk: bool,
 }
 
-/// The words of `text`, in order, with the terms the index holds for each (words whose only
-/// term is too long are left out).
-pub(crate) fn words(text: &str) -> Vec<Word> {
-    let mut words = Vec::new();
-    let mut chars = text.char_indices().peekable();
-    while let Some((start, c)) = chars.next() {
-        if is_cjk(c) {
-            let mut run = vec![(start, c)];
-            while let Some(&(at, next)) = chars.peek() {
-                if !is_cjk(next) {
-                    break;
+/// One term of a text, as the index holds it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct TermAt {
+    /// The source bytes it covers: a whole alphabetic word, or a bigram's two characters.
+    pub(crate) from: usize,
+    pub(crate) to: usize,
+    /// Lowercased.
+    pub(crate) text: String,
+    /// Which word of the text it belongs to (the bigrams of one CJK run share it).
+    pub(crate) word: usize,
+    pub(crate) cjk: bool,
+}
+
+/// The terms of a text, produced lazily (a 50 MB tool output is never held as terms at once).
+pub(crate) struct Terms<'a> {
+    text: &'a str,
+    chars: std::iter::Peekable<std::str::CharIndices<'a>>,
+    /// Inside a CJK run: its last character, and whether a bigram ended at it.
+    run: Option<((usize, char), bool)>,
+    word: usize,
+}
+
+impl<'a> Terms<'a> {
+    pub(crate) fn new(text: &'a str) -> Terms<'a> {
+        Terms {
+            text,
+            chars: text.char_indices().peekable(),
+            run: None,
+            word: 0,
+        }
+    }
+}
+
+impl Iterator for Terms<'_> {
+    type Item = TermAt;
+
+    fn next(&mut self) -> Option<TermAt> {
+        loop {
+            if let Some(((at, c), paired)) = self.run {
+                match self.chars.peek().copied() {
+                    Some((next_at, next)) if is_cjk(next) => {
+                        self.chars.next();
+                        self.run = Some(((next_at, next), true));
+                        return Some(TermAt {
+                            from: at,
+                            to: next_at + next.len_utf8(),
+                            text: [c, next].iter().collect(),
+                            word: self.word,
+                            cjk: true,
+                        });
+                    }
+                    _ => {
+                        self.run = None;
+                        let word = self.word;
+                        self.word += 1;
+                        if !paired {
+                            // A lone CJK character is a term of its own.
+                            return Some(TermAt {
+                                from: at,
+                                to: at + c.len_utf8(),
+                                text: c.to_string(),
+                                word,
+                                cjk: true,
+                            });
+                        }
+                        continue;
+                    }
                 }
-                run.push((at, next));
-                chars.next();
             }
-            let end = run.last().map_or(start, |(at, c)| at + c.len_utf8());
-            let terms = if run.len() == 1 {
-                vec![c.to_string()]
-            } else {
-                run.windows(2)
-                    .map(|pair| [pair[0].1, pair[1].1].iter().collect())
-                    .collect()
-            };
-            words.push(Word {
-                start,
-                end,
-                terms,
-                cjk: true,
-            });
-        } else if c.is_alphanumeric() {
-            let mut end = start + c.len_utf8();
-            while let Some(&(at, next)) = chars.peek() {
-                if !next.is_alphanumeric() || is_cjk(next) {
-                    break;
+            let (start, c) = self.chars.next()?;
+            if is_cjk(c) {
+                self.run = Some(((start, c), false));
+            } else if c.is_alphanumeric() {
+                let mut end = start + c.len_utf8();
+                while let Some(&(at, next)) = self.chars.peek() {
+                    if !next.is_alphanumeric() || is_cjk(next) {
+                        break;
+                    }
+                    end = at + next.len_utf8();
+                    self.chars.next();
                 }
-                end = at + next.len_utf8();
-                chars.next();
-            }
-            let word = &text[start..end];
-            if word.len() <= MAX_TERM_BYTES {
-                words.push(Word {
-                    start,
-                    end,
-                    terms: vec![word.to_lowercase()],
-                    cjk: false,
-                });
+                let written = &self.text[start..end];
+                if written.len() <= MAX_TERM_BYTES {
+                    let word = self.word;
+                    self.word += 1;
+                    return Some(TermAt {
+                        from: start,
+                        to: end,
+                        text: written.to_lowercase(),
+                        word,
+                        cjk: false,
+                    });
+                }
             }
         }
     }
-    words
+}
+
+/// The words of `text`, in order, with the terms the index holds for each (words whose only
+/// term is too long are left out).
+pub(crate) fn words(text: &str) -> Vec<Word> {
+    let mut words: Vec<(usize, Word)> = Vec::new();
+    for term in Terms::new(text) {
+        match words.last_mut() {
+            Some((index, word)) if *index == term.word => {
+                word.end = term.to;
+                word.terms.push(term.text);
+            }
+            _ => words.push((
+                term.word,
+                Word {
+                    start: term.from,
+                    end: term.to,
+                    terms: vec![term.text],
+                    cjk: term.cjk,
+                },
+            )),
+        }
+    }
+    words.into_iter().map(|(_, word)| word).collect()
 }
 
 /// Every term of `text`, in order (what the index holds for it, position by position).
+#[cfg(test)]
 pub(crate) fn terms(text: &str) -> Vec<String> {
-    words(text)
-        .into_iter()
-        .flat_map(|word| word.terms)
-        .collect()
+    Terms::new(text).map(|term| term.text).collect()
 }
 
-/// The tokenizer registered with the index: the terms of [`words`], at consecutive positions.
+/// The tokenizer registered with the index: the terms of [`Terms`], at consecutive positions.
 #[derive(Clone, Default)]
 pub(crate) struct RecallTokenizer {
     token: Token,
-    pending: Vec<Token>,
 }
 
 pub(crate) struct RecallTokenStream<'a> {
-    tokens: std::vec::IntoIter<Token>,
+    terms: Terms<'a>,
     token: &'a mut Token,
 }
 
@@ -125,33 +192,8 @@ impl Tokenizer for RecallTokenizer {
 
     fn token_stream<'a>(&'a mut self, text: &'a str) -> RecallTokenStream<'a> {
         self.token.reset();
-        self.pending.clear();
-        let mut position = 0;
-        for word in words(text) {
-            let chars: Vec<(usize, char)> = text[word.start..word.end].char_indices().collect();
-            for (index, term) in word.terms.into_iter().enumerate() {
-                // A bigram spans its two characters; an alphabetic word, the whole word.
-                let (from, to) = if word.cjk && chars.len() > 1 {
-                    let (second, c) = chars[index + 1];
-                    (
-                        word.start + chars[index].0,
-                        word.start + second + c.len_utf8(),
-                    )
-                } else {
-                    (word.start, word.end)
-                };
-                self.pending.push(Token {
-                    offset_from: from,
-                    offset_to: to,
-                    position,
-                    text: term,
-                    position_length: 1,
-                });
-                position += 1;
-            }
-        }
         RecallTokenStream {
-            tokens: std::mem::take(&mut self.pending).into_iter(),
+            terms: Terms::new(text),
             token: &mut self.token,
         }
     }
@@ -159,13 +201,14 @@ impl Tokenizer for RecallTokenizer {
 
 impl TokenStream for RecallTokenStream<'_> {
     fn advance(&mut self) -> bool {
-        match self.tokens.next() {
-            Some(token) => {
-                *self.token = token;
-                true
-            }
-            None => false,
-        }
+        let Some(term) = self.terms.next() else {
+            return false;
+        };
+        self.token.position = self.token.position.wrapping_add(1);
+        self.token.offset_from = term.from;
+        self.token.offset_to = term.to;
+        self.token.text = term.text;
+        true
     }
 
     fn token(&self) -> &Token {

@@ -396,6 +396,9 @@ pub struct SearchHit {
     pub score: f32,
     /// A short excerpt around the densest matches, matches wrapped in `«` `»`.
     pub snippet: String,
+    /// The large content (`file_…`) the snippet comes from, when the match is in a blob the
+    /// message references rather than in its own text.
+    pub file: Option<String>,
     /// The summary that currently covers the row (its topmost ancestor), if it was compacted.
     pub covered_by: Option<String>,
 }

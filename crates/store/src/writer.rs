@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use rusqlite::{Connection, OptionalExtension, Transaction, TransactionBehavior, params};
 use tokio::sync::oneshot;
 
+use crate::blobs;
 use crate::error::{Result, StoreError};
 use crate::index::{IndexDoc, IndexSink, IndexSlot, IndexedRow};
 use crate::read;
@@ -39,6 +40,8 @@ pub(crate) struct PreparedMessage {
     pub(crate) json: String,
     pub(crate) role: String,
     pub(crate) text: String,
+    /// The blobs its text blocks moved to.
+    pub(crate) blobs: Vec<String>,
     pub(crate) tokens: u64,
     /// The key of an identified message (entry id or turn slot); `None` for one that is only
     /// recognised by its place, or not at all.
@@ -557,6 +560,12 @@ impl Writer {
                     message.created_at_ms
                 ])?;
                 let id = transaction.last_insert_rowid();
+                let mut message = message;
+                if !message.blobs.is_empty() {
+                    steps.step()?;
+                    blobs::record_references(&transaction, id, conversation, &message.blobs)?;
+                    blobs::indexed_text(&transaction, &mut message.text, &message.blobs)?;
+                }
                 steps.step()?;
                 append.execute(params![
                     conversation.0,

@@ -258,3 +258,80 @@ async fn grants_let_a_child_read_its_parent_until_they_end() {
             .is_empty()
     );
 }
+
+/// A word at the very end of a 1,000,000-character tool output is found by text and regex grep
+/// (the hit names the file), and the content is readable from a second session whose message
+/// references the same stored content.
+#[tokio::test]
+async fn large_content_is_searchable_and_readable_by_every_session_that_references_it() {
+    let dir = TempDir::new().unwrap();
+    let engine = engine(&dir).await;
+    let mut output = String::with_capacity(1_000_100);
+    let mut line = 0;
+    while output.len() < 999_950 {
+        output.push_str(&format!("row {line:06} status nominal latency 4ms\n"));
+        line += 1;
+    }
+    output.push_str("final verdict: zanzibarquokka");
+    let lines = output.lines().count();
+    for session in ["bigA", "bigB"] {
+        engine
+            .ingest_batch(&IngestBatchParams {
+                session_id: session.to_owned(),
+                session_key: Some(session.to_owned()),
+                messages: vec![
+                    message(json!({"role": "user", "content": "dump the table", "timestamp": 1})),
+                    message(
+                        json!({"role": "toolResult", "toolCallId": "c1", "toolName": "exec",
+                        "content": [{"type": "text", "text": output}], "timestamp": 2}),
+                    ),
+                ],
+                ..IngestBatchParams::default()
+            })
+            .await
+            .unwrap();
+    }
+    let b = caller("bigB", "bigB");
+    for mode in ["text", "regex"] {
+        let query = if mode == "text" {
+            "zanzibarquokka"
+        } else {
+            "verdict: zanzibar\\w+"
+        };
+        let found = engine
+            .call_tool(&b, "vilvona_grep", &json!({"query": query, "mode": mode}))
+            .await
+            .unwrap();
+        let results = found["results"].as_array().unwrap();
+        assert_eq!(results.len(), 1, "{mode}: {found}");
+        let snippet = results[0]["snippet"].as_str().unwrap();
+        assert!(snippet.contains("zanzibarquokka»"), "{mode}: {snippet}");
+        let file = results[0]["file"].as_str().unwrap();
+        assert!(file.starts_with("file_"), "{file}");
+        let described = engine
+            .call_tool(
+                &b,
+                "vilvona_describe",
+                &json!({"id": file, "lines": format!("{lines}-{lines}")}),
+            )
+            .await
+            .unwrap();
+        assert_eq!(described["content"], "final verdict: zanzibarquokka");
+    }
+    // A session that never referenced it still may not read it.
+    say(&engine, "other", "other", "unrelated", 3).await;
+    let found = engine
+        .call_tool(&b, "vilvona_grep", &json!({"query": "zanzibarquokka"}))
+        .await
+        .unwrap();
+    let file = found["results"][0]["file"].as_str().unwrap().to_owned();
+    let refused = engine
+        .call_tool(
+            &caller("other", "other"),
+            "vilvona_describe",
+            &json!({"id": file}),
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(refused, ToolError::OutOfScope(_)), "{refused}");
+}

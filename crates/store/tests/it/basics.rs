@@ -20,7 +20,7 @@ async fn a_new_store_migrates_and_reopens() {
         .unwrap()
         .pragma_query_value(None, "user_version", |row| row.get(0))
         .unwrap();
-    assert_eq!(user_version, 1);
+    assert_eq!(user_version, SCHEMA_VERSION);
 }
 
 #[tokio::test]
@@ -33,9 +33,9 @@ async fn a_database_from_a_newer_version_is_refused() {
         .unwrap();
     let error = Store::open(StoreConfig::new(dir.path())).await.unwrap_err();
     assert!(
-        error
-            .to_string()
-            .contains("database schema version 99 is newer than this build understands (1)"),
+        error.to_string().contains(&format!(
+            "database schema version 99 is newer than this build understands ({SCHEMA_VERSION})"
+        )),
         "{error}"
     );
 }

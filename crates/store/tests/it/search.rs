@@ -304,3 +304,78 @@ async fn oversize_queries_are_refused_with_one_line() {
         format!("the query has 100 words; at most {MAX_QUERY_WORDS} are allowed")
     );
 }
+
+/// A message whose text moved to a blob: the blob's words are found (the hit names the file),
+/// the blob is readable by each conversation that references it, and a store written before
+/// references were kept learns them when it migrates.
+#[tokio::test]
+async fn blob_words_are_found_and_references_scope_the_blob() {
+    let dir = TempDir::new().unwrap();
+    let store = open(&dir).await;
+    let first = store.conversation(&key("main", "a")).await.unwrap().id;
+    let second = store.conversation(&key("main", "b")).await.unwrap().id;
+    let stranger = store.conversation(&key("main", "c")).await.unwrap().id;
+    let content = format!(
+        "{}the last line names quokkaverdict",
+        "filler line\n".repeat(5_000)
+    );
+    let mut blob_id = String::new();
+    for (index, conversation) in [first, second].into_iter().enumerate() {
+        let info = store
+            .put_blob(NewBlob {
+                conversation,
+                kind: "log".to_owned(),
+                content: content.clone(),
+                description: "a log".to_owned(),
+            })
+            .await
+            .unwrap();
+        blob_id = info.blob_id.clone();
+        let message: vilvona_core::message::AgentMessage = serde_json::from_value(serde_json::json!({
+            "role": "toolResult", "toolCallId": "c", "toolName": "exec", "timestamp": 10,
+            "content": [{"type": "text", "text": format!("[stored as {blob_id}]"), BLOB_ID_KEY: blob_id}]
+        }))
+        .unwrap();
+        let stored = NewMessage {
+            message,
+            identity: MessageIdentity {
+                entry_id: Some(format!("m{index}")),
+                ..MessageIdentity::default()
+            },
+            tokens: 10,
+        };
+        store
+            .ingest(conversation, vec![stored], None)
+            .await
+            .unwrap();
+    }
+    let hits = store
+        .search(query("main", vec![second], "quokkaverdict"))
+        .await
+        .unwrap();
+    assert_eq!(hits.len(), 1);
+    assert_eq!(hits[0].file.as_deref(), Some(blob_id.as_str()));
+    assert!(
+        hits[0]
+            .snippet
+            .ends_with("filler line the last line names «quokkaverdict»"),
+        "{}",
+        hits[0].snippet
+    );
+    let mut readers = store.blob_readers(&blob_id).await.unwrap();
+    readers.sort();
+    assert_eq!(readers, [first, second]);
+    assert!(!readers.contains(&stranger));
+
+    // As a database of schema 1 (no references kept), then migrated.
+    drop(store);
+    let connection = rusqlite::Connection::open(dir.path().join(DATABASE_FILE)).unwrap();
+    connection
+        .execute_batch("DROP TABLE blob_references; PRAGMA user_version = 1;")
+        .unwrap();
+    drop(connection);
+    let store = open(&dir).await;
+    let mut readers = store.blob_readers(&blob_id).await.unwrap();
+    readers.sort();
+    assert_eq!(readers, [first, second]);
+}

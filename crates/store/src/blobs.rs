@@ -1,0 +1,134 @@
+//! Large content: stored once by content hash, referenced by the messages that carry it.
+//!
+//! A message whose large text moved to a blob keeps a text block with the reference and the
+//! blob id under [`BLOB_ID_KEY`]. The store records every such reference (`blob_references`),
+//! which is what scopes a blob — any conversation whose messages reference it may read it —
+//! and what lets the index hold the blob's words under the message that references it.
+
+use rusqlite::{Connection, OptionalExtension, params};
+use vilvona_core::message::{AgentMessage, ContentBlock, MessageContent};
+
+use crate::error::Result;
+use crate::types::ConversationId;
+
+/// The key, in a text block's extra fields, of the blob its text moved to.
+pub const BLOB_ID_KEY: &str = "vilvonaBlobId";
+
+/// At most this many bytes of one blob's text are indexed (its words beyond stay findable by
+/// regex, which reads the whole blob).
+pub(crate) const INDEXED_BLOB_BYTES: usize = 64 * 1024 * 1024;
+
+/// The blob ids a message references, in order, without repeats.
+pub fn referenced_blobs(message: &AgentMessage) -> Vec<String> {
+    let content = match message {
+        AgentMessage::User(user) => &user.content,
+        AgentMessage::ToolResult(result) => &result.content,
+        _ => return Vec::new(),
+    };
+    let MessageContent::Blocks(blocks) = content else {
+        return Vec::new();
+    };
+    let mut ids: Vec<String> = Vec::new();
+    for block in blocks {
+        if let ContentBlock::Text(text) = block
+            && let Some(id) = text.extra.get(BLOB_ID_KEY).and_then(|id| id.as_str())
+            && !ids.iter().any(|known| known == id)
+        {
+            ids.push(id.to_owned());
+        }
+    }
+    ids
+}
+
+/// Records that a message references blobs (those the store holds).
+pub(crate) fn record_references(
+    connection: &Connection,
+    message: i64,
+    conversation: ConversationId,
+    blobs: &[String],
+) -> Result<()> {
+    let mut insert = connection.prepare_cached(
+        "INSERT OR IGNORE INTO blob_references (blob_id, message_id, conversation_id)
+         SELECT ?1, ?2, ?3 WHERE EXISTS (SELECT 1 FROM blobs WHERE blob_id = ?1)",
+    )?;
+    for blob in blobs {
+        insert.execute(params![blob, message, conversation.0])?;
+    }
+    Ok(())
+}
+
+/// The text the index holds for a message: its own text, then the (bounded) text of each blob
+/// it references.
+pub(crate) fn indexed_text(
+    connection: &Connection,
+    text: &mut String,
+    blobs: &[String],
+) -> Result<()> {
+    for blob in blobs {
+        if let Some(content) = content(connection, blob)? {
+            let end = crate::search::floor_boundary(&content, INDEXED_BLOB_BYTES);
+            text.push('\n');
+            text.push_str(&content[..end]);
+        }
+    }
+    Ok(())
+}
+
+pub(crate) fn content(connection: &Connection, blob_id: &str) -> Result<Option<String>> {
+    Ok(connection
+        .prepare_cached("SELECT content FROM blobs WHERE blob_id = ?1")?
+        .query_row([blob_id], |row| row.get(0))
+        .optional()?)
+}
+
+/// The blobs a stored message references.
+pub(crate) fn of_message(connection: &Connection, message: i64) -> Result<Vec<String>> {
+    let mut statement = connection.prepare_cached(
+        "SELECT blob_id FROM blob_references WHERE message_id = ?1 ORDER BY blob_id",
+    )?;
+    let ids = statement
+        .query_map([message], |row| row.get(0))?
+        .collect::<rusqlite::Result<Vec<String>>>()?;
+    Ok(ids)
+}
+
+/// The conversations that may read a blob: the one that stored it first and every one whose
+/// messages reference it.
+pub(crate) fn readers(connection: &Connection, blob_id: &str) -> Result<Vec<ConversationId>> {
+    let mut statement = connection.prepare_cached(
+        "SELECT conversation_id FROM blobs WHERE blob_id = ?1
+         UNION SELECT conversation_id FROM blob_references WHERE blob_id = ?1",
+    )?;
+    let ids = statement
+        .query_map([blob_id], |row| row.get(0).map(ConversationId))?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    Ok(ids)
+}
+
+/// Records the references of messages stored before the store kept them (the migration to
+/// schema 2).
+pub(crate) fn backfill_references(connection: &Connection) -> Result<()> {
+    let mut statement =
+        connection.prepare("SELECT id, conversation_id, json FROM messages ORDER BY id")?;
+    let mut rows = statement.query([])?;
+    while let Some(row) = rows.next()? {
+        let Ok(json) = row
+            .get::<_, Vec<u8>>(2)
+            .and_then(|bytes| crate::read::decode_json(&bytes))
+        else {
+            continue;
+        };
+        if !json.contains(BLOB_ID_KEY) {
+            continue;
+        }
+        if let Ok(message) = serde_json::from_str::<AgentMessage>(&json) {
+            record_references(
+                connection,
+                row.get(0)?,
+                ConversationId(row.get(1)?),
+                &referenced_blobs(&message),
+            )?;
+        }
+    }
+    Ok(())
+}
