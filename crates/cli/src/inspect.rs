@@ -237,20 +237,12 @@ pub(crate) async fn compact(
 
 pub(crate) async fn grep(
     global: &Global,
-    query: &str,
     session: &str,
-    mode: &str,
-    scope: &str,
-    limit: u64,
+    arguments: &Value,
     json: bool,
 ) -> Result<ExitCode> {
-    let result = call_recall_tool(
-        global,
-        session,
-        "vilvona_grep",
-        &json!({"query": query, "mode": mode, "scope": scope, "limit": limit}),
-    )
-    .await?;
+    let query = arguments["query"].as_str().unwrap_or_default();
+    let result = call_recall_tool(global, session, "vilvona_grep", arguments).await?;
     if json {
         print_json(&result)?;
     } else {
@@ -260,13 +252,17 @@ pub(crate) async fn grep(
         }
         for hit in results {
             println!(
-                "{} {} {}{}\n    {}",
+                "{} {} {}{}\n    {}{}",
                 hit["id"].as_str().unwrap_or(""),
                 hit["kind"].as_str().unwrap_or(""),
                 hit["time"].as_str().unwrap_or(""),
                 hit["coveredBy"]
                     .as_str()
                     .map(|s| format!(" (covered by {s})"))
+                    .unwrap_or_default(),
+                hit["file"]
+                    .as_str()
+                    .map(|file| format!("in {file}: "))
                     .unwrap_or_default(),
                 hit["snippet"].as_str().unwrap_or("")
             );
@@ -279,9 +275,14 @@ pub(crate) async fn describe(
     global: &Global,
     id: &str,
     session: &str,
+    lines: Option<String>,
     json: bool,
 ) -> Result<ExitCode> {
-    let result = call_recall_tool(global, session, "vilvona_describe", &json!({"id": id})).await?;
+    let mut arguments = json!({"id": id});
+    if let Some(lines) = lines {
+        arguments["lines"] = json!(lines);
+    }
+    let result = call_recall_tool(global, session, "vilvona_describe", &arguments).await?;
     if json {
         print_json(&result)?;
     } else {
@@ -301,11 +302,15 @@ pub(crate) async fn expand(
     id: &str,
     session: &str,
     token_cap: Option<u64>,
+    cursor: Option<u64>,
     json: bool,
 ) -> Result<ExitCode> {
     let mut arguments = json!({"id": id});
     if let Some(cap) = token_cap {
         arguments["tokenCap"] = json!(cap);
+    }
+    if let Some(cursor) = cursor {
+        arguments["cursor"] = json!(cursor);
     }
     let result = call_recall_tool(global, session, "vilvona_expand", &arguments).await?;
     if json {
@@ -328,9 +333,10 @@ pub(crate) async fn expand(
             println!("{body}");
         }
         if let Some(next) = result["nextCursor"].as_u64() {
+            let total = result["total"].as_u64().unwrap_or(next);
             println!(
-                "(more: {} of {} items shown; continue from cursor {next})",
-                next, result["total"]
+                "(more: {} of {total} items remain; continue with --cursor {next})",
+                total.saturating_sub(next)
             );
         }
     }

@@ -36,16 +36,21 @@ struct Cli {
 enum Command {
     /// Generate a coding-agent session, replay it through the lossless engine, show what happened.
     Demo {
+        /// How many turns the generated session has.
         #[arg(long, default_value_t = 400)]
         turns: usize,
     },
     /// Replay an OpenClaw session transcript (JSONL) through the host lifecycle.
     Replay {
+        /// The transcript to replay (one JSON entry per line).
         file: PathBuf,
+        /// The engine to replay through (default: the one the contextEngine slot selects).
         #[arg(long, value_name = "ID")]
         engine: Option<String>,
+        /// The model's context window in tokens (default: the configured one).
         #[arg(long, value_name = "TOKENS")]
         context_window: Option<u64>,
+        /// Print one JSON document.
         #[arg(long)]
         json: bool,
     },
@@ -61,8 +66,10 @@ enum Command {
     },
     /// The /context views of a stored session.
     Context {
+        /// Which view: a list of items, the detail of each, JSON, or a PNG map.
         #[arg(value_enum)]
         view: ContextView,
+        /// The session, by key or id (`vilvona sessions` lists them).
         #[arg(long)]
         session: String,
         /// Where `map` writes its PNG.
@@ -74,54 +81,88 @@ enum Command {
     },
     /// Manual /compact through the host.
     Compact {
+        /// The session, by key or id (`vilvona sessions` lists them).
         #[arg(long)]
         session: String,
+        /// What the summaries should keep or focus on.
         #[arg(long)]
         instructions: Option<String>,
+        /// Print one JSON document.
         #[arg(long)]
         json: bool,
     },
     /// Search a session's whole history (vilvona_grep).
     Grep {
+        /// Words, a phrase, or a regular expression (see --mode).
         query: String,
+        /// The session whose history is searched, by key or id.
         #[arg(long)]
         session: String,
+        /// How the query matches.
         #[arg(long, value_enum, default_value_t = Mode::Text)]
         mode: Mode,
+        /// Which rows are searched.
         #[arg(long, value_enum, default_value_t = Scope::Both)]
         scope: Scope,
+        /// Only rows at or after this time (RFC 3339, e.g. 2026-03-02T09:00:00Z).
+        #[arg(long, value_name = "TIME")]
+        since: Option<String>,
+        /// Only rows before this time (RFC 3339).
+        #[arg(long, value_name = "TIME")]
+        before: Option<String>,
+        /// How hits are ordered.
+        #[arg(long, value_enum, default_value_t = Order::Relevance)]
+        order: Order,
+        /// At most this many hits (1–50).
         #[arg(long, default_value_t = 10)]
         limit: u64,
+        /// Print the tool's JSON result.
         #[arg(long)]
         json: bool,
     },
     /// Describe a summary, message or stored file (vilvona_describe).
     Describe {
+        /// A summary id (sum_…), message id (msg_…) or file id (file_…).
         id: String,
+        /// The session whose recall scope applies, by key or id.
         #[arg(long)]
         session: String,
+        /// For a file: a line range like 1-200.
+        #[arg(long, value_name = "FIRST-LAST")]
+        lines: Option<String>,
+        /// Print the tool's JSON result.
         #[arg(long)]
         json: bool,
     },
     /// Expand a summary into what it covers (vilvona_expand).
     Expand {
+        /// A summary id (sum_…).
         id: String,
+        /// The session whose recall scope applies, by key or id.
         #[arg(long)]
         session: String,
+        /// At most this many tokens of children (capped by maxExpandTokens).
         #[arg(long, value_name = "N")]
         token_cap: Option<u64>,
+        /// Continue from this child (the cursor a previous expansion printed).
+        #[arg(long, value_name = "N")]
+        cursor: Option<u64>,
+        /// Print the tool's JSON result.
         #[arg(long)]
         json: bool,
     },
     /// Counts for a stored session.
     Stats {
+        /// The session, by key or id.
         #[arg(long)]
         session: String,
+        /// Print one JSON document.
         #[arg(long)]
         json: bool,
     },
     /// Stored sessions.
     Sessions {
+        /// Print one JSON document.
         #[arg(long)]
         json: bool,
     },
@@ -152,24 +193,55 @@ enum PluginsAction {
 
 #[derive(Copy, Clone, Debug, ValueEnum)]
 enum ContextView {
+    /// One line per context item, with tokens.
     List,
+    /// Each item's text, as the model sees it.
     Detail,
+    /// The whole report as JSON.
     Json,
+    /// A treemap of the context window as a PNG (see --out).
     Map,
 }
 
 #[derive(Copy, Clone, Debug, ValueEnum)]
 enum Mode {
+    /// Any of the words, ranked by BM25.
     Text,
+    /// The words next to each other, in order.
     Phrase,
+    /// A regular expression (linear time), newest first.
     Regex,
 }
 
 #[derive(Copy, Clone, Debug, ValueEnum)]
 enum Scope {
+    /// Stored messages only.
     Messages,
+    /// Summaries only.
     Summaries,
+    /// Messages and summaries.
     Both,
+}
+
+#[derive(Copy, Clone, Debug, ValueEnum)]
+enum Order {
+    /// Best match first.
+    Relevance,
+    /// Newest first.
+    Recency,
+}
+
+/// The name clap gives a value (what the recall tools take as the argument's value).
+trait ValueEnumName {
+    fn name(&self) -> String;
+}
+
+impl<T: ValueEnum> ValueEnumName for T {
+    fn name(&self) -> String {
+        self.to_possible_value()
+            .map(|value| value.get_name().to_owned())
+            .unwrap_or_default()
+    }
 }
 
 /// How the command line opens the host.
@@ -313,30 +385,42 @@ async fn run(command: Command, global: &Global) -> Result<ExitCode> {
             session,
             mode,
             scope,
+            since,
+            before,
+            order,
             limit,
             json,
         } => {
-            let mode = match mode {
-                Mode::Text => "text",
-                Mode::Phrase => "phrase",
-                Mode::Regex => "regex",
-            };
-            let scope = match scope {
-                Scope::Messages => "messages",
-                Scope::Summaries => "summaries",
-                Scope::Both => "both",
-            };
-            inspect::grep(global, &query, &session, mode, scope, limit, json).await
+            // The tool's arguments, named as the tool names them.
+            let name = |value: &dyn ValueEnumName| value.name();
+            let mut arguments = serde_json::json!({
+                "query": query,
+                "mode": name(&mode),
+                "scope": name(&scope),
+                "order": name(&order),
+                "limit": limit,
+            });
+            if let Some(since) = since {
+                arguments["since"] = since.into();
+            }
+            if let Some(before) = before {
+                arguments["before"] = before.into();
+            }
+            inspect::grep(global, &session, &arguments, json).await
         }
-        Command::Describe { id, session, json } => {
-            inspect::describe(global, &id, &session, json).await
-        }
+        Command::Describe {
+            id,
+            session,
+            lines,
+            json,
+        } => inspect::describe(global, &id, &session, lines, json).await,
         Command::Expand {
             id,
             session,
             token_cap,
+            cursor,
             json,
-        } => inspect::expand(global, &id, &session, token_cap, json).await,
+        } => inspect::expand(global, &id, &session, token_cap, cursor, json).await,
         Command::Stats { session, json } => inspect::stats(global, &session, json).await,
         Command::Sessions { json } => inspect::sessions(global, json).await,
         Command::RebuildIndex => inspect::rebuild_index(global).await,
@@ -373,4 +457,44 @@ pub(crate) fn require_file(path: &std::path::Path) -> Result<()> {
         bail!("{}: no such file; check the path", path.display());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every option and argument of every command says what it is for.
+    #[test]
+    fn every_option_has_a_help_line() {
+        fn walk(command: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            for arg in command.get_arguments() {
+                let id = arg.get_id().as_str();
+                if matches!(id, "help" | "version") {
+                    continue;
+                }
+                if arg.get_help().is_none() {
+                    missing.push(format!("{path} {id}"));
+                }
+                let values = if arg.get_action().takes_values() {
+                    arg.get_possible_values()
+                } else {
+                    Vec::new()
+                };
+                for value in values {
+                    if value.get_help().is_none() {
+                        missing.push(format!("{path} {id}={}", value.get_name()));
+                    }
+                }
+            }
+            for sub in command.get_subcommands() {
+                if sub.get_about().is_none() {
+                    missing.push(format!("{path} {}", sub.get_name()));
+                }
+                walk(sub, &format!("{path} {}", sub.get_name()), missing);
+            }
+        }
+        let mut missing = Vec::new();
+        walk(&Cli::command(), "vilvona", &mut missing);
+        assert!(missing.is_empty(), "without help: {missing:?}");
+    }
 }

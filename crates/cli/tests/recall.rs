@@ -1,0 +1,280 @@
+//! Recall from the command line: every language, large content, bounds, paging.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::path::Path;
+use std::process::Output;
+
+use serde_json::{Value, json};
+use tempfile::TempDir;
+
+use common::vilvona;
+
+fn ok_json(output: &Output) -> Value {
+    assert!(
+        output.status.success(),
+        "stderr: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).unwrap()
+}
+
+/// One line on stderr and exit status 1.
+fn one_line_error(output: &Output) -> String {
+    assert_eq!(output.status.code(), Some(1));
+    let error = String::from_utf8_lossy(&output.stderr).trim().to_owned();
+    assert_eq!(error.lines().count(), 1, "{error}");
+    error
+}
+
+/// A transcript of `messages` (role, content) as OpenClaw writes it.
+fn transcript(dir: &Path, session: &str, messages: &[Value]) -> String {
+    let mut lines = vec![json!({"type": "session", "version": 3, "id": session,
+        "timestamp": "2026-03-02T09:00:00Z", "cwd": "/workspace"})];
+    for (index, message) in messages.iter().enumerate() {
+        let mut message = message.clone();
+        message["timestamp"] = json!(1_772_442_000_000_i64 + index as i64 * 1_000);
+        lines.push(json!({"type": "message", "id": format!("{session}-{index}"),
+            "parentId": if index == 0 { Value::Null } else { json!(format!("{session}-{}", index - 1)) },
+            "timestamp": "2026-03-02T09:00:00Z", "message": message}));
+    }
+    let path = dir.join(format!("{session}.jsonl"));
+    let text: Vec<String> = lines.iter().map(Value::to_string).collect();
+    std::fs::write(&path, text.join("\n") + "\n").unwrap();
+    path.to_str().unwrap().to_owned()
+}
+
+fn replay(state: &Path, file: &str) {
+    let output = vilvona(state, &["replay", file, "--engine", "lossless", "--json"]);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+fn grep(state: &Path, session: &str, args: &[&str]) -> Vec<Value> {
+    let mut all = vec!["grep", "--session", session, "--json"];
+    all.extend_from_slice(args);
+    ok_json(&vilvona(state, &all))["results"]
+        .as_array()
+        .unwrap()
+        .clone()
+}
+
+#[test]
+fn chinese_japanese_and_korean_facts_are_found_by_their_words() {
+    let dir = TempDir::new().unwrap();
+    let state = dir.path();
+    let file = transcript(
+        state,
+        "cjk",
+        &[
+            json!({"role": "user", "content": "我们把告警阈值改成了百分之八十五。"}),
+            json!({"role": "assistant", "content": [{"type": "text", "text": "本番環境のしきい値を変更しました。"}]}),
+            json!({"role": "user", "content": "운영 환경의 경고 임계값을 85퍼센트로 바꿨습니다."}),
+            json!({"role": "assistant", "content": [{"type": "text", "text": "了解。"}]}),
+        ],
+    );
+    replay(state, &file);
+    for (word, highlighted) in [
+        ("告警阈值", "我们把«告警阈值»改成了百分之八十五。"),
+        ("しきい値", "本番環境の«しきい値»を変更しました。"),
+        (
+            "임계값",
+            "운영 환경의 경고 «임계값»을 85퍼센트로 바꿨습니다.",
+        ),
+    ] {
+        for mode in ["text", "phrase"] {
+            let hits = grep(state, "cjk", &[word, "--mode", mode]);
+            assert_eq!(hits.len(), 1, "{word} ({mode}): {hits:?}");
+            assert_eq!(hits[0]["snippet"], highlighted);
+        }
+    }
+}
+
+#[test]
+fn a_word_at_the_end_of_a_huge_tool_output_is_found_and_read_from_a_second_session() {
+    let dir = TempDir::new().unwrap();
+    let state = dir.path();
+    let mut output = String::new();
+    let mut row = 0;
+    while output.len() < 999_960 {
+        output.push_str(&format!("row {row:06} ok in 4ms\n"));
+        row += 1;
+    }
+    output.push_str("the last word: xylophonequokka");
+    let lines = output.lines().count().to_string();
+    for session in ["bigA", "bigB"] {
+        let file = transcript(
+            state,
+            session,
+            &[
+                json!({"role": "user", "content": "print the whole table"}),
+                json!({"role": "assistant", "content": [{"type": "toolCall", "id": "c1", "name": "exec", "arguments": {"command": "dump"}}]}),
+                json!({"role": "toolResult", "toolCallId": "c1", "toolName": "exec", "content": [{"type": "text", "text": output}], "isError": false}),
+                json!({"role": "assistant", "content": [{"type": "text", "text": "Done."}]}),
+            ],
+        );
+        replay(state, &file);
+    }
+    for args in [
+        &["xylophonequokka"][..],
+        &["last word: xylo\\w+", "--mode", "regex"][..],
+    ] {
+        let hits = grep(state, "bigB", args);
+        assert_eq!(hits.len(), 1, "{args:?}: {hits:?}");
+        assert!(
+            hits[0]["snippet"]
+                .as_str()
+                .unwrap()
+                .ends_with("xylophonequokka»"),
+            "{hits:?}"
+        );
+        let file = hits[0]["file"].as_str().unwrap();
+        let range = format!("{lines}-{lines}");
+        let described = ok_json(&vilvona(
+            state,
+            &[
+                "describe",
+                file,
+                "--session",
+                "bigB",
+                "--lines",
+                &range,
+                "--json",
+            ],
+        ));
+        assert_eq!(described["content"], "the last word: xylophonequokka");
+    }
+}
+
+#[test]
+fn oversize_queries_and_bad_dates_are_refused_in_one_line() {
+    let dir = TempDir::new().unwrap();
+    let state = dir.path();
+    let file = transcript(
+        state,
+        "s",
+        &[json!({"role": "user", "content": "hello there"})],
+    );
+    replay(state, &file);
+    let long = "word ".repeat(2_000);
+    let error = one_line_error(&vilvona(state, &["grep", &long, "--session", "s"]));
+    assert_eq!(
+        error,
+        "vilvona: invalid arguments: the query is 10000 bytes; at most 4096 are allowed"
+    );
+    for (flag, value) in [
+        ("--since", "9223372036854775807-01-01"),
+        ("--since", "2026-99-01"),
+        ("--before", "2026-02-30T10:00:00Z"),
+        ("--before", "yesterday"),
+    ] {
+        let error = one_line_error(&vilvona(
+            state,
+            &["grep", "hello", "--session", "s", flag, value],
+        ));
+        let key = flag.trim_start_matches("--");
+        assert_eq!(
+            error,
+            format!(
+                "vilvona: invalid arguments: {key}: {value:?} is not an RFC 3339 time like 2026-03-02T09:00:00Z"
+            )
+        );
+    }
+    // An offset is honoured: 11:00+02:00 is 09:00Z, when the message was written.
+    let hits = grep(
+        state,
+        "s",
+        &["hello", "--since", "2026-03-02T11:00:00+02:00"],
+    );
+    assert_eq!(hits.len(), 1);
+    let hits = grep(
+        state,
+        "s",
+        &["hello", "--since", "2026-03-02T11:00:01+02:00"],
+    );
+    assert!(hits.is_empty(), "{hits:?}");
+}
+
+#[test]
+fn expand_pages_with_a_cursor_to_the_last_child() {
+    let dir = TempDir::new().unwrap();
+    let state = dir.path();
+    let fixture = format!(
+        "{}/../../fixtures/gen-session-15.jsonl",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let output = vilvona(
+        state,
+        &[
+            "replay",
+            &fixture,
+            "--engine",
+            "lossless",
+            "--context-window",
+            "12000",
+            "--json",
+        ],
+    );
+    assert!(output.status.success());
+    let session = "synthetic-11-15";
+    let summaries = grep(
+        state,
+        session,
+        &["the", "--scope", "summaries", "--limit", "50"],
+    );
+    let summary = summaries
+        .iter()
+        .filter_map(|hit| hit["id"].as_str())
+        .next()
+        .expect("the replay made summaries");
+    let mut cursor: Option<u64> = None;
+    let mut seen = Vec::new();
+    let total = loop {
+        let mut args = vec![
+            "expand",
+            summary,
+            "--session",
+            session,
+            "--token-cap",
+            "100",
+            "--json",
+        ];
+        let at = cursor.map(|cursor| cursor.to_string());
+        if let Some(at) = &at {
+            args.extend(["--cursor", at.as_str()]);
+        }
+        let page = ok_json(&vilvona(state, &args));
+        for item in page["items"].as_array().unwrap() {
+            seen.push(item["id"].as_str().unwrap().to_owned());
+        }
+        match page["nextCursor"].as_u64() {
+            Some(next) => cursor = Some(next),
+            None => break page["total"].as_u64().unwrap(),
+        }
+    };
+    assert!(total >= 2, "a summary of one child pages nothing");
+    assert_eq!(seen.len() as u64, total, "{seen:?}");
+    let described = ok_json(&vilvona(
+        state,
+        &["describe", summary, "--session", session, "--json"],
+    ));
+    assert_eq!(described["children"], json!(seen));
+    // The text view says how to go on.
+    let first = vilvona(
+        state,
+        &[
+            "expand",
+            summary,
+            "--session",
+            session,
+            "--token-cap",
+            "100",
+        ],
+    );
+    let text = String::from_utf8_lossy(&first.stdout);
+    assert!(text.contains("continue with --cursor 1"), "{text}");
+}
