@@ -127,6 +127,8 @@ pub struct Figures {
     pub summarizer_calls: u64,
     pub summarizer_ms_per_call: f64,
     pub summaries_by_depth: std::collections::BTreeMap<u32, u64>,
+    /// Summaries anywhere in the DAG whose tokens exceed their kind's target.
+    pub summaries_over_target: u64,
     pub assemble: Spread,
     pub final_estimated_tokens: u64,
     pub grep: Spread,
@@ -333,6 +335,7 @@ pub async fn run(options: &RunOptions) -> Result<Figures> {
         default_token_budget: BUDGET,
         ..LosslessConfig::default()
     };
+    let targets = (config.leaf_target_tokens, config.condensed_target_tokens);
     let engine = LosslessEngine::open(&store_dir, config, summarizer, estimator)
         .await
         .map_err(|error| anyhow!("opening the store: {error}"))?;
@@ -452,9 +455,26 @@ pub async fn run(options: &RunOptions) -> Result<Figures> {
     let items = engine.store().context(conversation.id).await?;
     let mut by_depth = std::collections::BTreeMap::new();
     let integrity = engine.store().integrity_check().await?;
+    let mut below = Vec::new();
     for item in &items {
         if let vilvona_store::ItemContent::Summary(summary) = &item.content {
             *by_depth.entry(summary.depth).or_insert(0) += 1;
+            below.push(summary.clone());
+        }
+    }
+    // Every summary of the DAG (each is reachable from the context): its text against its
+    // target (the stored count also holds the `<summary>` wrapper the model sees).
+    let mut over_target = 0;
+    while let Some(summary) = below.pop() {
+        let target = match summary.kind {
+            vilvona_core::summarize::SummaryKind::Leaf => targets.0,
+            vilvona_core::summarize::SummaryKind::Condensed => targets.1,
+        };
+        over_target += u64::from(HeuristicEstimator.text_tokens(&summary.content) > target);
+        for child in engine.store().children(summary.row_id).await? {
+            if let vilvona_store::ItemContent::Summary(child) = child {
+                below.push(child);
+            }
         }
     }
     if !integrity.is_healthy() {
@@ -494,6 +514,7 @@ pub async fn run(options: &RunOptions) -> Result<Figures> {
             summarizer_nanos() as f64 / calls as f64 / 1e6
         },
         summaries_by_depth: by_depth,
+        summaries_over_target: over_target,
         assemble: spread(&assemble),
         final_estimated_tokens: assembled.estimated_tokens,
         grep: spread(&grep),
@@ -557,6 +578,10 @@ pub fn table(figures: &Figures) -> String {
         (
             "summaries by depth",
             format!("{:?}", figures.summaries_by_depth),
+        ),
+        (
+            "summaries over their target",
+            figures.summaries_over_target.to_string(),
         ),
         (
             "assemble at 128k",

@@ -26,6 +26,13 @@ use crate::truncate::truncate;
 /// The prefix of the footer line; engines and tests look for it.
 pub const EXPAND_FOOTER: &str = "Expand for details about:";
 
+/// The prefix of a pinned fact's line. A condensed summary carries its children's pinned lines
+/// up (within [`PINNED_SHARE`] of its target), so a fact stated once survives every level.
+pub const PINNED_PREFIX: &str = "Pinned:";
+
+/// The share of a summary's target its pinned facts may take.
+const PINNED_SHARE: f64 = 0.5;
+
 /// The fraction of the target an aggressive summary may use.
 const AGGRESSIVE_FACTOR: f64 = 0.5;
 /// Longest sentence kept whole, in characters; longer ones are cut with an ellipsis.
@@ -60,7 +67,16 @@ impl ExtractiveSummarizer {
     }
 
     fn extract(&self, request: &SummaryRequest, target: u64) -> Summary {
-        let units = units(request);
+        let (mut units, candidates) = units(request);
+        let pinned = self.pin(request, &candidates, target);
+        // A pinned sentence is not repeated in the body.
+        units.retain(|unit| !pinned.iter().any(|pin| pin.text == unit.text));
+        let pinned_text = render_pinned(&pinned);
+        let target = target.saturating_sub(if pinned_text.is_empty() {
+            0
+        } else {
+            self.estimator.text_tokens(&pinned_text) + 1
+        });
         let focus = focus_words(request.custom_instructions.as_deref());
         let condensed = request.kind == SummaryKind::Condensed;
         let item_count = request.items.len().max(1) as f64;
@@ -126,6 +142,11 @@ impl ExtractiveSummarizer {
                 } else {
                     String::new()
                 };
+                let text = match (text.is_empty(), pinned_text.is_empty()) {
+                    (_, true) => text,
+                    (true, false) => pinned_text,
+                    (false, false) => with_pinned(&text, &pinned_text),
+                };
                 return Summary {
                     text,
                     level: request.level,
@@ -137,6 +158,108 @@ impl ExtractiveSummarizer {
         }
     }
 }
+
+impl ExtractiveSummarizer {
+    /// The facts this summary pins: its candidates by weight (then the newest first), as many
+    /// as fit [`PINNED_SHARE`] of the target, in source order. When the section is full, what
+    /// matters least leaves first.
+    fn pin(&self, request: &SummaryRequest, candidates: &[Pin], target: u64) -> Vec<Pin> {
+        if request.level == SummaryLevel::Fallback || candidates.is_empty() {
+            return Vec::new();
+        }
+        let budget = ((target as f64) * PINNED_SHARE).floor() as u64;
+        let mut ranked: Vec<usize> = (0..candidates.len()).collect();
+        ranked.sort_by(|a, b| {
+            candidates[*b]
+                .weight
+                .cmp(&candidates[*a].weight)
+                .then(b.cmp(a))
+        });
+        let mut kept: BTreeSet<usize> = BTreeSet::new();
+        let mut used = 0;
+        for index in ranked {
+            let cost = self
+                .estimator
+                .text_tokens(&pinned_line(&candidates[index].text))
+                + 1;
+            if used + cost <= budget {
+                kept.insert(index);
+                used += cost;
+            }
+        }
+        kept.into_iter()
+            .map(|index| candidates[index].clone())
+            .collect()
+    }
+}
+
+/// A statement worth keeping through every level of the DAG.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Pin {
+    text: String,
+    /// 3: remember/note; 2: a decision; 1: carried up from a child without either.
+    weight: u8,
+}
+
+/// How much a sentence asks to be kept: 3 for an explicit "remember"/"note", 2 for a decision,
+/// 0 otherwise.
+fn pin_weight(text: &str) -> u8 {
+    let lower = text.to_lowercase();
+    if contains_any(&lower, REMEMBER) {
+        3
+    } else if contains_any(&lower, DECISION) {
+        2
+    } else {
+        0
+    }
+}
+
+fn pinned_line(text: &str) -> String {
+    format!("{PINNED_PREFIX} {text}")
+}
+
+fn render_pinned(pins: &[Pin]) -> String {
+    pins.iter()
+        .map(|pin| pinned_line(&pin.text))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The pinned lines go after the body and before the footer (which stays last).
+fn with_pinned(text: &str, pinned: &str) -> String {
+    match text.rsplit_once('\n') {
+        Some((body, last)) if last.starts_with(EXPAND_FOOTER) => {
+            format!("{body}\n{pinned}\n{last}")
+        }
+        None if text.starts_with(EXPAND_FOOTER) => format!("{pinned}\n{text}"),
+        _ => format!("{text}\n{pinned}"),
+    }
+}
+
+const REMEMBER: &[&str] = &[
+    "remember",
+    "note:",
+    "note that",
+    "important",
+    "don't forget",
+    "keep in mind",
+    "owns it",
+];
+
+const DECISION: &[&str] = &[
+    "decided",
+    "decision",
+    "we will",
+    "we'll",
+    "agreed",
+    "chose ",
+    "going with",
+    "let's",
+    "must ",
+    "should ",
+    "plan:",
+    "instead of",
+];
 
 #[async_trait]
 impl Summarizer for ExtractiveSummarizer {
@@ -169,8 +292,19 @@ fn is_tool_result(label: &str) -> bool {
     label.starts_with("toolResult")
 }
 
-fn units(request: &SummaryRequest) -> Vec<Unit> {
+/// The candidate sentences of the source, and the facts it could pin: its own remember and
+/// decision statements, and the pinned lines of the child summaries it condenses.
+fn units(request: &SummaryRequest) -> (Vec<Unit>, Vec<Pin>) {
     let mut units = Vec::new();
+    let mut pins: Vec<Pin> = Vec::new();
+    let mut pin = |text: &str, weight: u8| {
+        if weight > 0 && !pins.iter().any(|pin| pin.text == text) {
+            pins.push(Pin {
+                text: text.to_owned(),
+                weight,
+            });
+        }
+    };
     for (item_index, item) in request.items.iter().enumerate() {
         let is_user = item.label == "user";
         if is_tool_result(&item.label) {
@@ -189,14 +323,21 @@ fn units(request: &SummaryRequest) -> Vec<Unit> {
             if line.trim().is_empty() || line.trim_start().starts_with(EXPAND_FOOTER) {
                 continue;
             }
+            if let Some(fact) = line.trim_start().strip_prefix(PINNED_PREFIX) {
+                let fact = fact.trim();
+                pin(fact, pin_weight(fact).max(1));
+                continue;
+            }
             if looks_like_code(line) {
                 code_lines += 1;
                 continue;
             }
             for sentence in sentences(line.trim()) {
+                let text = clip(sentence, MAX_SENTENCE_CHARS);
+                pin(&text, pin_weight(&text));
                 units.push(Unit {
                     item: item_index,
-                    text: clip(sentence, MAX_SENTENCE_CHARS),
+                    text,
                     is_user,
                     is_tool_description: false,
                 });
@@ -211,7 +352,7 @@ fn units(request: &SummaryRequest) -> Vec<Unit> {
             });
         }
     }
-    units
+    (units, pins)
 }
 
 /// A tool result becomes one line: its size and its first error lines, never its payload.
@@ -306,37 +447,10 @@ fn contains_any(haystack: &str, needles: &[&str]) -> bool {
 fn score(unit: &Unit, recency: f64, condensed: bool, focus: &[String]) -> f64 {
     let lower = unit.text.to_lowercase();
     let mut score = 0.0;
-    if contains_any(
-        &lower,
-        &[
-            "remember",
-            "note:",
-            "note that",
-            "important",
-            "don't forget",
-            "keep in mind",
-            "owns it",
-        ],
-    ) {
+    if contains_any(&lower, REMEMBER) {
         score += 6.0;
     }
-    if contains_any(
-        &lower,
-        &[
-            "decided",
-            "decision",
-            "we will",
-            "we'll",
-            "agreed",
-            "chose ",
-            "going with",
-            "let's",
-            "must ",
-            "should ",
-            "plan:",
-            "instead of",
-        ],
-    ) {
+    if contains_any(&lower, DECISION) {
         score += if condensed { 3.5 } else { 3.0 };
     }
     if unit.is_user {

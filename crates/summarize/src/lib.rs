@@ -14,7 +14,7 @@ mod time;
 mod tokenizer;
 mod truncate;
 
-pub use extractive::{EXPAND_FOOTER, ExtractiveSummarizer};
+pub use extractive::{EXPAND_FOOTER, ExtractiveSummarizer, PINNED_PREFIX};
 pub use identifiers::identifiers;
 pub use time::{format_utc_minutes, format_utc_rfc3339};
 pub use tokenizer::{BpeEstimator, TokenizerKind, estimator};

@@ -283,3 +283,91 @@ fn the_fallback_is_marked_and_shrinks() {
         .sum();
     assert!(estimator.text_tokens(&summary.text) <= source / 2);
 }
+
+fn condensed_request(children: &[String], target_tokens: u64) -> SummaryRequest {
+    SummaryRequest {
+        kind: SummaryKind::Condensed,
+        depth: 1,
+        level: SummaryLevel::Normal,
+        target_tokens,
+        items: children
+            .iter()
+            .map(|text| SourceItem {
+                label: "summary".to_owned(),
+                text: text.clone(),
+                timestamp_ms: None,
+            })
+            .collect(),
+        previous_context: None,
+        custom_instructions: None,
+    }
+}
+
+/// A remember note stated once survives any number of condensations, inside each target; when
+/// the pinned section is full, decisions leave before remember notes, older before newer.
+#[test]
+fn pinned_facts_are_carried_up_the_dag_within_the_target() {
+    let estimator = HeuristicEstimator;
+    let filler = "The worker drains the queue and the cursor advances past the batch. ".repeat(6);
+    let fact = "Please remember: the ticket for the cold storage migration is OPS-68787.";
+    let leaf = summarizer().summarize_now(&SummaryRequest {
+        items: vec![SourceItem {
+            label: "user".to_owned(),
+            text: format!("{filler}{fact} {filler}"),
+            timestamp_ms: None,
+        }],
+        ..leaf_request(&[], 120)
+    });
+    assert!(
+        leaf.text.contains(&format!("{PINNED_PREFIX} {fact}")),
+        "{}",
+        leaf.text
+    );
+    // Condense it with many siblings full of other text, level after level.
+    let mut level = leaf.text.clone();
+    for depth in 0..6 {
+        let mut children = vec![level.clone()];
+        for sibling in 0..5 {
+            children.push(format!("[assistant] Sibling {depth}.{sibling}: {filler}"));
+        }
+        let summary = summarizer().summarize_now(&condensed_request(&children, 120));
+        assert!(
+            estimator.text_tokens(&summary.text) <= 120,
+            "{}",
+            summary.text
+        );
+        assert!(
+            summary.text.contains("OPS-68787"),
+            "depth {depth}: {}",
+            summary.text
+        );
+        level = summary.text;
+    }
+    // A full section: twelve decisions and two remember notes, in a small target.
+    let mut children: Vec<String> = (0..12)
+        .map(|n| format!("{PINNED_PREFIX} We decided to keep module m{n} as it is."))
+        .collect();
+    children.insert(
+        3,
+        format!("{PINNED_PREFIX} Remember: the old token is OPS-11111."),
+    );
+    children.push(format!(
+        "{PINNED_PREFIX} Remember: the new token is OPS-22222."
+    ));
+    let summary = summarizer().summarize_now(&condensed_request(&children, 80));
+    assert!(
+        estimator.text_tokens(&summary.text) <= 80,
+        "{}",
+        summary.text
+    );
+    assert!(
+        summary.text.contains("OPS-11111") && summary.text.contains("OPS-22222"),
+        "{}",
+        summary.text
+    );
+    assert!(
+        summary.text.contains("m11") && !summary.text.contains("module m0 "),
+        "{}",
+        summary.text
+    );
+}
