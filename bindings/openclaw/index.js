@@ -109,7 +109,10 @@ const RECALL_TOOLS = [
         query: { type: "string", description: "Words, a phrase, or a regular expression." },
         mode: { type: "string", enum: ["text", "phrase", "regex"] },
         scope: { type: "string", enum: ["messages", "summaries", "both"] },
+        since: { type: ["string", "integer"], description: "RFC 3339 time or milliseconds; inclusive." },
+        before: { type: ["string", "integer"], description: "RFC 3339 time or milliseconds; exclusive." },
         limit: { type: "integer", minimum: 1, maximum: 50 },
+        order: { type: "string", enum: ["relevance", "recency"] },
       },
       required: ["query"],
     },
@@ -130,6 +133,20 @@ const RECALL_TOOLS = [
       type: "object",
       properties: { id: { type: "string" }, tokenCap: { type: "integer" }, cursor: { type: "integer" } },
       required: ["id"],
+    },
+  },
+  {
+    name: "vilvona_expand_query",
+    description:
+      "Answer a question from the full history: searches it for the query, reads what matches within tokenCap, and answers with the ids of the messages the answer rests on.",
+    parameters: {
+      type: "object",
+      properties: {
+        query: { type: "string", description: "Words to search the history for." },
+        question: { type: "string", description: "The question to answer from what is found." },
+        tokenCap: { type: "integer", minimum: 100 },
+      },
+      required: ["query", "question"],
     },
   },
 ];

@@ -343,6 +343,37 @@ pub(crate) async fn expand(
     Ok(ExitCode::SUCCESS)
 }
 
+pub(crate) async fn ask(
+    global: &Global,
+    session: &str,
+    arguments: &Value,
+    json: bool,
+) -> Result<ExitCode> {
+    let result = call_recall_tool(global, session, "vilvona_expand_query", arguments).await?;
+    if json {
+        print_json(&result)?;
+    } else {
+        println!("{}", result["answer"].as_str().unwrap_or(""));
+        let citations: Vec<&str> = result["citations"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .collect();
+        println!(
+            "\ncited: {} (answered by {}, from {} tokens of history)",
+            if citations.is_empty() {
+                "nothing".to_owned()
+            } else {
+                citations.join(", ")
+            },
+            result["answeredBy"].as_str().unwrap_or(""),
+            result["tokens"]
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 /// Summaries by depth, context items and tokens of a conversation.
 pub(crate) async fn session_stats(
     engine: &LosslessEngine,

@@ -151,6 +151,24 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Answer a question from a session's whole history, citing the messages it rests on
+    /// (vilvona_expand_query; the configured model answers, else the extractive default).
+    Ask {
+        /// The question.
+        question: String,
+        /// The session whose history is searched, by key or id.
+        #[arg(long)]
+        session: String,
+        /// Words to search the history for (default: the question).
+        #[arg(long)]
+        query: Option<String>,
+        /// Tokens of history read at most (capped by maxExpandTokens by default).
+        #[arg(long, value_name = "N")]
+        token_cap: Option<u64>,
+        /// Print the tool's JSON result.
+        #[arg(long)]
+        json: bool,
+    },
     /// Counts for a stored session.
     Stats {
         /// The session, by key or id.
@@ -421,6 +439,22 @@ async fn run(command: Command, global: &Global) -> Result<ExitCode> {
             cursor,
             json,
         } => inspect::expand(global, &id, &session, token_cap, cursor, json).await,
+        Command::Ask {
+            question,
+            session,
+            query,
+            token_cap,
+            json,
+        } => {
+            let mut arguments = serde_json::json!({
+                "question": question,
+                "query": query.as_deref().unwrap_or(&question),
+            });
+            if let Some(cap) = token_cap {
+                arguments["tokenCap"] = cap.into();
+            }
+            inspect::ask(global, &session, &arguments, json).await
+        }
         Command::Stats { session, json } => inspect::stats(global, &session, json).await,
         Command::Sessions { json } => inspect::sessions(global, json).await,
         Command::RebuildIndex => inspect::rebuild_index(global).await,

@@ -278,3 +278,70 @@ fn expand_pages_with_a_cursor_to_the_last_child() {
     let text = String::from_utf8_lossy(&first.stdout);
     assert!(text.contains("continue with --cursor 1"), "{text}");
 }
+
+#[test]
+fn ask_answers_from_history_with_citations_offline() {
+    let dir = TempDir::new().unwrap();
+    let state = dir.path();
+    let fixture = format!(
+        "{}/../../fixtures/gen-session-15.jsonl",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let output = vilvona(
+        state,
+        &[
+            "replay",
+            &fixture,
+            "--engine",
+            "lossless",
+            "--context-window",
+            "12000",
+            "--json",
+        ],
+    );
+    assert!(output.status.success());
+    let session = "synthetic-11-15";
+    let answered = ok_json(&vilvona(
+        state,
+        &[
+            "ask",
+            "Who owns the staging database password rotation?",
+            "--session",
+            session,
+            "--query",
+            "staging database password rotation",
+            "--json",
+        ],
+    ));
+    assert!(
+        answered["answer"]
+            .as_str()
+            .unwrap()
+            .contains("OPS-48292 and Kwame Mensah owns it"),
+        "{answered}"
+    );
+    assert_eq!(answered["answeredBy"], "extractive/v1");
+    let cited = answered["citations"][0].as_str().unwrap();
+    let described = ok_json(&vilvona(
+        state,
+        &["describe", cited, "--session", session, "--json"],
+    ));
+    assert!(
+        described["text"]
+            .as_str()
+            .unwrap()
+            .contains("Kwame Mensah owns it"),
+        "{described}"
+    );
+    let text = vilvona(
+        state,
+        &[
+            "ask",
+            "Who owns the staging database password rotation?",
+            "--session",
+            session,
+        ],
+    );
+    let shown = String::from_utf8_lossy(&text.stdout);
+    assert!(shown.contains(&format!("cited: {cited}")), "{shown}");
+}

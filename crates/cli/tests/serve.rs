@@ -117,7 +117,7 @@ fn every_method_answers() {
             .unwrap()
             .contains(&json!("sessionKey"))
     );
-    assert_eq!(info["tools"].as_array().unwrap().len(), 3);
+    assert_eq!(info["tools"].as_array().unwrap().len(), 4);
 
     let session = json!({"sessionId": "s1", "sessionKey": "agent:main:s1"});
     let with = |extra: Value| {
@@ -657,4 +657,39 @@ fn heartbeat_turns_are_stored_but_never_compact() {
         "the real turn did not compact ({} tokens)",
         after["estimatedTokens"]
     );
+}
+
+/// `vilvona_expand_query` through `serve` with the host's model: the server asks
+/// `llm.complete` (purpose `answer`) with the evidence, and the answer cites what it was shown.
+#[test]
+fn a_question_is_answered_by_the_hosts_model() {
+    let dir = TempDir::new().unwrap();
+    let mut client = Client::start(dir.path());
+    host_model_session(&mut client);
+    client.call(
+        3,
+        "ingest",
+        json!({"sessionId": "h", "message": user("Please remember: the vault code is VAULT-7788 and Ines owns it.", 50)}),
+    );
+    client.send(
+        4,
+        "tools/call",
+        json!({"name": "vilvona_expand_query", "sessionId": "h", "arguments": {"query": "vault code", "question": "Who owns the vault code?"}}),
+    );
+    let ask = client.wait(|value| value["method"] == "llm.complete");
+    assert_eq!(ask["params"]["purpose"], "answer");
+    let prompt = ask["params"]["messages"][1]["content"].as_str().unwrap();
+    assert!(prompt.contains("Question: Who owns the vault code?"), "{prompt}");
+    let cited = prompt
+        .lines()
+        .find(|line| line.contains("VAULT-7788"))
+        .and_then(|line| line.strip_prefix('['))
+        .and_then(|line| line.split_whitespace().next())
+        .unwrap()
+        .to_owned();
+    client.send_raw(&json!({"jsonrpc": "2.0", "id": ask["id"], "result": {"text": format!("{{\"answer\": \"Ines owns it.\", \"citations\": [\"{cited}\"]}}")}}).to_string());
+    let answered = client.reply(4);
+    assert_eq!(answered["result"]["answer"], "Ines owns it.", "{answered}");
+    assert_eq!(answered["result"]["citations"], json!([cited]));
+    assert_eq!(answered["result"]["answeredBy"], "host-llm/v1");
 }

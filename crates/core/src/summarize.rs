@@ -90,6 +90,38 @@ pub enum SummarizeError {
     BadOutput(String),
     #[error("summarization cancelled")]
     Cancelled,
+    /// This summarizer does not answer questions (the engine answers extractively instead).
+    #[error("this summarizer does not answer questions")]
+    Unsupported,
+}
+
+/// A piece of stored history offered as evidence for a question.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Evidence {
+    /// The id a citation names (`msg_…`, `sum_…`).
+    pub id: String,
+    /// `user`, `assistant`, `toolResult:exec`, `summary`, …
+    pub label: String,
+    pub timestamp_ms: Option<i64>,
+    pub text: String,
+}
+
+/// A question to answer from history alone.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct QuestionRequest {
+    pub question: String,
+    pub evidence: Vec<Evidence>,
+    /// The answer should not exceed this many tokens.
+    pub max_answer_tokens: u64,
+}
+
+/// An answer and the evidence ids it rests on (each one of the request's).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Answer {
+    pub text: String,
+    pub citations: Vec<String>,
+    /// Who answered: a summarizer id (a model's, or the extractive default's).
+    pub answered_by: String,
 }
 
 /// Produces summaries. Implementations must be deterministic where they can be (the extractive
@@ -100,4 +132,14 @@ pub trait Summarizer: Send + Sync + fmt::Debug {
     fn id(&self) -> &str;
 
     async fn summarize(&self, request: &SummaryRequest) -> Result<Summary, SummarizeError>;
+
+    /// Answers a question from the evidence alone, citing the evidence it used. The same model
+    /// that writes the summaries answers; a summarizer without one says [`Unsupported`]
+    /// (the engine then answers extractively).
+    ///
+    /// [`Unsupported`]: SummarizeError::Unsupported
+    async fn answer(&self, request: &QuestionRequest) -> Result<Answer, SummarizeError> {
+        let _ = request;
+        Err(SummarizeError::Unsupported)
+    }
 }

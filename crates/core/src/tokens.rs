@@ -57,6 +57,24 @@ pub const IMAGE_TOKENS: u64 = 2_000;
 /// Role markers and separators the provider adds around each message.
 pub const MESSAGE_OVERHEAD_TOKENS: u64 = 4;
 
+/// Whether a character is Chinese, Japanese or Korean script (Han with its extensions and
+/// compatibility ideographs, kana, Hangul): scripts written without spaces between words, so
+/// recall splits their runs into bigrams and questions match them by bigram.
+pub fn is_cjk(c: char) -> bool {
+    matches!(c as u32,
+        0x3040..=0x30FF     // Hiragana, Katakana
+        | 0x31F0..=0x31FF   // Katakana phonetic extensions
+        | 0x3400..=0x4DBF   // CJK extension A
+        | 0x4E00..=0x9FFF   // CJK unified ideographs
+        | 0xAC00..=0xD7AF   // Hangul syllables
+        | 0x1100..=0x11FF   // Hangul jamo
+        | 0x3130..=0x318F   // Hangul compatibility jamo
+        | 0xF900..=0xFAFF   // CJK compatibility ideographs
+        | 0xFF66..=0xFF9F   // half-width Katakana
+        | 0x20000..=0x2FA1F // CJK extensions B–F, compatibility supplement
+    )
+}
+
 /// ≈4 characters per token for Latin text, one token per CJK character, two per emoji or other
 /// astral-plane character. Rounds up: a non-empty text is at least one token.
 #[derive(Clone, Copy, Debug, Default)]

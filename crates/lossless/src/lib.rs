@@ -16,5 +16,5 @@ mod units;
 
 pub use config::LosslessConfig;
 pub use engine::{CompactionReport, ENGINE_ID, LosslessEngine};
-pub use render::{DESCRIBE_TOOL, EXPAND_TOOL, GREP_TOOL, RECALL_GUIDANCE};
+pub use render::{DESCRIBE_TOOL, EXPAND_QUERY_TOOL, EXPAND_TOOL, GREP_TOOL, RECALL_GUIDANCE};
 pub use tools::{ToolCaller, ToolDefinition, ToolError, tool_definitions};

@@ -12,13 +12,14 @@ use vilvona_summarize::format_utc_rfc3339;
 pub const GREP_TOOL: &str = "vilvona_grep";
 pub const DESCRIBE_TOOL: &str = "vilvona_describe";
 pub const EXPAND_TOOL: &str = "vilvona_expand";
+pub const EXPAND_QUERY_TOOL: &str = "vilvona_expand_query";
 
 /// Guidance added to the system prompt when the host offers the recall tools. Static, so the
 /// prompt prefix stays cacheable.
 pub const RECALL_GUIDANCE: &str = "Older parts of this conversation appear as <summary> blocks. \
 Nothing was deleted: before answering from memory about earlier work, search the full history \
-with vilvona_grep, inspect a summary or stored file with vilvona_describe, and read what a \
-summary covers with vilvona_expand.";
+with vilvona_grep, inspect a summary or stored file with vilvona_describe, read what a \
+summary covers with vilvona_expand, or ask vilvona_expand_query a question about it.";
 
 /// The fields a summary wrapper shows, available before and after publication.
 pub(crate) struct SummaryHeader<'a> {

@@ -1,4 +1,5 @@
-//! The recall tools: `vilvona_grep`, `vilvona_describe`, `vilvona_expand`.
+//! The recall tools: `vilvona_grep`, `vilvona_describe`, `vilvona_expand`, and
+//! `vilvona_expand_query` (grep, expand within a cap, then one answer with citations).
 //!
 //! Each has a name, a description and a JSON schema a host can hand to a model, and a call API
 //! that takes the calling session and JSON arguments and returns JSON. Every read is scoped:
@@ -8,12 +9,17 @@
 
 use serde::Serialize;
 use serde_json::{Value, json};
-use vilvona_core::summarize::SummaryKind;
+use vilvona_core::summarize::{Evidence, QuestionRequest, SummarizeError, SummaryKind};
 use vilvona_store::*;
 use vilvona_summarize::format_utc_rfc3339;
 
 use crate::engine::{LosslessEngine, now_ms};
-use crate::render::{DESCRIBE_TOOL, EXPAND_TOOL, GREP_TOOL};
+use crate::render::{DESCRIBE_TOOL, EXPAND_QUERY_TOOL, EXPAND_TOOL, GREP_TOOL};
+
+/// Hits of the query `vilvona_expand_query` reads evidence from.
+const QUESTION_HITS: usize = 8;
+/// Tokens an answer may take.
+const ANSWER_TOKENS: u64 = 400;
 
 /// Most bytes of stored content one `vilvona_describe` call returns.
 const MAX_DESCRIBE_BYTES: usize = 64 * 1024;
@@ -26,7 +32,7 @@ pub struct ToolDefinition {
     pub parameters: Value,
 }
 
-/// The three recall tools.
+/// The recall tools.
 pub fn tool_definitions() -> Vec<ToolDefinition> {
     vec![
         ToolDefinition {
@@ -75,6 +81,22 @@ pub fn tool_definitions() -> Vec<ToolDefinition> {
                     "cursor": {"type": "integer", "minimum": 0}
                 },
                 "required": ["id"],
+                "additionalProperties": false
+            }),
+        },
+        ToolDefinition {
+            name: EXPAND_QUERY_TOOL,
+            description: "Answer a question from the full history: searches it for the query, reads the \
+                          matching messages and what matching summaries cover (within tokenCap), and \
+                          answers with the ids of the messages the answer rests on.",
+            parameters: json!({
+                "type": "object",
+                "properties": {
+                    "query": {"type": "string", "description": "Words to search the history for."},
+                    "question": {"type": "string", "description": "The question to answer from what is found."},
+                    "tokenCap": {"type": "integer", "minimum": 100, "description": "Tokens of history read at most."}
+                },
+                "required": ["query", "question"],
                 "additionalProperties": false
             }),
         },
@@ -298,6 +320,7 @@ impl LosslessEngine {
             GREP_TOOL => self.grep_tool(caller, arguments).await,
             DESCRIBE_TOOL => self.describe_tool(caller, arguments).await,
             EXPAND_TOOL => self.expand_tool(caller, arguments).await,
+            EXPAND_QUERY_TOOL => self.expand_query_tool(caller, arguments).await,
             other => Err(ToolError::UnknownTool(other.to_owned())),
         }
     }
@@ -685,6 +708,131 @@ impl LosslessEngine {
             "tokens": used,
             "nextCursor": next,
             "total": children.len(),
+        }))
+    }
+}
+
+impl LosslessEngine {
+    /// Grep for the query, read the hits (a message's text; what a summary covers, the
+    /// children that mention the query first) within the token cap, then one answer from the
+    /// summarizer's model — extractive when there is none or it fails — citing what it used.
+    async fn expand_query_tool(
+        &self,
+        caller: &ToolCaller,
+        arguments: &Value,
+    ) -> Result<Value, ToolError> {
+        let required = |key: &str| -> Result<String, ToolError> {
+            string_argument(arguments, key)?
+                .filter(|text| !text.trim().is_empty())
+                .ok_or_else(|| ToolError::InvalidArguments(format!("{key} is required")))
+        };
+        let query = required("query")?;
+        let question = required("question")?;
+        let cap = match argument(arguments, "tokenCap") {
+            None => self.config().max_expand_tokens,
+            Some(value) => value.as_u64().filter(|cap| *cap >= 100).ok_or_else(|| {
+                ToolError::InvalidArguments(
+                    "tokenCap must be an integer of at least 100".to_owned(),
+                )
+            })?,
+        };
+        let found = self
+            .grep_tool(caller, &json!({"query": query, "limit": QUESTION_HITS}))
+            .await?;
+        let words: Vec<String> = query
+            .split(|c: char| !c.is_alphanumeric())
+            .filter(|word| !word.is_empty())
+            .map(str::to_lowercase)
+            .collect();
+        let mentions = |text: &str| {
+            let lower = text.to_lowercase();
+            words.iter().any(|word| lower.contains(word.as_str()))
+        };
+        let estimator = &self.inner.estimator;
+        let mut evidence: Vec<Evidence> = Vec::new();
+        let mut used = 0;
+        let mut offer = |evidence_list: &mut Vec<Evidence>, item: Evidence| -> bool {
+            if evidence_list.iter().any(|known| known.id == item.id) {
+                return true;
+            }
+            let tokens = estimator.text_tokens(&item.text);
+            if used + tokens > cap {
+                return false;
+            }
+            used += tokens;
+            evidence_list.push(item);
+            true
+        };
+        for hit in found["results"].as_array().into_iter().flatten() {
+            let id = hit["id"].as_str().unwrap_or_default();
+            if let Some(number) = id.strip_prefix("msg_").and_then(|n| n.parse::<i64>().ok()) {
+                let Some(message) = self.store().message(MessageId(number)).await? else {
+                    continue;
+                };
+                let mut text = message.text();
+                // A huge message (its match in stored large content): the hit's excerpt.
+                if estimator.text_tokens(&text) > cap / 2 {
+                    text = hit["snippet"].as_str().unwrap_or_default().to_owned();
+                }
+                offer(
+                    &mut evidence,
+                    Evidence {
+                        id: id.to_owned(),
+                        label: message.role.clone(),
+                        timestamp_ms: Some(message.created_at_ms),
+                        text,
+                    },
+                );
+            } else if let Some(summary) = self.store().summary_by_id(id).await? {
+                let mut children = self.store().children(summary.row_id).await?;
+                // The children that mention the query first; otherwise in order.
+                children.sort_by_key(|child| match child {
+                    ItemContent::Message(message) => !mentions(&message.text()),
+                    ItemContent::Summary(child) => !mentions(&child.content),
+                });
+                for child in children {
+                    let item = match child {
+                        ItemContent::Message(message) => Evidence {
+                            id: message_id_string(message.id),
+                            label: message.role.clone(),
+                            timestamp_ms: Some(message.created_at_ms),
+                            text: message.text(),
+                        },
+                        ItemContent::Summary(child) => Evidence {
+                            id: child.summary_id.clone(),
+                            label: "summary".to_owned(),
+                            timestamp_ms: child.latest_at_ms,
+                            text: child.content.clone(),
+                        },
+                    };
+                    if !offer(&mut evidence, item) {
+                        break;
+                    }
+                }
+            }
+        }
+        let request = QuestionRequest {
+            question: question.clone(),
+            evidence,
+            max_answer_tokens: ANSWER_TOKENS,
+        };
+        let answer = match self.inner.summarizer.answer(&request).await {
+            Ok(answer) => answer,
+            Err(error) => {
+                if !matches!(error, SummarizeError::Unsupported) {
+                    tracing::warn!(%error, "the summarizer could not answer; answering extractively");
+                }
+                vilvona_summarize::extractive_answer(&request, &**estimator)
+            }
+        };
+        Ok(json!({
+            "question": question,
+            "query": query,
+            "answer": answer.text,
+            "citations": answer.citations,
+            "evidence": request.evidence.iter().map(|item| item.id.clone()).collect::<Vec<_>>(),
+            "tokens": used,
+            "answeredBy": answer.answered_by,
         }))
     }
 }

@@ -13,29 +13,13 @@
 //! differently from the text is not found). BENCHMARKS.md has the measurements.
 
 use tantivy::tokenizer::{Token, TokenStream, Tokenizer};
+use vilvona_core::tokens::is_cjk;
 
 /// The name the index's text field is registered with.
 pub(crate) const TOKENIZER: &str = "vilvona";
 
 /// Longer terms are not indexed.
 pub(crate) const MAX_TERM_BYTES: usize = 40;
-
-/// Han (with extensions and compatibility ideographs), kana, Hangul and CJK symbols-with-letters
-/// that are written without spaces.
-pub(crate) fn is_cjk(c: char) -> bool {
-    matches!(c as u32,
-        0x3040..=0x30FF     // Hiragana, Katakana
-        | 0x31F0..=0x31FF   // Katakana phonetic extensions
-        | 0x3400..=0x4DBF   // CJK extension A
-        | 0x4E00..=0x9FFF   // CJK unified ideographs
-        | 0xAC00..=0xD7AF   // Hangul syllables
-        | 0x1100..=0x11FF   // Hangul jamo
-        | 0x3130..=0x318F   // Hangul compatibility jamo
-        | 0xF900..=0xFAFF   // CJK compatibility ideographs
-        | 0xFF66..=0xFF9F   // half-width Katakana
-        | 0x20000..=0x2FA1F // CJK extensions B–F, compatibility supplement
-    )
-}
 
 /// A word of a text: an alphanumeric word, or a run of CJK characters with its terms.
 #[derive(Clone, Debug, PartialEq, Eq)]

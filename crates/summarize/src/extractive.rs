@@ -15,7 +15,8 @@ use regex::Regex;
 
 use async_trait::async_trait;
 use vilvona_core::summarize::{
-    SourceItem, SummarizeError, Summarizer, Summary, SummaryKind, SummaryLevel, SummaryRequest,
+    Answer, QuestionRequest, SourceItem, SummarizeError, Summarizer, Summary, SummaryKind,
+    SummaryLevel, SummaryRequest,
 };
 use vilvona_core::tokens::TokenEstimator;
 
@@ -267,6 +268,10 @@ impl Summarizer for ExtractiveSummarizer {
         Self::ID
     }
 
+    async fn answer(&self, request: &QuestionRequest) -> Result<Answer, SummarizeError> {
+        Ok(crate::answer::extractive_answer(request, &*self.estimator))
+    }
+
     async fn summarize(&self, request: &SummaryRequest) -> Result<Summary, SummarizeError> {
         let summary = self.summarize_now(request);
         if summary.text.trim().is_empty() {
@@ -407,7 +412,7 @@ fn looks_like_code(line: &str) -> bool {
 }
 
 /// Splits a line after `.`, `!` or `?` followed by whitespace.
-fn sentences(line: &str) -> Vec<&str> {
+pub(crate) fn sentences(line: &str) -> Vec<&str> {
     let mut out = Vec::new();
     let mut start = 0;
     let bytes = line.as_bytes();

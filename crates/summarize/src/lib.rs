@@ -4,16 +4,19 @@
 //!   always within its token target, with an `Expand for details about:` footer for what it
 //!   dropped;
 //! - [`truncate`]: the deterministic fallback level behind the same trait;
+//! - [`extractive_answer`]: an answer to a question from evidence, without a model;
 //! - [`estimator`]: the heuristic or a BPE tokenizer (`o200k`, `cl100k`, vocabularies embedded),
 //!   with a calibration multiplier;
 //! - [`identifiers`]: the identifier extraction both use, also handy for descriptions.
 
+mod answer;
 mod extractive;
 mod identifiers;
 mod time;
 mod tokenizer;
 mod truncate;
 
+pub use answer::extractive_answer;
 pub use extractive::{EXPAND_FOOTER, ExtractiveSummarizer, PINNED_PREFIX};
 pub use identifiers::identifiers;
 pub use time::{format_utc_minutes, format_utc_rfc3339};

@@ -441,3 +441,84 @@ async fn compact_reports_honestly() {
     let details = forced.result.unwrap();
     assert!(details.tokens_after.unwrap() < details.tokens_before);
 }
+
+/// `vilvona_expand_query` offline: grep, read what the hits cover, and answer extractively with
+/// the id of the message that holds the fact, after the fact was folded into summaries.
+#[tokio::test]
+async fn a_question_is_answered_from_history_with_citations() {
+    let dir = TempDir::new().unwrap();
+    let engine = engine(&dir).await;
+    let conversation = engine.conversation("q", Some("q")).await.unwrap();
+    let fact = "Please remember: the release signing key rotation is tracked in OPS-77123 and Amara Osei owns it.";
+    for index in 0..30 {
+        let mut messages = turn(index);
+        if index == 5 {
+            messages.insert(
+                1,
+                message(json!({"role": "user", "content": fact, "timestamp": 1_772_442_351_500_i64 + index as i64 * 60_000})),
+            );
+        }
+        engine
+            .ingest_batch(&IngestBatchParams {
+                session_id: "q".to_owned(),
+                session_key: Some("q".to_owned()),
+                messages,
+                ..IngestBatchParams::default()
+            })
+            .await
+            .unwrap();
+        engine
+            .compact_conversation(conversation.id, 4_000, false, None, None, None)
+            .await
+            .unwrap();
+    }
+    let caller = ToolCaller {
+        session_id: "q".to_owned(),
+        session_key: Some("q".to_owned()),
+    };
+    let found = engine
+        .call_tool(
+            &caller,
+            "vilvona_grep",
+            &json!({"query": "signing key rotation", "mode": "phrase"}),
+        )
+        .await
+        .unwrap();
+    let fact_id = found["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|hit| hit["kind"] == "message")
+        .unwrap()["id"]
+        .clone();
+    assert!(
+        found["results"][0]["coveredBy"].is_string(),
+        "the fact was compacted: {found}"
+    );
+    let answered = engine
+        .call_tool(
+            &caller,
+            "vilvona_expand_query",
+            &json!({"query": "signing key rotation", "question": "Who owns the signing key rotation?", "tokenCap": 2000}),
+        )
+        .await
+        .unwrap();
+    assert!(
+        answered["answer"]
+            .as_str()
+            .unwrap()
+            .contains("Amara Osei owns it"),
+        "{answered}"
+    );
+    assert_eq!(answered["citations"], json!([fact_id]), "{answered}");
+    assert_eq!(answered["answeredBy"], "extractive/v1");
+    assert!(answered["tokens"].as_u64().unwrap() <= 2_000);
+    let refused = engine
+        .call_tool(&caller, "vilvona_expand_query", &json!({"query": "x"}))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        refused.to_string(),
+        "invalid arguments: question is required"
+    );
+}

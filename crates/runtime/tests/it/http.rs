@@ -327,3 +327,97 @@ async fn an_unreachable_model_degrades_to_the_extractive_summarizer() {
     let summary = degrading.summarize(&request()).await.unwrap();
     assert!(summary.text.contains("KEY-4471"), "{}", summary.text);
 }
+
+/// `vilvona_expand_query` online: the engine reads the history the query finds, one model call
+/// answers, and only ids of what the model was shown survive as citations. With the model
+/// down, the extractive answer stands in.
+#[tokio::test]
+async fn questions_are_answered_by_the_model_with_citations() {
+    use vilvona_core::engine::{ContextEngine, IngestBatchParams};
+    use vilvona_lossless::{LosslessConfig, LosslessEngine, ToolCaller};
+
+    let server = serve(vec![
+        ok(r#"```json
+{"answer": "Amara Osei owns the signing key rotation (OPS-77123).", "citations": ["msg_2", "msg_999"]}
+```"#),
+        status(503, "down"),
+        status(503, "down"),
+    ])
+    .await;
+    let dir = tempfile::TempDir::new().unwrap();
+    let estimator: Arc<dyn vilvona_core::tokens::TokenEstimator> = Arc::new(HeuristicEstimator);
+    let summarizer = Arc::new(DegradingSummarizer {
+        primary: Arc::new(summarizer(&server, vec![], 2_000)),
+        fallback: Arc::new(ExtractiveSummarizer::new(estimator.clone())),
+    });
+    let engine = LosslessEngine::open(
+        &dir.path().join("store"),
+        LosslessConfig::default(),
+        summarizer,
+        estimator,
+    )
+    .await
+    .unwrap();
+    let messages = [
+        "We looked at the build cache today.",
+        "Please remember: the release signing key rotation is tracked in OPS-77123 and Amara Osei owns it.",
+        "Then the tests passed.",
+    ];
+    engine
+        .ingest_batch(&IngestBatchParams {
+            session_id: "q".to_owned(),
+            session_key: Some("q".to_owned()),
+            messages: messages
+                .iter()
+                .enumerate()
+                .map(|(index, text)| {
+                    serde_json::from_value(serde_json::json!({"role": "user", "content": text, "timestamp": 1_000 + index as i64}))
+                        .unwrap()
+                })
+                .collect(),
+            ..IngestBatchParams::default()
+        })
+        .await
+        .unwrap();
+    let caller = ToolCaller {
+        session_id: "q".to_owned(),
+        session_key: Some("q".to_owned()),
+    };
+    let arguments = serde_json::json!({"query": "signing key", "question": "Who owns the signing key rotation?"});
+    let answered = engine
+        .call_tool(&caller, "vilvona_expand_query", &arguments)
+        .await
+        .unwrap();
+    assert_eq!(
+        answered["answer"],
+        "Amara Osei owns the signing key rotation (OPS-77123)."
+    );
+    assert_eq!(answered["citations"], serde_json::json!(["msg_2"]));
+    assert!(
+        answered["answeredBy"]
+            .as_str()
+            .unwrap()
+            .starts_with("openai:mock-1")
+    );
+    let sent = server.requests.lock().unwrap()[0].to_string();
+    assert!(
+        sent.contains("Who owns the signing key rotation?"),
+        "{sent}"
+    );
+    assert!(sent.contains("[msg_2 user"), "{sent}");
+
+    // The model is down: answered extractively, from the same evidence.
+    let answered = engine
+        .call_tool(&caller, "vilvona_expand_query", &arguments)
+        .await
+        .unwrap();
+    assert!(
+        answered["answer"]
+            .as_str()
+            .unwrap()
+            .starts_with("Please remember: the release signing key"),
+        "{answered}"
+    );
+    assert_eq!(answered["citations"], serde_json::json!(["msg_2"]));
+    assert_eq!(answered["answeredBy"], "extractive/v1");
+}

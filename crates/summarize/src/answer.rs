@@ -1,0 +1,186 @@
+//! Answers from history without a model: the sentences of the evidence that share the most
+//! words with the question, each cited by the id it came from.
+
+use vilvona_core::summarize::{Answer, QuestionRequest};
+use vilvona_core::tokens::TokenEstimator;
+
+use vilvona_core::tokens::is_cjk;
+
+use crate::extractive::{ExtractiveSummarizer, PINNED_PREFIX, sentences};
+
+/// Sentences an offline answer quotes at most.
+const MAX_SENTENCES: usize = 3;
+
+/// Words too common to say what a question is about.
+const STOP: &[&str] = &[
+    "the", "and", "for", "with", "that", "this", "what", "which", "who", "whom", "when", "where",
+    "why", "how", "was", "were", "are", "is", "did", "does", "do", "has", "have", "had", "our",
+    "your", "their", "its", "from", "into", "about", "there", "then", "than", "any", "all", "can",
+    "could", "would", "should", "will", "been", "being", "you", "they", "them", "we", "us", "it",
+];
+
+/// What a question is about: its content words, lowercased, and the bigrams of its CJK runs.
+fn keywords(text: &str) -> Vec<String> {
+    let mut words: Vec<String> = Vec::new();
+    let mut push = |word: String| {
+        if !words.contains(&word) {
+            words.push(word);
+        }
+    };
+    let mut run: Vec<char> = Vec::new();
+    let flush_run = |run: &mut Vec<char>, push: &mut dyn FnMut(String)| {
+        match run.len() {
+            0 => {}
+            1 => push(run[0].to_string()),
+            _ => run.windows(2).for_each(|pair| push(pair.iter().collect())),
+        }
+        run.clear();
+    };
+    for word in text.split(|c: char| !c.is_alphanumeric() && c != '-' && c != '_') {
+        let mut latin = String::new();
+        for c in word.chars() {
+            if is_cjk(c) {
+                run.push(c);
+            } else {
+                flush_run(&mut run, &mut push);
+                latin.push(c);
+            }
+        }
+        flush_run(&mut run, &mut push);
+        let latin = latin.trim_matches(['-', '_']).to_lowercase();
+        let meaningful = latin.chars().any(|c| c.is_ascii_digit()) || latin.chars().count() >= 3;
+        if meaningful && !STOP.contains(&latin.as_str()) {
+            push(latin);
+        }
+    }
+    words
+}
+
+/// The best-matching sentences of the evidence (at most three, within the answer's tokens),
+/// in the order they were said, each evidence item cited once. No matching sentence: an
+/// answer that says so, citing nothing.
+pub fn extractive_answer(request: &QuestionRequest, estimator: &dyn TokenEstimator) -> Answer {
+    let wanted = keywords(&request.question);
+    let mut candidates: Vec<(usize, usize, usize, String)> = Vec::new();
+    for (item, evidence) in request.evidence.iter().enumerate() {
+        // A summary's pinned line is the statement itself.
+        let lines = evidence.text.lines().map(|line| {
+            let line = line.trim();
+            line.strip_prefix(PINNED_PREFIX).map_or(line, str::trim)
+        });
+        for (position, sentence) in lines.flat_map(sentences).enumerate() {
+            let lower = sentence.to_lowercase();
+            let matched = wanted
+                .iter()
+                .filter(|word| lower.contains(word.as_str()))
+                .count();
+            if matched > 0 {
+                candidates.push((matched, item, position, sentence.to_owned()));
+            }
+        }
+    }
+    // Most words matched first; on a tie, a message (the source) before a summary (a copy),
+    // then the evidence as offered (best hit first).
+    let is_summary = |item: usize| request.evidence[item].label == "summary";
+    candidates.sort_by(|a, b| {
+        b.0.cmp(&a.0)
+            .then(is_summary(a.1).cmp(&is_summary(b.1)))
+            .then(a.1.cmp(&b.1))
+            .then(a.2.cmp(&b.2))
+    });
+    let mut chosen: Vec<(usize, usize, String)> = Vec::new();
+    let mut used = 0;
+    for (_, item, position, sentence) in candidates {
+        if chosen.len() == MAX_SENTENCES {
+            break;
+        }
+        let cost = estimator.text_tokens(&sentence) + 1;
+        if used + cost > request.max_answer_tokens || chosen.iter().any(|c| c.2 == sentence) {
+            continue;
+        }
+        used += cost;
+        chosen.push((item, position, sentence));
+    }
+    if chosen.is_empty() {
+        return Answer {
+            text: "Nothing in the history found for this question answers it.".to_owned(),
+            citations: Vec::new(),
+            answered_by: ExtractiveSummarizer::ID.to_owned(),
+        };
+    }
+    chosen.sort();
+    let mut citations: Vec<String> = Vec::new();
+    for (item, _, _) in &chosen {
+        let id = &request.evidence[*item].id;
+        if !citations.contains(id) {
+            citations.push(id.clone());
+        }
+    }
+    Answer {
+        text: chosen
+            .into_iter()
+            .map(|(_, _, sentence)| sentence)
+            .collect::<Vec<_>>()
+            .join(" "),
+        citations,
+        answered_by: ExtractiveSummarizer::ID.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vilvona_core::summarize::Evidence;
+    use vilvona_core::tokens::HeuristicEstimator;
+
+    fn evidence(id: &str, text: &str) -> Evidence {
+        Evidence {
+            id: id.to_owned(),
+            label: "user".to_owned(),
+            timestamp_ms: None,
+            text: text.to_owned(),
+        }
+    }
+
+    #[test]
+    fn the_best_matching_sentences_answer_with_their_ids() {
+        let request = QuestionRequest {
+            question: "Who owns the staging password rotation ticket?".to_owned(),
+            evidence: vec![
+                evidence("msg_3", "The cache is cold. Nothing else happened."),
+                evidence(
+                    "msg_9",
+                    "Please remember: the ticket for the staging database password rotation is OPS-48292 and Kwame Mensah owns it. Then we ran the tests.",
+                ),
+                evidence("sum_1", "告警阈值改成了八十五。"),
+            ],
+            max_answer_tokens: 200,
+        };
+        let answer = extractive_answer(&request, &HeuristicEstimator);
+        assert!(
+            answer.text.starts_with("Please remember: the ticket"),
+            "{}",
+            answer.text
+        );
+        assert_eq!(answer.citations, ["msg_9"]);
+
+        let cjk = QuestionRequest {
+            question: "告警阈值是多少？".to_owned(),
+            ..request.clone()
+        };
+        assert_eq!(
+            extractive_answer(&cjk, &HeuristicEstimator).citations,
+            ["sum_1"]
+        );
+
+        let unrelated = QuestionRequest {
+            question: "Which compiler flags?".to_owned(),
+            ..request
+        };
+        assert!(
+            extractive_answer(&unrelated, &HeuristicEstimator)
+                .citations
+                .is_empty()
+        );
+    }
+}
