@@ -679,7 +679,10 @@ fn a_question_is_answered_by_the_hosts_model() {
     let ask = client.wait(|value| value["method"] == "llm.complete");
     assert_eq!(ask["params"]["purpose"], "answer");
     let prompt = ask["params"]["messages"][1]["content"].as_str().unwrap();
-    assert!(prompt.contains("Question: Who owns the vault code?"), "{prompt}");
+    assert!(
+        prompt.contains("Question: Who owns the vault code?"),
+        "{prompt}"
+    );
     let cited = prompt
         .lines()
         .find(|line| line.contains("VAULT-7788"))

@@ -379,3 +379,43 @@ async fn blob_words_are_found_and_references_scope_the_blob() {
     readers.sort();
     assert_eq!(readers, [first, second]);
 }
+
+/// An index written by an earlier build (another tokenizer in its schema) is rebuilt from the
+/// database when the store opens, and then finds CJK words.
+#[tokio::test]
+async fn an_index_with_the_earlier_tokenizer_is_rebuilt_on_open() {
+    let dir = TempDir::new().unwrap();
+    let store = open(&dir).await;
+    let main = store.conversation(&key("main", "cjk")).await.unwrap().id;
+    store
+        .ingest(
+            main,
+            vec![new_message("我们把告警阈值改成了八十五。", 1, Some("c"))],
+            None,
+        )
+        .await
+        .unwrap();
+    store.rebuild_index().await.unwrap();
+    store.close().await.unwrap();
+    let meta = dir.path().join("index/meta.json");
+    let written = std::fs::read_to_string(&meta).unwrap();
+    assert!(written.contains("\"tokenizer\": \"vilvona\""), "{written}");
+    std::fs::write(
+        &meta,
+        written.replace("\"tokenizer\": \"vilvona\"", "\"tokenizer\": \"default\""),
+    )
+    .unwrap();
+
+    let store = open(&dir).await;
+    let hits = store
+        .search(query("main", vec![main], "告警阈值"))
+        .await
+        .unwrap();
+    assert_eq!(texts(&hits), ["我们把«告警阈值»改成了八十五。"]);
+    assert!(
+        std::fs::read_to_string(&meta)
+            .unwrap()
+            .contains("\"tokenizer\": \"vilvona\"")
+    );
+    assert!(store.index_doc_count().await.unwrap() >= 1);
+}
