@@ -3,6 +3,7 @@
 mod context;
 mod inspect;
 mod replay;
+mod retention;
 mod serve;
 mod treemap;
 
@@ -180,6 +181,30 @@ enum Command {
     },
     /// Stored sessions.
     Sessions {
+        /// Print one JSON document.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Forget a session and everything derived from it (summaries, index documents, stored
+    /// files no other session references, grants), or only its messages before a time
+    /// (summaries that covered them are rebuilt from what remains). Space is reclaimed after.
+    Forget {
+        /// The session, by key or id.
+        #[arg(long)]
+        session: String,
+        /// Forget only the messages created before this time (RFC 3339).
+        #[arg(long, value_name = "TIME")]
+        before: Option<String>,
+        /// Print one JSON document.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Apply the retention policy (plugins.entries.lossless.config.retention): archive idle
+    /// sessions, delete old ones, keep the store under its size cap.
+    Retention {
+        /// Only list what would be archived or deleted, and why.
+        #[arg(long)]
+        dry_run: bool,
         /// Print one JSON document.
         #[arg(long)]
         json: bool,
@@ -458,6 +483,12 @@ async fn run(command: Command, global: &Global) -> Result<ExitCode> {
         Command::Stats { session, json } => inspect::stats(global, &session, json).await,
         Command::Sessions { json } => inspect::sessions(global, json).await,
         Command::RebuildIndex => inspect::rebuild_index(global).await,
+        Command::Forget {
+            session,
+            before,
+            json,
+        } => retention::forget(global, &session, before.as_deref(), json).await,
+        Command::Retention { dry_run, json } => retention::retention(global, dry_run, json).await,
         Command::Plugins {
             action: PluginsAction::Uninstall { id },
         } => uninstall_plugin(global, &id),

@@ -4,6 +4,8 @@ use serde::Deserialize;
 use serde_json::Value;
 use vilvona_summarize::TokenizerKind;
 
+use crate::forget::RetentionPolicy;
+
 /// The engine's settings. Every field has a default; unknown keys are an error (a typo should
 /// not silently fall back to a default).
 #[derive(Clone, Debug, PartialEq, Deserialize)]
@@ -50,6 +52,9 @@ pub struct LosslessConfig {
     pub store_dir: Option<String>,
     /// The summarizer (`{kind: "extractive"}` or a model); read by the host that builds it.
     pub summarizer: Option<Value>,
+    /// Archiving, deleting and the size cap, applied by `vilvona retention` and (at most once
+    /// a day) by `maintain`.
+    pub retention: RetentionPolicy,
 }
 
 impl Default for LosslessConfig {
@@ -77,6 +82,7 @@ impl Default for LosslessConfig {
             recall_agents: Vec::new(),
             store_dir: None,
             summarizer: None,
+            retention: RetentionPolicy::default(),
         }
     }
 }
@@ -131,6 +137,19 @@ impl LosslessConfig {
         }
         if self.agent_id.trim().is_empty() {
             return problem("agentId", "must not be empty");
+        }
+        if let (Some(archive), Some(delete)) = (
+            self.retention.archive_after_days,
+            self.retention.delete_after_days,
+        ) && delete <= archive
+        {
+            return problem(
+                "retention.deleteAfterDays",
+                "must be more than retention.archiveAfterDays",
+            );
+        }
+        if self.retention.max_store_mb.is_some_and(|cap| cap.is_nan() || cap <= 0.0) {
+            return problem("retention.maxStoreMb", "must be positive");
         }
         Ok(())
     }

@@ -87,7 +87,7 @@ impl std::fmt::Debug for LosslessEngine {
     }
 }
 
-fn store_error(operation: &str, error: StoreError) -> EngineError {
+pub(crate) fn store_error(operation: &str, error: StoreError) -> EngineError {
     EngineError::caused_by(format!("lossless {operation}"), error)
 }
 
@@ -338,7 +338,19 @@ impl LosslessEngine {
             .map_err(|error| store_error("ingest", error))
     }
 
-    fn compaction_lock(&self, conversation: ConversationId) -> Arc<tokio::sync::Mutex<()>> {
+    /// Drops what this instance keeps about a conversation that was forgotten or archived
+    /// (it is read from the store again if it comes back).
+    pub(crate) fn forget_cached(&self, conversation: ConversationId, session_id: &str) {
+        lock_map(&self.inner.conversations).remove(session_id);
+        lock_map(&self.inner.assembled).remove(&conversation);
+        lock_map(&self.inner.budgets).remove(&conversation);
+        lock_map(&self.inner.rendered).clear();
+    }
+
+    pub(crate) fn compaction_lock(
+        &self,
+        conversation: ConversationId,
+    ) -> Arc<tokio::sync::Mutex<()>> {
         self.inner
             .compaction_locks
             .lock()
@@ -911,7 +923,7 @@ fn item_source(item: &ContextItem) -> SourceItem {
     content_source(&item.content)
 }
 
-fn content_source(content: &ItemContent) -> SourceItem {
+pub(crate) fn content_source(content: &ItemContent) -> SourceItem {
     match content {
         ItemContent::Message(message) => match message.message() {
             Ok(parsed) => source_item(&parsed),
@@ -1247,6 +1259,7 @@ impl ContextEngine for LosslessEngine {
             .conversation(&params.session_id, params.session_key.as_deref())
             .await?;
         let rewritten = self.resummarize_fallbacks(conversation.id).await?;
+        self.maybe_run_retention(&self.inner.config.retention).await;
         let budget = self.budget(conversation.id, params.budget()).await?;
         let report = self
             .compact_conversation(conversation.id, budget, false, None, None, None)

@@ -167,7 +167,7 @@ fn parse_time(value: Option<&Value>, key: &str) -> Result<Option<i64>, ToolError
 /// Strict RFC 3339 (`YYYY-MM-DD`, optionally `THH:MM[:SS[.fraction]]` with `Z` or a `±HH:MM`
 /// offset, which is honoured) to milliseconds since the epoch. Years 0000–9999 only; months,
 /// days, hours, minutes and seconds must exist. Anything else is `None`.
-pub(crate) fn parse_rfc3339(text: &str) -> Option<i64> {
+pub fn parse_rfc3339(text: &str) -> Option<i64> {
     let text = text.trim();
     let digits = |part: &str, length: usize| -> Option<i64> {
         (part.len() == length && part.bytes().all(|b| b.is_ascii_digit()))

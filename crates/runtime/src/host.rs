@@ -443,6 +443,31 @@ impl Host {
         }
     }
 
+    /// Forgets a session's record and its transcript (when the transcript is in the state
+    /// directory: a host's own files elsewhere are not this host's to delete). Returns the
+    /// record it removed.
+    pub async fn remove_session(
+        &self,
+        session_key: &str,
+    ) -> Result<Option<SessionRecord>, HostError> {
+        let removed = self.sessions.lock().await.remove(session_key)?;
+        if let Some(record) = &removed
+            && record.session_file.starts_with(&self.options.state_dir)
+        {
+            match std::fs::remove_file(&record.session_file) {
+                Ok(()) => {}
+                Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+                Err(source) => {
+                    return Err(HostError::Sessions(SessionStoreError::Io {
+                        path: record.session_file.clone(),
+                        source,
+                    }));
+                }
+            }
+        }
+        Ok(removed)
+    }
+
     /// Every session record, by key.
     pub async fn sessions(&self) -> Vec<(String, SessionRecord)> {
         match self.sessions.lock().await.records() {

@@ -98,6 +98,14 @@ impl SessionStore {
         })
     }
 
+    /// Removes a record (a forgotten session); returns it.
+    pub fn remove(
+        &mut self,
+        session_key: &str,
+    ) -> Result<Option<SessionRecord>, SessionStoreError> {
+        self.modify(|records| records.remove(session_key))
+    }
+
     /// Applies `change` to a record and saves.
     pub fn update(
         &mut self,

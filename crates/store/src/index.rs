@@ -653,6 +653,37 @@ impl IndexSink {
         Ok(())
     }
 
+    /// Moves the watermark past a row that is deliberately not indexed (an archived
+    /// conversation's).
+    pub(crate) fn pass(&mut self, row: IndexedRow) {
+        match row {
+            IndexedRow::Message(id) => self.watermark.messages = self.watermark.messages.max(id),
+            IndexedRow::Summary(id) => self.watermark.summaries = self.watermark.summaries.max(id),
+        }
+        self.pending += 1;
+        self.first_pending_at.get_or_insert_with(Instant::now);
+    }
+
+    /// Merges every segment into one (dropping deleted documents) and removes files no commit
+    /// uses, then commits: after forgetting, the index's files shrink.
+    pub(crate) fn merge_all(&mut self) -> Result<()> {
+        let segments = self.writer.index().searchable_segment_ids()?;
+        if segments.len() > 1 || self.has_deletes()? {
+            self.writer.merge(&segments).wait()?;
+        }
+        self.writer.garbage_collect_files().wait()?;
+        Ok(())
+    }
+
+    fn has_deletes(&self) -> Result<bool> {
+        Ok(self
+            .writer
+            .index()
+            .searchable_segment_metas()?
+            .iter()
+            .any(|meta| meta.has_deletes()))
+    }
+
     /// Removes a row's document (before re-adding it with new text).
     pub(crate) fn remove(&mut self, row: IndexedRow) {
         self.writer

@@ -14,6 +14,7 @@
 
 mod blobs;
 mod error;
+mod forget;
 mod index;
 mod read;
 mod schema;
@@ -123,6 +124,26 @@ pub trait HistoryStore: Send + Sync + std::fmt::Debug {
     async fn set_state(&self, conversation: ConversationId, key: &str, value: &str) -> Result<()>;
 
     async fn integrity_check(&self) -> Result<IntegrityReport>;
+
+    /// The summaries above a conversation's messages created before a time (all of its
+    /// messages with `None`), lowest depth first: what forgetting them touches.
+    async fn summaries_above(
+        &self,
+        conversation: ConversationId,
+        before_ms: Option<i64>,
+    ) -> Result<Vec<StoredSummary>>;
+    /// Forgets as planned, in one transaction; `None` when the plan is stale (plan again).
+    async fn forget(&self, plan: ForgetPlan) -> Result<Option<ForgetReport>>;
+    /// Archives a conversation (its rows leave the index; searches read them from the
+    /// database) or makes it live again; false when it already was.
+    async fn set_archived(&self, conversation: ConversationId, archived: bool) -> Result<bool>;
+    /// Bytes a conversation's rows hold (messages as stored, summaries, blobs it owns).
+    async fn conversation_bytes(&self, conversation: ConversationId) -> Result<u64>;
+    /// Gives space freed by forgetting back to the file system.
+    async fn reclaim_space(&self) -> Result<ReclaimReport>;
+    /// Store-wide state (not tied to a conversation), shared by every process.
+    async fn store_state(&self, key: &str) -> Result<Option<String>>;
+    async fn set_store_state(&self, key: &str, value: &str) -> Result<()>;
 
     /// Documents the recall index serves.
     async fn index_doc_count(&self) -> Result<u64>;
@@ -710,6 +731,54 @@ impl HistoryStore for Store {
             reply,
         })
         .await
+    }
+
+    async fn summaries_above(
+        &self,
+        conversation: ConversationId,
+        before_ms: Option<i64>,
+    ) -> Result<Vec<StoredSummary>> {
+        self.read(move |connection| forget::summaries_above(connection, conversation, before_ms))
+            .await
+    }
+
+    async fn forget(&self, plan: ForgetPlan) -> Result<Option<ForgetReport>> {
+        self.call(|reply| Command::Forget { plan, reply }).await
+    }
+
+    async fn set_archived(&self, conversation: ConversationId, archived: bool) -> Result<bool> {
+        self.call(|reply| Command::SetArchived {
+            conversation,
+            archived,
+            reply,
+        })
+        .await
+    }
+
+    async fn conversation_bytes(&self, conversation: ConversationId) -> Result<u64> {
+        self.read(move |connection| read::conversation_bytes(connection, conversation))
+            .await
+    }
+
+    async fn store_state(&self, key: &str) -> Result<Option<String>> {
+        let key = key.to_owned();
+        self.read(move |connection| read::store_state(connection, &key))
+            .await
+    }
+
+    async fn set_store_state(&self, key: &str, value: &str) -> Result<()> {
+        let (key, value) = (key.to_owned(), value.to_owned());
+        self.call(|reply| Command::SetStoreState { key, value, reply })
+            .await
+    }
+
+    async fn reclaim_space(&self) -> Result<ReclaimReport> {
+        let bytes_before = self.disk_bytes();
+        self.call(|reply| Command::Reclaim { reply }).await?;
+        Ok(ReclaimReport {
+            bytes_before,
+            bytes_after: self.disk_bytes(),
+        })
     }
 
     async fn index_doc_count(&self) -> Result<u64> {

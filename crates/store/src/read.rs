@@ -12,7 +12,7 @@ use crate::types::*;
 const CONVERSATION_COLUMNS: &str = "c.id, c.agent_id, c.session_id, c.session_key, c.active,
     c.created_at, c.context_tokens, c.next_seq,
     (SELECT max(m.created_at) FROM messages m WHERE m.conversation_id = c.id
-        AND m.seq = c.next_seq - 1)";
+        AND m.seq = c.next_seq - 1), c.archived_at";
 
 fn conversation_row(row: &Row<'_>) -> rusqlite::Result<Conversation> {
     Ok(Conversation {
@@ -25,6 +25,7 @@ fn conversation_row(row: &Row<'_>) -> rusqlite::Result<Conversation> {
         context_tokens: row.get::<_, i64>(6)?.max(0) as u64,
         message_count: row.get::<_, i64>(7)?.max(0) as u64,
         last_activity_ms: row.get(8)?,
+        archived_at_ms: row.get(9)?,
     })
 }
 
@@ -451,6 +452,62 @@ pub(crate) fn children(connection: &Connection, parent: SummaryRowId) -> Result<
     Ok(children)
 }
 
+/// The ordered children of a summary as references.
+pub(crate) fn child_refs(
+    connection: &Connection,
+    parent: SummaryRowId,
+) -> Result<Vec<(i64, ItemRef)>> {
+    let mut statement = connection.prepare_cached(
+        "SELECT ordinal, child_message_id, child_summary_id FROM summary_edges
+         WHERE parent_id = ?1 ORDER BY ordinal",
+    )?;
+    let refs = statement
+        .query_map([parent.0], |row| {
+            let ordinal: i64 = row.get(0)?;
+            Ok(match row.get::<_, Option<i64>>(1)? {
+                Some(message) => (ordinal, ItemRef::Message(MessageId(message))),
+                None => (ordinal, ItemRef::Summary(SummaryRowId(row.get(2)?))),
+            })
+        })?
+        .collect::<rusqlite::Result<_>>()?;
+    Ok(refs)
+}
+
+/// A store-wide state value.
+pub(crate) fn store_state(connection: &Connection, key: &str) -> Result<Option<String>> {
+    Ok(connection
+        .prepare_cached("SELECT value FROM store_state WHERE key = ?1")?
+        .query_row([key], |row| row.get(0))
+        .optional()?)
+}
+
+/// Conversations retention archived (their rows stay out of the index).
+pub(crate) fn archived_conversations(
+    connection: &Connection,
+) -> Result<std::collections::HashSet<i64>> {
+    let mut statement =
+        connection.prepare_cached("SELECT id FROM conversations WHERE archived_at IS NOT NULL")?;
+    let ids = statement
+        .query_map([], |row| row.get(0))?
+        .collect::<rusqlite::Result<_>>()?;
+    Ok(ids)
+}
+
+/// Bytes a conversation's rows hold: compressed messages, summaries, and the blobs it owns.
+pub(crate) fn conversation_bytes(
+    connection: &Connection,
+    conversation: ConversationId,
+) -> Result<u64> {
+    let bytes: i64 = connection
+        .prepare_cached(
+            "SELECT (SELECT coalesce(sum(length(json)), 0) FROM messages WHERE conversation_id = ?1)
+                  + (SELECT coalesce(sum(length(content)), 0) FROM summaries WHERE conversation_id = ?1)
+                  + (SELECT coalesce(sum(bytes), 0) FROM blobs WHERE conversation_id = ?1)",
+        )?
+        .query_row([conversation.0], |row| row.get(0))?;
+    Ok(bytes.max(0) as u64)
+}
+
 /// The summary whose children include `item`, if any.
 pub(crate) fn parent_of(connection: &Connection, item: ItemRef) -> Result<Option<StoredSummary>> {
     match parent_row(connection, item)? {
@@ -535,6 +592,10 @@ pub(crate) struct IndexRow {
 }
 
 impl IndexRow {
+    pub(crate) fn conversation(&self) -> i64 {
+        self.conversation
+    }
+
     pub(crate) fn doc(&self) -> IndexDoc<'_> {
         IndexDoc {
             row: self.row,
@@ -562,14 +623,40 @@ pub(crate) fn for_each_message_after_where(
     connection: &Connection,
     after: i64,
     keep: impl Fn(&str) -> bool,
+    f: impl FnMut(IndexRow) -> Result<()>,
+) -> Result<Vec<i64>> {
+    for_each_message_between(connection, after, i64::MAX, keep, f)
+}
+
+/// One row as the index holds it (`None` when it no longer exists or cannot be decoded).
+pub(crate) fn index_row(connection: &Connection, row: IndexedRow) -> Result<Option<IndexRow>> {
+    let mut found = None;
+    let keep = |row: IndexRow| -> Result<()> {
+        found = Some(row);
+        Ok(())
+    };
+    match row {
+        IndexedRow::Message(id) => {
+            for_each_message_between(connection, id - 1, id, |_| true, keep)?;
+        }
+        IndexedRow::Summary(id) => for_each_summary_between(connection, id - 1, id, keep)?,
+    }
+    Ok(found)
+}
+
+fn for_each_message_between(
+    connection: &Connection,
+    after: i64,
+    through: i64,
+    keep: impl Fn(&str) -> bool,
     mut f: impl FnMut(IndexRow) -> Result<()>,
 ) -> Result<Vec<i64>> {
     let mut statement = connection.prepare_cached(
         "SELECT m.id, m.conversation_id, c.agent_id, m.role, m.created_at, m.json
          FROM messages m JOIN conversations c ON c.id = m.conversation_id
-         WHERE m.id > ?1 ORDER BY m.id",
+         WHERE m.id > ?1 AND m.id <= ?2 ORDER BY m.id",
     )?;
-    let mut rows = statement.query([after])?;
+    let mut rows = statement.query([after, through])?;
     let mut undecodable = Vec::new();
     while let Some(row) = rows.next()? {
         let id: i64 = row.get(0)?;
@@ -614,14 +701,23 @@ pub(crate) fn for_each_message_after_where(
 pub(crate) fn for_each_summary_after(
     connection: &Connection,
     after: i64,
+    f: impl FnMut(IndexRow) -> Result<()>,
+) -> Result<()> {
+    for_each_summary_between(connection, after, i64::MAX, f)
+}
+
+fn for_each_summary_between(
+    connection: &Connection,
+    after: i64,
+    through: i64,
     mut f: impl FnMut(IndexRow) -> Result<()>,
 ) -> Result<()> {
     let mut statement = connection.prepare_cached(
         "SELECT s.id, s.conversation_id, c.agent_id, coalesce(s.latest_at, s.created_at), s.content
          FROM summaries s JOIN conversations c ON c.id = s.conversation_id
-         WHERE s.id > ?1 ORDER BY s.id",
+         WHERE s.id > ?1 AND s.id <= ?2 ORDER BY s.id",
     )?;
-    let mut rows = statement.query([after])?;
+    let mut rows = statement.query([after, through])?;
     while let Some(row) = rows.next()? {
         f(IndexRow {
             row: IndexedRow::Summary(row.get(0)?),
@@ -726,15 +822,20 @@ pub(crate) fn integrity_problems(
     Ok(())
 }
 
+/// The highest message and summary ids ever assigned: the newest rows', or higher when
+/// forgetting removed the newest (ids are never reused: the index would take a new row for
+/// one it already holds).
 pub(crate) fn max_ids(connection: &Connection) -> Result<(i64, i64)> {
-    Ok((
-        connection.query_row("SELECT coalesce(max(id), 0) FROM messages", [], |row| {
-            row.get(0)
-        })?,
-        connection.query_row("SELECT coalesce(max(id), 0) FROM summaries", [], |row| {
-            row.get(0)
-        })?,
-    ))
+    Ok(connection
+        .prepare_cached(
+            "SELECT max(coalesce((SELECT max(id) FROM messages), 0),
+                        coalesce((SELECT CAST(value AS INTEGER) FROM store_state
+                                  WHERE key = 'highest_message_id'), 0)),
+                    max(coalesce((SELECT max(id) FROM summaries), 0),
+                        coalesce((SELECT CAST(value AS INTEGER) FROM store_state
+                                  WHERE key = 'highest_summary_id'), 0))",
+        )?
+        .query_row([], |row| Ok((row.get(0)?, row.get(1)?)))?)
 }
 
 /// Streams a conversation's messages (newest first when `newest_first`) within a time range.

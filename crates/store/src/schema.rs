@@ -144,7 +144,8 @@ CREATE TABLE store_state (
 "#,
     },
     // 2: which messages reference which blobs (a blob is readable by every conversation that
-    // references it, and indexed under the messages that do).
+    // references it, and indexed under the messages that do); index work queued by forgetting
+    // and archiving.
     Migration {
         rewrites_data: false,
         backfill: Some(crate::blobs::backfill_references),
@@ -156,6 +157,12 @@ CREATE TABLE blob_references (
     PRIMARY KEY (message_id, blob_id)
 ) WITHOUT ROWID;
 CREATE INDEX blob_references_by_blob ON blob_references (blob_id, conversation_id);
+
+-- Index work the database asks of whichever process maintains the index: the document of
+-- each row here is removed and, if the row still exists outside an archived conversation,
+-- added again. Written in the transaction that forgets, rewrites or archives the row.
+CREATE TABLE index_tasks (key INTEGER PRIMARY KEY);
+CREATE INDEX messages_by_time ON messages (conversation_id, created_at);
 "#,
     },
 ];
@@ -234,6 +241,11 @@ pub(crate) fn check_version(connection: &Connection, path: &Path) -> Result<()> 
 /// migration re-reads the version inside a `BEGIN IMMEDIATE` transaction, so two processes
 /// opening a fresh store at once apply it once: the second waits, then finds it done.
 pub(crate) fn migrate(connection: &mut Connection, path: &Path) -> Result<()> {
+    // A new database reclaims freed pages on request (`PRAGMA incremental_vacuum`); this only
+    // takes effect before the first table exists.
+    if version(connection)? == 0 {
+        connection.pragma_update(None, "auto_vacuum", "INCREMENTAL")?;
+    }
     loop {
         let found = known_version(connection, path)?;
         let Some(migration) = MIGRATIONS.get(found as usize) else {

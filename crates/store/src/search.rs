@@ -98,15 +98,12 @@ fn indexed_search(
         None => (Watermark::default(), Vec::new()),
     };
     let best = rows.iter().map(|(_, score)| *score).fold(1.0_f32, f32::max);
-    let unindexed = unindexed_matches(connection, query, &query_words, through, best)?;
+    let mut unindexed = unindexed_matches(connection, query, &query_words, through, best)?;
+    unindexed.extend(archived_matches(connection, query, &query_words, best)?);
     if !unindexed.is_empty() {
-        let known: std::collections::HashSet<IndexedRow> =
+        let mut known: std::collections::HashSet<IndexedRow> =
             rows.iter().map(|(row, _)| *row).collect();
-        rows.extend(
-            unindexed
-                .into_iter()
-                .filter(|(row, _)| !known.contains(row)),
-        );
+        rows.extend(unindexed.into_iter().filter(|(row, _)| known.insert(*row)));
         if query.order == SearchOrder::Relevance {
             rows.sort_by(|a, b| b.1.total_cmp(&a.1));
         }
@@ -205,6 +202,71 @@ fn unindexed_matches(
     }
     if query.target != SearchTarget::Messages {
         read::for_each_summary_after(connection, through.summaries, &mut consider)?;
+    }
+    Ok(found)
+}
+
+/// Rows of archived conversations in the query's scope (retention took them out of the index):
+/// read from SQLite and matched like the rows beyond the watermark.
+fn archived_matches(
+    connection: &Connection,
+    query: &SearchQuery,
+    query_words: &[Word],
+    best: f32,
+) -> Result<Vec<(IndexedRow, f32)>> {
+    let archived = read::archived_conversations(connection)?;
+    let all_terms: Vec<String> = query_words
+        .iter()
+        .flat_map(|word| word.terms.clone())
+        .collect();
+    let wanted: Vec<Vec<String>> = query_words.iter().map(|word| word.terms.clone()).collect();
+    let score = |text: &str| match query.mode {
+        SearchMode::Phrase => {
+            holds_sequences(text, std::slice::from_ref(&all_terms))[0].then_some(1.0)
+        }
+        _ => {
+            let matched = holds_sequences(text, &wanted)
+                .into_iter()
+                .filter(|held| *held)
+                .count();
+            (matched > 0).then(|| matched as f32 / wanted.len() as f32)
+        }
+    };
+    let mut found = Vec::new();
+    for conversation in &query.conversations {
+        if !archived.contains(&conversation.0) {
+            continue;
+        }
+        if query.target != SearchTarget::Summaries {
+            read::for_each_message_in(
+                connection,
+                *conversation,
+                query.since_ms,
+                query.before_ms,
+                true,
+                |message| {
+                    if let Some(share) = score(&message.text()) {
+                        found.push((IndexedRow::Message(message.id.0), best * share));
+                    }
+                    Ok(true)
+                },
+            )?;
+        }
+        if query.target != SearchTarget::Messages {
+            read::for_each_summary_in(
+                connection,
+                *conversation,
+                query.since_ms,
+                query.before_ms,
+                true,
+                |summary| {
+                    if let Some(share) = score(&summary.content) {
+                        found.push((IndexedRow::Summary(summary.row_id.0), best * share));
+                    }
+                    Ok(true)
+                },
+            )?;
+        }
     }
     Ok(found)
 }

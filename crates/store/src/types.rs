@@ -40,6 +40,9 @@ pub struct Conversation {
     pub message_count: u64,
     /// The newest message's time, if any.
     pub last_activity_ms: Option<i64>,
+    /// When retention archived it (its rows left the index; searches read them from the
+    /// database); `None` while it is live. New messages make it live again.
+    pub archived_at_ms: Option<i64>,
 }
 
 /// The largest message JSON the store accepts. Larger content belongs in a blob.
@@ -281,6 +284,56 @@ pub struct SummaryUpdate {
     pub tokens: u64,
     pub level: SummaryLevel,
     pub summarizer: String,
+}
+
+/// What forgetting removes: a whole conversation, or its messages created before a time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ForgetScope {
+    Conversation,
+    /// Milliseconds since the epoch; messages created before it are forgotten.
+    Before(i64),
+}
+
+/// A summary rewritten without what was forgotten (same id, same place in the DAG).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SummaryRewrite {
+    pub row_id: SummaryRowId,
+    pub content: String,
+    pub tokens: u64,
+    pub summarizer: String,
+}
+
+/// Forgetting, as the engine planned it: for [`ForgetScope::Before`], every summary above a
+/// forgotten message is either removed (nothing of it remains) or rewritten from what remains.
+/// The store applies the plan in one transaction, or answers `None` (stale) when the
+/// summaries above those messages changed since the plan was made.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ForgetPlan {
+    pub conversation: ConversationId,
+    pub scope: ForgetScope,
+    pub removed: Vec<SummaryRowId>,
+    pub rewritten: Vec<SummaryRewrite>,
+}
+
+/// What forgetting removed.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ForgetReport {
+    pub messages: u64,
+    pub summaries_removed: u64,
+    pub summaries_rewritten: u64,
+    pub context_items: u64,
+    pub blobs: u64,
+    /// Other conversations whose context held forgotten rows by reference.
+    pub conversations_touched: u64,
+}
+
+/// Space on disk before and after reclaiming it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ReclaimReport {
+    pub bytes_before: u64,
+    pub bytes_after: u64,
 }
 
 /// Content too large for the context, stored once.

@@ -15,6 +15,7 @@ use tokio::sync::oneshot;
 
 use crate::blobs;
 use crate::error::{Result, StoreError};
+use crate::forget;
 use crate::index::{IndexDoc, IndexSink, IndexSlot, IndexedRow};
 use crate::read;
 use crate::types::*;
@@ -111,6 +112,23 @@ pub(crate) enum Command {
         conversation: ConversationId,
         reply: Reply<u64>,
     },
+    Forget {
+        plan: ForgetPlan,
+        reply: Reply<Option<ForgetReport>>,
+    },
+    SetArchived {
+        conversation: ConversationId,
+        archived: bool,
+        reply: Reply<bool>,
+    },
+    Reclaim {
+        reply: Reply<()>,
+    },
+    SetStoreState {
+        key: String,
+        value: String,
+        reply: Reply<()>,
+    },
     FlushIndex {
         reply: Reply<()>,
     },
@@ -193,8 +211,15 @@ impl Writer {
         let watermark = sink.watermark();
         let mut added = 0;
         let connection = &self.connection;
+        let archived = read::archived_conversations(connection)?;
         let mut add = |row: read::IndexRow| -> Result<()> {
-            sink.add(row.doc())?;
+            // An archived conversation's rows stay out (searches read them from SQLite); the
+            // watermark still passes them.
+            if archived.contains(&row.conversation()) {
+                sink.pass(row.doc().row);
+            } else {
+                sink.add(row.doc())?;
+            }
             added += 1;
             Ok(())
         };
@@ -208,6 +233,7 @@ impl Writer {
             );
         }
         self.commit_index()?;
+        self.apply_index_tasks()?;
         Ok(added)
     }
 
@@ -270,6 +296,8 @@ impl Writer {
         };
         if behind && let Err(error) = self.catch_up_index() {
             tracing::warn!(%error, "catching the recall index up failed; it will be retried");
+        } else if let Err(error) = self.apply_index_tasks() {
+            tracing::warn!(%error, "applying queued index work failed; it will be retried");
         }
         // Only the maintainer rebuilds (a writer without the lock would wait on it); a failed
         // rebuild is retried after a pause, not on every tick.
@@ -389,6 +417,22 @@ impl Writer {
             } => {
                 let _ = reply.send(self.remove_context(conversation));
             }
+            Command::Forget { plan, reply } => {
+                let _ = reply.send(self.forget(&plan));
+            }
+            Command::SetArchived {
+                conversation,
+                archived,
+                reply,
+            } => {
+                let _ = reply.send(self.set_archived(conversation, archived));
+            }
+            Command::Reclaim { reply } => {
+                let _ = reply.send(self.reclaim());
+            }
+            Command::SetStoreState { key, value, reply } => {
+                let _ = reply.send(self.set_store_state(&key, &value));
+            }
             Command::FlushIndex { reply } => {
                 let _ = reply.send(self.commit_index());
             }
@@ -493,19 +537,25 @@ impl Writer {
                 return Ok(IngestOutcome::DuplicateTurn);
             }
         }
-        let (mut next_seq, mut next_position): (i64, i64) = transaction
-            .prepare_cached("SELECT next_seq, next_position FROM conversations WHERE id = ?1")?
-            .query_row([conversation.0], |row| Ok((row.get(0)?, row.get(1)?)))?;
+        let (mut next_seq, mut next_position, archived): (i64, i64, bool) = transaction
+            .prepare_cached(
+                "SELECT next_seq, next_position, archived_at IS NOT NULL FROM conversations WHERE id = ?1",
+            )?
+            .query_row([conversation.0], |row| {
+                Ok((row.get(0)?, row.get(1)?, row.get(2)?))
+            })?;
         let mut results = Vec::with_capacity(messages.len());
         let mut added_tokens: i64 = 0;
+        // Ids are assigned here, above every id ever used (see `read::max_ids`).
+        let mut next_id = read::max_ids(&transaction)?.0 + 1;
         let mut created = Vec::new();
         {
             let mut find = transaction.prepare_cached(
                 "SELECT id, seq FROM messages WHERE conversation_id = ?1 AND ingest_key = ?2",
             )?;
             let mut insert = transaction.prepare_cached(
-                "INSERT INTO messages (conversation_id, seq, role, json, tokens, ingest_key, created_at)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                "INSERT INTO messages (id, conversation_id, seq, role, json, tokens, ingest_key, created_at)
+                 VALUES (?8, ?1, ?2, ?3, ?4, ?5, ?6, ?7)",
             )?;
             let mut append = transaction.prepare_cached(
                 "INSERT INTO context_items (conversation_id, position, message_id, tokens)
@@ -557,9 +607,11 @@ impl Writer {
                     &message
                         .ingest_key
                         .unwrap_or_else(|| sequence_key(conversation, next_seq))[..],
-                    message.created_at_ms
+                    message.created_at_ms,
+                    next_id
                 ])?;
-                let id = transaction.last_insert_rowid();
+                let id = next_id;
+                next_id += 1;
                 let mut message = message;
                 if !message.blobs.is_empty() {
                     steps.step()?;
@@ -598,6 +650,11 @@ impl Writer {
                     next_position,
                     added_tokens
                 ])?;
+            // A session resumed after retention archived it is live again: its rows return
+            // to the index.
+            if archived {
+                forget::set_archived(&transaction, &mut steps, conversation, None)?;
+            }
         }
         transaction.commit()?;
         let docs: Vec<IndexDoc<'_>> = created
@@ -612,6 +669,9 @@ impl Writer {
             })
             .collect();
         self.index_committed(&docs)?;
+        if archived && !docs.is_empty() {
+            self.apply_index_tasks()?;
+        }
         Ok(IngestOutcome::Stored(results))
     }
 
@@ -645,8 +705,8 @@ impl Writer {
         transaction
             .prepare_cached(
                 "INSERT INTO summaries (summary_id, conversation_id, depth, kind, content, tokens,
-                     earliest_at, latest_at, first_seq, last_seq, level, summarizer, created_at)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
+                     earliest_at, latest_at, first_seq, last_seq, level, summarizer, created_at, id)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
             )?
             .execute(params![
                 summary_id,
@@ -661,7 +721,8 @@ impl Writer {
                 span.last_seq,
                 level_str(plan.summary.level),
                 plan.summary.summarizer,
-                created_at
+                created_at,
+                read::max_ids(&transaction)?.1 + 1
             ])?;
         let row_id = transaction.last_insert_rowid();
         {
@@ -780,7 +841,6 @@ impl Writer {
         if current.level != update.expected_level {
             return Ok(false);
         }
-        let agent = self.agent_of(current.conversation)?;
         let (transaction, mut steps) = self.transaction()?;
         steps.step()?;
         transaction
@@ -807,22 +867,14 @@ impl Writer {
                 )?
                 .execute(params![current.conversation.0, delta * changed as i64])?;
         }
+        // The index's document for the old text is replaced by whichever process maintains
+        // the index (this one, at once), even if this one dies before.
+        steps.step()?;
+        transaction
+            .prepare_cached("INSERT OR IGNORE INTO index_tasks (key) VALUES (?1)")?
+            .execute([forget::task_key(IndexedRow::Summary(update.row_id.0))])?;
         transaction.commit()?;
-        // Re-index the new text if the index holds the old one; a summary beyond the
-        // watermark is indexed with its new text when the index catches up.
-        if let Some(sink) = self.sink.as_mut()
-            && update.row_id.0 <= sink.watermark().summaries
-        {
-            sink.remove(IndexedRow::Summary(update.row_id.0));
-            sink.add(IndexDoc {
-                row: IndexedRow::Summary(update.row_id.0),
-                conversation: current.conversation.0,
-                agent: &agent,
-                role: "summary",
-                time_ms: current.latest_at_ms.unwrap_or(current.created_at_ms),
-                text: &update.content,
-            })?;
-        }
+        self.apply_index_tasks()?;
         Ok(true)
     }
 
@@ -978,13 +1030,18 @@ impl Writer {
             }
         }
         let connection = &self.connection;
+        let archived = read::archived_conversations(connection)?;
         let sink_slot = &mut self.sink;
         let ((added, undecodable), sink) = self.index.rebuild_beside(
             |sink| {
                 let mut added = 0;
                 let mut add = |row: read::IndexRow| -> Result<()> {
-                    sink.add(row.doc())?;
-                    added += 1;
+                    if archived.contains(&row.conversation()) {
+                        sink.pass(row.doc().row);
+                    } else {
+                        sink.add(row.doc())?;
+                        added += 1;
+                    }
                     Ok(())
                 };
                 let undecodable = read::for_each_message_after(connection, 0, &mut add)?;
@@ -996,6 +1053,8 @@ impl Writer {
         )?;
         self.sink = Some(sink);
         self.note_undecodable(undecodable);
+        // The rebuilt index holds every row as it is now: queued work is done.
+        self.connection.execute("DELETE FROM index_tasks", [])?;
         Ok(added)
     }
 
@@ -1023,15 +1082,131 @@ impl Writer {
     }
 }
 
+impl Writer {
+    fn forget(&mut self, plan: &ForgetPlan) -> Result<Option<ForgetReport>> {
+        let (transaction, mut steps) = self.transaction()?;
+        let Some(report) = forget::apply(&transaction, &mut steps, plan)? else {
+            return Ok(None);
+        };
+        transaction.commit()?;
+        self.agents.remove(&plan.conversation.0);
+        self.apply_index_tasks()?;
+        Ok(Some(report))
+    }
+
+    fn set_store_state(&mut self, key: &str, value: &str) -> Result<()> {
+        let (transaction, mut steps) = self.transaction()?;
+        steps.step()?;
+        transaction
+            .prepare_cached(
+                "INSERT INTO store_state (key, value) VALUES (?1, ?2)
+                 ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+            )?
+            .execute(params![key, value])?;
+        transaction.commit()?;
+        Ok(())
+    }
+
+    fn set_archived(&mut self, conversation: ConversationId, archived: bool) -> Result<bool> {
+        let (transaction, mut steps) = self.transaction()?;
+        let changed = forget::set_archived(
+            &transaction,
+            &mut steps,
+            conversation,
+            archived.then(now_ms),
+        )?;
+        transaction.commit()?;
+        self.apply_index_tasks()?;
+        Ok(changed)
+    }
+
+    /// Applies the index work the database queued (`index_tasks`): each row's document is
+    /// removed and, when the row exists outside an archived conversation and the index holds
+    /// it (within the watermark), added from the database again. The tasks are cleared only
+    /// after the index committed. Nothing while another process maintains the index.
+    fn apply_index_tasks(&mut self) -> Result<u64> {
+        if self.sink.is_none() || self.faults.skip_index_commits || self.crashed {
+            return Ok(0);
+        }
+        let keys: Vec<i64> = self
+            .connection
+            .prepare_cached("SELECT key FROM index_tasks ORDER BY key LIMIT 65536")?
+            .query_map([], |row| row.get(0))?
+            .collect::<rusqlite::Result<_>>()?;
+        if keys.is_empty() {
+            return Ok(0);
+        }
+        let archived = read::archived_conversations(&self.connection)?;
+        let Some(sink) = self.sink.as_mut() else {
+            return Ok(0);
+        };
+        let watermark = sink.watermark();
+        for key in &keys {
+            let row = forget::task_row(*key);
+            sink.remove(row);
+            let held = match row {
+                IndexedRow::Message(id) => id <= watermark.messages,
+                IndexedRow::Summary(id) => id <= watermark.summaries,
+            };
+            if held
+                && let Some(found) = read::index_row(&self.connection, row)?
+                && !archived.contains(&found.conversation())
+            {
+                sink.add(found.doc())?;
+            }
+        }
+        self.commit_index()?;
+        let (transaction, mut steps) = self.transaction()?;
+        {
+            let mut delete =
+                transaction.prepare_cached("DELETE FROM index_tasks WHERE key = ?1")?;
+            for key in &keys {
+                steps.step()?;
+                delete.execute([key])?;
+            }
+        }
+        transaction.commit()?;
+        Ok(keys.len() as u64)
+    }
+
+    /// Gives freed space back: queued index work applied, every index segment merged into one
+    /// (deleted documents are dropped) and unused files removed; the database's free pages
+    /// returned to the file system (`incremental_vacuum`, or one `VACUUM` that switches a
+    /// database created before incremental vacuum), and the WAL truncated.
+    fn reclaim(&mut self) -> Result<()> {
+        self.apply_index_tasks()?;
+        self.commit_index()?;
+        if let Some(sink) = self.sink.as_mut() {
+            sink.merge_all()?;
+            self.index.current().reload()?;
+        }
+        let mode: i64 = self
+            .connection
+            .pragma_query_value(None, "auto_vacuum", |row| row.get(0))?;
+        if mode == 2 {
+            // Each step of the pragma frees one page: step it to the end.
+            let mut vacuum = self.connection.prepare("PRAGMA incremental_vacuum")?;
+            let mut steps = vacuum.query([])?;
+            while steps.next()?.is_some() {}
+        } else {
+            self.connection
+                .execute_batch("PRAGMA auto_vacuum = INCREMENTAL; VACUUM;")?;
+        }
+        self.connection
+            .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))?;
+        Ok(())
+    }
+}
+
 /// Write-step accounting borrowed alongside an open transaction.
-struct Steps<'a> {
+pub(crate) struct Steps<'a> {
     writes: &'a mut u64,
     faults: &'a FaultPlan,
     crashed: &'a mut bool,
 }
 
 impl Steps<'_> {
-    fn step(&mut self) -> Result<()> {
+    pub(crate) fn step(&mut self) -> Result<()> {
         Writer::step(self.writes, self.faults, self.crashed)
     }
 }

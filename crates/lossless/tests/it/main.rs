@@ -5,6 +5,7 @@
 mod compaction;
 mod conformance;
 mod faults;
+mod forget;
 mod isolation;
 mod model;
 mod replay;

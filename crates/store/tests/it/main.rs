@@ -4,6 +4,7 @@
 mod basics;
 mod damage;
 mod faults;
+mod forget;
 mod model;
 mod processes;
 mod recovery;

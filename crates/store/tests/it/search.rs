@@ -371,7 +371,10 @@ async fn blob_words_are_found_and_references_scope_the_blob() {
     drop(store);
     let connection = rusqlite::Connection::open(dir.path().join(DATABASE_FILE)).unwrap();
     connection
-        .execute_batch("DROP TABLE blob_references; PRAGMA user_version = 1;")
+        .execute_batch(
+            "DROP TABLE blob_references; DROP TABLE index_tasks; DROP INDEX messages_by_time;
+             PRAGMA user_version = 1;",
+        )
         .unwrap();
     drop(connection);
     let store = open(&dir).await;

@@ -1,0 +1,448 @@
+//! Forgetting on request and retention.
+//!
+//! Forgetting a whole session is the store's job alone. Forgetting the messages before a time
+//! needs the summarizer: every summary above a forgotten message is rebuilt, lowest depth
+//! first, from what remains below it (its surviving messages, its children as just rebuilt),
+//! or removed when nothing remains, so no summary keeps forgotten text. The plan is applied
+//! in one store transaction; if a compaction changed those summaries meanwhile, it is planned
+//! again.
+//!
+//! Retention applies the lossless entry's `retention` policy to this engine's agent: archive
+//! sessions idle past `archiveAfterDays`, delete those idle past `deleteAfterDays`, and keep the
+//! store under `maxStoreMb` by archiving or deleting the least recently active first.
+
+use std::collections::HashMap;
+
+use serde::{Deserialize, Serialize};
+use vilvona_core::EngineError;
+use vilvona_core::summarize::{SourceItem, SummaryKind, SummaryLevel, SummaryRequest};
+use vilvona_store::*;
+use vilvona_summarize::truncate;
+
+use crate::engine::{LosslessEngine, content_source, now_ms, store_error};
+use crate::render::{SummaryHeader, summary_tokens};
+
+/// How often a plan may turn out stale before forgetting gives up.
+const PLAN_ATTEMPTS: usize = 5;
+
+const DAY_MS: i64 = 86_400_000;
+
+/// The store-wide state key of the last retention run (per agent).
+const RETENTION_LAST_RUN: &str = "retention.lastRunAt";
+
+/// `retention` in the lossless entry's config. Every limit is optional; none set, nothing
+/// happens.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct RetentionPolicy {
+    /// Archive sessions with no message for this many days: their rows leave the recall index
+    /// (searches still find them, reading the database); a new message makes them live again.
+    pub archive_after_days: Option<u64>,
+    /// Delete sessions with no message for this many days, with everything derived from them.
+    pub delete_after_days: Option<u64>,
+    /// Keep the store (database and index) under this many megabytes (10^6 bytes).
+    pub max_store_mb: Option<f64>,
+    /// What the size cap does to the least recently active sessions.
+    pub over_cap: OverCap,
+}
+
+/// What the size cap does.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OverCap {
+    /// Archive (drops their index documents) and, if that is not enough, delete.
+    Archive,
+    #[default]
+    Delete,
+}
+
+/// One thing retention does.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RetentionAction {
+    pub session_id: String,
+    pub action: RetentionKind,
+    pub reason: String,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RetentionKind {
+    Archive,
+    Delete,
+}
+
+/// What forgetting did, with the space reclaimed afterwards.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Forgotten {
+    #[serde(flatten)]
+    pub report: ForgetReport,
+    pub space: ReclaimReport,
+}
+
+impl LosslessEngine {
+    /// The stored conversation of a session of this agent, without creating one.
+    async fn stored_conversation(&self, session_id: &str) -> Result<Conversation, EngineError> {
+        self.store()
+            .conversations(Some(&self.config().agent_id))
+            .await
+            .map_err(|error| store_error("listing conversations", error))?
+            .into_iter()
+            .find(|conversation| conversation.session_id == session_id)
+            .ok_or_else(|| {
+                EngineError::failed(format!(
+                    "no stored session {session_id:?} for agent {:?}",
+                    self.config().agent_id
+                ))
+            })
+    }
+
+    /// Forgets a session and everything derived from it, then gives the space back.
+    pub async fn forget_session(&self, session_id: &str) -> Result<Forgotten, EngineError> {
+        let conversation = self.stored_conversation(session_id).await?;
+        let report = self
+            .store()
+            .forget(ForgetPlan {
+                conversation: conversation.id,
+                scope: ForgetScope::Conversation,
+                removed: Vec::new(),
+                rewritten: Vec::new(),
+            })
+            .await
+            .map_err(|error| store_error("forgetting a session", error))?
+            .unwrap_or_default();
+        self.forget_cached(conversation.id, session_id);
+        Ok(Forgotten {
+            report,
+            space: self.reclaim().await?,
+        })
+    }
+
+    /// Forgets a session's messages created before `before_ms`: the summaries above them are
+    /// rebuilt from what remains, or removed. Then gives the space back.
+    pub async fn forget_before(
+        &self,
+        session_id: &str,
+        before_ms: i64,
+    ) -> Result<Forgotten, EngineError> {
+        let conversation = self.stored_conversation(session_id).await?;
+        // Compaction of this conversation waits: the plan is made against a still DAG.
+        let lock = self.compaction_lock(conversation.id);
+        let _held = lock.lock().await;
+        for _ in 0..PLAN_ATTEMPTS {
+            let plan = self.plan_forget_before(conversation.id, before_ms).await?;
+            let applied = self
+                .store()
+                .forget(plan)
+                .await
+                .map_err(|error| store_error("forgetting messages", error))?;
+            if let Some(report) = applied {
+                self.forget_cached(conversation.id, session_id);
+                return Ok(Forgotten {
+                    report,
+                    space: self.reclaim().await?,
+                });
+            }
+            tracing::debug!(
+                session_id,
+                "the summaries changed while forgetting; planning again"
+            );
+        }
+        Err(EngineError::failed(format!(
+            "session {session_id:?} kept changing while its messages were forgotten; try again"
+        )))
+    }
+
+    async fn plan_forget_before(
+        &self,
+        conversation: ConversationId,
+        before_ms: i64,
+    ) -> Result<ForgetPlan, EngineError> {
+        let store = self.store();
+        let above = store
+            .summaries_above(conversation, Some(before_ms))
+            .await
+            .map_err(|error| store_error("reading the summaries to rebuild", error))?;
+        let affected: std::collections::HashSet<SummaryRowId> =
+            above.iter().map(|summary| summary.row_id).collect();
+        let mut removed = Vec::new();
+        let mut rewritten: Vec<SummaryRewrite> = Vec::new();
+        // New text of the summaries rebuilt so far (lower depths come first).
+        let mut rebuilt: HashMap<SummaryRowId, String> = HashMap::new();
+        for summary in &above {
+            let children = store
+                .children(summary.row_id)
+                .await
+                .map_err(|error| store_error("reading a summary's children", error))?;
+            let mut source: Vec<SourceItem> = Vec::new();
+            for child in &children {
+                match child {
+                    ItemContent::Message(message) if message.created_at_ms < before_ms => {}
+                    ItemContent::Summary(child) if affected.contains(&child.row_id) => {
+                        if let Some(text) = rebuilt.get(&child.row_id) {
+                            let mut item = content_source(&ItemContent::Summary(child.clone()));
+                            item.text = text.clone();
+                            source.push(item);
+                        }
+                    }
+                    other => source.push(content_source(other)),
+                }
+            }
+            if source.is_empty() {
+                removed.push(summary.row_id);
+                continue;
+            }
+            let content = self.resummarize(summary, source).await?;
+            let header = SummaryHeader {
+                summary_id: &summary.summary_id,
+                depth: summary.depth,
+                kind: summary.kind,
+                earliest_ms: summary.earliest_at_ms,
+                latest_ms: summary.latest_at_ms,
+                first_seq: summary.first_seq,
+                last_seq: summary.last_seq,
+            };
+            let tokens = summary_tokens(&*self.inner.estimator, &header, &content);
+            rebuilt.insert(summary.row_id, content.clone());
+            rewritten.push(SummaryRewrite {
+                row_id: summary.row_id,
+                content,
+                tokens,
+                summarizer: self.inner.summarizer.id().to_owned(),
+            });
+        }
+        Ok(ForgetPlan {
+            conversation,
+            scope: ForgetScope::Before(before_ms),
+            removed,
+            rewritten,
+        })
+    }
+
+    /// A summary's text rebuilt from `source` at its kind's target; the truncation fallback
+    /// when the summarizer cannot.
+    async fn resummarize(
+        &self,
+        summary: &StoredSummary,
+        source: Vec<SourceItem>,
+    ) -> Result<String, EngineError> {
+        let config = self.config();
+        let target = match summary.kind {
+            SummaryKind::Leaf => config.leaf_target_tokens,
+            SummaryKind::Condensed => config.condensed_target_tokens,
+        };
+        let mut request = SummaryRequest {
+            kind: summary.kind,
+            depth: summary.depth,
+            level: SummaryLevel::Normal,
+            target_tokens: target,
+            items: source,
+            previous_context: None,
+            custom_instructions: None,
+        };
+        match self.inner.summarizer.summarize(&request).await {
+            Ok(produced) if !produced.text.trim().is_empty() => Ok(produced.text),
+            Ok(_) | Err(_) => {
+                request.level = SummaryLevel::Fallback;
+                request.target_tokens = target.min(config.fallback_max_tokens);
+                Ok(truncate(&request, &*self.inner.estimator).text)
+            }
+        }
+    }
+
+    async fn reclaim(&self) -> Result<ReclaimReport, EngineError> {
+        self.store()
+            .reclaim_space()
+            .await
+            .map_err(|error| store_error("reclaiming space", error))
+    }
+
+    /// What the policy would do now: deletions by age, archives by age, then the size cap,
+    /// least recently active first. Pure planning: nothing changes.
+    pub async fn retention_plan(
+        &self,
+        policy: &RetentionPolicy,
+        now_ms: i64,
+    ) -> Result<Vec<RetentionAction>, EngineError> {
+        let store = self.store();
+        let mut conversations = store
+            .conversations(Some(&self.config().agent_id))
+            .await
+            .map_err(|error| store_error("listing conversations", error))?;
+        let activity = |c: &Conversation| c.last_activity_ms.unwrap_or(c.created_at_ms);
+        conversations.sort_by_key(|c| (activity(c), c.id));
+        let idle_days = |c: &Conversation| (now_ms - activity(c)).max(0) / DAY_MS;
+        let mut actions: Vec<RetentionAction> = Vec::new();
+        let mut deleted: std::collections::HashSet<ConversationId> = Default::default();
+        for conversation in &conversations {
+            let idle = idle_days(conversation) as u64;
+            if let Some(days) = policy.delete_after_days
+                && idle > days
+            {
+                deleted.insert(conversation.id);
+                actions.push(RetentionAction {
+                    session_id: conversation.session_id.clone(),
+                    action: RetentionKind::Delete,
+                    reason: format!("no message for {idle} days (deleteAfterDays {days})"),
+                });
+            } else if let Some(days) = policy.archive_after_days
+                && idle > days
+                && conversation.archived_at_ms.is_none()
+            {
+                actions.push(RetentionAction {
+                    session_id: conversation.session_id.clone(),
+                    action: RetentionKind::Archive,
+                    reason: format!("no message for {idle} days (archiveAfterDays {days})"),
+                });
+            }
+        }
+        if let Some(cap_mb) = policy.max_store_mb {
+            let cap = (cap_mb * 1e6) as u64;
+            let disk = store.disk_bytes();
+            // Each conversation's share of the disk: the store's size in proportion to the
+            // bytes of its rows (the index and free pages follow the rows).
+            let mut bytes = Vec::with_capacity(conversations.len());
+            for conversation in &conversations {
+                bytes.push(
+                    store
+                        .conversation_bytes(conversation.id)
+                        .await
+                        .map_err(|error| store_error("measuring a conversation", error))?,
+                );
+            }
+            let total: u64 = bytes.iter().sum::<u64>().max(1);
+            let share = |rows: u64| (disk as f64 * rows as f64 / total as f64) as u64;
+            let mut size = disk;
+            for (conversation, rows) in conversations.iter().zip(&bytes) {
+                if deleted.contains(&conversation.id) {
+                    size = size.saturating_sub(share(*rows));
+                }
+            }
+            for (conversation, rows) in conversations.iter().zip(&bytes) {
+                if size <= cap {
+                    break;
+                }
+                if deleted.contains(&conversation.id) {
+                    continue;
+                }
+                let action = match policy.over_cap {
+                    OverCap::Delete => RetentionKind::Delete,
+                    OverCap::Archive if conversation.archived_at_ms.is_none() => {
+                        RetentionKind::Archive
+                    }
+                    // Archived already and still over: delete.
+                    OverCap::Archive => RetentionKind::Delete,
+                };
+                let reason = format!(
+                    "the store is about {:.2} MB, over maxStoreMb {cap_mb}",
+                    size as f64 / 1e6
+                );
+                actions.retain(|a| a.session_id != conversation.session_id);
+                actions.push(RetentionAction {
+                    session_id: conversation.session_id.clone(),
+                    action,
+                    reason,
+                });
+                // A delete frees the rows' share; an archive, the index's part of it.
+                size = size.saturating_sub(match action {
+                    RetentionKind::Delete => share(*rows),
+                    RetentionKind::Archive => share(*rows) / 3,
+                });
+                if action == RetentionKind::Delete {
+                    deleted.insert(conversation.id);
+                }
+            }
+        }
+        Ok(actions)
+    }
+
+    /// Applies retention actions (as [`Self::retention_plan`] listed them), then gives the
+    /// space back once.
+    pub async fn apply_retention(
+        &self,
+        actions: &[RetentionAction],
+    ) -> Result<ReclaimReport, EngineError> {
+        for action in actions {
+            match action.action {
+                RetentionKind::Delete => {
+                    let conversation = self.stored_conversation(&action.session_id).await?;
+                    self.store()
+                        .forget(ForgetPlan {
+                            conversation: conversation.id,
+                            scope: ForgetScope::Conversation,
+                            removed: Vec::new(),
+                            rewritten: Vec::new(),
+                        })
+                        .await
+                        .map_err(|error| store_error("deleting a session", error))?;
+                    self.forget_cached(conversation.id, &action.session_id);
+                }
+                RetentionKind::Archive => {
+                    let conversation = self.stored_conversation(&action.session_id).await?;
+                    self.store()
+                        .set_archived(conversation.id, true)
+                        .await
+                        .map_err(|error| store_error("archiving a session", error))?;
+                    self.forget_cached(conversation.id, &action.session_id);
+                }
+            }
+        }
+        self.reclaim().await
+    }
+
+    /// Retention from `maintain`: at most once a day (across processes: the last run is kept
+    /// in the store), in the background, off the turn's path. Returns whether a run started.
+    pub(crate) async fn maybe_run_retention(&self, policy: &RetentionPolicy) -> bool {
+        if policy == &RetentionPolicy::default() || self.store().is_read_only() {
+            return false;
+        }
+        let store = self.store();
+        let key = format!("{RETENTION_LAST_RUN}.{}", self.config().agent_id);
+        let now = now_ms();
+        let last: i64 = store
+            .store_state(&key)
+            .await
+            .ok()
+            .flatten()
+            .and_then(|value| value.parse().ok())
+            .unwrap_or(0);
+        if now - last < DAY_MS {
+            return false;
+        }
+        if store.set_store_state(&key, &now.to_string()).await.is_err() {
+            return false;
+        }
+        let engine = self.clone();
+        let policy = policy.clone();
+        tokio::spawn(async move {
+            let result = async {
+                let plan = engine.retention_plan(&policy, now).await?;
+                if plan.is_empty() {
+                    return Ok(0);
+                }
+                engine.apply_retention(&plan).await.map(|_| plan.len())
+            }
+            .await;
+            match result {
+                Ok(0) => {}
+                Ok(count) => {
+                    tracing::info!(actions = count, "retention archived or deleted sessions")
+                }
+                Err(error) => tracing::warn!(%error, "retention failed; it runs again tomorrow"),
+            }
+        });
+        true
+    }
+
+    /// The last time retention ran for this agent from `maintain`, if it ever did.
+    pub async fn retention_last_run(&self) -> Option<i64> {
+        let key = format!("{RETENTION_LAST_RUN}.{}", self.config().agent_id);
+        self.store()
+            .store_state(&key)
+            .await
+            .ok()
+            .flatten()
+            .and_then(|value| value.parse().ok())
+    }
+}
