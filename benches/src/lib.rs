@@ -633,3 +633,102 @@ pub fn table(figures: &Figures) -> String {
 pub fn to_json(figures: &Figures) -> Result<Value> {
     Ok(serde_json::to_value(figures)?)
 }
+
+/// What `--forget-half-of N` measured: the transcript's turns spread over N sessions (a
+/// contiguous share each), then half of the sessions forgotten and the space reclaimed.
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ForgetFigures {
+    pub sessions: usize,
+    pub turns: usize,
+    /// Database and index, after the index merged and free pages went back (as after any
+    /// forget), before forgetting.
+    pub bytes_before: u64,
+    pub bytes_after: u64,
+    pub after_over_before: f64,
+    /// Bytes per 1,000 turns of the whole store before forgetting.
+    pub growth_per_thousand_turns: u64,
+    pub forget_ms_per_session: f64,
+    pub reclaim_ms: f64,
+    pub integrity_ok: bool,
+}
+
+/// Spreads the transcript over `sessions` sessions, forgets the first half of them, and
+/// measures the store before and after (both after reclaiming space, so the figures compare
+/// like with like).
+pub async fn run_forget(options: &RunOptions, sessions: usize) -> Result<ForgetFigures> {
+    let sessions = sessions.max(2);
+    let mut turns = Vec::new();
+    let mut stream = stream_turns(&options.transcript);
+    while let Some(turn) = stream.recv().await {
+        turns.push(turn?);
+    }
+    let temporary = tempfile::TempDir::new().context("creating a temporary store directory")?;
+    let store_dir = options
+        .store_dir
+        .clone()
+        .unwrap_or_else(|| temporary.path().join("store"));
+    let estimator: Arc<dyn TokenEstimator> = Arc::new(HeuristicEstimator);
+    let summarizer: Arc<dyn Summarizer> = match options.summarizer {
+        SummarizerChoice::Fake => Arc::new(FakeSummarizer),
+        SummarizerChoice::Extractive => Arc::new(ExtractiveSummarizer::new(estimator.clone())),
+    };
+    let config = LosslessConfig {
+        default_token_budget: BUDGET,
+        ..LosslessConfig::default()
+    };
+    let engine = LosslessEngine::open(&store_dir, config, summarizer, estimator)
+        .await
+        .map_err(|error| anyhow!("opening the store: {error}"))?;
+    let share = turns.len().div_ceil(sessions);
+    for (index, chunk) in turns.chunks(share).enumerate() {
+        let session = format!("session-{index:02}");
+        let conversation = engine.conversation(&session, Some(&session)).await?;
+        for turn in chunk {
+            let (batch, ids): (Vec<AgentMessage>, Vec<Option<String>>) = turn
+                .iter()
+                .map(|(message, id)| (message.clone(), Some(format!("{session}-{id}"))))
+                .unzip();
+            engine
+                .ingest_batch(&IngestBatchParams {
+                    session_id: session.clone(),
+                    session_key: Some(session.clone()),
+                    messages: batch,
+                    entry_ids: ids,
+                    is_heartbeat: false,
+                })
+                .await?;
+            engine
+                .compact_conversation(conversation.id, BUDGET, false, None, None, None)
+                .await?;
+        }
+    }
+    let store = engine.store().clone();
+    let reclaim_started = Instant::now();
+    let bytes_before = store.reclaim_space().await?.bytes_after;
+    let first_reclaim = reclaim_started.elapsed();
+    let forget_started = Instant::now();
+    let forgotten = sessions / 2;
+    for index in 0..forgotten {
+        engine
+            .forget_session(&format!("session-{index:02}"))
+            .await
+            .map_err(|error| anyhow!("forgetting: {error}"))?;
+    }
+    let forget_elapsed = forget_started.elapsed();
+    let reclaim_started = Instant::now();
+    let bytes_after = store.reclaim_space().await?.bytes_after;
+    let reclaim_elapsed = reclaim_started.elapsed().max(first_reclaim);
+    let integrity_ok = store.integrity_check().await?.is_healthy();
+    Ok(ForgetFigures {
+        sessions,
+        turns: turns.len(),
+        bytes_before,
+        bytes_after,
+        after_over_before: bytes_after as f64 / bytes_before.max(1) as f64,
+        growth_per_thousand_turns: bytes_before * 1_000 / turns.len().max(1) as u64,
+        forget_ms_per_session: forget_elapsed.as_secs_f64() * 1e3 / forgotten as f64,
+        reclaim_ms: reclaim_elapsed.as_secs_f64() * 1e3,
+        integrity_ok,
+    })
+}

@@ -25,6 +25,10 @@ struct Args {
     /// (internal) Be that second process: grep the store at --store-dir until stdin closes.
     #[arg(long, hide = true)]
     probe_grep: bool,
+    /// Instead of the headline run: spread the transcript over N sessions, forget half of
+    /// them, and report the store's size before and after (one JSON document).
+    #[arg(long, value_name = "N")]
+    forget_half_of: Option<usize>,
     /// Print one JSON document instead of the table.
     #[arg(long)]
     json: bool,
@@ -65,6 +69,24 @@ async fn main() -> ExitCode {
         progress_every: if args.json { 0 } else { 1_000 },
         probe,
     };
+    if let Some(sessions) = args.forget_half_of {
+        return match vilvona_benches::run_forget(&options, sessions).await {
+            Ok(figures) => match serde_json::to_string_pretty(&figures) {
+                Ok(text) => {
+                    println!("{text}");
+                    ExitCode::SUCCESS
+                }
+                Err(error) => {
+                    eprintln!("workload: {error}");
+                    ExitCode::FAILURE
+                }
+            },
+            Err(error) => {
+                eprintln!("workload: {error:#}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     match run(&options).await {
         Ok(figures) if args.json => {
             match to_json(&figures).and_then(|value| Ok(serde_json::to_string_pretty(&value)?)) {

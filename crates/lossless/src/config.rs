@@ -148,7 +148,11 @@ impl LosslessConfig {
                 "must be more than retention.archiveAfterDays",
             );
         }
-        if self.retention.max_store_mb.is_some_and(|cap| cap.is_nan() || cap <= 0.0) {
+        if self
+            .retention
+            .max_store_mb
+            .is_some_and(|cap| cap.is_nan() || cap <= 0.0)
+        {
             return problem("retention.maxStoreMb", "must be positive");
         }
         Ok(())
