@@ -380,3 +380,70 @@ fn a_replay_killed_mid_turn_resumes_without_duplicates() {
     assert_eq!(assert_transcript_sound(Path::new(&transcript)), messages);
     assert_eq!(stored_messages(&state, &id), messages as u64);
 }
+
+/// `forget` beside a gateway that holds the index: the forgetting process writes the database
+/// and queues the index work; the gateway applies it; no process finds the forgotten fact, the
+/// gateway keeps serving, and the store is healthy after.
+#[test]
+fn forget_beside_a_serving_gateway() {
+    let dir = TempDir::new().unwrap();
+    let state = lossless_state(&dir);
+    let (session, _) = prepared(&state);
+    let mut serve = Serve::start(&state, &[]);
+    serve.call(
+        "ingest",
+        json!({"sessionId": "gw", "message": {"role": "user", "content": "the gateway keeps the beacon notes"}}),
+    );
+    let grep = |query: &str, session: &str| -> usize {
+        json(
+            &vilvona(
+                &state,
+                &[
+                    "grep",
+                    query,
+                    "--session",
+                    session,
+                    "--mode",
+                    "phrase",
+                    "--json",
+                ],
+            ),
+            "grep",
+        )["results"]
+            .as_array()
+            .unwrap()
+            .len()
+    };
+    assert!(grep("password rotation", &session) > 0);
+    let forgotten = json(
+        &vilvona(&state, &["forget", "--session", &session, "--json"]),
+        "forget beside serve",
+    );
+    assert_eq!(forgotten["messages"], 68);
+    // The gateway still serves, and sees the store as it is now.
+    let found = serve.call(
+        "tools/call",
+        json!({"name": "vilvona_grep", "sessionId": "gw", "arguments": {"query": "beacon notes", "mode": "phrase"}}),
+    );
+    assert_eq!(found["results"].as_array().unwrap().len(), 1, "{found}");
+    serve.call(
+        "ingest",
+        json!({"sessionId": "gw", "message": {"role": "user", "content": "after the forget, the lighthouse log"}}),
+    );
+    assert_eq!(grep("lighthouse log", "gw"), 1);
+    serve.stop();
+    let unknown = vilvona(&state, &["grep", "password", "--session", &session]);
+    assert_eq!(unknown.status.code(), Some(1), "the session is gone");
+    let doctor = vilvona(&state, &["doctor", "--json"]);
+    assert_eq!(
+        doctor.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&doctor.stdout)
+    );
+    let stats = json(
+        &vilvona(&state, &["stats", "--session", "gw", "--json"]),
+        "stats",
+    );
+    assert_eq!(stats["messages"], 2);
+}
