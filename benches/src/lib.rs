@@ -197,6 +197,15 @@ pub fn stream_turns(path: &Path) -> tokio::sync::mpsc::Receiver<Result<Turn>> {
     receiver
 }
 
+impl SummarizerChoice {
+    fn build(self, estimator: &Arc<dyn TokenEstimator>) -> Arc<dyn Summarizer> {
+        match self {
+            SummarizerChoice::Fake => Arc::new(FakeSummarizer),
+            SummarizerChoice::Extractive => Arc::new(ExtractiveSummarizer::new(estimator.clone())),
+        }
+    }
+}
+
 /// How to run.
 #[derive(Clone, Debug)]
 pub struct RunOptions {
@@ -319,10 +328,7 @@ pub async fn run(options: &RunOptions) -> Result<Figures> {
         .clone()
         .unwrap_or_else(|| temporary.path().join("store"));
     let estimator: Arc<dyn TokenEstimator> = Arc::new(HeuristicEstimator);
-    let inner: Arc<dyn Summarizer> = match options.summarizer {
-        SummarizerChoice::Fake => Arc::new(FakeSummarizer),
-        SummarizerChoice::Extractive => Arc::new(ExtractiveSummarizer::new(estimator.clone())),
-    };
+    let inner = options.summarizer.build(&estimator);
     let timed = Arc::new(TimedSummarizer {
         inner,
         nanos: AtomicU64::new(0),
@@ -669,10 +675,7 @@ pub async fn run_forget(options: &RunOptions, sessions: usize) -> Result<ForgetF
         .clone()
         .unwrap_or_else(|| temporary.path().join("store"));
     let estimator: Arc<dyn TokenEstimator> = Arc::new(HeuristicEstimator);
-    let summarizer: Arc<dyn Summarizer> = match options.summarizer {
-        SummarizerChoice::Fake => Arc::new(FakeSummarizer),
-        SummarizerChoice::Extractive => Arc::new(ExtractiveSummarizer::new(estimator.clone())),
-    };
+    let summarizer = options.summarizer.build(&estimator);
     let config = LosslessConfig {
         default_token_budget: BUDGET,
         ..LosslessConfig::default()

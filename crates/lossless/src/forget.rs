@@ -103,12 +103,7 @@ impl LosslessEngine {
         let conversation = self.stored_conversation(session_id).await?;
         let report = self
             .store()
-            .forget(ForgetPlan {
-                conversation: conversation.id,
-                scope: ForgetScope::Conversation,
-                removed: Vec::new(),
-                rewritten: Vec::new(),
-            })
+            .forget(ForgetPlan::whole(conversation.id))
             .await
             .map_err(|error| store_error("forgetting a session", error))?
             .unwrap_or_default();
@@ -194,16 +189,11 @@ impl LosslessEngine {
                 continue;
             }
             let content = self.resummarize(summary, source).await?;
-            let header = SummaryHeader {
-                summary_id: &summary.summary_id,
-                depth: summary.depth,
-                kind: summary.kind,
-                earliest_ms: summary.earliest_at_ms,
-                latest_ms: summary.latest_at_ms,
-                first_seq: summary.first_seq,
-                last_seq: summary.last_seq,
-            };
-            let tokens = summary_tokens(&*self.inner.estimator, &header, &content);
+            let tokens = summary_tokens(
+                &*self.inner.estimator,
+                &SummaryHeader::from(summary),
+                &content,
+            );
             rebuilt.insert(summary.row_id, content.clone());
             rewritten.push(SummaryRewrite {
                 row_id: summary.row_id,
@@ -368,12 +358,7 @@ impl LosslessEngine {
                 RetentionKind::Delete => {
                     let conversation = self.stored_conversation(&action.session_id).await?;
                     self.store()
-                        .forget(ForgetPlan {
-                            conversation: conversation.id,
-                            scope: ForgetScope::Conversation,
-                            removed: Vec::new(),
-                            rewritten: Vec::new(),
-                        })
+                        .forget(ForgetPlan::whole(conversation.id))
                         .await
                         .map_err(|error| store_error("deleting a session", error))?;
                     self.forget_cached(conversation.id, &action.session_id);

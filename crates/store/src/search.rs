@@ -161,20 +161,7 @@ fn unindexed_matches(
         if doc.agent != query.agent_id || !in_scope(doc.conversation, doc.time_ms) {
             return Ok(());
         }
-        let score = match query.mode {
-            SearchMode::Phrase => {
-                holds_sequences(doc.text, std::slice::from_ref(&all_terms))[0].then_some(1.0)
-            }
-            _ => {
-                let wanted: Vec<Vec<String>> =
-                    query_words.iter().map(|word| word.terms.clone()).collect();
-                let matched = holds_sequences(doc.text, &wanted)
-                    .into_iter()
-                    .filter(|held| *held)
-                    .count();
-                (matched > 0).then(|| matched as f32 / query_words.len() as f32)
-            }
-        };
+        let score = match_share(query.mode, doc.text, query_words);
         if let Some(share) = score {
             found.push((doc.row, best * share));
         }
@@ -215,23 +202,7 @@ fn archived_matches(
     best: f32,
 ) -> Result<Vec<(IndexedRow, f32)>> {
     let archived = read::archived_conversations(connection)?;
-    let all_terms: Vec<String> = query_words
-        .iter()
-        .flat_map(|word| word.terms.clone())
-        .collect();
-    let wanted: Vec<Vec<String>> = query_words.iter().map(|word| word.terms.clone()).collect();
-    let score = |text: &str| match query.mode {
-        SearchMode::Phrase => {
-            holds_sequences(text, std::slice::from_ref(&all_terms))[0].then_some(1.0)
-        }
-        _ => {
-            let matched = holds_sequences(text, &wanted)
-                .into_iter()
-                .filter(|held| *held)
-                .count();
-            (matched > 0).then(|| matched as f32 / wanted.len() as f32)
-        }
-    };
+    let score = |text: &str| match_share(query.mode, text, query_words);
     let mut found = Vec::new();
     for conversation in &query.conversations {
         if !archived.contains(&conversation.0) {
@@ -376,6 +347,26 @@ fn regex_search(connection: &Connection, query: &SearchQuery) -> Result<Vec<Sear
     hits.sort_by_key(|hit| std::cmp::Reverse(hit.time_ms));
     hits.truncate(query.limit);
     Ok(hits)
+}
+
+/// How well a row's text matches, as the index would: a phrase holds every term in order (1.0);
+/// text holds the share of the query's words it has (a CJK run counts when whole). `None` when
+/// it does not match.
+fn match_share(mode: SearchMode, text: &str, words: &[Word]) -> Option<f32> {
+    match mode {
+        SearchMode::Phrase => {
+            let all: Vec<String> = words.iter().flat_map(|word| word.terms.clone()).collect();
+            holds_sequences(text, std::slice::from_ref(&all))[0].then_some(1.0)
+        }
+        _ => {
+            let wanted: Vec<Vec<String>> = words.iter().map(|word| word.terms.clone()).collect();
+            let matched = holds_sequences(text, &wanted)
+                .into_iter()
+                .filter(|held| *held)
+                .count();
+            (matched > 0).then(|| matched as f32 / words.len() as f32)
+        }
+    }
 }
 
 /// For each wanted sequence of terms, whether `text` holds it at consecutive positions. The

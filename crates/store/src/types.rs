@@ -315,6 +315,18 @@ pub struct ForgetPlan {
     pub rewritten: Vec<SummaryRewrite>,
 }
 
+impl ForgetPlan {
+    /// Forgetting a whole conversation (nothing to plan: everything of it goes).
+    pub fn whole(conversation: ConversationId) -> ForgetPlan {
+        ForgetPlan {
+            conversation,
+            scope: ForgetScope::Conversation,
+            removed: Vec::new(),
+            rewritten: Vec::new(),
+        }
+    }
+}
+
 /// What forgetting removed.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]

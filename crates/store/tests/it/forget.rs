@@ -101,12 +101,7 @@ async fn two_conversations(dir: &TempDir) -> (ConversationId, ConversationId, St
 }
 
 fn whole(conversation: ConversationId) -> ForgetPlan {
-    ForgetPlan {
-        conversation,
-        scope: ForgetScope::Conversation,
-        removed: Vec::new(),
-        rewritten: Vec::new(),
-    }
+    ForgetPlan::whole(conversation)
 }
 
 /// `Some(true)`: s1 is whole; `Some(false)`: s1 is gone with all that was only its; `None`:
