@@ -394,13 +394,51 @@ fn print_list(report: &Report, detail: bool) {
     );
 }
 
+/// `vilvona context dag`: the session's summary DAG as DOT (stdout or `out`) or a PNG.
+async fn dag(
+    global: &Global,
+    session: &str,
+    format: crate::DagFormat,
+    out: Option<&Path>,
+) -> Result<ExitCode> {
+    let host = global.reader().await?;
+    let (key, record) = crate::inspect::find_session(global, &host, session).await?;
+    let engine = crate::inspect::lossless(global, &host).await?;
+    let conversation = engine.conversation(&record.session_id, Some(&key)).await?;
+    let view = engine.store().dag_view(conversation.id).await?;
+    match format {
+        crate::DagFormat::Dot => {
+            let text = crate::dag::dot(&record.session_id, &view);
+            match out {
+                Some(out) => {
+                    std::fs::write(out, text)
+                        .with_context(|| format!("writing {}", out.display()))?;
+                    println!("wrote {}", out.display());
+                }
+                None => print!("{text}"),
+            }
+        }
+        crate::DagFormat::Png => {
+            let out = out.unwrap_or(Path::new("context-dag.png"));
+            crate::dag::png(&record.session_id, &view, out)?;
+            println!("wrote {}", out.display());
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 pub(crate) async fn context(
     global: &Global,
     view: ContextView,
     session: &str,
-    out: &Path,
+    format: crate::DagFormat,
+    out: Option<&Path>,
     workspace: Option<&Path>,
 ) -> Result<ExitCode> {
+    if let ContextView::Dag = view {
+        return dag(global, session, format, out).await;
+    }
+    let out = out.unwrap_or(Path::new("context-map.png"));
     let report = build(global, session, workspace).await?;
     match view {
         ContextView::List => print_list(&report, false),
@@ -408,6 +446,7 @@ pub(crate) async fn context(
         ContextView::Json => print_json(
             &json!({"report": report, "session": {"totalTokens": report.session_tokens, "contextTokens": report.window, "inputTokens": report.input_tokens, "outputTokens": report.output_tokens}}),
         )?,
+        ContextView::Dag => {}
         ContextView::Map => {
             let mut tiles = vec![Tile {
                 group: "System prompt".to_owned(),

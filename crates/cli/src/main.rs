@@ -1,6 +1,7 @@
 //! `vilvona`: the command line.
 
 mod context;
+mod dag;
 mod inspect;
 mod replay;
 mod retention;
@@ -67,15 +68,19 @@ enum Command {
     },
     /// The /context views of a stored session.
     Context {
-        /// Which view: a list of items, the detail of each, JSON, or a PNG map.
+        /// Which view: a list of items, the detail of each, JSON, a PNG map, or the summary DAG.
         #[arg(value_enum)]
         view: ContextView,
         /// The session, by key or id (`vilvona sessions` lists them).
         #[arg(long)]
         session: String,
-        /// Where `map` writes its PNG.
-        #[arg(long, default_value = "context-map.png")]
-        out: PathBuf,
+        /// Where `map` (default context-map.png) and `dag --format png` (default
+        /// context-dag.png) write their PNG; `dag --format dot` writes here instead of stdout.
+        #[arg(long, value_name = "FILE")]
+        out: Option<PathBuf>,
+        /// How `dag` is drawn.
+        #[arg(long, value_enum, default_value_t = DagFormat::Dot)]
+        format: DagFormat,
         /// The workspace whose bootstrap files are injected (AGENTS.md, SOUL.md, …).
         #[arg(long, value_name = "DIR")]
         workspace: Option<PathBuf>,
@@ -244,6 +249,16 @@ enum ContextView {
     Json,
     /// A treemap of the context window as a PNG (see --out).
     Map,
+    /// The summary DAG: depths, kinds and tokens (see --format and --out).
+    Dag,
+}
+
+#[derive(Copy, Clone, Debug, ValueEnum)]
+pub(crate) enum DagFormat {
+    /// Graphviz DOT text.
+    Dot,
+    /// A PNG picture, one row per depth.
+    Png,
 }
 
 #[derive(Copy, Clone, Debug, ValueEnum)]
@@ -416,8 +431,19 @@ async fn run(command: Command, global: &Global) -> Result<ExitCode> {
             view,
             session,
             out,
+            format,
             workspace,
-        } => context::context(global, view, &session, &out, workspace.as_deref()).await,
+        } => {
+            context::context(
+                global,
+                view,
+                &session,
+                format,
+                out.as_deref(),
+                workspace.as_deref(),
+            )
+            .await
+        }
         Command::Compact {
             session,
             instructions,

@@ -15,37 +15,37 @@ pub(crate) struct Tile {
     pub(crate) weight: u64,
 }
 
-const WIDTH: usize = 1280;
-const HEIGHT: usize = 860;
+pub(crate) const WIDTH: usize = 1280;
+pub(crate) const HEIGHT: usize = 860;
 const TITLE_HEIGHT: usize = 44;
 const LEGEND_ROW_HEIGHT: usize = 30;
 
 /// A text style: the font's weight and size.
 #[derive(Clone, Copy, Debug)]
-struct Style {
+pub(crate) struct Style {
     weight: FontWeight,
     height: RasterHeight,
 }
 
 impl Style {
-    const TITLE: Style = Style {
+    pub(crate) const TITLE: Style = Style {
         weight: FontWeight::Bold,
         height: RasterHeight::Size24,
     };
-    const LABEL: Style = Style {
+    pub(crate) const LABEL: Style = Style {
         weight: FontWeight::Regular,
         height: RasterHeight::Size16,
     };
-    const STRONG: Style = Style {
+    pub(crate) const STRONG: Style = Style {
         weight: FontWeight::Bold,
         height: RasterHeight::Size16,
     };
 
-    fn advance(self) -> usize {
+    pub(crate) fn advance(self) -> usize {
         get_raster_width(self.weight, self.height)
     }
 
-    fn line_height(self) -> usize {
+    pub(crate) fn line_height(self) -> usize {
         self.height.val()
     }
 }
@@ -138,18 +138,18 @@ fn squarify(weights: &[f64], rect: Rect) -> Vec<Rect> {
     out
 }
 
-struct Canvas {
+pub(crate) struct Canvas {
     pixels: Vec<u8>,
 }
 
 impl Canvas {
-    fn new() -> Canvas {
+    pub(crate) fn new() -> Canvas {
         Canvas {
             pixels: vec![255; WIDTH * HEIGHT * 3],
         }
     }
 
-    fn fill(&mut self, x0: usize, y0: usize, x1: usize, y1: usize, color: [u8; 3]) {
+    pub(crate) fn fill(&mut self, x0: usize, y0: usize, x1: usize, y1: usize, color: [u8; 3]) {
         for y in y0.min(HEIGHT)..y1.min(HEIGHT) {
             for x in x0.min(WIDTH)..x1.min(WIDTH) {
                 let offset = (y * WIDTH + x) * 3;
@@ -158,7 +158,7 @@ impl Canvas {
         }
     }
 
-    fn frame(
+    pub(crate) fn frame(
         &mut self,
         x0: usize,
         y0: usize,
@@ -173,9 +173,45 @@ impl Canvas {
         self.fill(x1.saturating_sub(thickness), y0, x1, y1, color);
     }
 
+    /// A straight line one pixel wide, from one point to another.
+    pub(crate) fn line(&mut self, from: (usize, usize), to: (usize, usize), color: [u8; 3]) {
+        let (x0, y0) = (from.0 as f64, from.1 as f64);
+        let (x1, y1) = (to.0 as f64, to.1 as f64);
+        let steps = (x1 - x0).abs().max((y1 - y0).abs()).max(1.0) as usize;
+        for step in 0..=steps {
+            let t = step as f64 / steps as f64;
+            let (x, y) = (x0 + (x1 - x0) * t, y0 + (y1 - y0) * t);
+            self.blend(x.round() as usize, y.round() as usize, color, 255);
+        }
+    }
+
+    /// Writes the picture as an RGB PNG.
+    pub(crate) fn write_png(&self, out: &Path) -> Result<()> {
+        let file =
+            std::fs::File::create(out).with_context(|| format!("creating {}", out.display()))?;
+        let mut encoder =
+            png::Encoder::new(std::io::BufWriter::new(file), WIDTH as u32, HEIGHT as u32);
+        encoder.set_color(png::ColorType::Rgb);
+        encoder.set_depth(png::BitDepth::Eight);
+        let mut writer = encoder
+            .write_header()
+            .with_context(|| format!("writing {}", out.display()))?;
+        writer
+            .write_image_data(&self.pixels)
+            .with_context(|| format!("writing {}", out.display()))?;
+        Ok(())
+    }
+
     /// Draws text with its top-left corner at a pixel position, blending each glyph's
     /// coverage into what is below; returns the width drawn.
-    fn text(&mut self, x: usize, y: usize, text: &str, style: Style, color: [u8; 3]) -> usize {
+    pub(crate) fn text(
+        &mut self,
+        x: usize,
+        y: usize,
+        text: &str,
+        style: Style,
+        color: [u8; 3],
+    ) -> usize {
         let mut cursor = x;
         for ch in text.chars() {
             let glyph = get_raster(ch, style.weight, style.height)
@@ -225,7 +261,7 @@ fn shade(color: [u8; 3], index: usize) -> [u8; 3] {
 }
 
 /// The longest prefix of `text` that fits `width` pixels in `style` (marked with `…`).
-fn fit(text: &str, width: usize, style: Style) -> String {
+pub(crate) fn fit(text: &str, width: usize, style: Style) -> String {
     let max = width / style.advance();
     if text.chars().count() <= max {
         text.to_owned()
@@ -370,17 +406,7 @@ pub(crate) fn render_treemap(title: &str, tiles: &[Tile], out: &Path) -> Result<
         canvas.text(x + 28, y + 2, entry, Style::STRONG, [20, 20, 20]);
     }
 
-    let file = std::fs::File::create(out).with_context(|| format!("creating {}", out.display()))?;
-    let mut encoder = png::Encoder::new(std::io::BufWriter::new(file), WIDTH as u32, HEIGHT as u32);
-    encoder.set_color(png::ColorType::Rgb);
-    encoder.set_depth(png::BitDepth::Eight);
-    let mut writer = encoder
-        .write_header()
-        .with_context(|| format!("writing {}", out.display()))?;
-    writer
-        .write_image_data(&canvas.pixels)
-        .with_context(|| format!("writing {}", out.display()))?;
-    Ok(())
+    canvas.write_png(out)
 }
 
 #[cfg(test)]

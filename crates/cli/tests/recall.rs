@@ -345,3 +345,61 @@ fn ask_answers_from_history_with_citations_offline() {
     let shown = String::from_utf8_lossy(&text.stdout);
     assert!(shown.contains(&format!("cited: {cited}")), "{shown}");
 }
+
+#[test]
+fn the_summary_dag_draws_as_dot_and_png() {
+    let dir = TempDir::new().unwrap();
+    let state = dir.path();
+    let fixture = format!(
+        "{}/../../fixtures/gen-session-15.jsonl",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let output = vilvona(
+        state,
+        &[
+            "replay",
+            &fixture,
+            "--engine",
+            "lossless",
+            "--context-window",
+            "12000",
+            "--json",
+        ],
+    );
+    assert!(output.status.success());
+    let session = "synthetic-11-15";
+    let dot = vilvona(state, &["context", "dag", "--session", session]);
+    assert!(
+        dot.status.success(),
+        "{}",
+        String::from_utf8_lossy(&dot.stderr)
+    );
+    let text = String::from_utf8_lossy(&dot.stdout);
+    assert!(text.starts_with("digraph \"synthetic-11-15\" {"), "{text}");
+    assert!(text.contains("depth 0 leaf"), "{text}");
+    assert!(text.contains("messages\\n"), "{text}");
+    assert!(text.contains("raw in the context"), "{text}");
+    assert!(text.trim_end().ends_with('}'));
+    let png = state.join("dag.png");
+    let drawn = vilvona(
+        state,
+        &[
+            "context",
+            "dag",
+            "--session",
+            session,
+            "--format",
+            "png",
+            "--out",
+            png.to_str().unwrap(),
+        ],
+    );
+    assert!(
+        drawn.status.success(),
+        "{}",
+        String::from_utf8_lossy(&drawn.stderr)
+    );
+    let bytes = std::fs::read(&png).unwrap();
+    assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n");
+    assert_eq!(u32::from_be_bytes(bytes[16..20].try_into().unwrap()), 1280);
+}

@@ -13,6 +13,7 @@
 //! SQLite + tantivy implementation.
 
 mod blobs;
+mod dag;
 mod error;
 mod forget;
 mod index;
@@ -35,6 +36,7 @@ use rusqlite::{Connection, OptionalExtension};
 use tokio::sync::oneshot;
 
 pub use blobs::{BLOB_ID_KEY, referenced_blobs};
+pub use dag::{DagSummary, DagView};
 pub use error::{Result, StoreError};
 pub use schema::SCHEMA_VERSION;
 pub use search::{MAX_QUERY_BYTES, MAX_QUERY_WORDS};
@@ -141,6 +143,8 @@ pub trait HistoryStore: Send + Sync + std::fmt::Debug {
     async fn conversation_bytes(&self, conversation: ConversationId) -> Result<u64>;
     /// Gives space freed by forgetting back to the file system.
     async fn reclaim_space(&self) -> Result<ReclaimReport>;
+    /// A conversation's summary DAG, for drawing it.
+    async fn dag_view(&self, conversation: ConversationId) -> Result<DagView>;
     /// Store-wide state (not tied to a conversation), shared by every process.
     async fn store_state(&self, key: &str) -> Result<Option<String>>;
     async fn set_store_state(&self, key: &str, value: &str) -> Result<()>;
@@ -757,6 +761,11 @@ impl HistoryStore for Store {
 
     async fn conversation_bytes(&self, conversation: ConversationId) -> Result<u64> {
         self.read(move |connection| read::conversation_bytes(connection, conversation))
+            .await
+    }
+
+    async fn dag_view(&self, conversation: ConversationId) -> Result<DagView> {
+        self.read(move |connection| dag::view(connection, conversation))
             .await
     }
 

@@ -762,7 +762,7 @@ pub(crate) fn integrity_problems(
     report.messages = count("SELECT count(*) FROM messages")?;
     report.summaries = count("SELECT count(*) FROM summaries")?;
     report.context_items = count("SELECT count(*) FROM context_items")?;
-    let checks: [(&str, &str); 6] = [
+    let checks: [(&str, &str); 4] = [
         (
             "context items that point at nothing",
             "SELECT count(*) FROM context_items ci
@@ -790,18 +790,6 @@ pub(crate) fn integrity_problems(
             "SELECT count(*) FROM summaries s
              WHERE NOT EXISTS (SELECT 1 FROM summary_edges e WHERE e.parent_id = s.id)",
         ),
-        (
-            "messages unreachable from the context",
-            "SELECT count(*) FROM messages m
-             WHERE NOT EXISTS (SELECT 1 FROM context_items ci WHERE ci.message_id = m.id)
-               AND NOT EXISTS (SELECT 1 FROM summary_edges e WHERE e.child_message_id = m.id)",
-        ),
-        (
-            "summaries unreachable from the context",
-            "SELECT count(*) FROM summaries s
-             WHERE NOT EXISTS (SELECT 1 FROM context_items ci WHERE ci.summary_id = s.id)
-               AND NOT EXISTS (SELECT 1 FROM summary_edges e WHERE e.child_summary_id = s.id)",
-        ),
     ];
     for (what, sql) in checks {
         let found = count(sql)?;
@@ -809,6 +797,10 @@ pub(crate) fn integrity_problems(
             report.problems.push(format!("{found} {what}"));
         }
     }
+    // Cycles and reachability, on the DAG as a graph.
+    report
+        .problems
+        .extend(crate::dag::structure_problems(connection)?);
     let drift = count(
         "SELECT count(*) FROM conversations c
          WHERE c.context_tokens <> (SELECT coalesce(sum(ci.tokens), 0) FROM context_items ci

@@ -249,3 +249,62 @@ async fn forgetting_a_conversation_reclaims_its_space() {
             .is_empty()
     );
 }
+
+/// The integrity check follows the DAG as a graph: rows below an unreachable summary are
+/// unreachable too, and a cycle is named.
+#[tokio::test]
+async fn the_integrity_check_follows_the_dag_as_a_graph() {
+    let dir = TempDir::new().unwrap();
+    let (s1, _, _, _) = two_conversations(&dir).await;
+    let store = open(&dir).await;
+    assert!(store.integrity_check().await.unwrap().is_healthy());
+    let view = store.dag_view(s1).await.unwrap();
+    assert_eq!(view.summaries.len(), 2);
+    assert!(
+        view.summaries
+            .iter()
+            .all(|s| s.in_context && s.child_messages == 3)
+    );
+    store.close().await.unwrap();
+    drop(store);
+
+    let connection = rusqlite::Connection::open(dir.path().join(DATABASE_FILE)).unwrap();
+    let (first, second): (i64, i64) = connection
+        .query_row("SELECT min(id), max(id) FROM summaries", [], |row| {
+            Ok((row.get(0)?, row.get(1)?))
+        })
+        .unwrap();
+    connection
+        .execute("DELETE FROM context_items WHERE summary_id = ?1", [first])
+        .unwrap();
+    drop(connection);
+    let store = open(&dir).await;
+    let problems = store.integrity_check().await.unwrap().problems;
+    assert!(
+        problems.contains(&"3 messages unreachable from the context".to_owned()),
+        "{problems:?}"
+    );
+    assert!(
+        problems.contains(&"1 summaries unreachable from the context".to_owned()),
+        "{problems:?}"
+    );
+    store.close().await.unwrap();
+    drop(store);
+
+    let connection = rusqlite::Connection::open(dir.path().join(DATABASE_FILE)).unwrap();
+    connection
+        .execute_batch(&format!(
+            "INSERT INTO summary_edges (parent_id, ordinal, child_summary_id) VALUES ({first}, 99, {second});
+             INSERT INTO summary_edges (parent_id, ordinal, child_summary_id) VALUES ({second}, 99, {first});"
+        ))
+        .unwrap();
+    drop(connection);
+    let store = open(&dir).await;
+    let problems = store.integrity_check().await.unwrap().problems;
+    assert!(
+        problems
+            .iter()
+            .any(|p| p.starts_with("the summary DAG has a cycle")),
+        "{problems:?}"
+    );
+}

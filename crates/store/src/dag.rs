@@ -1,0 +1,184 @@
+//! The summary DAG as a graph (petgraph), built from the edge table: the structural checks of
+//! the integrity report, and the view `vilvona context dag` draws.
+
+use std::collections::{BTreeMap, HashSet};
+
+use petgraph::algo::is_cyclic_directed;
+use petgraph::graphmap::DiGraphMap;
+use petgraph::visit::Dfs;
+use rusqlite::{Connection, params};
+use serde::Serialize;
+
+use crate::error::Result;
+use crate::types::*;
+
+/// A row of the DAG.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+enum Node {
+    Message(i64),
+    Summary(i64),
+}
+
+fn node(message: Option<i64>, summary: Option<i64>) -> Option<Node> {
+    message
+        .map(Node::Message)
+        .or_else(|| summary.map(Node::Summary))
+}
+
+/// Problems of the DAG's shape across the whole store: a cycle, and rows no context reaches
+/// (following edges down from every context item).
+pub(crate) fn structure_problems(connection: &Connection) -> Result<Vec<String>> {
+    let mut graph: DiGraphMap<Node, ()> = DiGraphMap::new();
+    let mut statement = connection.prepare("SELECT id FROM messages")?;
+    for id in statement.query_map([], |row| row.get::<_, i64>(0))? {
+        graph.add_node(Node::Message(id?));
+    }
+    let mut statement = connection.prepare("SELECT id FROM summaries")?;
+    for id in statement.query_map([], |row| row.get::<_, i64>(0))? {
+        graph.add_node(Node::Summary(id?));
+    }
+    let mut statement = connection
+        .prepare("SELECT parent_id, child_message_id, child_summary_id FROM summary_edges")?;
+    let edges = statement.query_map([], |row| {
+        Ok((
+            row.get::<_, i64>(0)?,
+            row.get::<_, Option<i64>>(1)?,
+            row.get::<_, Option<i64>>(2)?,
+        ))
+    })?;
+    for edge in edges {
+        let (parent, message, summary) = edge?;
+        let parent = Node::Summary(parent);
+        // Edges to rows that do not exist are reported by their own check.
+        if let Some(child) = node(message, summary)
+            && graph.contains_node(parent)
+            && graph.contains_node(child)
+        {
+            graph.add_edge(parent, child, ());
+        }
+    }
+    let mut problems = Vec::new();
+    if is_cyclic_directed(&graph) {
+        problems.push(
+            "the summary DAG has a cycle (a summary is below itself); restore the database from a backup"
+                .to_owned(),
+        );
+    }
+    let mut reached: HashSet<Node> = HashSet::with_capacity(graph.node_count());
+    let mut statement = connection.prepare("SELECT message_id, summary_id FROM context_items")?;
+    let roots = statement.query_map([], |row| Ok(node(row.get(0)?, row.get(1)?)))?;
+    for root in roots {
+        let Some(root) = root? else { continue };
+        if !graph.contains_node(root) || reached.contains(&root) {
+            continue;
+        }
+        let mut walk = Dfs::new(&graph, root);
+        while let Some(found) = walk.next(&graph) {
+            reached.insert(found);
+        }
+    }
+    let (mut messages, mut summaries) = (0, 0);
+    for row in graph.nodes() {
+        if !reached.contains(&row) {
+            match row {
+                Node::Message(_) => messages += 1,
+                Node::Summary(_) => summaries += 1,
+            }
+        }
+    }
+    if messages > 0 {
+        problems.push(format!("{messages} messages unreachable from the context"));
+    }
+    if summaries > 0 {
+        problems.push(format!(
+            "{summaries} summaries unreachable from the context"
+        ));
+    }
+    Ok(problems)
+}
+
+/// A summary in the DAG view.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DagSummary {
+    pub row_id: SummaryRowId,
+    pub summary_id: String,
+    pub depth: u32,
+    pub kind: String,
+    pub tokens: u64,
+    /// Whether the context holds it (a top of the DAG).
+    pub in_context: bool,
+    /// Its children: summaries by row id; messages counted.
+    pub child_summaries: Vec<SummaryRowId>,
+    pub child_messages: u64,
+    pub child_message_tokens: u64,
+}
+
+/// A conversation's DAG: its summaries, and the messages the context holds raw.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DagView {
+    pub summaries: Vec<DagSummary>,
+    pub raw_messages: u64,
+    pub raw_message_tokens: u64,
+}
+
+impl DagView {
+    /// Summaries by depth, deepest first.
+    pub fn by_depth(&self) -> BTreeMap<u32, Vec<&DagSummary>> {
+        let mut levels: BTreeMap<u32, Vec<&DagSummary>> = BTreeMap::new();
+        for summary in &self.summaries {
+            levels.entry(summary.depth).or_default().push(summary);
+        }
+        levels
+    }
+}
+
+pub(crate) fn view(connection: &Connection, conversation: ConversationId) -> Result<DagView> {
+    let mut view = DagView::default();
+    let mut statement = connection.prepare_cached(
+        "SELECT s.id, s.summary_id, s.depth, s.kind, s.tokens,
+                EXISTS (SELECT 1 FROM context_items ci WHERE ci.summary_id = s.id),
+                (SELECT count(*) FROM summary_edges e WHERE e.parent_id = s.id
+                     AND e.child_message_id IS NOT NULL),
+                (SELECT coalesce(sum(m.tokens), 0) FROM summary_edges e
+                     JOIN messages m ON m.id = e.child_message_id WHERE e.parent_id = s.id)
+         FROM summaries s WHERE s.conversation_id = ?1 ORDER BY s.depth DESC, s.id",
+    )?;
+    let rows = statement.query_map([conversation.0], |row| {
+        Ok(DagSummary {
+            row_id: SummaryRowId(row.get(0)?),
+            summary_id: row.get(1)?,
+            depth: row.get(2)?,
+            kind: row.get(3)?,
+            tokens: row.get::<_, i64>(4)?.max(0) as u64,
+            in_context: row.get(5)?,
+            child_summaries: Vec::new(),
+            child_messages: row.get::<_, i64>(6)?.max(0) as u64,
+            child_message_tokens: row.get::<_, i64>(7)?.max(0) as u64,
+        })
+    })?;
+    for row in rows {
+        view.summaries.push(row?);
+    }
+    let mut children = connection.prepare_cached(
+        "SELECT child_summary_id FROM summary_edges
+         WHERE parent_id = ?1 AND child_summary_id IS NOT NULL ORDER BY ordinal",
+    )?;
+    for summary in &mut view.summaries {
+        summary.child_summaries = children
+            .query_map(params![summary.row_id.0], |row| {
+                row.get(0).map(SummaryRowId)
+            })?
+            .collect::<rusqlite::Result<_>>()?;
+    }
+    let (count, tokens): (i64, i64) = connection.query_row(
+        "SELECT count(*), coalesce(sum(tokens), 0) FROM context_items
+         WHERE conversation_id = ?1 AND message_id IS NOT NULL",
+        [conversation.0],
+        |row| Ok((row.get(0)?, row.get(1)?)),
+    )?;
+    view.raw_messages = count.max(0) as u64;
+    view.raw_message_tokens = tokens.max(0) as u64;
+    Ok(view)
+}
