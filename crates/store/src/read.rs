@@ -618,6 +618,87 @@ pub(crate) fn for_each_message_after(
     for_each_message_after_where(connection, after, |_| true, f)
 }
 
+/// Rows read from SQLite at a time by [`for_each_message_after_in_parallel`].
+const PARALLEL_BATCH: usize = 2048;
+
+/// [`for_each_message_after`] for many rows (catching up, rebuilding): rows are read in
+/// batches, and each batch is decompressed, parsed and turned into text across the machine's
+/// cores (rayon); the blob text and `f` then run in id order.
+pub(crate) fn for_each_message_after_in_parallel(
+    connection: &Connection,
+    after: i64,
+    mut f: impl FnMut(IndexRow) -> Result<()>,
+) -> Result<Vec<i64>> {
+    use rayon::prelude::*;
+    type Raw = (i64, i64, String, String, i64, Vec<u8>);
+    let mut statement = connection.prepare_cached(
+        "SELECT m.id, m.conversation_id, c.agent_id, m.role, m.created_at, m.json
+         FROM messages m JOIN conversations c ON c.id = m.conversation_id
+         WHERE m.id > ?1 ORDER BY m.id",
+    )?;
+    let mut rows = statement.query([after])?;
+    let mut undecodable = Vec::new();
+    let mut batch: Vec<Raw> = Vec::with_capacity(PARALLEL_BATCH);
+    loop {
+        let row = rows.next()?;
+        if let Some(row) = row {
+            batch.push((
+                row.get(0)?,
+                row.get(1)?,
+                row.get(2)?,
+                row.get(3)?,
+                row.get(4)?,
+                row.get(5)?,
+            ));
+            if batch.len() < PARALLEL_BATCH {
+                continue;
+            }
+        }
+        if batch.is_empty() {
+            break;
+        }
+        let decoded: Vec<(Raw, rusqlite::Result<(String, Vec<String>)>)> =
+            std::mem::take(&mut batch)
+                .into_par_iter()
+                .map(|raw| {
+                    let parsed = decode_json(&raw.5).map(|json| {
+                        match serde_json::from_str::<AgentMessage>(&json) {
+                            Ok(message) => (
+                                message.plain_text(),
+                                crate::blobs::referenced_blobs(&message),
+                            ),
+                            Err(_) => (String::new(), Vec::new()),
+                        }
+                    });
+                    (raw, parsed)
+                })
+                .collect();
+        for ((id, conversation, agent, role, time_ms, _), parsed) in decoded {
+            let (mut text, blobs) = match parsed {
+                Ok(parsed) => parsed,
+                Err(error) => {
+                    tracing::warn!(message = id, %error, "a stored message cannot be decoded; skipped");
+                    undecodable.push(id);
+                    continue;
+                }
+            };
+            crate::blobs::indexed_text(connection, &mut text, &blobs)?;
+            f(IndexRow {
+                row: IndexedRow::Message(id),
+                conversation,
+                agent,
+                role,
+                time_ms,
+                text,
+            })?;
+        }
+        if row.is_none() {
+            break;
+        }
+    }
+    Ok(undecodable)
+}
+
 /// [`for_each_message_after`], skipping (before parsing them) rows whose JSON fails `keep`.
 pub(crate) fn for_each_message_after_where(
     connection: &Connection,

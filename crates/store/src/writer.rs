@@ -223,7 +223,8 @@ impl Writer {
             added += 1;
             Ok(())
         };
-        let undecodable = read::for_each_message_after(connection, watermark.messages, &mut add)?;
+        let undecodable =
+            read::for_each_message_after_in_parallel(connection, watermark.messages, &mut add)?;
         read::for_each_summary_after(connection, watermark.summaries, &mut add)?;
         self.note_undecodable(undecodable);
         if added > 0 {
@@ -1044,7 +1045,8 @@ impl Writer {
                     }
                     Ok(())
                 };
-                let undecodable = read::for_each_message_after(connection, 0, &mut add)?;
+                let undecodable =
+                    read::for_each_message_after_in_parallel(connection, 0, &mut add)?;
                 read::for_each_summary_after(connection, 0, &mut add)?;
                 Ok((added, undecodable))
             },

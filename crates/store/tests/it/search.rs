@@ -422,3 +422,49 @@ async fn an_index_with_the_earlier_tokenizer_is_rebuilt_on_open() {
     );
     assert!(store.index_doc_count().await.unwrap() >= 1);
 }
+
+/// Rebuilding decodes rows in parallel batches (rayon): every row of several batches is
+/// indexed once, a damaged row among them is skipped and named, and searches find the rest.
+#[tokio::test]
+async fn a_rebuild_across_parallel_batches_indexes_every_row_once() {
+    let dir = TempDir::new().unwrap();
+    let store = open(&dir).await;
+    let main = store.conversation(&key("main", "many")).await.unwrap().id;
+    for batch in 0..5 {
+        let messages = (0..1_000)
+            .map(|i| {
+                let n = batch * 1_000 + i;
+                new_message(
+                    &format!("row {n} carries marker m{n}x"),
+                    n,
+                    Some(&format!("r{n}")),
+                )
+            })
+            .collect();
+        store.ingest(main, messages, None).await.unwrap();
+    }
+    store.close().await.unwrap();
+    drop(store);
+    let connection = rusqlite::Connection::open(dir.path().join(DATABASE_FILE)).unwrap();
+    connection
+        .execute("UPDATE messages SET json = x'00ff00ff' WHERE id = 3000", [])
+        .unwrap();
+    drop(connection);
+    let store = open(&dir).await;
+    let documents = store.rebuild_index().await.unwrap();
+    assert_eq!(documents, 4_999);
+    assert_eq!(store.index_doc_count().await.unwrap(), 4_999);
+    for n in [0, 2_047, 2_048, 4_095, 4_096, 4_999] {
+        let hits = store
+            .search(query("main", vec![main], &format!("m{n}x")))
+            .await
+            .unwrap();
+        assert_eq!(hits.len(), 1, "m{n}x");
+    }
+    let report = store.integrity_check().await.unwrap();
+    assert!(
+        report.problems.iter().any(|p| p.contains("3000")),
+        "{:?}",
+        report.problems
+    );
+}
