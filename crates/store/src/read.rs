@@ -631,6 +631,8 @@ pub(crate) fn for_each_message_after_in_parallel(
 ) -> Result<Vec<i64>> {
     use rayon::prelude::*;
     type Raw = (i64, i64, String, String, i64, Vec<u8>);
+    /// A row's text and the blobs it references, or why it cannot be decoded.
+    type Parsed = rusqlite::Result<(String, Vec<String>)>;
     let mut statement = connection.prepare_cached(
         "SELECT m.id, m.conversation_id, c.agent_id, m.role, m.created_at, m.json
          FROM messages m JOIN conversations c ON c.id = m.conversation_id
@@ -657,22 +659,21 @@ pub(crate) fn for_each_message_after_in_parallel(
         if batch.is_empty() {
             break;
         }
-        let decoded: Vec<(Raw, rusqlite::Result<(String, Vec<String>)>)> =
-            std::mem::take(&mut batch)
-                .into_par_iter()
-                .map(|raw| {
-                    let parsed = decode_json(&raw.5).map(|json| {
-                        match serde_json::from_str::<AgentMessage>(&json) {
-                            Ok(message) => (
-                                message.plain_text(),
-                                crate::blobs::referenced_blobs(&message),
-                            ),
-                            Err(_) => (String::new(), Vec::new()),
-                        }
-                    });
-                    (raw, parsed)
-                })
-                .collect();
+        let decoded: Vec<(Raw, Parsed)> = std::mem::take(&mut batch)
+            .into_par_iter()
+            .map(|raw| {
+                let parsed = decode_json(&raw.5).map(|json| {
+                    match serde_json::from_str::<AgentMessage>(&json) {
+                        Ok(message) => (
+                            message.plain_text(),
+                            crate::blobs::referenced_blobs(&message),
+                        ),
+                        Err(_) => (String::new(), Vec::new()),
+                    }
+                });
+                (raw, parsed)
+            })
+            .collect();
         for ((id, conversation, agent, role, time_ms, _), parsed) in decoded {
             let (mut text, blobs) = match parsed {
                 Ok(parsed) => parsed,
