@@ -380,7 +380,27 @@ fn version() -> String {
     )
 }
 
+/// A reader that stops reading (`vilvona context json | head`) is not an error: the process
+/// ends quietly, as if the pipe's signal had ended it (status 141), instead of panicking on
+/// the broken pipe.
+fn quiet_on_broken_pipe() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let message = info
+            .payload()
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| info.payload().downcast_ref::<&str>().copied())
+            .unwrap_or("");
+        if message.contains("Broken pipe") {
+            std::process::exit(141);
+        }
+        default(info);
+    }));
+}
+
 fn main() -> ExitCode {
+    quiet_on_broken_pipe();
     // Built once per process; clap wants a `'static` string.
     let version: &'static str = Box::leak(version().into_boxed_str());
     let matches = Cli::command().version(version).get_matches();

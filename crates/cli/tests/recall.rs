@@ -403,3 +403,31 @@ fn the_summary_dag_draws_as_dot_and_png() {
     assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n");
     assert_eq!(u32::from_be_bytes(bytes[16..20].try_into().unwrap()), 1280);
 }
+
+/// A reader that stops early (`vilvona describe … | head`) ends the command quietly: no panic
+/// on the broken pipe.
+#[test]
+fn a_closed_pipe_ends_a_command_quietly() {
+    use std::io::Read;
+    let dir = TempDir::new().unwrap();
+    let state = dir.path();
+    let file = transcript(
+        state,
+        "pipe",
+        &[json!({"role": "user", "content": "word ".repeat(40_000)})],
+    );
+    replay(state, &file);
+    let mut child = common::command(state, &["describe", "msg_1", "--session", "pipe", "--json"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    let mut first = [0u8; 5];
+    stdout.read_exact(&mut first).unwrap();
+    drop(stdout);
+    let output = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_eq!(output.status.code(), Some(141));
+}
