@@ -22,7 +22,7 @@ use vilvona_core::summarize::{SummarizeError, Summarizer, Summary, SummaryReques
 use vilvona_core::tokens::{HeuristicEstimator, TokenEstimator};
 use vilvona_lossless::{LosslessConfig, LosslessEngine, ToolCaller};
 use vilvona_summarize::ExtractiveSummarizer;
-use vilvona_transcript::{Cursor, Entry, read_entries};
+use vilvona_transcript::for_each_turn;
 
 /// The budget every step uses.
 pub const BUDGET: u64 = 128_000;
@@ -173,25 +173,14 @@ pub fn stream_turns(path: &Path) -> tokio::sync::mpsc::Receiver<Result<Turn>> {
     let (sender, receiver) = tokio::sync::mpsc::channel::<Result<Turn>>(64);
     let path = path.to_owned();
     std::thread::spawn(move || {
-        let mut current: Turn = Vec::new();
-        let outcome = read_entries(&path, Cursor::default(), |located| {
-            if let Entry::Message(entry) = located.entry {
-                if matches!(entry.message, AgentMessage::User(_)) && !current.is_empty() {
-                    let turn = std::mem::take(&mut current);
-                    sender
-                        .blocking_send(Ok(turn))
-                        .map_err(|_| "the runner stopped".to_owned())?;
-                }
-                current.push((entry.message, entry.id));
-            }
-            Ok(())
+        let outcome = for_each_turn(&path, |turn| {
+            let turn: Turn = turn.messages.into_iter().zip(turn.entry_ids).collect();
+            sender
+                .blocking_send(Ok(turn))
+                .map_err(|_| "the runner stopped".to_owned())
         });
-        let last = match outcome {
-            Ok(_) => (!current.is_empty()).then_some(Ok(current)),
-            Err(error) => Some(Err(anyhow!("reading {}: {error}", path.display()))),
-        };
-        if let Some(last) = last {
-            let _ = sender.blocking_send(last);
+        if let Err(error) = outcome {
+            let _ = sender.blocking_send(Err(anyhow!("reading {}: {error}", path.display())));
         }
     });
     receiver

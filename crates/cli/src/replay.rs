@@ -12,7 +12,7 @@ use vilvona_core::message::AgentMessage;
 use vilvona_lossless::ToolCaller;
 use vilvona_runtime::Host;
 use vilvona_store::ItemContent;
-use vilvona_transcript::{Cursor, Entry, read_entries, read_transcript, session_messages};
+use vilvona_transcript::{Entry, for_each_turn, read_transcript, session_messages};
 
 use crate::inspect::{lossless, session_stats};
 use crate::{Global, print_json, require_file};
@@ -20,21 +20,15 @@ use crate::{Global, print_json, require_file};
 /// A recorded turn: its messages and their entry ids.
 type Turn = (Vec<AgentMessage>, Vec<Option<String>>);
 
-/// Reads a transcript into turns (a user message and everything until the next one). A
-/// malformed line ends the reading; the turns before it are returned with the error.
+/// Reads a transcript into turns. A malformed line ends the reading; the turns before it are
+/// returned with the error.
 fn read_turns(file: &Path) -> Result<(String, Vec<Turn>, Option<anyhow::Error>)> {
     let mut turns: Vec<Turn> = Vec::new();
-    let outcome = read_entries(file, Cursor::default(), |located| {
-        if let Entry::Message(entry) = located.entry {
-            let starts_turn = matches!(entry.message, AgentMessage::User(_)) || turns.is_empty();
-            if starts_turn {
-                turns.push((Vec::new(), Vec::new()));
-            }
-            if let Some((messages, ids)) = turns.last_mut() {
-                messages.push(entry.message);
-                ids.push(Some(entry.id));
-            }
-        }
+    let outcome = for_each_turn(file, |turn| {
+        turns.push((
+            turn.messages,
+            turn.entry_ids.into_iter().map(Some).collect(),
+        ));
         Ok(())
     });
     match outcome {

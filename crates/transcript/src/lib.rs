@@ -35,6 +35,9 @@ pub enum TranscriptError {
     },
     #[error("{path}: the first line is not a `session` header")]
     MissingHeader { path: PathBuf },
+    /// The caller's visitor stopped the reading after the last line.
+    #[error("{path}: {reason}")]
+    Visit { path: PathBuf, reason: String },
 }
 
 pub type Result<T, E = TranscriptError> = std::result::Result<T, E>;
@@ -328,6 +331,48 @@ pub fn read_entries(
             }
         }
     }
+}
+
+/// A turn of a transcript: a user message and every message after it until the next user
+/// message (messages before the first user message form a turn of their own), with their
+/// entry ids.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Turn {
+    pub messages: Vec<AgentMessage>,
+    pub entry_ids: Vec<String>,
+}
+
+/// Reads a transcript's message entries as turns, handing each to `visit` once the next begins
+/// (so memory holds one turn). On a malformed line the turn read so far is handed over before
+/// the error is returned: everything before the bad line is visited.
+pub fn for_each_turn(
+    path: &Path,
+    mut visit: impl FnMut(Turn) -> std::result::Result<(), String>,
+) -> Result<(Option<SessionHeader>, Option<TornLine>)> {
+    let mut current = Turn::default();
+    let mut stopped = false;
+    let outcome = read_entries(path, Cursor::default(), |located| {
+        if let Entry::Message(entry) = located.entry {
+            if matches!(entry.message, AgentMessage::User(_)) && !current.messages.is_empty() {
+                visit(std::mem::take(&mut current)).inspect_err(|_| stopped = true)?;
+            }
+            current.messages.push(entry.message);
+            current.entry_ids.push(entry.id);
+        }
+        Ok(())
+    });
+    // The last turn, or the part of one read before a bad line.
+    if !stopped
+        && !current.messages.is_empty()
+        && let Err(reason) = visit(current)
+        && outcome.is_ok()
+    {
+        return Err(TranscriptError::Visit {
+            path: path.to_owned(),
+            reason,
+        });
+    }
+    outcome
 }
 
 /// Reads a whole transcript.

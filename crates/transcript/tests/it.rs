@@ -213,3 +213,45 @@ fn the_rebuilt_context_starts_at_the_last_compaction() {
     assert!(rebuilt[0].contains("m0 and m1 happened"));
     assert_eq!(&rebuilt[1..], ["m2", "m3", "m4"]);
 }
+
+/// Turns: a user message and what follows it; a bad line ends the reading after the part of
+/// the turn read before it was handed over.
+#[test]
+fn turns_are_split_at_user_messages_and_a_bad_line_keeps_what_came_before() {
+    let lines: Vec<String> = std::fs::read_to_string(fixture())
+        .unwrap()
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    let mut turns = Vec::new();
+    for_each_turn(&fixture(), |turn| {
+        turns.push(turn);
+        Ok(())
+    })
+    .unwrap();
+    assert_eq!(turns.len(), 15);
+    for turn in &turns {
+        assert!(matches!(turn.messages[0], AgentMessage::User(_)));
+        assert!(
+            turn.messages[1..]
+                .iter()
+                .all(|m| !matches!(m, AgentMessage::User(_)))
+        );
+        assert_eq!(turn.messages.len(), turn.entry_ids.len());
+    }
+    let dir = TempDir::new().unwrap();
+    let broken = dir.path().join("broken.jsonl");
+    let mut text = lines[..7].join("\n");
+    text.push_str("\n{\"type\":\"message\",\n");
+    text.push_str(&lines[7..].join("\n"));
+    std::fs::write(&broken, text).unwrap();
+    let mut read = Vec::new();
+    let error = for_each_turn(&broken, |turn| {
+        read.push(turn);
+        Ok(())
+    })
+    .unwrap_err();
+    assert!(error.to_string().contains(":8:"), "{error}");
+    let messages: usize = read.iter().map(|turn| turn.messages.len()).sum();
+    assert_eq!(messages, 6, "the six messages before the bad line");
+}
