@@ -355,7 +355,16 @@ impl RecallIndex {
     /// The writer, if no other process holds the index's lock (`None` then: this process
     /// writes SQLite only and tries again later).
     pub(crate) fn try_writer(&self) -> Result<Option<IndexSink>> {
-        match self.index.writer_with_num_threads(1, WRITER_HEAP_BYTES) {
+        self.try_writer_with_threads(1)
+    }
+
+    /// [`Self::try_writer`] with `threads` indexing threads (each with its own heap): for a
+    /// rebuild, which indexes everything at once.
+    fn try_writer_with_threads(&self, threads: usize) -> Result<Option<IndexSink>> {
+        match self
+            .index
+            .writer_with_num_threads(threads, threads * WRITER_HEAP_BYTES)
+        {
             Ok(writer) => {
                 self.maintained_here.store(true, Ordering::SeqCst);
                 Ok(Some(IndexSink {
@@ -566,8 +575,12 @@ impl IndexSlot {
         }
         let filled = {
             let (fresh, _) = RecallIndex::open_or_create(&fresh_dir)?;
+            // Every core indexes (tantivy's threads); the writer is dropped after the fill.
+            let threads = std::thread::available_parallelism()
+                .map_or(1, |cores| cores.get())
+                .clamp(1, 4);
             let mut sink = fresh
-                .try_writer()?
+                .try_writer_with_threads(threads)?
                 .ok_or_else(|| StoreError::IndexBusy(fresh_dir.clone()))?;
             sink.clear()?;
             let filled = fill(&mut sink)?;
