@@ -414,7 +414,7 @@ fn a_closed_pipe_ends_a_command_quietly() {
     let file = transcript(
         state,
         "pipe",
-        &[json!({"role": "user", "content": "word ".repeat(40_000)})],
+        &[json!({"role": "user", "content": "word ".repeat(18_000)})],
     );
     replay(state, &file);
     let mut child = common::command(state, &["describe", "msg_1", "--session", "pipe", "--json"])

@@ -57,7 +57,7 @@ pub(crate) enum IndexedRow {
     Summary(i64),
 }
 
-fn key_of(row: IndexedRow) -> u64 {
+pub(crate) fn key_of(row: IndexedRow) -> u64 {
     match row {
         IndexedRow::Message(id) => (id as u64) << 1,
         IndexedRow::Summary(id) => ((id as u64) << 1) | 1,
@@ -492,7 +492,23 @@ impl RecallIndex {
         let searcher = self.reader.searcher();
         let limit = query.limit.max(1);
         let hits: Vec<(f32, DocAddress)> = match query.order {
-            SearchOrder::Relevance => searcher.search(&boolean, &TopDocs::with_limit(limit))?,
+            // Equal scores are ordered by key, newest row first: which rows make the cut does
+            // not depend on how documents happen to be laid out in segments (a rebuild on
+            // several threads, a merge).
+            SearchOrder::Relevance => searcher
+                .search(
+                    &boolean,
+                    &TopDocs::with_limit(limit).tweak_score(|segment: &tantivy::SegmentReader| {
+                        let keys = segment.fast_fields().u64("key").ok();
+                        move |doc: tantivy::DocId, score: tantivy::Score| {
+                            let key = keys.as_ref().and_then(|keys| keys.first(doc)).unwrap_or(0);
+                            (score, key)
+                        }
+                    }),
+                )?
+                .into_iter()
+                .map(|((score, _), address)| (score, address))
+                .collect(),
             SearchOrder::Recency => searcher
                 .search(
                     &boolean,

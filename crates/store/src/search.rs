@@ -6,7 +6,7 @@ use rusqlite::Connection;
 
 use crate::blobs::{self, BLOB_ID_KEY};
 use crate::error::{Result, StoreError};
-use crate::index::{IndexedRow, RecallIndex, Watermark};
+use crate::index::{IndexedRow, RecallIndex, Watermark, key_of};
 use crate::read;
 use crate::tokenize::{Terms, Word, words};
 use crate::types::*;
@@ -105,7 +105,11 @@ fn indexed_search(
             rows.iter().map(|(row, _)| *row).collect();
         rows.extend(unindexed.into_iter().filter(|(row, _)| known.insert(*row)));
         if query.order == SearchOrder::Relevance {
-            rows.sort_by(|a, b| b.1.total_cmp(&a.1));
+            // Equal scores: the newest row first, as the index orders them.
+            rows.sort_by(|a, b| {
+                b.1.total_cmp(&a.1)
+                    .then_with(|| key_of(b.0).cmp(&key_of(a.0)))
+            });
         }
     }
     let mut hits = Vec::new();
