@@ -101,6 +101,8 @@ impl LosslessEngine {
     /// Forgets a session and everything derived from it, then gives the space back.
     pub async fn forget_session(&self, session_id: &str) -> Result<Forgotten, EngineError> {
         let conversation = self.stored_conversation(session_id).await?;
+        let lock = self.compaction_lock(conversation.id);
+        let _held = lock.lock().await;
         let report = self
             .store()
             .forget(ForgetPlan::whole(conversation.id))

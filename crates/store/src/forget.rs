@@ -73,8 +73,9 @@ fn queue(connection: &Connection, row: IndexedRow) -> Result<()> {
     Ok(())
 }
 
-/// Applies a plan in the caller's transaction. `Stale` when the summaries above the forgotten
-/// messages are no longer the ones the plan was made for (a compaction ran meanwhile).
+/// Applies a plan in the caller's transaction. `None` (stale) when the summaries above the
+/// forgotten messages are no longer the ones the plan was made for (a compaction ran
+/// meanwhile).
 pub(crate) fn apply(
     connection: &Connection,
     steps: &mut Steps<'_>,
@@ -88,18 +89,6 @@ pub(crate) fn apply(
         ForgetScope::Conversation => None,
         ForgetScope::Before(ms) => Some(ms),
     };
-    let mut above: Vec<SummaryRowId> = summaries_above(connection, conversation, before)?
-        .into_iter()
-        .map(|summary| summary.row_id)
-        .collect();
-    above.sort();
-    let mut planned: Vec<SummaryRowId> = plan
-        .removed
-        .iter()
-        .copied()
-        .chain(plan.rewritten.iter().map(|rewrite| rewrite.row_id))
-        .collect();
-    planned.sort();
     let mut report = ForgetReport::default();
     // Ids are never reused: the highest ever assigned outlives the rows that held them.
     let (highest_message, highest_summary) = read::max_ids(connection)?;
@@ -124,6 +113,19 @@ pub(crate) fn apply(
             )?,
         ),
         ForgetScope::Before(before_ms) => {
+            // The plan covers exactly the summaries above the forgotten messages now.
+            let mut above: Vec<SummaryRowId> = summaries_above(connection, conversation, before)?
+                .into_iter()
+                .map(|summary| summary.row_id)
+                .collect();
+            above.sort();
+            let mut planned: Vec<SummaryRowId> = plan
+                .removed
+                .iter()
+                .copied()
+                .chain(plan.rewritten.iter().map(|rewrite| rewrite.row_id))
+                .collect();
+            planned.sort();
             if above != planned {
                 return Ok(None);
             }
