@@ -784,15 +784,15 @@ impl LosslessEngine {
         &self,
         conversation: ConversationId,
     ) -> Result<u64, EngineError> {
-        let items = self.context(conversation).await?;
+        // Only the fallback summaries are read (an indexed query), not the whole context.
+        let fallbacks = self
+            .inner
+            .store
+            .fallback_summaries(conversation)
+            .await
+            .map_err(|error| store_error("reading fallback summaries", error))?;
         let mut rewritten = 0;
-        for item in &items {
-            let ItemContent::Summary(summary) = &item.content else {
-                continue;
-            };
-            if summary.level != SummaryLevel::Fallback {
-                continue;
-            }
+        for summary in &fallbacks {
             let children = self
                 .inner
                 .store

@@ -143,6 +143,8 @@ pub trait HistoryStore: Send + Sync + std::fmt::Debug {
     async fn conversation_bytes(&self, conversation: ConversationId) -> Result<u64>;
     /// Gives space freed by forgetting back to the file system.
     async fn reclaim_space(&self) -> Result<ReclaimReport>;
+    /// The fallback (truncated) summaries in a conversation's context, without reading it.
+    async fn fallback_summaries(&self, conversation: ConversationId) -> Result<Vec<StoredSummary>>;
     /// A conversation's summary DAG, for drawing it.
     async fn dag_view(&self, conversation: ConversationId) -> Result<DagView>;
     /// Store-wide state (not tied to a conversation), shared by every process.
@@ -761,6 +763,11 @@ impl HistoryStore for Store {
 
     async fn conversation_bytes(&self, conversation: ConversationId) -> Result<u64> {
         self.read(move |connection| read::conversation_bytes(connection, conversation))
+            .await
+    }
+
+    async fn fallback_summaries(&self, conversation: ConversationId) -> Result<Vec<StoredSummary>> {
+        self.read(move |connection| read::fallback_summaries(connection, conversation))
             .await
     }
 

@@ -452,6 +452,26 @@ pub(crate) fn children(connection: &Connection, parent: SummaryRowId) -> Result<
     Ok(children)
 }
 
+/// The fallback (truncated) summaries a conversation's context holds: what maintenance
+/// re-summarizes (a partial index keeps this cheap: no context is read).
+pub(crate) fn fallback_summaries(
+    connection: &Connection,
+    conversation: ConversationId,
+) -> Result<Vec<StoredSummary>> {
+    let mut statement = connection.prepare_cached(&format!(
+        "SELECT {SUMMARY_COLUMNS} FROM summaries s
+         WHERE s.conversation_id = ?1 AND s.level = 'fallback'
+           AND EXISTS (SELECT 1 FROM context_items ci WHERE ci.summary_id = s.id)
+         ORDER BY s.id"
+    ))?;
+    let mut rows = statement.query([conversation.0])?;
+    let mut found = Vec::new();
+    while let Some(row) = rows.next()? {
+        found.push(summary_columns(row, 0)?.into_summary()?);
+    }
+    Ok(found)
+}
+
 /// The ordered children of a summary as references.
 pub(crate) fn child_refs(
     connection: &Connection,

@@ -163,6 +163,7 @@ CREATE INDEX blob_references_by_blob ON blob_references (blob_id, conversation_i
 -- added again. Written in the transaction that forgets, rewrites or archives the row.
 CREATE TABLE index_tasks (key INTEGER PRIMARY KEY);
 CREATE INDEX messages_by_time ON messages (conversation_id, created_at);
+CREATE INDEX summaries_fallback ON summaries (conversation_id) WHERE level = 'fallback';
 "#,
     },
 ];
