@@ -8,7 +8,7 @@ use serde_json::json;
 use vilvona_benches::FakeSummarizer;
 use vilvona_core::engine::{ContextEngine, IngestBatchParams};
 use vilvona_core::tokens::HeuristicEstimator;
-use vilvona_lossless::{LosslessConfig, LosslessEngine, ToolCaller};
+use vilvona_lossless::{CompactionRequest, LosslessConfig, LosslessEngine, ToolCaller};
 use vilvona_summarize::{TokenizerKind, estimator};
 
 const SIZES: [usize; 3] = [100, 1_000, 4_000];
@@ -42,7 +42,7 @@ fn fixture(turns: usize) -> Fixture {
             ingest_turn(&engine, &workload, turn).await;
             let conversation = engine.conversation("bench", None).await.unwrap();
             engine
-                .compact_conversation(conversation.id, 128_000, false, None, None, None)
+                .compact_conversation(conversation.id, CompactionRequest::routine(128_000))
                 .await
                 .unwrap();
         }
@@ -108,14 +108,12 @@ fn benches(c: &mut Criterion) {
             b.iter(|| {
                 fixture
                     .runtime
-                    .block_on(fixture.engine.compact_conversation(
-                        conversation.id,
-                        128_000,
-                        false,
-                        None,
-                        None,
-                        None,
-                    ))
+                    .block_on(
+                        fixture.engine.compact_conversation(
+                            conversation.id,
+                            CompactionRequest::routine(128_000),
+                        ),
+                    )
                     .unwrap()
             });
         });
@@ -128,11 +126,7 @@ fn benches(c: &mut Criterion) {
                         .runtime
                         .block_on(fixture.engine.compact_conversation(
                             conversation.id,
-                            128_000,
-                            true,
-                            None,
-                            None,
-                            None,
+                            CompactionRequest::forced(128_000),
                         ))
                         .unwrap()
                 });

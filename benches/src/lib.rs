@@ -20,7 +20,7 @@ use vilvona_core::engine::{AssembleParams, ContextEngine, IngestBatchParams};
 use vilvona_core::message::AgentMessage;
 use vilvona_core::summarize::{SummarizeError, Summarizer, Summary, SummaryRequest};
 use vilvona_core::tokens::{HeuristicEstimator, TokenEstimator};
-use vilvona_lossless::{LosslessConfig, LosslessEngine, ToolCaller};
+use vilvona_lossless::{CompactionRequest, LosslessConfig, LosslessEngine, ToolCaller};
 use vilvona_summarize::ExtractiveSummarizer;
 use vilvona_transcript::for_each_turn;
 
@@ -370,7 +370,7 @@ pub async fn run(options: &RunOptions) -> Result<Figures> {
         let summarizer_before = summarizer_nanos();
         let begin = Instant::now();
         let report = engine
-            .compact_conversation(conversation.id, BUDGET, false, None, None, None)
+            .compact_conversation(conversation.id, CompactionRequest::routine(BUDGET))
             .await?;
         let elapsed = begin.elapsed();
         if report.summaries_created > 0 {
@@ -691,7 +691,7 @@ pub async fn run_forget(options: &RunOptions, sessions: usize) -> Result<ForgetF
                 })
                 .await?;
             engine
-                .compact_conversation(conversation.id, BUDGET, false, None, None, None)
+                .compact_conversation(conversation.id, CompactionRequest::routine(BUDGET))
                 .await?;
         }
     }

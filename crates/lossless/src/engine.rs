@@ -35,6 +35,40 @@ const HOST_BUDGET: &str = "host.tokenBudget";
 /// Messages imported per store transaction during bootstrap.
 const BOOTSTRAP_BATCH: usize = 500;
 
+/// What one compaction call asks for.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CompactionRequest<'a> {
+    /// The prompt budget the context must fit.
+    pub budget: u64,
+    /// Compact even below the threshold (manual `/compact`, overflow recovery).
+    pub force: bool,
+    /// How far down a forced compaction goes (the default: the configured target ratio).
+    pub target: Option<CompactionTarget>,
+    /// The operator's instructions for the summaries (`/compact <instructions>`).
+    pub custom_instructions: Option<&'a str>,
+    /// Checked between passes: the caller gave up.
+    pub abort: Option<&'a AbortSignal>,
+}
+
+impl CompactionRequest<'_> {
+    /// The routine check after a turn: compact if the context is above the threshold.
+    pub fn routine(budget: u64) -> CompactionRequest<'static> {
+        CompactionRequest {
+            budget,
+            ..CompactionRequest::default()
+        }
+    }
+
+    /// Compact now, whatever the threshold says.
+    pub fn forced(budget: u64) -> CompactionRequest<'static> {
+        CompactionRequest {
+            budget,
+            force: true,
+            ..CompactionRequest::default()
+        }
+    }
+}
+
 /// Why a compaction call stopped, with what it did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct CompactionReport {
@@ -366,12 +400,15 @@ impl LosslessEngine {
     pub async fn compact_conversation(
         &self,
         conversation: ConversationId,
-        budget: u64,
-        force: bool,
-        target: Option<CompactionTarget>,
-        custom_instructions: Option<&str>,
-        abort: Option<&AbortSignal>,
+        request: CompactionRequest<'_>,
     ) -> Result<CompactionReport, EngineError> {
+        let CompactionRequest {
+            budget,
+            force,
+            target,
+            custom_instructions,
+            abort,
+        } = request;
         let lock = self.compaction_lock(conversation);
         let _guard = lock.lock().await;
         let config = &self.inner.config;
@@ -1101,7 +1138,7 @@ impl ContextEngine for LosslessEngine {
             )
             .await?;
         if !params.is_heartbeat {
-            self.compact_conversation(conversation.id, budget, false, None, None, None)
+            self.compact_conversation(conversation.id, CompactionRequest::routine(budget))
                 .await?;
         }
         Ok(())
@@ -1139,7 +1176,7 @@ impl ContextEngine for LosslessEngine {
             .await?;
         let budget = self.budget(conversation.id, params.budget()).await?;
         if !params.is_heartbeat {
-            self.compact_conversation(conversation.id, budget, false, None, None, None)
+            self.compact_conversation(conversation.id, CompactionRequest::routine(budget))
                 .await?;
         }
         Ok(CommitTurnResult {
@@ -1215,11 +1252,13 @@ impl ContextEngine for LosslessEngine {
         let report = self
             .compact_conversation(
                 conversation.id,
-                budget,
-                params.force,
-                params.compaction_target,
-                params.custom_instructions.as_deref(),
-                params.abort.as_ref(),
+                CompactionRequest {
+                    budget,
+                    force: params.force,
+                    target: params.compaction_target,
+                    custom_instructions: params.custom_instructions.as_deref(),
+                    abort: params.abort.as_ref(),
+                },
             )
             .await?;
         let details = CompactDetails {
@@ -1262,7 +1301,7 @@ impl ContextEngine for LosslessEngine {
         self.maybe_run_retention(&self.inner.config.retention).await;
         let budget = self.budget(conversation.id, params.budget()).await?;
         let report = self
-            .compact_conversation(conversation.id, budget, false, None, None, None)
+            .compact_conversation(conversation.id, CompactionRequest::routine(budget))
             .await?;
         let compacted = report.summaries_created > 0;
         let mut reasons = Vec::new();

@@ -5,7 +5,7 @@ use tempfile::TempDir;
 use vilvona_core::conformance::check_tool_pairs;
 use vilvona_core::engine::*;
 use vilvona_core::message::AgentMessage;
-use vilvona_lossless::{LosslessEngine, RECALL_GUIDANCE, ToolCaller};
+use vilvona_lossless::{CompactionRequest, LosslessEngine, RECALL_GUIDANCE, ToolCaller};
 use vilvona_transcript::{SessionHeader, TranscriptWriter};
 
 use crate::support::*;
@@ -468,7 +468,7 @@ async fn a_question_is_answered_from_history_with_citations() {
             .await
             .unwrap();
         engine
-            .compact_conversation(conversation.id, 4_000, false, None, None, None)
+            .compact_conversation(conversation.id, CompactionRequest::routine(4_000))
             .await
             .unwrap();
     }

@@ -7,7 +7,7 @@ use async_trait::async_trait;
 use tempfile::TempDir;
 use vilvona_core::engine::*;
 use vilvona_core::summarize::*;
-use vilvona_lossless::LosslessEngine;
+use vilvona_lossless::{CompactionRequest, LosslessEngine};
 use vilvona_store::ItemContent;
 
 use crate::support::*;
@@ -163,7 +163,7 @@ async fn a_slow_summarizer_stops_at_the_deadline() {
     let conversation = engine.conversation("s1", None).await.unwrap();
     // A small budget needs several passes; the deadline allows one.
     let report = engine
-        .compact_conversation(conversation.id, 1_500, true, None, None, None)
+        .compact_conversation(conversation.id, CompactionRequest::forced(1_500))
         .await
         .unwrap();
     assert_eq!(report.reason, Some(CompactReason::Deadline));

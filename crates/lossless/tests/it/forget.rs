@@ -41,7 +41,7 @@ async fn session(
             .await
             .unwrap();
         engine
-            .compact_conversation(conversation.id, 4_000, false, None, None, None)
+            .compact_conversation(conversation.id, CompactionRequest::routine(4_000))
             .await
             .unwrap();
     }

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use serde_json::json;
 use tempfile::TempDir;
 use vilvona_core::engine::*;
-use vilvona_lossless::{LosslessConfig, LosslessEngine, ToolCaller, ToolError};
+use vilvona_lossless::{CompactionRequest, LosslessConfig, LosslessEngine, ToolCaller, ToolError};
 use vilvona_store::{HistoryStore, Store, StoreConfig};
 use vilvona_summarize::ExtractiveSummarizer;
 
@@ -162,7 +162,7 @@ async fn grants_let_a_child_read_its_parent_until_they_end() {
     .await;
     let parent = engine.conversation("parent", None).await.unwrap();
     engine
-        .compact_conversation(parent.id, 4_000, true, None, None, None)
+        .compact_conversation(parent.id, CompactionRequest::forced(4_000))
         .await
         .unwrap();
     let summary_id = match &engine.store().context(parent.id).await.unwrap()[0].content {

@@ -9,7 +9,7 @@ use tempfile::TempDir;
 use vilvona_core::conformance::check_tool_pairs;
 use vilvona_core::engine::*;
 use vilvona_core::message::AgentMessage;
-use vilvona_lossless::LosslessEngine;
+use vilvona_lossless::{CompactionRequest, LosslessEngine};
 use vilvona_summarize::ExtractiveSummarizer;
 
 use crate::support::*;
@@ -116,7 +116,7 @@ async fn run(steps: Vec<Step>) {
             Step::Compact => {
                 let conversation = engine.conversation("p", None).await.unwrap();
                 let report = engine
-                    .compact_conversation(conversation.id, budget, true, None, None, None)
+                    .compact_conversation(conversation.id, CompactionRequest::forced(budget))
                     .await
                     .unwrap();
                 // (5) compaction terminates within its pass bound.
