@@ -93,10 +93,23 @@ pub(crate) struct Inner {
     /// entries never go stale; the cache is emptied when it grows past its bound.
     rendered: StdMutex<HashMap<ItemRef, Arc<AgentMessage>>>,
     /// The last assembly per conversation (its items and messages), extended when the context
-    /// only grew.
-    assembled: StdMutex<HashMap<ConversationId, (Vec<ItemRef>, Messages)>>,
+    /// only grew; the least recently assembled go first past [`ASSEMBLED_ITEMS`].
+    assembled: StdMutex<Assemblies>,
     /// The prompt budget the host last gave per conversation (mirrors the store's state).
     budgets: StdMutex<HashMap<ConversationId, u64>>,
+}
+
+/// Keeps a conversation's budget in memory (a cache of the store's state, bounded).
+fn remember_budget(
+    budgets: &StdMutex<HashMap<ConversationId, u64>>,
+    conversation: ConversationId,
+    budget: u64,
+) {
+    let mut budgets = lock_map(budgets);
+    if budgets.len() >= SESSION_CACHE {
+        budgets.clear();
+    }
+    budgets.insert(conversation, budget);
 }
 
 fn lock_map<T>(mutex: &StdMutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -105,6 +118,64 @@ fn lock_map<T>(mutex: &StdMutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 /// Most rendered items kept for assembly (a few contexts' worth).
 const RENDERED_CACHE_ITEMS: usize = 16_384;
+/// Most context items the kept assemblies hold together (a gateway with thousands of sessions
+/// keeps the recently active ones; the others are rebuilt from the store).
+const ASSEMBLED_ITEMS: usize = 32_768;
+/// Most sessions whose conversation row and budget are kept in memory (read from the store
+/// again on a miss), and most idle compaction locks.
+const SESSION_CACHE: usize = 4_096;
+
+/// What [`LosslessEngine::cached_sessions`] reports.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CachedSessions {
+    pub conversations: usize,
+    pub assemblies: usize,
+    pub assembled_items: usize,
+    pub budgets: usize,
+    pub compaction_locks: usize,
+}
+
+/// The last assembly of recently assembled conversations, least recently used evicted first.
+#[derive(Default)]
+pub(crate) struct Assemblies {
+    entries: HashMap<ConversationId, (u64, Vec<ItemRef>, Messages)>,
+    items: usize,
+    clock: u64,
+}
+
+impl Assemblies {
+    fn take(&mut self, conversation: ConversationId) -> Option<(Vec<ItemRef>, Messages)> {
+        let (_, items, messages) = self.entries.remove(&conversation)?;
+        self.items -= items.len();
+        Some((items, messages))
+    }
+
+    fn keep(&mut self, conversation: ConversationId, items: Vec<ItemRef>, messages: Messages) {
+        self.clock += 1;
+        self.items += items.len();
+        if let Some((_, old, _)) = self
+            .entries
+            .insert(conversation, (self.clock, items, messages))
+        {
+            self.items -= old.len();
+        }
+        while self.items > ASSEMBLED_ITEMS && self.entries.len() > 1 {
+            let Some(oldest) = self
+                .entries
+                .iter()
+                .min_by_key(|(_, (used, _, _))| *used)
+                .map(|(id, _)| *id)
+            else {
+                break;
+            };
+            self.take(oldest);
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.entries.len()
+    }
+}
 
 /// The lossless engine. Cheap to clone.
 #[derive(Clone)]
@@ -141,7 +212,7 @@ impl LosslessEngine {
                 conversations: StdMutex::new(HashMap::new()),
                 compaction_locks: StdMutex::new(HashMap::new()),
                 rendered: StdMutex::new(HashMap::new()),
-                assembled: StdMutex::new(HashMap::new()),
+                assembled: StdMutex::new(Assemblies::default()),
                 budgets: StdMutex::new(HashMap::new()),
             }),
         }
@@ -218,11 +289,14 @@ impl LosslessEngine {
             })
             .await
             .map_err(|error| store_error("conversation", error))?;
-        self.inner
-            .conversations
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(session_id.to_owned(), conversation.clone());
+        {
+            let mut conversations = lock_map(&self.inner.conversations);
+            // A cache: past its bound it starts over (rows are read from the store again).
+            if conversations.len() >= SESSION_CACHE {
+                conversations.clear();
+            }
+            conversations.insert(session_id.to_owned(), conversation.clone());
+        }
         Ok(conversation)
     }
 
@@ -252,7 +326,7 @@ impl LosslessEngine {
             .filter(|budget| *budget > 0);
         let budget = stored.unwrap_or(self.inner.config.default_token_budget);
         if stored.is_some() {
-            lock_map(&self.inner.budgets).insert(conversation, budget);
+            remember_budget(&self.inner.budgets, conversation, budget);
         }
         Ok(budget)
     }
@@ -272,7 +346,7 @@ impl LosslessEngine {
             .set_state(conversation, HOST_BUDGET, &budget.to_string())
             .await
             .map_err(|error| store_error("saving the host's budget", error))?;
-        lock_map(&self.inner.budgets).insert(conversation, budget);
+        remember_budget(&self.inner.budgets, conversation, budget);
         Ok(())
     }
 
@@ -372,11 +446,32 @@ impl LosslessEngine {
             .map_err(|error| store_error("ingest", error))
     }
 
+    /// How many sessions' state this engine keeps in memory: conversations, their last
+    /// assembly, their budgets, their compaction locks. Each is bounded; idle sessions' state
+    /// is read from the store again when they return.
+    pub fn cached_sessions(&self) -> CachedSessions {
+        // One lock at a time (a guard in a struct literal lives to the end of the statement).
+        let (assemblies, assembled_items) = {
+            let assembled = lock_map(&self.inner.assembled);
+            (assembled.len(), assembled.items)
+        };
+        let conversations = lock_map(&self.inner.conversations).len();
+        let budgets = lock_map(&self.inner.budgets).len();
+        let compaction_locks = lock_map(&self.inner.compaction_locks).len();
+        CachedSessions {
+            conversations,
+            assemblies,
+            assembled_items,
+            budgets,
+            compaction_locks,
+        }
+    }
+
     /// Drops what this instance keeps about a conversation that was forgotten or archived
     /// (it is read from the store again if it comes back).
     pub(crate) fn forget_cached(&self, conversation: ConversationId, session_id: &str) {
         lock_map(&self.inner.conversations).remove(session_id);
-        lock_map(&self.inner.assembled).remove(&conversation);
+        lock_map(&self.inner.assembled).take(conversation);
         lock_map(&self.inner.budgets).remove(&conversation);
         lock_map(&self.inner.rendered).clear();
     }
@@ -385,13 +480,12 @@ impl LosslessEngine {
         &self,
         conversation: ConversationId,
     ) -> Arc<tokio::sync::Mutex<()>> {
-        self.inner
-            .compaction_locks
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .entry(conversation)
-            .or_default()
-            .clone()
+        let mut locks = lock_map(&self.inner.compaction_locks);
+        if locks.len() >= SESSION_CACHE {
+            // Locks nobody holds or waits for are dropped (one is made again when needed).
+            locks.retain(|_, lock| Arc::strong_count(lock) > 1);
+        }
+        locks.entry(conversation).or_default().clone()
     }
 
     /// Incremental compaction: above `threshold × budget` (or when forced), summarize the oldest
@@ -755,7 +849,7 @@ impl LosslessEngine {
         let visible: Vec<ItemRef> = refs[start..].iter().map(|entry| entry.item).collect();
         let estimated_tokens = refs[start..].iter().map(|entry| entry.tokens).sum();
         // The previous assembly of this conversation, if the new one extends it.
-        let previous = lock_map(&self.inner.assembled).remove(&conversation);
+        let previous = lock_map(&self.inner.assembled).take(conversation);
         let (reused, mut messages) = match previous {
             Some((items, messages)) if visible.starts_with(&items) => (items.len(), messages),
             _ => (0, Messages::new()),
@@ -806,7 +900,7 @@ impl LosslessEngine {
                 rendered.clear();
             }
         }
-        lock_map(&self.inner.assembled).insert(conversation, (visible, messages.clone()));
+        lock_map(&self.inner.assembled).keep(conversation, visible, messages.clone());
         Ok(AssembleResult {
             messages,
             estimated_tokens,

@@ -16,7 +16,7 @@ mod tools;
 mod units;
 
 pub use config::LosslessConfig;
-pub use engine::{CompactionReport, CompactionRequest, ENGINE_ID, LosslessEngine};
+pub use engine::{CachedSessions, CompactionReport, CompactionRequest, ENGINE_ID, LosslessEngine};
 pub use forget::{Forgotten, OverCap, RetentionAction, RetentionKind, RetentionPolicy};
 pub use render::{DESCRIBE_TOOL, EXPAND_QUERY_TOOL, EXPAND_TOOL, GREP_TOOL, RECALL_GUIDANCE};
 pub use tools::{ToolCaller, ToolDefinition, ToolError, parse_rfc3339, tool_definitions};

@@ -522,3 +522,47 @@ async fn a_question_is_answered_from_history_with_citations() {
         "invalid arguments: question is required"
     );
 }
+
+/// A long-running engine that sees many sessions keeps a bounded amount of their state: the
+/// least recently assembled contexts go first, and a session whose state went is rebuilt from
+/// the store, whole.
+#[tokio::test]
+async fn per_session_state_stays_bounded_across_many_sessions() {
+    let dir = TempDir::new().unwrap();
+    let engine = engine_in(
+        &dir,
+        vilvona_lossless::LosslessConfig {
+            default_token_budget: 1_000_000,
+            ..small_config()
+        },
+        std::sync::Arc::new(vilvona_summarize::ExtractiveSummarizer::new(estimator())),
+    )
+    .await;
+    let session = |n: usize| format!("s{n}");
+    for n in 0..200 {
+        let messages = (0..200)
+            .map(|i| message(json!({"role": "user", "content": format!("session {n} note {i}"), "timestamp": i})))
+            .collect();
+        engine
+            .ingest_batch(&IngestBatchParams {
+                session_id: session(n),
+                messages,
+                ..IngestBatchParams::default()
+            })
+            .await
+            .unwrap();
+        let assembled = assemble(&engine, &session(n), 1_000_000, &[]).await;
+        assert_eq!(assembled.messages.len(), 200);
+    }
+    let cached = engine.cached_sessions();
+    assert!(cached.assembled_items <= 32_768, "{cached:?}");
+    assert!(cached.assemblies < 200, "{cached:?}");
+    // The first session's assembly was let go; it is rebuilt from the store.
+    let again = assemble(&engine, &session(0), 1_000_000, &[]).await;
+    assert_eq!(again.messages.len(), 200);
+    assert!(
+        again.messages[199]
+            .plain_text()
+            .contains("session 0 note 199")
+    );
+}
