@@ -183,49 +183,21 @@ pub(crate) fn png(session: &str, view: &DagView, out: &Path) -> Result<()> {
         let labels = row_labels(summaries);
         let slot = (WIDTH - 60) / labels.len().max(1);
         let w = slot.saturating_sub(12).min(150);
-        let mut row_boxes = Vec::new();
         for (index, (members, name, detail, in_context)) in labels.iter().enumerate() {
             let x = 50 + index * slot + (slot - w) / 2;
             let color = if *depth == 0 { LEAF } else { CONDENSED };
-            canvas.fill(x, y, x + w, y + BOX_HEIGHT, color);
-            let border = if *in_context {
-                IN_CONTEXT
-            } else {
-                [255, 255, 255]
-            };
-            canvas.frame(
-                x,
-                y,
-                x + w,
-                y + BOX_HEIGHT,
-                border,
-                if *in_context { 3 } else { 1 },
-            );
-            canvas.text(
-                x + 6,
-                y + 5,
-                &fit(name, w - 12, Style::STRONG),
-                Style::STRONG,
-                [255, 255, 255],
-            );
-            canvas.text(
-                x + 6,
-                y + 24,
-                &fit(detail, w - 12, Style::LABEL),
-                Style::LABEL,
-                [235, 235, 235],
-            );
-            let index_of_box = boxes.len();
-            boxes.push(Placed {
+            let placed_box = Placed {
                 x,
                 y,
                 w,
                 h: BOX_HEIGHT,
-            });
+            };
+            let border = if *in_context { Some(IN_CONTEXT) } else { None };
+            draw_box(&mut canvas, &placed_box, color, border, name, detail);
             for member in members {
-                placed.insert(*member, index_of_box);
+                placed.insert(*member, boxes.len());
             }
-            row_boxes.push(index_of_box);
+            boxes.push(placed_box);
         }
         row_of_summaries.push(
             summaries
@@ -253,28 +225,14 @@ pub(crate) fn png(session: &str, view: &DagView, out: &Path) -> Result<()> {
     let mut message_box = Vec::new();
     for (index, (name, detail)) in message_boxes.iter().enumerate() {
         let x = 50 + index * slot + (slot - w) / 2;
-        canvas.fill(x, y, x + w, y + BOX_HEIGHT, [110, 110, 110]);
-        canvas.frame(x, y, x + w, y + BOX_HEIGHT, [255, 255, 255], 1);
-        canvas.text(
-            x + 6,
-            y + 5,
-            &fit(name, w - 12, Style::STRONG),
-            Style::STRONG,
-            [255, 255, 255],
-        );
-        canvas.text(
-            x + 6,
-            y + 24,
-            &fit(detail, w - 12, Style::LABEL),
-            Style::LABEL,
-            [235, 235, 235],
-        );
-        message_box.push(Placed {
+        let placed_box = Placed {
             x,
             y,
             w,
             h: BOX_HEIGHT,
-        });
+        };
+        draw_box(&mut canvas, &placed_box, MESSAGES, None, name, detail);
+        message_box.push(placed_box);
     }
     // Edges: each summary to its child summaries' boxes, each leaf to its messages.
     for row in &row_of_summaries {
@@ -296,7 +254,7 @@ pub(crate) fn png(session: &str, view: &DagView, out: &Path) -> Result<()> {
     for (color, label) in [
         (LEAF, "leaf summary"),
         (CONDENSED, "condensed summary"),
-        ([110, 110, 110], "messages"),
+        (MESSAGES, "messages"),
         (IN_CONTEXT, "border: in the context"),
     ] {
         canvas.fill(x, y + 2, x + 20, y + 22, color);
@@ -305,6 +263,38 @@ pub(crate) fn png(session: &str, view: &DagView, out: &Path) -> Result<()> {
     canvas.write_png(out)
 }
 
+/// A box with a name and a detail line; a coloured, thicker border when `border` is given.
+fn draw_box(
+    canvas: &mut Canvas,
+    at: &Placed,
+    fill_color: [u8; 3],
+    border: Option<[u8; 3]>,
+    name: &str,
+    detail: &str,
+) {
+    let (x, y, w, h) = (at.x, at.y, at.w, at.h);
+    canvas.fill(x, y, x + w, y + h, fill_color);
+    match border {
+        Some(color) => canvas.frame(x, y, x + w, y + h, color, 3),
+        None => canvas.frame(x, y, x + w, y + h, [255, 255, 255], 1),
+    }
+    canvas.text(
+        x + 6,
+        y + 5,
+        &fit(name, w - 12, Style::STRONG),
+        Style::STRONG,
+        [255, 255, 255],
+    );
+    canvas.text(
+        x + 6,
+        y + 24,
+        &fit(detail, w - 12, Style::LABEL),
+        Style::LABEL,
+        [235, 235, 235],
+    );
+}
+
 const LEAF: [u8; 3] = [46, 139, 87];
+const MESSAGES: [u8; 3] = [110, 110, 110];
 const CONDENSED: [u8; 3] = [52, 101, 164];
 const IN_CONTEXT: [u8; 3] = [250, 200, 40];
