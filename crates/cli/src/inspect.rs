@@ -395,7 +395,7 @@ pub(crate) async fn session_stats(
     }
     Ok(json!({
         "session": record.session_id,
-        "messages": row.message_count,
+        "messages": row.stored_messages,
         "summariesByDepth": by_depth,
         "contextItems": items.len(),
         "contextTokens": row.context_tokens,

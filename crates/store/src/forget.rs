@@ -268,6 +268,14 @@ pub(crate) fn apply(
             .execute([id])? as u64;
         queue(connection, IndexedRow::Message(*id))?;
     }
+    if report.messages > 0 && plan.scope != ForgetScope::Conversation {
+        steps.step()?;
+        connection
+            .prepare_cached(
+                "UPDATE conversations SET forgotten_messages = forgotten_messages + ?2 WHERE id = ?1",
+            )?
+            .execute(params![conversation.0, report.messages as i64])?;
+    }
     if plan.scope == ForgetScope::Conversation {
         let owned: Vec<String> = connection
             .prepare_cached("SELECT blob_id FROM blobs WHERE conversation_id = ?1")?

@@ -12,7 +12,7 @@ use crate::types::*;
 const CONVERSATION_COLUMNS: &str = "c.id, c.agent_id, c.session_id, c.session_key, c.active,
     c.created_at, c.context_tokens, c.next_seq,
     (SELECT max(m.created_at) FROM messages m WHERE m.conversation_id = c.id
-        AND m.seq = c.next_seq - 1), c.archived_at";
+        AND m.seq = c.next_seq - 1), c.archived_at, c.forgotten_messages";
 
 fn conversation_row(row: &Row<'_>) -> rusqlite::Result<Conversation> {
     Ok(Conversation {
@@ -26,6 +26,7 @@ fn conversation_row(row: &Row<'_>) -> rusqlite::Result<Conversation> {
         message_count: row.get::<_, i64>(7)?.max(0) as u64,
         last_activity_ms: row.get(8)?,
         archived_at_ms: row.get(9)?,
+        stored_messages: (row.get::<_, i64>(7)? - row.get::<_, i64>(10)?).max(0) as u64,
     })
 }
 

@@ -162,6 +162,8 @@ CREATE INDEX blob_references_by_blob ON blob_references (blob_id, conversation_i
 -- each row here is removed and, if the row still exists outside an archived conversation,
 -- added again. Written in the transaction that forgets, rewrites or archives the row.
 CREATE TABLE index_tasks (key INTEGER PRIMARY KEY);
+-- Messages forgotten from a conversation (what `next_seq` counts, less these, is stored).
+ALTER TABLE conversations ADD COLUMN forgotten_messages INTEGER NOT NULL DEFAULT 0;
 CREATE INDEX messages_by_time ON messages (conversation_id, created_at);
 CREATE INDEX summaries_fallback ON summaries (conversation_id) WHERE level = 'fallback';
 "#,

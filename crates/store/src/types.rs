@@ -37,12 +37,15 @@ pub struct Conversation {
     pub created_at_ms: i64,
     /// The running total of the context items' tokens.
     pub context_tokens: u64,
+    /// Messages ever stored (sequence numbers given out; never goes down).
     pub message_count: u64,
     /// The newest message's time, if any.
     pub last_activity_ms: Option<i64>,
     /// When retention archived it (its rows left the index; searches read them from the
     /// database); `None` while it is live. New messages make it live again.
     pub archived_at_ms: Option<i64>,
+    /// Messages the store holds now: `message_count` less those forgotten.
+    pub stored_messages: u64,
 }
 
 /// The largest message JSON the store accepts. Larger content belongs in a blob.

@@ -195,6 +195,16 @@ async fn forgetting_before_a_time_rebuilds_the_summaries_without_the_forgotten_t
         .await
         .unwrap();
     assert!(forgotten.report.messages >= 40, "{forgotten:?}");
+    let row = engine
+        .store()
+        .conversation_by_id(conversation.id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        row.stored_messages,
+        row.message_count - forgotten.report.messages
+    );
     assert!(forgotten.report.summaries_rewritten + forgotten.report.summaries_removed > 0);
     let summaries = all_summaries(&engine, "s").await;
     assert!(summaries.len() <= before);

@@ -373,6 +373,7 @@ async fn blob_words_are_found_and_references_scope_the_blob() {
     connection
         .execute_batch(
             "DROP TABLE blob_references; DROP TABLE index_tasks; DROP INDEX messages_by_time;
+             ALTER TABLE conversations DROP COLUMN forgotten_messages;
              DROP INDEX summaries_fallback;
              PRAGMA user_version = 1;",
         )
