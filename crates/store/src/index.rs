@@ -682,9 +682,26 @@ impl IndexSink {
         Ok(())
     }
 
+    /// Adds a row's document unless its conversation is archived (its rows stay out of the
+    /// index; searches read them from SQLite), in which case the watermark only passes it.
+    /// Returns whether a document was added.
+    pub(crate) fn add_unless_archived(
+        &mut self,
+        row: &crate::read::IndexRow,
+        archived: &std::collections::HashSet<i64>,
+    ) -> Result<bool> {
+        if archived.contains(&row.conversation()) {
+            self.pass(row.doc().row);
+            Ok(false)
+        } else {
+            self.add(row.doc())?;
+            Ok(true)
+        }
+    }
+
     /// Moves the watermark past a row that is deliberately not indexed (an archived
     /// conversation's).
-    pub(crate) fn pass(&mut self, row: IndexedRow) {
+    fn pass(&mut self, row: IndexedRow) {
         match row {
             IndexedRow::Message(id) => self.watermark.messages = self.watermark.messages.max(id),
             IndexedRow::Summary(id) => self.watermark.summaries = self.watermark.summaries.max(id),

@@ -639,93 +639,11 @@ pub(crate) fn for_each_message_after(
     for_each_message_after_where(connection, after, |_| true, f)
 }
 
-/// Rows read from SQLite at a time by [`for_each_message_after_in_parallel`].
-const PARALLEL_BATCH: usize = 2048;
-
-/// [`for_each_message_after`] for many rows (catching up, rebuilding): rows are read in
-/// batches, and each batch is decompressed, parsed and turned into text across the machine's
-/// cores (rayon); the blob text and `f` then run in id order.
-pub(crate) fn for_each_message_after_in_parallel(
-    connection: &Connection,
-    after: i64,
-    mut f: impl FnMut(IndexRow) -> Result<()>,
-) -> Result<Vec<i64>> {
-    use rayon::prelude::*;
-    type Raw = (i64, i64, String, String, i64, Vec<u8>);
-    /// A row's text and the blobs it references, or why it cannot be decoded.
-    type Parsed = rusqlite::Result<(String, Vec<String>)>;
-    let mut statement = connection.prepare_cached(
-        "SELECT m.id, m.conversation_id, c.agent_id, m.role, m.created_at, m.json
-         FROM messages m JOIN conversations c ON c.id = m.conversation_id
-         WHERE m.id > ?1 ORDER BY m.id",
-    )?;
-    let mut rows = statement.query([after])?;
-    let mut undecodable = Vec::new();
-    let mut batch: Vec<Raw> = Vec::with_capacity(PARALLEL_BATCH);
-    loop {
-        let row = rows.next()?;
-        if let Some(row) = row {
-            batch.push((
-                row.get(0)?,
-                row.get(1)?,
-                row.get(2)?,
-                row.get(3)?,
-                row.get(4)?,
-                row.get(5)?,
-            ));
-            if batch.len() < PARALLEL_BATCH {
-                continue;
-            }
-        }
-        if batch.is_empty() {
-            break;
-        }
-        let decoded: Vec<(Raw, Parsed)> = std::mem::take(&mut batch)
-            .into_par_iter()
-            .map(|raw| {
-                let parsed = decode_json(&raw.5).map(|json| {
-                    match serde_json::from_str::<AgentMessage>(&json) {
-                        Ok(message) => (
-                            message.plain_text(),
-                            crate::blobs::referenced_blobs(&message),
-                        ),
-                        Err(_) => (String::new(), Vec::new()),
-                    }
-                });
-                (raw, parsed)
-            })
-            .collect();
-        for ((id, conversation, agent, role, time_ms, _), parsed) in decoded {
-            let (mut text, blobs) = match parsed {
-                Ok(parsed) => parsed,
-                Err(error) => {
-                    tracing::warn!(message = id, %error, "a stored message cannot be decoded; skipped");
-                    undecodable.push(id);
-                    continue;
-                }
-            };
-            crate::blobs::indexed_text(connection, &mut text, &blobs)?;
-            f(IndexRow {
-                row: IndexedRow::Message(id),
-                conversation,
-                agent,
-                role,
-                time_ms,
-                text,
-            })?;
-        }
-        if row.is_none() {
-            break;
-        }
-    }
-    Ok(undecodable)
-}
-
 /// [`for_each_message_after`], skipping (before parsing them) rows whose JSON fails `keep`.
 pub(crate) fn for_each_message_after_where(
     connection: &Connection,
     after: i64,
-    keep: impl Fn(&str) -> bool,
+    keep: impl Fn(&str) -> bool + Sync,
     f: impl FnMut(IndexRow) -> Result<()>,
 ) -> Result<Vec<i64>> {
     for_each_message_between(connection, after, i64::MAX, keep, f)
@@ -747,13 +665,40 @@ pub(crate) fn index_row(connection: &Connection, row: IndexedRow) -> Result<Opti
     Ok(found)
 }
 
+/// Rows read from SQLite at a time; a batch at least [`PARALLEL_MIN`] long is decoded,
+/// screened, parsed and turned into text across the machine's cores (rayon).
+const BATCH: usize = 2048;
+const PARALLEL_MIN: usize = 64;
+
+/// Streams messages with `after < id <= through` in id order. Rows are read in batches; each
+/// batch is decompressed, screened by `keep` (on the JSON, before parsing), parsed and turned
+/// into text — in parallel for a long batch (catching up, rebuilding) — then the blob text is
+/// added and `f` called, in id order. Returns the ids of rows that could not be decoded.
 fn for_each_message_between(
     connection: &Connection,
     after: i64,
     through: i64,
-    keep: impl Fn(&str) -> bool,
+    keep: impl Fn(&str) -> bool + Sync,
     mut f: impl FnMut(IndexRow) -> Result<()>,
 ) -> Result<Vec<i64>> {
+    use rayon::prelude::*;
+    type Raw = (i64, i64, String, String, i64, Vec<u8>);
+    /// A row's text and the blobs it references (`None`: screened out), or why it cannot be
+    /// decoded.
+    type Parsed = rusqlite::Result<Option<(String, Vec<String>)>>;
+    let parse = |raw: &Raw| -> Parsed {
+        let json = decode_json(&raw.5)?;
+        if !keep(&json) {
+            return Ok(None);
+        }
+        Ok(Some(match serde_json::from_str::<AgentMessage>(&json) {
+            Ok(message) => (
+                message.plain_text(),
+                crate::blobs::referenced_blobs(&message),
+            ),
+            Err(_) => (String::new(), Vec::new()),
+        }))
+    };
     let mut statement = connection.prepare_cached(
         "SELECT m.id, m.conversation_id, c.agent_id, m.role, m.created_at, m.json
          FROM messages m JOIN conversations c ON c.id = m.conversation_id
@@ -761,41 +706,54 @@ fn for_each_message_between(
     )?;
     let mut rows = statement.query([after, through])?;
     let mut undecodable = Vec::new();
-    while let Some(row) = rows.next()? {
-        let id: i64 = row.get(0)?;
-        // One damaged row (a flipped byte in its page) is skipped and named, never a reason
-        // for the rest to go unindexed or unsearched.
-        let decoded = row
-            .get::<_, Vec<u8>>(5)
-            .and_then(|bytes| decode_json(&bytes));
-        let json = match decoded {
-            Ok(json) => json,
-            Err(error) => {
-                tracing::warn!(message = id, %error, "a stored message cannot be decoded; skipped");
-                undecodable.push(id);
+    let mut batch: Vec<Raw> = Vec::new();
+    loop {
+        let row = rows.next()?;
+        if let Some(row) = row {
+            batch.push((
+                row.get(0)?,
+                row.get(1)?,
+                row.get(2)?,
+                row.get(3)?,
+                row.get(4)?,
+                row.get(5)?,
+            ));
+            if batch.len() < BATCH {
                 continue;
             }
+        }
+        let parsed: Vec<Parsed> = if batch.len() >= PARALLEL_MIN {
+            batch.par_iter().map(parse).collect()
+        } else {
+            batch.iter().map(parse).collect()
         };
-        if !keep(&json) {
-            continue;
+        for ((id, conversation, agent, role, time_ms, _), parsed) in
+            std::mem::take(&mut batch).into_iter().zip(parsed)
+        {
+            // One damaged row (a flipped byte in its page) is skipped and named, never a
+            // reason for the rest to go unindexed or unsearched.
+            let (mut text, blobs) = match parsed {
+                Ok(Some(parsed)) => parsed,
+                Ok(None) => continue,
+                Err(error) => {
+                    tracing::warn!(message = id, %error, "a stored message cannot be decoded; skipped");
+                    undecodable.push(id);
+                    continue;
+                }
+            };
+            crate::blobs::indexed_text(connection, &mut text, &blobs)?;
+            f(IndexRow {
+                row: IndexedRow::Message(id),
+                conversation,
+                agent,
+                role,
+                time_ms,
+                text,
+            })?;
         }
-        let mut text = String::new();
-        if let Ok(message) = serde_json::from_str::<AgentMessage>(&json) {
-            text = message.plain_text();
-            crate::blobs::indexed_text(
-                connection,
-                &mut text,
-                &crate::blobs::referenced_blobs(&message),
-            )?;
+        if row.is_none() {
+            break;
         }
-        f(IndexRow {
-            row: IndexedRow::Message(id),
-            conversation: row.get(1)?,
-            agent: row.get(2)?,
-            role: row.get(3)?,
-            time_ms: row.get(4)?,
-            text,
-        })?;
     }
     Ok(undecodable)
 }
@@ -848,7 +806,7 @@ pub(crate) fn integrity_problems(
         ));
     }
     // Damage inside a row's bytes passes quick_check: every stored message must decode.
-    let undecodable = for_each_message_after(connection, 0, |_| Ok(()))?;
+    let undecodable = for_each_message_after_where(connection, 0, |_| false, |_| Ok(()))?;
     if !undecodable.is_empty() {
         let shown: Vec<String> = undecodable.iter().take(10).map(i64::to_string).collect();
         report.problems.push(format!(

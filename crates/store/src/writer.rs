@@ -213,18 +213,10 @@ impl Writer {
         let connection = &self.connection;
         let archived = read::archived_conversations(connection)?;
         let mut add = |row: read::IndexRow| -> Result<()> {
-            // An archived conversation's rows stay out (searches read them from SQLite); the
-            // watermark still passes them.
-            if archived.contains(&row.conversation()) {
-                sink.pass(row.doc().row);
-            } else {
-                sink.add(row.doc())?;
-            }
-            added += 1;
+            added += u64::from(sink.add_unless_archived(&row, &archived)?);
             Ok(())
         };
-        let undecodable =
-            read::for_each_message_after_in_parallel(connection, watermark.messages, &mut add)?;
+        let undecodable = read::for_each_message_after(connection, watermark.messages, &mut add)?;
         read::for_each_summary_after(connection, watermark.summaries, &mut add)?;
         self.note_undecodable(undecodable);
         if added > 0 {
@@ -1037,16 +1029,10 @@ impl Writer {
             |sink| {
                 let mut added = 0;
                 let mut add = |row: read::IndexRow| -> Result<()> {
-                    if archived.contains(&row.conversation()) {
-                        sink.pass(row.doc().row);
-                    } else {
-                        sink.add(row.doc())?;
-                        added += 1;
-                    }
+                    added += u64::from(sink.add_unless_archived(&row, &archived)?);
                     Ok(())
                 };
-                let undecodable =
-                    read::for_each_message_after_in_parallel(connection, 0, &mut add)?;
+                let undecodable = read::for_each_message_after(connection, 0, &mut add)?;
                 read::for_each_summary_after(connection, 0, &mut add)?;
                 Ok((added, undecodable))
             },
@@ -1055,8 +1041,9 @@ impl Writer {
         )?;
         self.sink = Some(sink);
         self.note_undecodable(undecodable);
-        // The rebuilt index holds every row as it is now: queued work is done.
-        self.connection.execute("DELETE FROM index_tasks", [])?;
+        // Queued index work stays queued: a task another process added while the fill read
+        // may name a row the fill saw before it changed; applying it again is harmless.
+        self.apply_index_tasks()?;
         Ok(added)
     }
 
