@@ -17,7 +17,7 @@ const SNIPPET_LEAD: usize = 60;
 const SNIPPET_BYTES: usize = 220;
 /// Bound on the compiled size of a user regex.
 const REGEX_SIZE_LIMIT: usize = 1 << 20;
-/// Bytes of large content one regex search reads at most.
+/// Bytes of large content one search reads at most (to match a regex or place a snippet).
 const REGEX_BLOB_BYTES: usize = 512 * 1024 * 1024;
 /// Longest query, in bytes (any mode).
 pub const MAX_QUERY_BYTES: usize = 4096;
@@ -113,15 +113,20 @@ fn indexed_search(
         }
     }
     let mut hits = Vec::new();
+    let mut budget = REGEX_BLOB_BYTES;
     for (row, score) in rows {
         let hit = match row {
             IndexedRow::Message(id) => match read::message(connection, MessageId(id))? {
-                Some(message) => Some(message_hit(
-                    connection,
-                    message,
-                    score,
-                    highlighter.as_ref(),
-                )?),
+                Some(message) => {
+                    // The index matched: the snippet comes from where the words are.
+                    let found = match highlighter.as_ref() {
+                        Some(regex) => message_match(connection, &message, regex, &mut budget)?,
+                        None => None,
+                    };
+                    let (snippet, file) = found
+                        .unwrap_or_else(|| (snippet(&message.text(), highlighter.as_ref()), None));
+                    Some(message_hit(message, score, snippet, file))
+                }
                 None => None,
             },
             IndexedRow::Summary(id) => read::summary(connection, SummaryRowId(id))?
@@ -263,42 +268,60 @@ fn summary_hit(summary: StoredSummary, score: f32, highlighter: Option<&Regex>) 
     }
 }
 
-/// A hit on a message: the snippet from its own text when the match is there, else from the
-/// first blob it references that matches (named in `file`).
-fn message_hit(
+/// Where `pattern` matches a message: a snippet of its own text, else of the first blob it
+/// references that matches (named as the file) while `budget` (bytes of blob text read by
+/// this search) lasts. `None` when it matches neither.
+fn message_match(
     connection: &Connection,
-    message: StoredMessage,
-    score: f32,
-    highlighter: Option<&Regex>,
-) -> Result<SearchHit> {
+    message: &StoredMessage,
+    pattern: &Regex,
+    budget: &mut usize,
+) -> Result<Option<(String, Option<String>)>> {
     let text = message.text();
-    let mut found = (snippet(&text, highlighter), None);
-    if let Some(regex) = highlighter
-        && !regex.is_match(&text)
-    {
-        for blob in blobs::of_message(connection, message.id.0)? {
-            if let Some(content) = blobs::content(connection, &blob)?
-                && regex.is_match(&content)
-            {
-                found = (snippet(&content, highlighter), Some(blob));
-                break;
-            }
+    if pattern.is_match(&text) {
+        return Ok(Some((snippet(&text, Some(pattern)), None)));
+    }
+    if !message.json.contains(BLOB_ID_KEY) {
+        return Ok(None);
+    }
+    for blob in blobs::of_message(connection, message.id.0)? {
+        if *budget == 0 {
+            tracing::warn!(
+                message = message.id.0,
+                "the search read its budget of large content; later blobs are not searched"
+            );
+            break;
+        }
+        let Some(content) = blobs::content(connection, &blob)? else {
+            continue;
+        };
+        *budget = budget.saturating_sub(content.len());
+        if pattern.is_match(&content) {
+            return Ok(Some((snippet(&content, Some(pattern)), Some(blob))));
         }
     }
-    let (snippet, file) = found;
-    Ok(SearchHit {
-        source: HitSource::Message {
-            id: message.id,
-            seq: message.seq,
-            role: message.role.clone(),
-        },
+    Ok(None)
+}
+
+fn message_hit(
+    message: StoredMessage,
+    score: f32,
+    snippet: String,
+    file: Option<String>,
+) -> SearchHit {
+    SearchHit {
+        snippet,
+        file,
         conversation: message.conversation,
         time_ms: message.created_at_ms,
         score,
-        snippet,
-        file,
         covered_by: None,
-    })
+        source: HitSource::Message {
+            id: message.id,
+            seq: message.seq,
+            role: message.role,
+        },
+    }
 }
 
 fn regex_search(connection: &Connection, query: &SearchQuery) -> Result<Vec<SearchHit>> {
@@ -322,10 +345,10 @@ fn regex_search(connection: &Connection, query: &SearchQuery) -> Result<Vec<Sear
                 query.before_ms,
                 true,
                 |message| {
-                    if let Some(hit) =
-                        regex_message_hit(connection, message, &pattern, &mut budget)?
+                    if let Some((snippet, file)) =
+                        message_match(connection, &message, &pattern, &mut budget)?
                     {
-                        hits.push(hit);
+                        hits.push(message_hit(message, 0.0, snippet, file));
                     }
                     Ok(hits.len() < query.limit)
                 },
@@ -405,52 +428,6 @@ fn holds_sequences(text: &str, wanted: &[Vec<String>]) -> Vec<bool> {
         }
     }
     held
-}
-
-/// A message matching a regex in its own text or in a blob it references; blobs are read
-/// while `budget` (bytes of blob text per query) lasts.
-fn regex_message_hit(
-    connection: &Connection,
-    message: StoredMessage,
-    pattern: &Regex,
-    budget: &mut usize,
-) -> Result<Option<SearchHit>> {
-    let text = message.text();
-    let mut found = pattern
-        .is_match(&text)
-        .then(|| (snippet(&text, Some(pattern)), None));
-    if found.is_none() && message.json.contains(BLOB_ID_KEY) {
-        for blob in blobs::of_message(connection, message.id.0)? {
-            if *budget == 0 {
-                tracing::warn!(
-                    message = message.id.0,
-                    "regex search read its budget of large content; later blobs are not searched"
-                );
-                break;
-            }
-            let Some(content) = blobs::content(connection, &blob)? else {
-                continue;
-            };
-            *budget = budget.saturating_sub(content.len());
-            if pattern.is_match(&content) {
-                found = Some((snippet(&content, Some(pattern)), Some(blob)));
-                break;
-            }
-        }
-    }
-    Ok(found.map(|(snippet, file)| SearchHit {
-        snippet,
-        file,
-        conversation: message.conversation,
-        time_ms: message.created_at_ms,
-        score: 0.0,
-        covered_by: None,
-        source: HitSource::Message {
-            id: message.id,
-            seq: message.seq,
-            role: message.role,
-        },
-    }))
 }
 
 /// A case-insensitive regex matching any word of the query as written: alphabetic words whole
