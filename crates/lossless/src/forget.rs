@@ -355,25 +355,34 @@ impl LosslessEngine {
         &self,
         actions: &[RetentionAction],
     ) -> Result<ReclaimReport, EngineError> {
+        // One listing for all the actions (not one per action).
+        let ids: HashMap<String, ConversationId> = self
+            .store()
+            .conversations(Some(&self.config().agent_id))
+            .await
+            .map_err(|error| store_error("listing conversations", error))?
+            .into_iter()
+            .map(|conversation| (conversation.session_id, conversation.id))
+            .collect();
         for action in actions {
-            match action.action {
-                RetentionKind::Delete => {
-                    let conversation = self.stored_conversation(&action.session_id).await?;
-                    self.store()
-                        .forget(ForgetPlan::whole(conversation.id))
-                        .await
-                        .map_err(|error| store_error("deleting a session", error))?;
-                    self.forget_cached(conversation.id, &action.session_id);
-                }
-                RetentionKind::Archive => {
-                    let conversation = self.stored_conversation(&action.session_id).await?;
-                    self.store()
-                        .set_archived(conversation.id, true)
-                        .await
-                        .map_err(|error| store_error("archiving a session", error))?;
-                    self.forget_cached(conversation.id, &action.session_id);
-                }
-            }
+            let Some(&conversation) = ids.get(&action.session_id) else {
+                // Gone since the plan was made (another process applied it).
+                continue;
+            };
+            let applied = match action.action {
+                RetentionKind::Delete => self
+                    .store()
+                    .forget(ForgetPlan::whole(conversation))
+                    .await
+                    .map(drop),
+                RetentionKind::Archive => self
+                    .store()
+                    .set_archived(conversation, true)
+                    .await
+                    .map(drop),
+            };
+            applied.map_err(|error| store_error("applying retention", error))?;
+            self.forget_cached(conversation, &action.session_id);
         }
         self.reclaim().await
     }
