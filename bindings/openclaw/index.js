@@ -6,7 +6,7 @@
 // dies. Sets become arrays, an AbortSignal becomes `$/cancel`, a spawn rollback becomes a
 // handle, and the host's `runtimeContext.llm.complete` answers the server's `llm.complete`.
 
-import { spawn } from "node:child_process";
+import { spawn, spawnSync } from "node:child_process";
 import { accessSync, constants, statSync } from "node:fs";
 import { createRequire } from "node:module";
 import { createInterface } from "node:readline";
@@ -98,58 +98,42 @@ function limits(params) {
   return found ? { limits: { promptTokenBudget: found.promptTokenBudget, maxOutputTokens: found.maxOutputTokens } } : undefined;
 }
 
-const RECALL_TOOLS = [
-  {
-    name: "vilvona_grep",
-    description:
-      "Search the full conversation history, including parts folded into summaries. Returns matching messages and summaries with snippets.",
-    parameters: {
-      type: "object",
-      properties: {
-        query: { type: "string", description: "Words, a phrase, or a regular expression." },
-        mode: { type: "string", enum: ["text", "phrase", "regex"] },
-        scope: { type: "string", enum: ["messages", "summaries", "both"] },
-        since: { type: ["string", "integer"], description: "RFC 3339 time or milliseconds; inclusive." },
-        before: { type: ["string", "integer"], description: "RFC 3339 time or milliseconds; exclusive." },
-        limit: { type: "integer", minimum: 1, maximum: 50 },
-        order: { type: "string", enum: ["relevance", "recency"] },
-      },
-      required: ["query"],
-    },
-  },
-  {
-    name: "vilvona_describe",
-    description: "Describe a summary, a message, or stored large content by id.",
-    parameters: {
-      type: "object",
-      properties: { id: { type: "string" }, lines: { type: "string" } },
-      required: ["id"],
-    },
-  },
-  {
-    name: "vilvona_expand",
-    description: "Read what a summary covers, within a token cap; pass the cursor to continue.",
-    parameters: {
-      type: "object",
-      properties: { id: { type: "string" }, tokenCap: { type: "integer" }, cursor: { type: "integer" } },
-      required: ["id"],
-    },
-  },
-  {
-    name: "vilvona_expand_query",
-    description:
-      "Answer a question from the full history: searches it for the query, reads what matches within tokenCap, and answers with the ids of the messages the answer rests on.",
-    parameters: {
-      type: "object",
-      properties: {
-        query: { type: "string", description: "Words to search the history for." },
-        question: { type: "string", description: "The question to answer from what is found." },
-        tokenCap: { type: "integer", minimum: 100 },
-      },
-      required: ["query", "question"],
-    },
-  },
-];
+/** vilvona's state directory: the `stateDir` setting, else ~/.vilvona. */
+function stateDirOf(config) {
+  return config.stateDir ?? join(homedir(), ".vilvona");
+}
+
+/**
+ * The tools the engine offers, as `vilvona serve` lists them: `tools/list` before `initialize`
+ * answers from what the engine declares, opening no storage. Asked once per process (register()
+ * runs several times); the engine's own definitions are the only copy.
+ */
+export function declaredTools(proc, run = spawnSync) {
+  if (proc.tools) return proc.tools;
+  const request = { jsonrpc: "2.0", id: 1, method: "tools/list", params: { engineId: "lossless" } };
+  const listed = run(resolveBinary(proc.config), ["--state-dir", stateDirOf(proc.config), "serve", "--stdio"], {
+    input: JSON.stringify(request) + "\n",
+    encoding: "utf8",
+    timeout: 10_000,
+    stdio: ["pipe", "pipe", "ignore"],
+  });
+  const reply = String(listed.stdout ?? "")
+    .split("\n")
+    .map((line) => {
+      try {
+        return JSON.parse(line);
+      } catch {
+        return null;
+      }
+    })
+    .find((message) => message?.id === 1);
+  if (!Array.isArray(reply?.result?.tools)) {
+    const why = listed.error?.message ?? reply?.error?.message ?? `exit status ${listed.status}`;
+    throw new Error(`vilvona: could not list the engine's tools (${why})`);
+  }
+  proc.tools = reply.result.tools;
+  return proc.tools;
+}
 
 class VilvonaProcess {
   constructor(config) {
@@ -160,11 +144,14 @@ class VilvonaProcess {
     this.ready = null;
     this.llm = null;
     this.lastSession = null;
+    // The engine's tool definitions (declaredTools), once listed.
+    this.tools = null;
+    this.toolsRegistered = false;
   }
 
   start() {
     const binary = resolveBinary(this.config);
-    const stateDir = this.config.stateDir ?? join(homedir(), ".vilvona");
+    const stateDir = stateDirOf(this.config);
     const env = { ...process.env };
     if (this.config.log) env.RUST_LOG = this.config.log;
     const child = spawn(binary, ["--state-dir", stateDir, "serve", "--stdio"], {
@@ -323,7 +310,7 @@ function createEngine(proc) {
         // are callable, so the engine's recall guidance applies.
         availableTools: [
           ...Array.from(params.availableTools ?? []),
-          ...(proc.toolsRegistered ? RECALL_TOOLS.map((tool) => tool.name) : []),
+          ...(proc.toolsRegistered ? proc.tools.map((tool) => tool.name) : []),
         ],
         citationsMode: typeof params.citationsMode === "string" ? params.citationsMode : undefined,
         model,
@@ -397,8 +384,15 @@ export default function register(api) {
   const proc = shared(api.pluginConfig);
   api.registerContextEngine(ENGINE_ID, () => createEngine(proc));
   if (typeof api.registerTool === "function") {
-    proc.toolsRegistered = true;
-    for (const tool of RECALL_TOOLS) {
+    let tools = [];
+    try {
+      tools = declaredTools(proc);
+    } catch (error) {
+      // The engine itself reports a missing binary on its first call; the recall tools wait.
+      api.logger?.warn?.(String(error?.message ?? error));
+    }
+    proc.toolsRegistered = tools.length > 0;
+    for (const tool of tools) {
       api.registerTool(
         (toolContext) => ({
           ...tool,

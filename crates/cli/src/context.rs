@@ -103,7 +103,7 @@ async fn build(global: &Global, session: &str, workspace: Option<&Path>) -> Resu
     options.workspace_dir = workspace.map(Path::to_path_buf);
     options.read_only = true;
     let host = global.host_with(options).await?;
-    let (key, record) = find_session(global, &host, session).await?;
+    let (key, record) = find_session(&host, session).await?;
     let estimator = host.estimator().clone();
     let transcript = read_transcript(&record.session_file)?;
     let history: Vec<AgentMessage> = session_messages(&transcript.entries)
@@ -402,10 +402,11 @@ async fn dag(
     out: Option<&Path>,
 ) -> Result<ExitCode> {
     let host = global.reader().await?;
-    let (key, record) = crate::inspect::find_session(global, &host, session).await?;
-    let engine = crate::inspect::lossless(global, &host).await?;
-    let conversation = engine.conversation(&record.session_id, Some(&key)).await?;
-    let view = engine.store().dag_view(conversation.id).await?;
+    let (key, record) = crate::inspect::find_session(&host, session).await?;
+    let view = crate::inspect::admin(&host)
+        .await?
+        .dag(&crate::inspect::caller(&key, &record))
+        .await?;
     match format {
         crate::DagFormat::Dot => {
             let text = crate::dag::dot(&record.session_id, &view);

@@ -8,7 +8,10 @@ use std::fmt::Write as _;
 use std::path::Path;
 
 use anyhow::Result;
-use vilvona_store::{DagSummary, DagView, SummaryRowId};
+use vilvona_core::admin::{DagSummary, DagView};
+
+/// A summary's node number in the DAG.
+type SummaryRowId = i64;
 
 use crate::treemap::{Canvas, HEIGHT, Style, WIDTH, fit};
 

@@ -1,27 +1,19 @@
 //! doctor, compact, the recall tools, stats, sessions, rebuild-index.
 
-use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use anyhow::{Context as _, Result, anyhow, bail};
+use anyhow::{Context as _, Result, anyhow};
 use serde_json::{Value, json};
-use vilvona_lossless::{LosslessConfig, LosslessEngine, ToolCaller};
+use vilvona_core::admin::{EngineAdmin, ToolCaller};
 use vilvona_runtime::sessions::SessionRecord;
-use vilvona_runtime::{Check, Host, doctor as doctor_report};
-use vilvona_store::ItemContent;
-use vilvona_summarize::ExtractiveSummarizer;
+use vilvona_runtime::{Check, Host, HostError, doctor as doctor_report};
 
 use crate::{Global, print_json};
 
 /// A session named by its key or its id: one this host ran, or one an embedding host (the
-/// OpenClaw plugin) stored in the lossless store directly.
-pub(crate) async fn find_session(
-    global: &Global,
-    host: &Host,
-    name: &str,
-) -> Result<(String, SessionRecord)> {
+/// OpenClaw plugin) stored in the engine's history directly.
+pub(crate) async fn find_session(host: &Host, name: &str) -> Result<(String, SessionRecord)> {
     if let Some(record) = host.session(name).await {
         return Ok((name.to_owned(), record));
     }
@@ -33,77 +25,42 @@ pub(crate) async fn find_session(
     {
         return Ok(found);
     }
-    if let Ok(engine) = lossless(global, host).await {
-        let conversations = engine
-            .store()
-            .conversations(Some(&engine.config().agent_id))
-            .await?;
-        if let Some(conversation) = conversations
+    if let Ok(admin) = admin(host).await
+        && let Some(stored) = admin
+            .stored_sessions()
+            .await?
             .into_iter()
-            .find(|c| c.session_id == name || c.session_key.as_deref() == Some(name))
-        {
-            let key = conversation
-                .session_key
-                .clone()
-                .unwrap_or_else(|| conversation.session_id.clone());
-            return Ok((
-                key,
-                SessionRecord {
-                    session_id: conversation.session_id,
-                    ..SessionRecord::default()
-                },
-            ));
-        }
+            .find(|s| s.session_id == name || s.session_key.as_deref() == Some(name))
+    {
+        let key = stored
+            .session_key
+            .clone()
+            .unwrap_or_else(|| stored.session_id.clone());
+        return Ok((
+            key,
+            SessionRecord {
+                session_id: stored.session_id,
+                ..SessionRecord::default()
+            },
+        ));
     }
     Err(anyhow!(
         "unknown session \"{name}\"; `vilvona sessions` lists the stored ones"
     ))
 }
 
-/// The lossless engine over the state dir's store: the host's own when it is the active engine,
-/// else opened read-mostly for inspection.
-pub(crate) async fn lossless(global: &Global, host: &Host) -> Result<LosslessEngine> {
-    if let Some(engine) = host.lossless() {
-        return Ok(engine);
-    }
-    let (config, dir) = lossless_settings(global, host)?;
-    if !dir.join(vilvona_store::DATABASE_FILE).exists() {
-        bail!(
-            "no lossless store in {}; replay a session with `--engine lossless` or select it with plugins.slots.contextEngine",
-            dir.display()
-        );
-    }
-    let estimator = vilvona_summarize::estimator(config.tokenizer, config.tokenizer_multiplier);
-    let summarizer = Arc::new(ExtractiveSummarizer::new(estimator.clone()));
-    if host.options().read_only {
-        LosslessEngine::open_read_only(&dir, config, summarizer, estimator).await
-    } else {
-        LosslessEngine::open(&dir, config, summarizer, estimator).await
-    }
-    .map_err(anyhow::Error::from)
+/// The administration of the engine that keeps the agent's history.
+pub(crate) async fn admin(host: &Host) -> Result<Arc<dyn EngineAdmin>> {
+    let engine = host.history().await?;
+    engine.admin().ok_or_else(|| {
+        anyhow!(
+            "context engine \"{}\" keeps no history to administer",
+            engine.info().id
+        )
+    })
 }
 
-/// The lossless engine's settings and its store directory, as the configuration says.
-fn lossless_settings(global: &Global, host: &Host) -> Result<(LosslessConfig, PathBuf)> {
-    let config = LosslessConfig::from_value(
-        host.config()
-            .entries
-            .get("lossless")
-            .and_then(|entry| entry.config.as_ref()),
-    )
-    .map_err(|problem| anyhow!(problem))?;
-    let dir = match &config.store_dir {
-        Some(dir) => dir.into(),
-        None => global
-            .state_dir
-            .join("agents")
-            .join(&host.options().agent_id)
-            .join("lossless"),
-    };
-    Ok((config, dir))
-}
-
-/// Calls one of the lossless engine's recall tools as the named session would.
+/// Calls a tool of the engine that keeps history, as the named session would.
 async fn call_recall_tool(
     global: &Global,
     session: &str,
@@ -111,18 +68,15 @@ async fn call_recall_tool(
     arguments: &Value,
 ) -> Result<Value> {
     let host = global.reader().await?;
-    let (key, record) = find_session(global, &host, session).await?;
-    let engine = lossless(global, &host).await?;
+    let (key, record) = find_session(&host, session).await?;
+    let engine = host.history().await?;
     Ok(engine
         .call_tool(&caller(&key, &record), tool, arguments)
         .await?)
 }
 
-fn caller(key: &str, record: &SessionRecord) -> ToolCaller {
-    ToolCaller {
-        session_id: record.session_id.clone(),
-        session_key: Some(key.to_owned()),
-    }
+pub(crate) fn caller(key: &str, record: &SessionRecord) -> ToolCaller {
+    ToolCaller::new(record.session_id.clone(), Some(key.to_owned()))
 }
 
 pub(crate) async fn doctor(global: &Global, json: bool, fix: bool) -> Result<ExitCode> {
@@ -139,31 +93,24 @@ pub(crate) async fn doctor(global: &Global, json: bool, fix: bool) -> Result<Exi
     let mut options = global.options();
     options.read_only = true;
     let host = Global::host_as_configured(options).await?;
-    // A store is expected when lossless serves or one exists on disk.
-    let store_expected = host.engine().active_id() == vilvona_lossless::ENGINE_ID
-        || lossless_settings(global, &host)
-            .is_ok_and(|(_, dir)| dir.join(vilvona_store::DATABASE_FILE).exists());
-    match lossless(global, &host).await {
-        // No store and none expected: nothing to check.
-        Err(_) if !store_expected => {}
+    match host.history().await {
+        // No engine keeps history and none failed to open its own: nothing to check.
+        Err(HostError::NoHistory { reasons, .. }) if reasons.is_empty() => {}
         Err(error) => checks.push(Check {
             name: "store integrity".to_owned(),
             ok: false,
-            detail: format!("the store could not be checked: {error:#}"),
+            detail: format!(
+                "the store could not be checked: {}",
+                vilvona_core::error_chain(&error)
+            ),
         }),
-        Ok(engine) => {
-            let report = engine.store().integrity_check().await?;
+        Ok(_) => {
+            let report = admin(&host).await?.check().await?;
             checks.push(Check {
                 name: "store integrity".to_owned(),
                 ok: report.is_healthy(),
                 detail: if report.is_healthy() {
-                    format!(
-                        "{} messages, {} summaries, {} context items, index through message {}",
-                        report.messages,
-                        report.summaries,
-                        report.context_items,
-                        report.indexed_messages_through
-                    )
+                    report.summary
                 } else {
                     report.problems.join("; ")
                 },
@@ -207,7 +154,7 @@ pub(crate) async fn compact(
     json: bool,
 ) -> Result<ExitCode> {
     let host = global.host().await?;
-    let (key, _) = find_session(global, &host, session).await?;
+    let (key, _) = find_session(&host, session).await?;
     let result = host.compact(&key, instructions).await?;
     if json {
         print_json(&serde_json::to_value(&result)?)?;
@@ -374,42 +321,16 @@ pub(crate) async fn ask(
     Ok(ExitCode::SUCCESS)
 }
 
-/// Summaries by depth, context items and tokens of a conversation.
-pub(crate) async fn session_stats(
-    engine: &LosslessEngine,
-    record: &SessionRecord,
-    key: &str,
-) -> Result<Value> {
-    let conversation = engine.conversation(&record.session_id, Some(key)).await?;
-    let store = engine.store();
-    let row = store
-        .conversation_by_id(conversation.id)
-        .await?
-        .context("the conversation disappeared")?;
-    let items = store.context(conversation.id).await?;
-    let mut by_depth: BTreeMap<String, u64> = BTreeMap::new();
-    for item in &items {
-        if let ItemContent::Summary(summary) = &item.content {
-            *by_depth.entry(summary.depth.to_string()).or_default() += 1;
-        }
-    }
-    Ok(json!({
-        "session": record.session_id,
-        "messages": row.stored_messages,
-        "summariesByDepth": by_depth,
-        "contextItems": items.len(),
-        "contextTokens": row.context_tokens,
-    }))
-}
-
 pub(crate) async fn stats(global: &Global, session: &str, json: bool) -> Result<ExitCode> {
     let host = global.reader().await?;
-    let (key, record) = find_session(global, &host, session).await?;
-    let engine = lossless(global, &host).await?;
-    let mut stats = session_stats(&engine, &record, &key).await?;
-    stats["engine"] = json!(vilvona_lossless::ENGINE_ID);
-    stats["databaseBytes"] = json!(engine.store().disk_bytes());
-    stats["indexDocs"] = json!(engine.store().index_doc_count().await?);
+    let (key, record) = find_session(&host, session).await?;
+    let engine = host.history().await?;
+    let admin = admin(&host).await?;
+    let mut stats = serde_json::to_value(admin.session_stats(&caller(&key, &record)).await?)?;
+    let usage = admin.usage().await?;
+    stats["engine"] = json!(engine.info().id);
+    stats["databaseBytes"] = json!(usage.database_bytes);
+    stats["indexDocs"] = json!(usage.index_docs);
     if json {
         print_json(&stats)?;
     } else {
@@ -422,14 +343,15 @@ pub(crate) async fn stats(global: &Global, session: &str, json: bool) -> Result<
 
 pub(crate) async fn sessions(global: &Global, json: bool) -> Result<ExitCode> {
     let host = global.reader().await?;
-    let engine = lossless(global, &host).await.ok();
+    let admin = admin(&host).await.ok();
     let mut rows = Vec::new();
     for (key, record) in host.sessions().await {
-        let messages = match &engine {
-            Some(engine) => session_stats(engine, &record, &key)
+        let messages = match &admin {
+            Some(admin) => admin
+                .session_stats(&caller(&key, &record))
                 .await
                 .ok()
-                .and_then(|s| s["messages"].as_u64()),
+                .map(|stats| stats.messages),
             None => None,
         };
         let messages = match messages {
@@ -473,8 +395,7 @@ pub(crate) async fn sessions(global: &Global, json: bool) -> Result<ExitCode> {
 
 pub(crate) async fn rebuild_index(global: &Global) -> Result<ExitCode> {
     let host = global.host().await?;
-    let engine = lossless(global, &host).await?;
-    let documents = engine.store().rebuild_index().await?;
+    let documents = admin(&host).await?.rebuild_index().await?;
     println!("rebuilt the recall index: {documents} documents");
     Ok(ExitCode::SUCCESS)
 }

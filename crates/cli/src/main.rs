@@ -5,7 +5,6 @@ mod dag;
 mod inspect;
 mod replay;
 mod retention;
-mod serve;
 mod treemap;
 
 use std::path::PathBuf;
@@ -376,7 +375,7 @@ fn version() -> String {
         "{} (commit {}, store schema {})",
         env!("CARGO_PKG_VERSION"),
         env!("VILVONA_COMMIT"),
-        vilvona_store::SCHEMA_VERSION
+        vilvona_runtime::STORE_SCHEMA_VERSION
     )
 }
 
@@ -538,7 +537,15 @@ async fn run(command: Command, global: &Global) -> Result<ExitCode> {
         Command::Plugins {
             action: PluginsAction::Uninstall { id },
         } => uninstall_plugin(global, &id),
-        Command::Serve { stdio: _ } => serve::serve(global).await,
+        Command::Serve { stdio: _ } => {
+            vilvona_runtime::serve::serve(
+                global.state_dir.clone(),
+                tokio::io::BufReader::new(tokio::io::stdin()),
+                tokio::io::stdout(),
+            )
+            .await;
+            Ok(ExitCode::SUCCESS)
+        }
     }
 }
 

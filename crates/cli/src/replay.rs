@@ -8,13 +8,12 @@ use std::time::Instant;
 use anyhow::{Context as _, Result, anyhow};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::{Value, json};
+use vilvona_core::admin::EngineAdmin;
 use vilvona_core::message::AgentMessage;
-use vilvona_lossless::ToolCaller;
 use vilvona_runtime::Host;
-use vilvona_store::ItemContent;
 use vilvona_transcript::{Entry, for_each_turn, read_transcript, session_messages};
 
-use crate::inspect::{lossless, session_stats};
+use crate::inspect::{admin, caller};
 use crate::{Global, print_json, require_file};
 
 /// A recorded turn: its messages and their entry ids.
@@ -61,23 +60,22 @@ async fn replay_turns(
     let started = Instant::now();
     let key = session_id.to_owned();
     let engine_id = host.engine().active_id();
-    let lossless = if engine_id == vilvona_lossless::ENGINE_ID {
-        host.lossless()
-    } else {
-        None
-    };
-    let stored_before = match (&lossless, host.session(&key).await) {
-        (Some(engine), Some(record)) => session_stats(engine, &record, &key).await?["messages"]
-            .as_u64()
-            .unwrap_or(0),
+    // The serving engine's own account of what it stored, when it keeps history.
+    let history = host
+        .engine()
+        .engine
+        .admin()
+        .filter(|_| !host.engine().is_quarantined());
+    let stored_before = match (&history, host.session(&key).await) {
+        (Some(admin), Some(record)) => admin.session_stats(&caller(&key, &record)).await?.messages,
         _ => 0,
     };
     let compactions_before = host
         .session(&key)
         .await
         .map_or(0, |record| record.compaction_count);
-    let summaries_before = match &lossless {
-        Some(engine) => total_summaries(engine).await?,
+    let summaries_before = match &history {
+        Some(admin) => total_summaries(admin.as_ref()).await?,
         None => 0,
     };
     let progress = if show_progress {
@@ -114,15 +112,14 @@ async fn replay_turns(
         .session(&key)
         .await
         .context("the replayed session has no record")?;
-    let (ingested, summaries_by_depth, final_tokens, compactions) = match &lossless {
-        Some(engine) => {
-            let stats = session_stats(engine, &record, &key).await?;
-            let stored = stats["messages"].as_u64().unwrap_or(0);
-            let summaries = total_summaries(engine).await?;
+    let (ingested, summaries_by_depth, final_tokens, compactions) = match &history {
+        Some(admin) => {
+            let stats = admin.session_stats(&caller(&key, &record)).await?;
+            let summaries = total_summaries(admin.as_ref()).await?;
             (
-                stored.saturating_sub(stored_before),
-                stats["summariesByDepth"].clone(),
-                stats["contextTokens"].as_u64().unwrap_or(0),
+                stats.messages.saturating_sub(stored_before),
+                json!(stats.summaries_by_depth),
+                stats.context_tokens,
                 summaries.saturating_sub(summaries_before),
             )
         }
@@ -170,8 +167,8 @@ async fn replay_turns(
 }
 
 /// Every summary the store holds (not only those in a context): the compactions made.
-async fn total_summaries(engine: &vilvona_lossless::LosslessEngine) -> Result<u64> {
-    Ok(engine.store().integrity_check().await?.summaries)
+async fn total_summaries(admin: &dyn EngineAdmin) -> Result<u64> {
+    Ok(admin.check().await?.summaries)
 }
 
 fn print_human(report: &Value) {
@@ -277,42 +274,29 @@ pub(crate) async fn demo(global: &Global, turns: usize) -> Result<ExitCode> {
     println!();
     print_human(&report.json);
 
-    let engine = lossless(&demo_global, &host).await?;
     let record = host
         .session(&report.session_key)
         .await
         .context("the demo session has no record")?;
-    let conversation = engine
-        .conversation(&record.session_id, Some(&report.session_key))
+    let stats = admin(&host)
+        .await?
+        .session_stats(&caller(&report.session_key, &record))
         .await?;
-    let items = engine.store().context(conversation.id).await?;
     println!("\nWhat the model sees now (the context, oldest first):");
-    let mut groups: BTreeMap<String, (usize, u64)> = BTreeMap::new();
-    for item in &items {
-        let group = match &item.content {
-            ItemContent::Summary(summary) => format!("summary, depth {}", summary.depth),
-            ItemContent::Message(message) => format!("message, {}", message.role),
-        };
-        let entry = groups.entry(group).or_default();
-        entry.0 += 1;
-        entry.1 += item.tokens;
+    for (group, items) in &stats.context_by_kind {
+        println!(
+            "  {group:<24} {:>4} items {:>7} tokens",
+            items.items, items.tokens
+        );
     }
-    for (group, (count, tokens)) in &groups {
-        println!("  {group:<24} {count:>4} items {tokens:>7} tokens");
-    }
-    let total: u64 = items.iter().map(|item| item.tokens).sum();
     println!(
-        "  {:<24} {:>4} items {total:>7} tokens of a {} budget",
-        "total",
-        items.len(),
-        report.json["tokenBudget"]
+        "  {:<24} {:>4} items {:>7} tokens of a {} budget",
+        "total", stats.context_items, stats.context_tokens, report.json["tokenBudget"]
     );
 
     println!("\nRecalling planted facts that were folded into summaries:");
-    let caller = ToolCaller {
-        session_id: record.session_id.clone(),
-        session_key: Some(report.session_key.clone()),
-    };
+    let engine = host.history().await?;
+    let caller = caller(&report.session_key, &record);
     let mut shown = 0;
     for needle in workload.needles.iter().take(4) {
         let found = engine

@@ -17,8 +17,9 @@ use common::{command, vilvona};
 fn succeeded(output: &Output, what: &str) -> String {
     assert!(
         output.status.success(),
-        "{what} failed: {}",
-        String::from_utf8_lossy(&output.stderr)
+        "{what} failed: {}{}",
+        String::from_utf8_lossy(&output.stderr),
+        String::from_utf8_lossy(&output.stdout)
     );
     String::from_utf8_lossy(&output.stdout).into_owned()
 }

@@ -1103,6 +1103,14 @@ async fn run_call(engine: &dyn ContextEngine, call: Call) -> Result<(), EngineEr
                     })
                     .await
             }
+            Stage::CallTool => engine
+                .call_tool(
+                    &crate::admin::ToolCaller::new(session_id, None),
+                    "probe",
+                    &serde_json::Value::Null,
+                )
+                .await
+                .map(drop),
             Stage::Resolve | Stage::Factory | Stage::ContractValidation => Ok(()),
         },
     }

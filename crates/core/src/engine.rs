@@ -12,6 +12,7 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::admin::{EngineAdmin, ToolCaller, ToolDefinition};
 use crate::host::HostRequirements;
 use crate::message::AgentMessage;
 
@@ -183,6 +184,10 @@ pub enum EngineError {
     /// The engine's configuration is invalid (raised by factories).
     #[error("invalid configuration: {0}")]
     InvalidConfig(String),
+    /// A request the engine refused as the caller's mistake (an unknown tool, invalid
+    /// arguments, an id out of scope). Never a reason to quarantine an engine.
+    #[error(transparent)]
+    Refused(Box<dyn std::error::Error + Send + Sync>),
     /// Any other failure, with its source.
     #[error("{message}")]
     Failed {
@@ -212,8 +217,23 @@ impl EngineError {
         }
     }
 
+    /// A refusal described by a message.
+    pub fn refused(message: impl Into<String>) -> EngineError {
+        EngineError::Refused(message.into().into())
+    }
+
+    /// True when the caller cancelled the call.
     pub fn is_cancellation(&self) -> bool {
         matches!(self, EngineError::Cancelled)
+    }
+
+    /// True for errors that say nothing about the engine's health: cancellations, refusals
+    /// and optional methods it does not implement.
+    pub fn is_callers_concern(&self) -> bool {
+        matches!(
+            self,
+            EngineError::Cancelled | EngineError::Refused(_) | EngineError::Unsupported { .. }
+        )
     }
 }
 
@@ -801,6 +821,29 @@ pub trait ContextEngine: Send + Sync {
 
     async fn on_subagent_ended(&self, _params: &SubagentEndedParams) -> Result<(), EngineError> {
         Ok(())
+    }
+
+    /// The tools this engine offers the model; none by default.
+    fn tools(&self) -> Vec<ToolDefinition> {
+        Vec::new()
+    }
+
+    /// Calls one of [`tools`](ContextEngine::tools) on behalf of `caller`.
+    async fn call_tool(
+        &self,
+        _caller: &ToolCaller,
+        name: &str,
+        _arguments: &Value,
+    ) -> Result<Value, EngineError> {
+        Err(EngineError::refused(format!(
+            "context engine \"{}\" offers no tool {name:?}",
+            self.info().id
+        )))
+    }
+
+    /// The administration of the history this engine keeps; `None` when it keeps none.
+    fn admin(&self) -> Option<Arc<dyn EngineAdmin>> {
+        None
     }
 
     /// Releases resources at host shutdown or reload (not per session).

@@ -6,12 +6,15 @@
 //!
 //! - [`message`]: OpenClaw agent messages as typed values that round-trip losslessly;
 //! - [`engine`]: the [`ContextEngine`] trait, its parameters and results;
+//! - [`admin`]: the optional members: tools for the model, and the administration of stored
+//!   history;
 //! - [`host`]: host capabilities and the fail-closed host-requirement check;
 //! - [`registry`]: engine registration, slot resolution, quarantine and failure policy;
 //! - [`tokens`] and [`summarize`]: the token-estimation and summarizer seams.
 //!
 //! It does no IO: no files, no network, no database. Engines and hosts live in other crates.
 
+pub mod admin;
 pub mod engine;
 pub mod host;
 pub mod message;
@@ -22,6 +25,7 @@ pub mod tokens;
 #[cfg(feature = "conformance")]
 pub mod conformance;
 
+pub use admin::{EngineAdmin, ToolCaller, ToolDefinition};
 pub use engine::{
     AbortSignal, AfterTurnParams, AssembleParams, AssembleResult, BootstrapParams, BootstrapResult,
     CommitStatus, CommitTurnParams, CommitTurnResult, CompactDetails, CompactParams, CompactReason,

@@ -20,6 +20,7 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::admin::{EngineAdmin, ToolCaller, ToolDefinition};
 use crate::engine::*;
 
 /// The id of the default engine every failure falls back to.
@@ -38,6 +39,9 @@ pub struct FactoryContext {
     /// The host only reads (an inspection command beside a running gateway): the engine opens
     /// its storage without creating anything or taking any writer's lock, and refuses writes.
     pub read_only: bool,
+    /// The host inspects an engine that is not the active one: it opens storage that exists
+    /// and refuses (creating nothing) when there is none.
+    pub existing_only: bool,
 }
 
 /// Creates an engine instance.
@@ -109,10 +113,13 @@ pub enum RegisterError {
 }
 
 /// Options for [`Registry::register_with`].
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct RegisterOptions {
     /// Let the same owner replace its own registration (plugin reload).
     pub allow_same_owner_refresh: bool,
+    /// The tools the engine's instances offer, declared up front (like a plugin manifest's
+    /// tool contracts) so a host can list them before any instance exists.
+    pub tools: Vec<ToolDefinition>,
 }
 
 /// What to do when the selected engine fails.
@@ -148,6 +155,8 @@ pub struct EngineSelection {
     pub workspace_dir: Option<PathBuf>,
     /// Handed to the factory as [`FactoryContext::read_only`].
     pub read_only: bool,
+    /// Handed to the factory as [`FactoryContext::existing_only`].
+    pub existing_only: bool,
 }
 
 impl EngineSelection {
@@ -192,6 +201,7 @@ pub enum Stage {
     CommitTurn,
     PrepareSubagentSpawn,
     OnSubagentEnded,
+    CallTool,
 }
 
 impl Stage {
@@ -210,14 +220,18 @@ impl Stage {
             Stage::CommitTurn => "commitTurn",
             Stage::PrepareSubagentSpawn => "prepareSubagentSpawn",
             Stage::OnSubagentEnded => "onSubagentEnded",
+            Stage::CallTool => "callTool",
         }
     }
 
     /// Failures here are returned to the caller instead of retried on `legacy`: retrying a
     /// compaction or a spawn preparation on another engine would act on state the failed
-    /// engine may already have touched.
+    /// engine may already have touched, and a tool belongs to the engine that offered it.
     fn rethrows(self) -> bool {
-        matches!(self, Stage::Compact | Stage::PrepareSubagentSpawn)
+        matches!(
+            self,
+            Stage::Compact | Stage::PrepareSubagentSpawn | Stage::CallTool
+        )
     }
 }
 
@@ -254,7 +268,7 @@ pub enum ResolveError {
         "Context engine \"{LEGACY_ENGINE_ID}\" is not registered. Available engines: {available}"
     )]
     DefaultNotRegistered { available: String },
-    #[error("the default context engine \"{LEGACY_ENGINE_ID}\" failed to start: {0}")]
+    #[error("the default context engine \"{LEGACY_ENGINE_ID}\" failed to start")]
     DefaultFactory(#[source] EngineError),
     /// Failure policy `strict`: the selected engine failed and nothing was substituted.
     #[error(
@@ -273,6 +287,10 @@ pub enum ResolveError {
         operation: Stage,
         reason: String,
     },
+    /// [`Registry::instantiate`]: the factory declined, as the context allowed it to (no
+    /// storage to open for [`FactoryContext::existing_only`]). Nothing failed.
+    #[error("context engine \"{engine_id}\" declined: {reason}")]
+    Declined { engine_id: String, reason: String },
 }
 
 /// Where the active engine came from.
@@ -334,6 +352,7 @@ impl ResolvedEngine {
 struct Registration {
     owner: Owner,
     factory: EngineFactory,
+    tools: Vec<ToolDefinition>,
 }
 
 #[derive(Default)]
@@ -411,7 +430,14 @@ impl Registry {
                 });
             }
         }
-        engines.insert(id.to_owned(), Registration { owner, factory });
+        engines.insert(
+            id.to_owned(),
+            Registration {
+                owner,
+                factory,
+                tools: options.tools,
+            },
+        );
         drop(engines);
         self.clear_quarantine(id);
         Ok(())
@@ -519,6 +545,17 @@ impl Registry {
         );
     }
 
+    /// The tools a registered engine declared it offers (none for an unknown id).
+    pub fn declared_tools(&self, id: &str) -> Vec<ToolDefinition> {
+        self.state
+            .engines
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(id.trim())
+            .map(|registration| registration.tools.clone())
+            .unwrap_or_default()
+    }
+
     fn registration(&self, id: &str) -> Option<(Owner, EngineFactory)> {
         self.state
             .engines
@@ -555,6 +592,7 @@ impl Registry {
             agent_dir: selection.agent_dir.clone(),
             workspace_dir: selection.workspace_dir.clone(),
             read_only: selection.read_only,
+            existing_only: selection.existing_only,
         };
         factory(context).await.map_err(ResolveError::DefaultFactory)
     }
@@ -613,6 +651,7 @@ impl Registry {
                     agent_dir: selection.agent_dir.clone(),
                     workspace_dir: selection.workspace_dir.clone(),
                     read_only: selection.read_only,
+                    existing_only: selection.existing_only,
                 };
                 match factory(context).await {
                     Err(error) => (Stage::Factory, error_chain(&error)),
@@ -688,10 +727,15 @@ impl Registry {
             agent_dir: selection.agent_dir.clone(),
             workspace_dir: selection.workspace_dir.clone(),
             read_only: selection.read_only,
+            existing_only: selection.existing_only,
         };
-        let engine = factory(context)
-            .await
-            .map_err(|error| unavailable(Stage::Factory, error_chain(&error)))?;
+        let engine = factory(context).await.map_err(|error| match error {
+            EngineError::Refused(reason) => ResolveError::Declined {
+                engine_id: requested.to_owned(),
+                reason: reason.to_string(),
+            },
+            error => unavailable(Stage::Factory, error_chain(&error)),
+        })?;
         match contract_problems(&engine.info()) {
             Some(problems) => Err(unavailable(
                 Stage::ContractValidation,
@@ -860,7 +904,7 @@ impl GuardedEngine {
     /// Decides what follows a failed call: `Err` to return the error as is, `Ok(original)` to
     /// retry on the fallback (returning `original` if that fails too).
     fn after_failure(&self, stage: Stage, error: EngineError) -> Result<EngineError, EngineError> {
-        if error.is_cancellation() || matches!(error, EngineError::Unsupported { .. }) {
+        if error.is_callers_concern() {
             return Err(error);
         }
         self.registry.quarantine(
@@ -960,6 +1004,34 @@ impl ContextEngine for GuardedEngine {
             None,
             on_subagent_ended(params)
         )
+    }
+
+    fn tools(&self) -> Vec<ToolDefinition> {
+        match self.route(Stage::CallTool, None) {
+            Ok(Route::Engine) => self.inner.tools(),
+            Ok(Route::Fallback) => self.fallback.tools(),
+            Err(_) => Vec::new(),
+        }
+    }
+
+    async fn call_tool(
+        &self,
+        caller: &ToolCaller,
+        name: &str,
+        arguments: &Value,
+    ) -> Result<Value, EngineError> {
+        guarded!(
+            self,
+            Stage::CallTool,
+            None,
+            call_tool(caller, name, arguments)
+        )
+    }
+
+    /// The selected engine's administration, quarantined or not: an operator checks and
+    /// repairs the store of an engine that failed.
+    fn admin(&self) -> Option<Arc<dyn EngineAdmin>> {
+        self.inner.admin()
     }
 
     async fn dispose(&self) -> Result<(), EngineError> {

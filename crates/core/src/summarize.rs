@@ -143,3 +143,56 @@ pub trait Summarizer: Send + Sync + fmt::Debug {
         Err(SummarizeError::Unsupported)
     }
 }
+
+/// `summarizer` in an engine's config: `{kind: "extractive"}`, `{kind: "openai", …}`, or
+/// `{kind: "host"}` (the embedding host's own model, e.g. OpenClaw's `llm.complete`).
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", tag = "kind")]
+pub enum SummarizerConfig {
+    /// The offline extractive summarizer.
+    #[default]
+    #[serde(rename = "extractive")]
+    Extractive,
+    /// The embedding host's model.
+    #[serde(rename = "host")]
+    Host,
+    /// An OpenAI-compatible chat-completions endpoint.
+    #[serde(rename = "openai", rename_all = "camelCase")]
+    OpenAi {
+        /// The endpoint's base URL.
+        base_url: String,
+        /// The model asked first.
+        model: String,
+        /// The environment variable holding the API key.
+        #[serde(default)]
+        api_key_env: Option<String>,
+        /// Models asked, in order, when the first fails.
+        #[serde(default)]
+        fallback_models: Vec<String>,
+        /// Time limit of one request.
+        #[serde(default = "default_timeout_ms")]
+        timeout_ms: u64,
+        /// Retries of one model before the next.
+        #[serde(default = "default_retries")]
+        retries: u32,
+        /// The first retry's wait, doubled each time.
+        #[serde(default = "default_backoff_ms")]
+        backoff_ms: u64,
+        /// How long an authentication failure stops requests.
+        #[serde(default = "default_cooldown_ms")]
+        auth_cooldown_ms: u64,
+    },
+}
+
+fn default_timeout_ms() -> u64 {
+    60_000
+}
+fn default_retries() -> u32 {
+    2
+}
+fn default_backoff_ms() -> u64 {
+    500
+}
+fn default_cooldown_ms() -> u64 {
+    300_000
+}

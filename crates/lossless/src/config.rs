@@ -2,9 +2,26 @@
 
 use serde::Deserialize;
 use serde_json::Value;
+use vilvona_core::summarize::SummarizerConfig;
 use vilvona_summarize::TokenizerKind;
 
 use crate::forget::RetentionPolicy;
+
+/// Why `plugins.entries.lossless.config` was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// Not the shape of the settings (unknown key, wrong type).
+    #[error("plugins.entries.lossless.config")]
+    Parse(#[source] serde_json::Error),
+    /// A setting breaks a rule.
+    #[error("plugins.entries.lossless.config.{key} {rule}")]
+    Invalid {
+        /// The setting.
+        key: &'static str,
+        /// What it must be.
+        rule: &'static str,
+    },
+}
 
 /// The engine's settings. Every field has a default; unknown keys are an error (a typo should
 /// not silently fall back to a default).
@@ -50,8 +67,9 @@ pub struct LosslessConfig {
     pub recall_agents: Vec<String>,
     /// Where the store lives; default `<agent dir>/lossless`.
     pub store_dir: Option<String>,
-    /// The summarizer (`{kind: "extractive"}` or a model); read by the host that builds it.
-    pub summarizer: Option<Value>,
+    /// The summarizer (`{kind: "extractive"}`, `{kind: "host"}` or a model), built by the
+    /// host that registers the engine.
+    pub summarizer: Option<SummarizerConfig>,
     /// Archiving, deleting and the size cap, applied by `vilvona retention` and (at most once
     /// a day) by `maintain`.
     pub retention: RetentionPolicy,
@@ -89,19 +107,19 @@ impl Default for LosslessConfig {
 
 impl LosslessConfig {
     /// Parses and validates; the error names the key and what is wrong with it.
-    pub fn from_value(value: Option<&Value>) -> Result<LosslessConfig, String> {
+    pub fn from_value(value: Option<&Value>) -> Result<LosslessConfig, ConfigError> {
         let config: LosslessConfig = match value {
             None | Some(Value::Null) => LosslessConfig::default(),
-            Some(value) => serde_json::from_value(value.clone())
-                .map_err(|error| format!("plugins.entries.lossless.config: {error}"))?,
+            Some(value) => serde_json::from_value(value.clone()).map_err(ConfigError::Parse)?,
         };
         config.validate()?;
         Ok(config)
     }
 
-    pub fn validate(&self) -> Result<(), String> {
+    /// Checks the rules between settings.
+    pub fn validate(&self) -> Result<(), ConfigError> {
         let problem =
-            |key: &str, rule: &str| Err(format!("plugins.entries.lossless.config.{key} {rule}"));
+            |key: &'static str, rule: &'static str| Err(ConfigError::Invalid { key, rule });
         if !(self.context_threshold > 0.0 && self.context_threshold <= 1.0) {
             return problem("contextThreshold", "must be in (0, 1]");
         }

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use serde_json::{Value, json};
+use vilvona_core::admin::{EngineAdmin, ToolCaller, ToolDefinition};
 use vilvona_core::engine::*;
 use vilvona_core::host::{Capability, HostRequirement, Operation};
 use vilvona_core::message::{AgentMessage, ContentBlock, MessageContent};
@@ -23,6 +24,7 @@ use crate::render::{
     DESCRIBE_TOOL, EXPAND_TOOL, GREP_TOOL, RECALL_GUIDANCE, SummaryHeader, describe_content,
     large_content_reference, summary_message, summary_tokens,
 };
+use crate::tools::tool_definitions;
 use crate::units::{Candidate, condense_candidate, fresh_tail_start, leaf_candidate, unit_start};
 
 /// The engine id and the slot value that selects it.
@@ -256,7 +258,14 @@ impl LosslessEngine {
         LosslessEngine::over(store, config, summarizer, estimator)
     }
 
+    /// The store, for this crate and its tests (hosts use the contract's admin interface).
+    #[cfg(any(test, feature = "test-support"))]
     pub fn store(&self) -> &Arc<dyn HistoryStore> {
+        &self.inner.store
+    }
+
+    #[cfg(not(any(test, feature = "test-support")))]
+    pub(crate) fn store(&self) -> &Arc<dyn HistoryStore> {
         &self.inner.store
     }
 
@@ -1489,6 +1498,23 @@ impl ContextEngine for LosslessEngine {
             .await
             .map_err(|error| store_error("revoking grants", error))?;
         Ok(())
+    }
+
+    fn tools(&self) -> Vec<ToolDefinition> {
+        tool_definitions()
+    }
+
+    async fn call_tool(
+        &self,
+        caller: &ToolCaller,
+        name: &str,
+        arguments: &Value,
+    ) -> Result<Value, EngineError> {
+        Ok(LosslessEngine::call_tool(self, caller, name, arguments).await?)
+    }
+
+    fn admin(&self) -> Option<Arc<dyn EngineAdmin>> {
+        Some(self.as_admin())
     }
 
     async fn dispose(&self) -> Result<(), EngineError> {

@@ -56,30 +56,7 @@ pub enum OverCap {
     Delete,
 }
 
-/// One thing retention does.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct RetentionAction {
-    pub session_id: String,
-    pub action: RetentionKind,
-    pub reason: String,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum RetentionKind {
-    Archive,
-    Delete,
-}
-
-/// What forgetting did, with the space reclaimed afterwards.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Forgotten {
-    #[serde(flatten)]
-    pub report: ForgetReport,
-    pub space: ReclaimReport,
-}
+pub use vilvona_core::admin::{Forgotten, RetentionAction, RetentionKind};
 
 impl LosslessEngine {
     /// The stored conversation of a session of this agent, without creating one.

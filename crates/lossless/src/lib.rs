@@ -8,15 +8,20 @@
 //! recovers any detail with the recall tools (`vilvona_grep`, `vilvona_describe`,
 //! `vilvona_expand`). Subagents get scoped, expiring read grants.
 
+mod admin;
 mod config;
 mod engine;
 mod forget;
+mod registration;
 mod render;
 mod tools;
 mod units;
 
-pub use config::LosslessConfig;
+pub use config::{ConfigError, LosslessConfig};
 pub use engine::{CachedSessions, CompactionReport, CompactionRequest, ENGINE_ID, LosslessEngine};
 pub use forget::{Forgotten, OverCap, RetentionAction, RetentionKind, RetentionPolicy};
+pub use registration::{BuildSummarizer, factory};
 pub use render::{DESCRIBE_TOOL, EXPAND_QUERY_TOOL, EXPAND_TOOL, GREP_TOOL, RECALL_GUIDANCE};
-pub use tools::{ToolCaller, ToolDefinition, ToolError, parse_rfc3339, tool_definitions};
+pub use tools::{ToolError, tool_definitions};
+pub use vilvona_core::admin::{ToolCaller, ToolDefinition};
+pub use vilvona_summarize::parse_rfc3339;

@@ -7,11 +7,12 @@
 //! of the agent only when the config allows; other agents only when the config names them; a
 //! subagent also reaches what its live grants allow.
 
-use serde::Serialize;
 use serde_json::{Value, json};
+use vilvona_core::EngineError;
+use vilvona_core::admin::{ToolCaller, ToolDefinition};
 use vilvona_core::summarize::{Evidence, QuestionRequest, SummarizeError, SummaryKind};
 use vilvona_store::*;
-use vilvona_summarize::format_utc_rfc3339;
+use vilvona_summarize::{format_utc_rfc3339, parse_rfc3339};
 
 use crate::engine::{LosslessEngine, now_ms};
 use crate::render::{DESCRIBE_TOOL, EXPAND_QUERY_TOOL, EXPAND_TOOL, GREP_TOOL};
@@ -24,22 +25,14 @@ const ANSWER_TOKENS: u64 = 400;
 /// Most bytes of stored content one `vilvona_describe` call returns.
 const MAX_DESCRIBE_BYTES: usize = 64 * 1024;
 
-/// A tool as a host offers it to a model.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct ToolDefinition {
-    pub name: &'static str,
-    pub description: &'static str,
-    pub parameters: Value,
-}
-
 /// The recall tools.
 pub fn tool_definitions() -> Vec<ToolDefinition> {
     vec![
         ToolDefinition {
-            name: GREP_TOOL,
+            name: GREP_TOOL.to_owned(),
             description: "Search the full conversation history, including parts folded into summaries. \
                           Returns matching messages and summaries with snippets; a message hit names the \
-                          summary that currently covers it.",
+                          summary that currently covers it.".to_owned(),
             parameters: json!({
                 "type": "object",
                 "properties": {
@@ -56,9 +49,9 @@ pub fn tool_definitions() -> Vec<ToolDefinition> {
             }),
         },
         ToolDefinition {
-            name: DESCRIBE_TOOL,
+            name: DESCRIBE_TOOL.to_owned(),
             description: "Describe a summary (depth, time range, tokens, children, covered messages), a \
-                          message, or stored large content (metadata, description, and a range of its lines).",
+                          message, or stored large content (metadata, description, and a range of its lines).".to_owned(),
             parameters: json!({
                 "type": "object",
                 "properties": {
@@ -70,9 +63,9 @@ pub fn tool_definitions() -> Vec<ToolDefinition> {
             }),
         },
         ToolDefinition {
-            name: EXPAND_TOOL,
+            name: EXPAND_TOOL.to_owned(),
             description: "Read what a summary covers: its child summaries, or for a leaf its source messages, \
-                          within a token cap. Pass the returned cursor to continue.",
+                          within a token cap. Pass the returned cursor to continue.".to_owned(),
             parameters: json!({
                 "type": "object",
                 "properties": {
@@ -85,10 +78,10 @@ pub fn tool_definitions() -> Vec<ToolDefinition> {
             }),
         },
         ToolDefinition {
-            name: EXPAND_QUERY_TOOL,
+            name: EXPAND_QUERY_TOOL.to_owned(),
             description: "Answer a question from the full history: searches it for the query, reads the \
                           matching messages and what matching summaries cover (within tokenCap), and \
-                          answers with the ids of the messages the answer rests on.",
+                          answers with the ids of the messages the answer rests on.".to_owned(),
             parameters: json!({
                 "type": "object",
                 "properties": {
@@ -120,13 +113,6 @@ pub enum ToolError {
     Store(#[from] StoreError),
     #[error(transparent)]
     Engine(#[from] vilvona_core::EngineError),
-}
-
-/// Who calls a tool: the session the model runs in.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ToolCaller {
-    pub session_id: String,
-    pub session_key: Option<String>,
 }
 
 /// Where a caller may read.
@@ -162,93 +148,6 @@ fn parse_time(value: Option<&Value>, key: &str) -> Result<Option<i64>, ToolError
             "{key} must be a string or an integer"
         ))),
     }
-}
-
-/// Strict RFC 3339 (`YYYY-MM-DD`, optionally `THH:MM[:SS[.fraction]]` with `Z` or a `±HH:MM`
-/// offset, which is honoured) to milliseconds since the epoch. Years 0000–9999 only; months,
-/// days, hours, minutes and seconds must exist. Anything else is `None`.
-pub fn parse_rfc3339(text: &str) -> Option<i64> {
-    let text = text.trim();
-    let digits = |part: &str, length: usize| -> Option<i64> {
-        (part.len() == length && part.bytes().all(|b| b.is_ascii_digit()))
-            .then(|| part.parse().ok())
-            .flatten()
-    };
-    let (date, rest) = match text.find(['T', 't', ' ']) {
-        Some(at) => (&text[..at], Some(&text[at + 1..])),
-        None => (text, None),
-    };
-    let mut date_parts = date.split('-');
-    let year = digits(date_parts.next()?, 4)?;
-    let month = digits(date_parts.next()?, 2)?;
-    let day = digits(date_parts.next()?, 2)?;
-    if date_parts.next().is_some() || !(1..=12).contains(&month) {
-        return None;
-    }
-    let leap = year % 4 == 0 && (year % 100 != 0 || year % 400 == 0);
-    let month_days = [
-        31,
-        if leap { 29 } else { 28 },
-        31,
-        30,
-        31,
-        30,
-        31,
-        31,
-        30,
-        31,
-        30,
-        31,
-    ];
-    if day < 1 || day > month_days[(month - 1) as usize] {
-        return None;
-    }
-    let (mut seconds_of_day, mut offset_seconds, mut millis) = (0, 0, 0);
-    if let Some(rest) = rest {
-        let (clock, zone) = match rest.find(['Z', 'z', '+', '-']) {
-            Some(at) => (&rest[..at], &rest[at..]),
-            None => (rest, ""),
-        };
-        let (clock, fraction) = clock.split_once('.').unwrap_or((clock, ""));
-        let mut clock_parts = clock.split(':');
-        let hour = digits(clock_parts.next()?, 2)?;
-        let minute = digits(clock_parts.next()?, 2)?;
-        let second = match clock_parts.next() {
-            Some(part) => digits(part, 2)?,
-            None => 0,
-        };
-        if clock_parts.next().is_some() || hour > 23 || minute > 59 || second > 60 {
-            return None;
-        }
-        if !fraction.is_empty() {
-            if fraction.len() > 9 || !fraction.bytes().all(|b| b.is_ascii_digit()) {
-                return None;
-            }
-            millis = format!("{fraction:0<3}")[..3].parse().ok()?;
-        }
-        seconds_of_day = hour * 3600 + minute * 60 + second.min(59);
-        offset_seconds = match zone {
-            "" | "Z" | "z" => 0,
-            zone => {
-                let sign = if zone.starts_with('-') { -1 } else { 1 };
-                let (hours, minutes) = zone[1..].split_once(':')?;
-                let (hours, minutes) = (digits(hours, 2)?, digits(minutes, 2)?);
-                if hours > 23 || minutes > 59 {
-                    return None;
-                }
-                sign * (hours * 3600 + minutes * 60)
-            }
-        };
-    }
-    // Days from civil (Hinnant); the ranges above keep every product in range.
-    let y = if month <= 2 { year - 1 } else { year };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let mp = (month + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + day - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    let days = era * 146_097 + doe - 719_468;
-    Some((days * 86_400 + seconds_of_day - offset_seconds) * 1000 + millis)
 }
 
 fn argument<'a>(arguments: &'a Value, key: &str) -> Option<&'a Value> {
@@ -303,12 +202,17 @@ fn time(ms: Option<i64>) -> Value {
     ms.map_or(Value::Null, |ms| Value::String(format_utc_rfc3339(ms)))
 }
 
-impl LosslessEngine {
-    /// The recall tools' definitions.
-    pub fn tools(&self) -> Vec<ToolDefinition> {
-        tool_definitions()
+impl From<ToolError> for EngineError {
+    /// A refusal is the caller's concern; a store failure is the engine's.
+    fn from(error: ToolError) -> EngineError {
+        match error {
+            ToolError::Store(error) => EngineError::caused_by("lossless recall", error),
+            refused => EngineError::Refused(Box::new(refused)),
+        }
     }
+}
 
+impl LosslessEngine {
     /// Calls a recall tool for `caller`.
     pub async fn call_tool(
         &self,
@@ -834,34 +738,5 @@ impl LosslessEngine {
             "tokens": used,
             "answeredBy": answer.answered_by,
         }))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::parse_rfc3339;
-
-    #[test]
-    fn dates_are_strict_rfc3339_with_offsets_honoured() {
-        let nine = parse_rfc3339("2026-03-02T09:00:00Z").unwrap();
-        assert_eq!(nine, 1_772_442_000_000);
-        for (text, expected) in [
-            ("2026-03-02", Some(nine - 9 * 3_600_000)),
-            ("2026-03-02T11:00:00+02:00", Some(nine)),
-            ("2026-03-02T04:30-04:30", Some(nine)),
-            ("2026-03-02T09:00:00.5Z", Some(nine + 500)),
-            ("2024-02-29T00:00:00Z", parse_rfc3339("2024-02-29")),
-            ("9223372036854775807-01-01", None),
-            ("2026-99-01", None),
-            ("2026-02-30", None),
-            ("2023-02-29", None),
-            ("2026-03-02T25:00:00Z", None),
-            ("2026-03-02T09:00:00+24:00", None),
-            ("2026-3-2", None),
-            ("yesterday", None),
-            ("", None),
-        ] {
-            assert_eq!(parse_rfc3339(text), expected, "{text}");
-        }
     }
 }

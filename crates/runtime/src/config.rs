@@ -319,6 +319,7 @@ impl HostConfig {
             agent_dir,
             workspace_dir,
             read_only: false,
+            existing_only: false,
         }
     }
 

@@ -16,19 +16,19 @@ use tokio::sync::Mutex;
 use vilvona_core::engine::*;
 use vilvona_core::host::{HostProfile, Operation, check_host_support};
 use vilvona_core::message::AgentMessage;
-use vilvona_core::registry::{Owner, Registry, ResolvedEngine, engine_factory};
+use vilvona_core::registry::{
+    Owner, RegisterOptions, Registry, ResolvedEngine, engine_factory, error_chain,
+};
 use vilvona_core::summarize::Summarizer;
 use vilvona_core::tokens::{HeuristicEstimator, TokenEstimator};
 use vilvona_legacy::{CompactionRequest, CompactionSettings, LegacyEngine, compact_transcript};
 use vilvona_summarize::{ExtractiveSummarizer, format_utc_rfc3339};
 use vilvona_transcript::{SessionHeader, TranscriptWriter, read_transcript, session_messages};
 
-use vilvona_lossless::{LosslessConfig, LosslessEngine};
-
 use crate::config::{ConfigError, HostConfig};
 use crate::memory::{MemoryProvider, build_memory_system_prompt_addition};
 use crate::model::{Model, ModelError, ModelRequest, ToolSpec};
-use crate::model_summarizer::{SummarizerConfig, summarizer_from_config};
+use crate::model_summarizer::summarizer_from_config;
 use crate::pruning::prune_tool_results;
 use crate::sessions::{SessionRecord, SessionStore, SessionStoreError, now_ms};
 use crate::workspace::{SystemPrompt, build_system_prompt};
@@ -63,6 +63,17 @@ pub enum HostError {
     Overflow(String),
     #[error("unknown session \"{0}\"")]
     UnknownSession(String),
+    /// No engine keeps history for this agent; `reasons` are the failures of engines that
+    /// may have (empty when none has any stored).
+    #[error(
+        "no engine keeps history in {}{}; select one with plugins.slots.contextEngine or replay a session with `--engine lossless`",
+        state_dir.display(),
+        reasons.iter().map(|reason| format!(" ({reason})")).collect::<String>()
+    )]
+    NoHistory {
+        state_dir: PathBuf,
+        reasons: Vec<String>,
+    },
     #[error("{0}")]
     Invalid(String),
 }
@@ -107,6 +118,12 @@ impl HostOptions {
             read_only: false,
             require_selected: false,
         }
+    }
+
+    /// The agent's directory: `<state dir>/agents/<agent id>`. Engines keep their storage
+    /// under it unless their settings say otherwise.
+    pub fn agent_dir(&self) -> PathBuf {
+        self.state_dir.join("agents").join(&self.agent_id)
     }
 
     pub fn config_path(&self) -> PathBuf {
@@ -193,7 +210,8 @@ pub struct Host {
     estimator: Arc<dyn TokenEstimator>,
     summarizer: Arc<dyn Summarizer>,
     memory: Option<Arc<dyn MemoryProvider>>,
-    lossless: Arc<StdMutex<Option<LosslessEngine>>>,
+    /// The engine that keeps the agent's history, once looked for ([`Host::history`]).
+    history: tokio::sync::OnceCell<Arc<dyn ContextEngine>>,
 }
 
 impl std::fmt::Debug for Host {
@@ -206,50 +224,23 @@ impl std::fmt::Debug for Host {
 }
 
 /// Registers the built-in `lossless` engine (owner `plugin:lossless`, settings from
-/// `plugins.entries.lossless.config`). The engine instance the factory builds is also kept in
-/// `handle`, so the host and the command line can call its recall tools.
+/// `plugins.entries.lossless.config`). The summarizer its settings name is built here: models
+/// are the host's to reach (`host_model` is the embedding host's own, when it offers one).
 pub fn register_lossless(
     registry: &Registry,
-    handle: Arc<StdMutex<Option<LosslessEngine>>>,
     host_model: Option<Arc<dyn Summarizer>>,
 ) -> Result<(), vilvona_core::registry::RegisterError> {
-    registry.register(
+    registry.register_with(
         vilvona_lossless::ENGINE_ID,
         Owner::plugin(vilvona_lossless::ENGINE_ID),
-        engine_factory(move |context| {
-            let handle = handle.clone();
-            let host_model = host_model.clone();
-            async move {
-                let config = LosslessConfig::from_value(context.config.as_ref())
-                    .map_err(EngineError::InvalidConfig)?;
-                let estimator =
-                    vilvona_summarize::estimator(config.tokenizer, config.tokenizer_multiplier);
-                let summarizer_config: SummarizerConfig = match &config.summarizer {
-                    None => SummarizerConfig::Extractive,
-                    Some(value) => serde_json::from_value(value.clone()).map_err(|error| {
-                        EngineError::InvalidConfig(format!(
-                            "plugins.entries.lossless.config.summarizer: {error}"
-                        ))
-                    })?,
-                };
-                let summarizer =
-                    summarizer_from_config(&summarizer_config, estimator.clone(), host_model)
-                        .map_err(|error| EngineError::InvalidConfig(error.to_string()))?;
-                let dir = match (&config.store_dir, &context.agent_dir) {
-                    (Some(dir), _) => PathBuf::from(dir),
-                    (None, Some(agent_dir)) => agent_dir.join("lossless"),
-                    (None, None) => PathBuf::from("lossless"),
-                };
-                let engine = if context.read_only {
-                    LosslessEngine::open_read_only(&dir, config, summarizer, estimator).await?
-                } else {
-                    LosslessEngine::open(&dir, config, summarizer, estimator).await?
-                };
-                *handle.lock().unwrap_or_else(PoisonError::into_inner) = Some(engine.clone());
-                let engine: Arc<dyn ContextEngine> = Arc::new(engine);
-                Ok(engine)
-            }
-        }),
+        vilvona_lossless::factory(Arc::new(move |config, estimator| {
+            summarizer_from_config(config, estimator, host_model.clone())
+                .map_err(|error| EngineError::InvalidConfig(error_chain(&error)))
+        })),
+        RegisterOptions {
+            tools: vilvona_lossless::tool_definitions(),
+            ..RegisterOptions::default()
+        },
     )
 }
 
@@ -309,14 +300,11 @@ impl Host {
         let registry = Registry::new();
         register_legacy(&registry, &config, summarizer.clone(), estimator.clone())
             .map_err(|error| HostError::Invalid(error.to_string()))?;
-        let lossless = Arc::new(StdMutex::new(None));
-        register_lossless(&registry, lossless.clone(), None)
+        register_lossless(&registry, None)
             .map_err(|error| HostError::Invalid(error.to_string()))?;
         register(&registry, &config)?;
-        let mut selection = config.engine_selection(
-            Some(options.state_dir.join("agents").join(&options.agent_id)),
-            options.workspace_dir.clone(),
-        );
+        let mut selection =
+            config.engine_selection(Some(options.agent_dir()), options.workspace_dir.clone());
         selection.read_only = options.read_only;
         let engine = if options.require_selected {
             registry.resolve_required(&selection).await?
@@ -326,24 +314,18 @@ impl Host {
         tracing::info!(engine = %engine.active_id(), selected = %engine.selected_id, "context engine resolved");
         let sessions = SessionStore::open(&options.state_dir)?;
         let mut options = options;
-        if lossless
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .is_some()
-        {
-            // The model is offered the recall tools of the engine that serves.
-            for tool in vilvona_lossless::tool_definitions() {
-                if !options
-                    .tools
-                    .iter()
-                    .any(|existing| existing.name == tool.name)
-                {
-                    options.tools.push(ToolSpec {
-                        name: tool.name.to_owned(),
-                        description: tool.description.to_owned(),
-                        parameters: tool.parameters,
-                    });
-                }
+        // The model is offered the tools of the engine that serves.
+        for tool in engine.engine.tools() {
+            if !options
+                .tools
+                .iter()
+                .any(|existing| existing.name == tool.name)
+            {
+                options.tools.push(ToolSpec {
+                    name: tool.name,
+                    description: tool.description,
+                    parameters: tool.parameters,
+                });
             }
         }
         Ok(Host {
@@ -356,7 +338,7 @@ impl Host {
             estimator,
             summarizer,
             memory: None,
-            lossless,
+            history: tokio::sync::OnceCell::new(),
         })
     }
 
@@ -387,12 +369,44 @@ impl Host {
         &self.engine
     }
 
-    /// The lossless engine, when the slot selected it and it started.
-    pub fn lossless(&self) -> Option<LosslessEngine> {
-        self.lossless
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+    /// The engine that keeps this agent's history, for recall and administration: the active
+    /// engine when it has an [`EngineAdmin`](vilvona_core::EngineAdmin), else the first other
+    /// registered engine whose stored history exists, opened as this host opens (read-only
+    /// when it is) and never creating storage.
+    pub async fn history(&self) -> Result<Arc<dyn ContextEngine>, HostError> {
+        self.history
+            .get_or_try_init(|| self.find_history())
+            .await
+            .cloned()
+    }
+
+    async fn find_history(&self) -> Result<Arc<dyn ContextEngine>, HostError> {
+        if self.engine.engine.admin().is_some() {
+            return Ok(self.engine.engine.clone());
+        }
+        let active = self.engine.active_id();
+        let mut reasons = Vec::new();
+        for registered in self.registry.engines() {
+            if registered.id == active || registered.id == vilvona_core::LEGACY_ENGINE_ID {
+                continue;
+            }
+            let mut selection = self.config.engine_selection(
+                Some(self.options.agent_dir()),
+                self.options.workspace_dir.clone(),
+            );
+            selection.slot = Some(registered.id.clone());
+            selection.read_only = self.options.read_only;
+            selection.existing_only = true;
+            match self.registry.instantiate(&selection).await {
+                Ok(engine) if engine.admin().is_some() => return Ok(engine),
+                Ok(_) | Err(vilvona_core::registry::ResolveError::Declined { .. }) => {}
+                Err(error) => reasons.push(error_chain(&error)),
+            }
+        }
+        Err(HostError::NoHistory {
+            state_dir: self.options.state_dir.clone(),
+            reasons,
+        })
     }
 
     pub fn estimator(&self) -> &Arc<dyn TokenEstimator> {

@@ -18,6 +18,7 @@ pub mod openai;
 pub mod privacy;
 pub mod pruning;
 pub mod sdk;
+pub mod serve;
 pub mod sessions;
 pub mod workspace;
 
@@ -25,3 +26,5 @@ pub use config::{HostConfig, reset_context_engine_slot};
 pub use doctor::{Check, DoctorReport, doctor};
 pub use host::{Host, HostError, HostOptions, SubagentSpawn, TurnReport, default_state_dir};
 pub use model::{Model, ModelError, ModelRequest, ModelResponse, ToolSpec};
+/// The schema version of the stores this build reads and writes.
+pub use vilvona_store::SCHEMA_VERSION as STORE_SCHEMA_VERSION;

@@ -20,47 +20,7 @@ use crate::config::ModelConfig;
 use crate::model::ModelError;
 use crate::openai::OpenAiClient;
 
-/// `summarizer` in an engine's config: `{kind: "extractive"}`, `{kind: "openai", …}`, or
-/// `{kind: "host"}` (the embedding host's own model, e.g. OpenClaw's `llm.complete`).
-#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
-#[serde(rename_all = "camelCase", tag = "kind")]
-pub enum SummarizerConfig {
-    #[default]
-    #[serde(rename = "extractive")]
-    Extractive,
-    #[serde(rename = "host")]
-    Host,
-    #[serde(rename = "openai", rename_all = "camelCase")]
-    OpenAi {
-        base_url: String,
-        model: String,
-        #[serde(default)]
-        api_key_env: Option<String>,
-        #[serde(default)]
-        fallback_models: Vec<String>,
-        #[serde(default = "default_timeout_ms")]
-        timeout_ms: u64,
-        #[serde(default = "default_retries")]
-        retries: u32,
-        #[serde(default = "default_backoff_ms")]
-        backoff_ms: u64,
-        #[serde(default = "default_cooldown_ms")]
-        auth_cooldown_ms: u64,
-    },
-}
-
-fn default_timeout_ms() -> u64 {
-    60_000
-}
-fn default_retries() -> u32 {
-    2
-}
-fn default_backoff_ms() -> u64 {
-    500
-}
-fn default_cooldown_ms() -> u64 {
-    300_000
-}
+pub use vilvona_core::summarize::SummarizerConfig;
 
 /// Builds the configured summarizer; the model-backed one degrades to the extractive default.
 pub fn summarizer_from_config(
@@ -181,6 +141,12 @@ impl ModelSummarizer {
             .lock()
             .unwrap_or_else(PoisonError::into_inner) = Some(Instant::now() + self.auth_cooldown);
     }
+}
+
+/// The system and user prompts that ask a model for a summary (shared by every model-backed
+/// summarizer: an OpenAI-compatible endpoint, the embedding host's model).
+pub fn summary_prompts(request: &SummaryRequest) -> (String, String) {
+    (system_prompt(request), user_prompt(request))
 }
 
 fn system_prompt(request: &SummaryRequest) -> String {

@@ -1,13 +1,12 @@
 //! The summary DAG as a graph (petgraph), built from the edge table: the structural checks of
 //! the integrity report, and the view `vilvona context dag` draws.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::HashSet;
 
 use petgraph::algo::is_cyclic_directed;
 use petgraph::graphmap::DiGraphMap;
 use petgraph::visit::Dfs;
 use rusqlite::{Connection, params};
-use serde::Serialize;
 
 use crate::error::Result;
 use crate::types::*;
@@ -97,42 +96,7 @@ pub(crate) fn structure_problems(connection: &Connection) -> Result<Vec<String>>
     Ok(problems)
 }
 
-/// A summary in the DAG view.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct DagSummary {
-    pub row_id: SummaryRowId,
-    pub summary_id: String,
-    pub depth: u32,
-    pub kind: String,
-    pub tokens: u64,
-    /// Whether the context holds it (a top of the DAG).
-    pub in_context: bool,
-    /// Its children: summaries by row id; messages counted.
-    pub child_summaries: Vec<SummaryRowId>,
-    pub child_messages: u64,
-    pub child_message_tokens: u64,
-}
-
-/// A conversation's DAG: its summaries, and the messages the context holds raw.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct DagView {
-    pub summaries: Vec<DagSummary>,
-    pub raw_messages: u64,
-    pub raw_message_tokens: u64,
-}
-
-impl DagView {
-    /// Summaries by depth, deepest first.
-    pub fn by_depth(&self) -> BTreeMap<u32, Vec<&DagSummary>> {
-        let mut levels: BTreeMap<u32, Vec<&DagSummary>> = BTreeMap::new();
-        for summary in &self.summaries {
-            levels.entry(summary.depth).or_default().push(summary);
-        }
-        levels
-    }
-}
+pub use vilvona_core::admin::{DagSummary, DagView};
 
 pub(crate) fn view(connection: &Connection, conversation: ConversationId) -> Result<DagView> {
     let mut view = DagView::default();
@@ -147,7 +111,7 @@ pub(crate) fn view(connection: &Connection, conversation: ConversationId) -> Res
     )?;
     let rows = statement.query_map([conversation.0], |row| {
         Ok(DagSummary {
-            row_id: SummaryRowId(row.get(0)?),
+            row_id: row.get(0)?,
             summary_id: row.get(1)?,
             depth: row.get(2)?,
             kind: row.get(3)?,
@@ -167,9 +131,7 @@ pub(crate) fn view(connection: &Connection, conversation: ConversationId) -> Res
     )?;
     for summary in &mut view.summaries {
         summary.child_summaries = children
-            .query_map(params![summary.row_id.0], |row| {
-                row.get(0).map(SummaryRowId)
-            })?
+            .query_map(params![summary.row_id], |row| row.get(0))?
             .collect::<rusqlite::Result<_>>()?;
     }
     let (count, tokens): (i64, i64) = connection.query_row(

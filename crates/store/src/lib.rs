@@ -818,6 +818,10 @@ impl HistoryStore for Store {
         let index = self.inner.index.as_ref().map(|slot| slot.current());
         let index_problem = self.inner.index_problem.clone();
         self.read(move |connection| {
+            // One snapshot for every statement: a writer's compaction between two of them
+            // (a summary added, the context rewritten) would otherwise look like damage.
+            let snapshot = connection.unchecked_transaction()?;
+            let connection: &Connection = &snapshot;
             let mut report = IntegrityReport::default();
             read::integrity_problems(connection, &mut report)?;
             if let Some(problem) = index_problem {

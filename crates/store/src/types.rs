@@ -330,26 +330,7 @@ impl ForgetPlan {
     }
 }
 
-/// What forgetting removed.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ForgetReport {
-    pub messages: u64,
-    pub summaries_removed: u64,
-    pub summaries_rewritten: u64,
-    pub context_items: u64,
-    pub blobs: u64,
-    /// Other conversations whose context held forgotten rows by reference.
-    pub conversations_touched: u64,
-}
-
-/// Space on disk before and after reclaiming it.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ReclaimReport {
-    pub bytes_before: u64,
-    pub bytes_after: u64,
-}
+pub use vilvona_core::admin::{ForgetReport, ReclaimReport};
 
 /// Content too large for the context, stored once.
 #[derive(Clone, Debug, PartialEq, Eq)]

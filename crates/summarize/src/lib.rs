@@ -19,7 +19,7 @@ mod truncate;
 pub use answer::extractive_answer;
 pub use extractive::{EXPAND_FOOTER, ExtractiveSummarizer, PINNED_PREFIX};
 pub use identifiers::identifiers;
-pub use time::{format_utc_minutes, format_utc_rfc3339};
+pub use time::{format_utc_minutes, format_utc_rfc3339, parse_rfc3339};
 pub use tokenizer::{BpeEstimator, TokenizerKind, estimator};
 pub use truncate::{FALLBACK_MARKER, truncate};
 

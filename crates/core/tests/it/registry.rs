@@ -95,6 +95,7 @@ fn an_owner_cannot_take_another_owners_id() {
             legacy_stand_in_factory(),
             RegisterOptions {
                 allow_same_owner_refresh: true,
+                ..RegisterOptions::default()
             },
         )
         .unwrap();
@@ -199,6 +200,7 @@ async fn a_quarantine_records_engine_owner_operation_reason_and_time() {
             probe_factory(ProbeEngine::default),
             RegisterOptions {
                 allow_same_owner_refresh: true,
+                ..RegisterOptions::default()
             },
         )
         .unwrap();

@@ -31,7 +31,7 @@ async fn the_contract_holds_through_the_runtime_host() {
         .unwrap();
     assert_eq!(host.engine().active_id(), "lossless");
     assert!(host.registry().quarantines().is_empty());
-    assert!(host.lossless().is_some());
+    assert!(host.engine().engine.admin().is_some());
     check_contract(
         &*host.engine().engine,
         &SessionFixture::new("through-host"),

@@ -1,0 +1,266 @@
+//! What an engine offers besides the turn lifecycle: tools the model can call, and the
+//! administration of the history it keeps.
+//!
+//! Both are optional members of [`ContextEngine`](crate::ContextEngine): an engine without
+//! tools returns none, an engine that keeps no history has no [`EngineAdmin`]. Hosts reach
+//! them through the quarantine guard like every other call, so a host never needs an engine's
+//! concrete type to offer its tools or check its store.
+
+use std::collections::BTreeMap;
+
+use async_trait::async_trait;
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::engine::EngineError;
+
+/// A tool as a host offers it to a model: its name, what it does, and the JSON schema of its
+/// arguments.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ToolDefinition {
+    /// The name the model calls it by.
+    pub name: String,
+    /// What it does, for the model.
+    pub description: String,
+    /// The JSON schema of its arguments.
+    pub parameters: Value,
+}
+
+/// The session on whose behalf a tool is called; engines scope what a tool reads by it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ToolCaller {
+    /// The calling session's id.
+    pub session_id: String,
+    /// The calling session's key, when the host has one.
+    pub session_key: Option<String>,
+}
+
+impl ToolCaller {
+    /// A caller named by its session id and, optionally, key.
+    pub fn new(session_id: impl Into<String>, session_key: Option<String>) -> ToolCaller {
+        ToolCaller {
+            session_id: session_id.into(),
+            session_key,
+        }
+    }
+}
+
+/// The result of checking an engine's storage.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StorageCheck {
+    /// One line on what was checked, e.g. counts of rows.
+    pub summary: String,
+    /// Summaries the store holds.
+    pub summaries: u64,
+    /// What is wrong; empty when healthy.
+    pub problems: Vec<String>,
+}
+
+impl StorageCheck {
+    /// True when the check found nothing wrong.
+    pub fn is_healthy(&self) -> bool {
+        self.problems.is_empty()
+    }
+}
+
+/// How much an engine's storage holds on disk.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StorageUsage {
+    /// Bytes of the database files.
+    pub database_bytes: u64,
+    /// Documents in the recall index.
+    pub index_docs: u64,
+}
+
+/// A session whose history the engine keeps.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StoredSession {
+    /// The session id.
+    pub session_id: String,
+    /// The session key, when one was given.
+    pub session_key: Option<String>,
+}
+
+/// What the engine keeps of one session.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionStats {
+    /// The session id.
+    pub session: String,
+    /// Messages held (forgotten ones excluded).
+    pub messages: u64,
+    /// Summaries in the context, by depth.
+    pub summaries_by_depth: BTreeMap<String, u64>,
+    /// Items of the context.
+    pub context_items: u64,
+    /// Tokens of the context.
+    pub context_tokens: u64,
+    /// The context's items grouped by kind (`summary, depth 0`, `message, user`).
+    pub context_by_kind: BTreeMap<String, ItemGroup>,
+}
+
+/// Items of one kind in a context.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ItemGroup {
+    /// How many.
+    pub items: u64,
+    /// Their tokens.
+    pub tokens: u64,
+}
+
+/// What a forget removed from the store.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ForgetReport {
+    /// Messages removed.
+    pub messages: u64,
+    /// Summaries removed (nothing remained below them).
+    pub summaries_removed: u64,
+    /// Summaries rewritten from what remained below them.
+    pub summaries_rewritten: u64,
+    /// Context items removed.
+    pub context_items: u64,
+    /// Stored files removed (no other message referenced them).
+    pub blobs: u64,
+    /// Other conversations whose context held forgotten rows by reference.
+    pub conversations_touched: u64,
+}
+
+/// Space on disk before and after reclaiming it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ReclaimReport {
+    /// Bytes before.
+    pub bytes_before: u64,
+    /// Bytes after.
+    pub bytes_after: u64,
+}
+
+/// What forgetting did, with the space reclaimed afterwards.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Forgotten {
+    /// What was removed.
+    #[serde(flatten)]
+    pub report: ForgetReport,
+    /// The space reclaimed.
+    pub space: ReclaimReport,
+}
+
+/// What retention does to one session.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RetentionKind {
+    /// Kept, out of the recall index.
+    Archive,
+    /// Forgotten.
+    Delete,
+}
+
+/// One thing retention does.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RetentionAction {
+    /// The session it acts on.
+    pub session_id: String,
+    /// What it does.
+    pub action: RetentionKind,
+    /// Why, in words.
+    pub reason: String,
+}
+
+/// What a retention run found and did.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RetentionRun {
+    /// The policy, as configured.
+    pub policy: Value,
+    /// What it does (or would do, on a dry run).
+    pub actions: Vec<RetentionAction>,
+    /// The space reclaimed, when anything was done.
+    pub space: Option<ReclaimReport>,
+}
+
+/// A summary in a conversation's DAG.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DagSummary {
+    /// The node's number, unique within the store.
+    pub row_id: i64,
+    /// The id the recall tools know it by (`sum_…`).
+    pub summary_id: String,
+    /// 0 for a leaf over messages.
+    pub depth: u32,
+    /// `leaf` or `condensed`.
+    pub kind: String,
+    /// Tokens of its text.
+    pub tokens: u64,
+    /// Whether the context holds it (a top of the DAG).
+    pub in_context: bool,
+    /// Its child summaries, by row id.
+    pub child_summaries: Vec<i64>,
+    /// Messages directly below it.
+    pub child_messages: u64,
+    /// Tokens of those messages.
+    pub child_message_tokens: u64,
+}
+
+/// A conversation's DAG: its summaries, and the messages the context holds raw.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DagView {
+    /// Every summary, deepest first.
+    pub summaries: Vec<DagSummary>,
+    /// Messages the context holds unsummarized.
+    pub raw_messages: u64,
+    /// Tokens of those messages.
+    pub raw_message_tokens: u64,
+}
+
+impl DagView {
+    /// Summaries by depth.
+    pub fn by_depth(&self) -> BTreeMap<u32, Vec<&DagSummary>> {
+        let mut levels: BTreeMap<u32, Vec<&DagSummary>> = BTreeMap::new();
+        for summary in &self.summaries {
+            levels.entry(summary.depth).or_default().push(summary);
+        }
+        levels
+    }
+}
+
+/// The administration of an engine's stored history: what operators and `doctor` need, with no
+/// knowledge of how the engine stores it.
+#[async_trait]
+pub trait EngineAdmin: Send + Sync {
+    /// Checks the storage without changing it.
+    async fn check(&self) -> Result<StorageCheck, EngineError>;
+
+    /// Rebuilds the recall index from the database; returns the documents written.
+    async fn rebuild_index(&self) -> Result<u64, EngineError>;
+
+    /// Bytes on disk and documents indexed.
+    async fn usage(&self) -> Result<StorageUsage, EngineError>;
+
+    /// The sessions whose history is kept.
+    async fn stored_sessions(&self) -> Result<Vec<StoredSession>, EngineError>;
+
+    /// What is kept of one session.
+    async fn session_stats(&self, session: &ToolCaller) -> Result<SessionStats, EngineError>;
+
+    /// The session's summary DAG.
+    async fn dag(&self, session: &ToolCaller) -> Result<DagView, EngineError>;
+
+    /// Forgets a session's history, or only what came before `before_ms`.
+    async fn forget(
+        &self,
+        session_id: &str,
+        before_ms: Option<i64>,
+    ) -> Result<Forgotten, EngineError>;
+
+    /// What the retention policy does at `now_ms`; with `apply`, does it.
+    async fn retention(&self, now_ms: i64, apply: bool) -> Result<RetentionRun, EngineError>;
+}

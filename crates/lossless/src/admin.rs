@@ -1,0 +1,158 @@
+//! The engine's administration ([`EngineAdmin`]): checking, measuring, rebuilding and
+//! forgetting the stored history, for hosts that only know the contract.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use vilvona_core::EngineError;
+use vilvona_core::admin::{
+    DagView, EngineAdmin, Forgotten, ItemGroup, RetentionRun, SessionStats, StorageCheck,
+    StorageUsage, StoredSession, ToolCaller,
+};
+use vilvona_store::ItemContent;
+
+use crate::engine::{LosslessEngine, store_error};
+
+#[async_trait]
+impl EngineAdmin for LosslessEngine {
+    async fn check(&self) -> Result<StorageCheck, EngineError> {
+        let report = self
+            .store()
+            .integrity_check()
+            .await
+            .map_err(|error| store_error("checking the store", error))?;
+        Ok(StorageCheck {
+            summary: format!(
+                "{} messages, {} summaries, {} context items, index through message {}",
+                report.messages,
+                report.summaries,
+                report.context_items,
+                report.indexed_messages_through
+            ),
+            summaries: report.summaries,
+            problems: report.problems,
+        })
+    }
+
+    async fn rebuild_index(&self) -> Result<u64, EngineError> {
+        self.store()
+            .rebuild_index()
+            .await
+            .map_err(|error| store_error("rebuilding the index", error))
+    }
+
+    async fn usage(&self) -> Result<StorageUsage, EngineError> {
+        Ok(StorageUsage {
+            database_bytes: self.store().disk_bytes(),
+            index_docs: self
+                .store()
+                .index_doc_count()
+                .await
+                .map_err(|error| store_error("counting index documents", error))?,
+        })
+    }
+
+    async fn stored_sessions(&self) -> Result<Vec<StoredSession>, EngineError> {
+        Ok(self
+            .store()
+            .conversations(Some(&self.config().agent_id))
+            .await
+            .map_err(|error| store_error("listing conversations", error))?
+            .into_iter()
+            .map(|conversation| StoredSession {
+                session_id: conversation.session_id,
+                session_key: conversation.session_key,
+            })
+            .collect())
+    }
+
+    async fn session_stats(&self, session: &ToolCaller) -> Result<SessionStats, EngineError> {
+        let conversation = self
+            .conversation(&session.session_id, session.session_key.as_deref())
+            .await?;
+        let store = self.store();
+        let row = store
+            .conversation_by_id(conversation.id)
+            .await
+            .map_err(|error| store_error("reading a conversation", error))?
+            .ok_or_else(|| {
+                EngineError::failed(format!(
+                    "the conversation of session {:?} disappeared",
+                    session.session_id
+                ))
+            })?;
+        let items = store
+            .context(conversation.id)
+            .await
+            .map_err(|error| store_error("reading a context", error))?;
+        let mut summaries_by_depth: BTreeMap<String, u64> = BTreeMap::new();
+        let mut context_by_kind: BTreeMap<String, ItemGroup> = BTreeMap::new();
+        for item in &items {
+            let kind = match &item.content {
+                ItemContent::Summary(summary) => {
+                    *summaries_by_depth
+                        .entry(summary.depth.to_string())
+                        .or_default() += 1;
+                    format!("summary, depth {}", summary.depth)
+                }
+                ItemContent::Message(message) => format!("message, {}", message.role),
+            };
+            let group = context_by_kind.entry(kind).or_default();
+            group.items += 1;
+            group.tokens += item.tokens;
+        }
+        Ok(SessionStats {
+            session: session.session_id.clone(),
+            messages: row.stored_messages,
+            summaries_by_depth,
+            context_items: items.len() as u64,
+            context_tokens: row.context_tokens,
+            context_by_kind,
+        })
+    }
+
+    async fn dag(&self, session: &ToolCaller) -> Result<DagView, EngineError> {
+        let conversation = self
+            .conversation(&session.session_id, session.session_key.as_deref())
+            .await?;
+        self.store()
+            .dag_view(conversation.id)
+            .await
+            .map_err(|error| store_error("reading the summary DAG", error))
+    }
+
+    async fn forget(
+        &self,
+        session_id: &str,
+        before_ms: Option<i64>,
+    ) -> Result<Forgotten, EngineError> {
+        match before_ms {
+            Some(before_ms) => self.forget_before(session_id, before_ms).await,
+            None => self.forget_session(session_id).await,
+        }
+    }
+
+    async fn retention(&self, now_ms: i64, apply: bool) -> Result<RetentionRun, EngineError> {
+        let policy = &self.config().retention;
+        let actions = self.retention_plan(policy, now_ms).await?;
+        let space = if apply && !actions.is_empty() {
+            Some(self.apply_retention(&actions).await?)
+        } else {
+            None
+        };
+        Ok(RetentionRun {
+            policy: serde_json::to_value(policy)
+                .map_err(|error| EngineError::caused_by("describing the policy", error))?,
+            actions,
+            space,
+        })
+    }
+}
+
+impl LosslessEngine {
+    /// This engine as the contract's administration.
+    pub(crate) fn as_admin(&self) -> Arc<dyn EngineAdmin> {
+        Arc::new(self.clone())
+    }
+}
