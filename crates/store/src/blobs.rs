@@ -10,6 +10,7 @@ use vilvona_core::message::{AgentMessage, ContentBlock, MessageContent};
 
 use crate::error::Result;
 use crate::types::ConversationId;
+use crate::write::WriteTx;
 
 /// The key, in a text block's extra fields, of the blob its text moved to.
 pub const BLOB_ID_KEY: &str = "vilvonaBlobId";
@@ -41,16 +42,18 @@ pub fn referenced_blobs(message: &AgentMessage) -> Vec<String> {
 }
 
 /// Records that a message references blobs (those the store holds).
+/// One reference of a message to a blob that exists.
+const RECORD_REFERENCE: &str =
+    "INSERT OR IGNORE INTO blob_references (blob_id, message_id, conversation_id)
+     SELECT ?1, ?2, ?3 WHERE EXISTS (SELECT 1 FROM blobs WHERE blob_id = ?1)";
+
 pub(crate) fn record_references(
-    connection: &Connection,
+    connection: &WriteTx<'_>,
     message: i64,
     conversation: ConversationId,
     blobs: &[String],
 ) -> Result<()> {
-    let mut insert = connection.prepare_cached(
-        "INSERT OR IGNORE INTO blob_references (blob_id, message_id, conversation_id)
-         SELECT ?1, ?2, ?3 WHERE EXISTS (SELECT 1 FROM blobs WHERE blob_id = ?1)",
-    )?;
+    let mut insert = connection.prepare_cached(RECORD_REFERENCE)?;
     for blob in blobs {
         insert.execute(params![blob, message, conversation.0])?;
     }
@@ -106,8 +109,9 @@ pub(crate) fn readers(connection: &Connection, blob_id: &str) -> Result<Vec<Conv
 }
 
 /// Records the references of messages stored before the store kept them (the migration to
-/// schema 2).
+/// schema 2, in the migration's own transaction).
 pub(crate) fn backfill_references(connection: &Connection) -> Result<()> {
+    let mut insert = connection.prepare_cached(RECORD_REFERENCE)?;
     let mut statement =
         connection.prepare("SELECT id, conversation_id, json FROM messages ORDER BY id")?;
     let mut rows = statement.query([])?;
@@ -122,12 +126,10 @@ pub(crate) fn backfill_references(connection: &Connection) -> Result<()> {
             continue;
         }
         if let Ok(message) = serde_json::from_str::<AgentMessage>(&json) {
-            record_references(
-                connection,
-                row.get(0)?,
-                ConversationId(row.get(1)?),
-                &referenced_blobs(&message),
-            )?;
+            let (id, conversation): (i64, i64) = (row.get(0)?, row.get(1)?);
+            for blob in referenced_blobs(&message) {
+                insert.execute(params![blob, id, conversation])?;
+            }
         }
     }
     Ok(())

@@ -15,7 +15,7 @@ use crate::error::Result;
 use crate::index::IndexedRow;
 use crate::read;
 use crate::types::*;
-use crate::writer::Steps;
+use crate::write::WriteTx;
 
 /// The index key of a row, as `index_tasks` holds it.
 pub(crate) fn task_key(row: IndexedRow) -> i64 {
@@ -66,7 +66,7 @@ pub(crate) fn summaries_above(
 
 /// Queues index work for a row: its document is removed and, if the row still exists in a
 /// conversation that is not archived, added again from the database.
-fn queue(connection: &Connection, row: IndexedRow) -> Result<()> {
+fn queue(connection: &WriteTx<'_>, row: IndexedRow) -> Result<()> {
     connection
         .prepare_cached("INSERT OR IGNORE INTO index_tasks (key) VALUES (?1)")?
         .execute([task_key(row)])?;
@@ -76,13 +76,9 @@ fn queue(connection: &Connection, row: IndexedRow) -> Result<()> {
 /// Applies a plan in the caller's transaction. `None` (stale) when the summaries above the
 /// forgotten messages are no longer the ones the plan was made for (a compaction ran
 /// meanwhile).
-pub(crate) fn apply(
-    connection: &Connection,
-    steps: &mut Steps<'_>,
-    plan: &ForgetPlan,
-) -> Result<Option<ForgetReport>> {
+pub(crate) fn apply(connection: &WriteTx<'_>, plan: &ForgetPlan) -> Result<Option<ForgetReport>> {
     let conversation = plan.conversation;
-    if read::conversation(connection, conversation)?.is_none() {
+    if read::conversation(connection.reader(), conversation)?.is_none() {
         return Ok(Some(ForgetReport::default()));
     }
     let before = match plan.scope {
@@ -91,8 +87,7 @@ pub(crate) fn apply(
     };
     let mut report = ForgetReport::default();
     // Ids are never reused: the highest ever assigned outlives the rows that held them.
-    let (highest_message, highest_summary) = read::max_ids(connection)?;
-    steps.step()?;
+    let (highest_message, highest_summary) = read::max_ids(connection.reader())?;
     connection
         .prepare_cached(
             "INSERT INTO store_state (key, value) VALUES ('highest_message_id', ?1), ('highest_summary_id', ?2)
@@ -102,22 +97,23 @@ pub(crate) fn apply(
     let (messages, summaries): (Vec<i64>, Vec<i64>) = match plan.scope {
         ForgetScope::Conversation => (
             ids(
-                connection,
+                connection.reader(),
                 "SELECT id FROM messages WHERE conversation_id = ?1",
                 conversation.0,
             )?,
             ids(
-                connection,
+                connection.reader(),
                 "SELECT id FROM summaries WHERE conversation_id = ?1",
                 conversation.0,
             )?,
         ),
         ForgetScope::Before(before_ms) => {
             // The plan covers exactly the summaries above the forgotten messages now.
-            let mut above: Vec<SummaryRowId> = summaries_above(connection, conversation, before)?
-                .into_iter()
-                .map(|summary| summary.row_id)
-                .collect();
+            let mut above: Vec<SummaryRowId> =
+                summaries_above(connection.reader(), conversation, before)?
+                    .into_iter()
+                    .map(|summary| summary.row_id)
+                    .collect();
             above.sort();
             let mut planned: Vec<SummaryRowId> = plan
                 .removed
@@ -158,11 +154,9 @@ pub(crate) fn apply(
             if held.is_empty() {
                 continue;
             }
-            steps.step()?;
             report.context_items += delete.execute([id])? as u64;
             for (holder, tokens) in held {
                 touched.insert(holder);
-                steps.step()?;
                 subtract.execute(params![holder, tokens])?;
             }
         }
@@ -171,7 +165,6 @@ pub(crate) fn apply(
     // Rewritten summaries: new text and tokens, their edges to forgotten children gone, their
     // span recomputed from what remains.
     for rewrite in &plan.rewritten {
-        steps.step()?;
         connection
             .prepare_cached(
                 "DELETE FROM summary_edges WHERE parent_id = ?1
@@ -185,15 +178,14 @@ pub(crate) fn apply(
                 before,
                 serde_json::to_string(&summaries).unwrap_or_default()
             ])?;
-        let remaining = read::child_refs(connection, rewrite.row_id)?;
-        let kind = read::summary(connection, rewrite.row_id)?
+        let remaining = read::child_refs(connection.reader(), rewrite.row_id)?;
+        let kind = read::summary(connection.reader(), rewrite.row_id)?
             .map(|summary| summary.kind)
             .unwrap_or(vilvona_core::summarize::SummaryKind::Leaf);
-        let span = read::span_of(connection, &remaining, kind)?;
+        let span = read::span_of(connection.reader(), &remaining, kind)?;
         let old_tokens: i64 = connection
             .prepare_cached("SELECT tokens FROM summaries WHERE id = ?1")?
             .query_row([rewrite.row_id.0], |row| row.get(0))?;
-        steps.step()?;
         connection
             .prepare_cached(
                 "UPDATE summaries SET content = ?2, tokens = ?3, summarizer = ?4,
@@ -215,12 +207,10 @@ pub(crate) fn apply(
             .query_map([rewrite.row_id.0], |row| row.get(0))?
             .collect::<rusqlite::Result<_>>()?;
         if !holders.is_empty() {
-            steps.step()?;
             connection
                 .prepare_cached("UPDATE context_items SET tokens = ?2 WHERE summary_id = ?1")?
                 .execute(params![rewrite.row_id.0, rewrite.tokens as i64])?;
             for holder in holders {
-                steps.step()?;
                 connection
                     .prepare_cached(
                         "UPDATE conversations SET context_tokens = context_tokens + ?2 WHERE id = ?1",
@@ -234,13 +224,11 @@ pub(crate) fn apply(
 
     // Removed summaries: their edges (as parent and as child), then the rows.
     for id in &summaries {
-        steps.step()?;
         connection
             .prepare_cached(
                 "DELETE FROM summary_edges WHERE parent_id = ?1 OR child_summary_id = ?1",
             )?
             .execute([id])?;
-        steps.step()?;
         report.summaries_removed += connection
             .prepare_cached("DELETE FROM summaries WHERE id = ?1")?
             .execute([id])? as u64;
@@ -251,25 +239,21 @@ pub(crate) fn apply(
     // more go with them.
     let mut blobs: HashSet<String> = HashSet::new();
     for id in &messages {
-        steps.step()?;
         connection
             .prepare_cached("DELETE FROM summary_edges WHERE child_message_id = ?1")?
             .execute([id])?;
-        for blob in crate::blobs::of_message(connection, *id)? {
+        for blob in crate::blobs::of_message(connection.reader(), *id)? {
             blobs.insert(blob);
         }
-        steps.step()?;
         connection
             .prepare_cached("DELETE FROM blob_references WHERE message_id = ?1")?
             .execute([id])?;
-        steps.step()?;
         report.messages += connection
             .prepare_cached("DELETE FROM messages WHERE id = ?1")?
             .execute([id])? as u64;
         queue(connection, IndexedRow::Message(*id))?;
     }
     if report.messages > 0 && plan.scope != ForgetScope::Conversation {
-        steps.step()?;
         connection
             .prepare_cached(
                 "UPDATE conversations SET forgotten_messages = forgotten_messages + ?2 WHERE id = ?1",
@@ -290,7 +274,6 @@ pub(crate) fn apply(
             )?
             .query_row([blob], |row| row.get(0))
             .optional()?;
-        steps.step()?;
         match reader {
             // Still referenced: it belongs to a conversation that references it.
             Some(reader) => {
@@ -317,7 +300,6 @@ pub(crate) fn apply(
             "DELETE FROM conversation_state WHERE conversation_id = ?1",
             "DELETE FROM conversations WHERE id = ?1",
         ] {
-            steps.step()?;
             connection.prepare_cached(sql)?.execute([conversation.0])?;
         }
         touched.remove(&conversation.0);
@@ -329,12 +311,10 @@ pub(crate) fn apply(
 /// Marks a conversation archived (or active again) and queues its rows' documents: archived
 /// rows leave the index (searches read them from the database), restored ones come back.
 pub(crate) fn set_archived(
-    connection: &Connection,
-    steps: &mut Steps<'_>,
+    connection: &WriteTx<'_>,
     conversation: ConversationId,
     archived_at: Option<i64>,
 ) -> Result<bool> {
-    steps.step()?;
     let changed = connection
         .prepare_cached(
             "UPDATE conversations SET archived_at = ?2
@@ -344,7 +324,6 @@ pub(crate) fn set_archived(
     if changed == 0 {
         return Ok(false);
     }
-    steps.step()?;
     connection
         .prepare_cached(
             "INSERT OR IGNORE INTO index_tasks (key)

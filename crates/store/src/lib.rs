@@ -22,6 +22,7 @@ mod schema;
 mod search;
 mod tokenize;
 mod types;
+mod write;
 mod writer;
 
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
@@ -41,7 +42,8 @@ pub use error::{Result, StoreError};
 pub use schema::SCHEMA_VERSION;
 pub use search::{MAX_QUERY_BYTES, MAX_QUERY_WORDS};
 pub use types::*;
-pub use writer::FaultPlan;
+#[cfg(feature = "fault-injection")]
+pub use write::FaultPlan;
 
 use index::{IndexSlot, RecallIndex};
 use writer::{Command, PreparedMessage, Writer};
@@ -169,6 +171,7 @@ pub struct StoreConfig {
     /// The directory holding the database and the index (created if missing).
     pub dir: PathBuf,
     /// Test hooks; the default injects nothing.
+    #[cfg(feature = "fault-injection")]
     pub faults: FaultPlan,
     /// How long new rows may wait for an index commit (default 250 ms;
     /// `VILVONA_INDEX_COMMIT_MS`). Searches never wait for it.
@@ -179,6 +182,7 @@ impl StoreConfig {
     pub fn new(dir: impl Into<PathBuf>) -> StoreConfig {
         StoreConfig {
             dir: dir.into(),
+            #[cfg(feature = "fault-injection")]
             faults: FaultPlan::default(),
             index_commit_delay: std::env::var("VILVONA_INDEX_COMMIT_MS")
                 .ok()
@@ -265,12 +269,11 @@ impl Store {
             tracing::warn!(dir = %index.dir().display(), "the recall index was missing; rebuilding it from the database");
         }
         let index = Arc::new(IndexSlot::new(index));
-        let mut writer = Writer::new(
-            connection,
-            index.clone(),
-            config.faults,
-            config.index_commit_delay,
-        )?;
+        #[cfg(feature = "fault-injection")]
+        let faults = config.faults;
+        #[cfg(not(feature = "fault-injection"))]
+        let faults = write::FaultPlan::default();
+        let mut writer = Writer::new(connection, index.clone(), faults, config.index_commit_delay)?;
         writer.catch_up_index()?;
         let (sender, receiver) = std::sync::mpsc::channel();
         let thread = std::thread::Builder::new()

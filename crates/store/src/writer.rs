@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
-use rusqlite::{Connection, OptionalExtension, Transaction, TransactionBehavior, params};
+use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 use tokio::sync::oneshot;
 
 use crate::blobs;
@@ -19,6 +19,7 @@ use crate::forget;
 use crate::index::{IndexDoc, IndexSink, IndexSlot, IndexedRow};
 use crate::read;
 use crate::types::*;
+use crate::write::{FaultPlan, WriteCounter, WriteTx};
 
 /// Gap between appended context positions: room to insert without renumbering.
 pub(crate) const POSITION_STEP: i64 = 1024;
@@ -140,19 +141,6 @@ pub(crate) enum Command {
     },
 }
 
-/// Test hooks that fail or "crash" the writer at chosen points.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct FaultPlan {
-    /// The N-th write statement (1-based, counted across the store's life) fails; its
-    /// transaction rolls back and the caller gets the error.
-    pub fail_write_at: Option<u64>,
-    /// At the N-th write statement the writer stops as a killed process would: the open
-    /// transaction is lost, the index is not committed, every later call fails.
-    pub crash_at_write: Option<u64>,
-    /// The index is never committed, as if the process died after each SQLite commit.
-    pub skip_index_commits: bool,
-}
-
 pub(crate) struct Writer {
     connection: Connection,
     /// The index's writing side while this process holds its lock; `None` while another
@@ -162,9 +150,8 @@ pub(crate) struct Writer {
     agents: HashMap<i64, String>,
     /// Message rows the last catch-up could not decode (skipped; doctor names them).
     undecodable: Vec<i64>,
-    faults: FaultPlan,
-    writes: u64,
-    crashed: bool,
+    /// Every write statement passes through it (and the fault plan, in tests).
+    counter: WriteCounter,
     /// When to try for the index lock again (not holding it) or look for rows other processes
     /// wrote (holding it).
     next_index_check: Instant,
@@ -193,9 +180,7 @@ impl Writer {
             index,
             agents: HashMap::new(),
             undecodable: Vec::new(),
-            faults,
-            writes: 0,
-            crashed: false,
+            counter: WriteCounter::new(faults),
             next_index_check: Instant::now() + LOCK_RETRY,
             commit_delay: commit_delay.unwrap_or(INDEX_COMMIT_DELAY),
         })
@@ -247,7 +232,7 @@ impl Writer {
     /// Index work that is due: commit what waits, take the lock over when it is free, index
     /// what other processes wrote.
     fn index_work(&mut self) {
-        if self.faults.skip_index_commits || self.crashed {
+        if self.counter.skips_index_commits() {
             return;
         }
         let commit_due = self
@@ -320,7 +305,7 @@ impl Writer {
                     return;
                 }
             }
-            if self.crashed {
+            if self.counter.crashed() {
                 // A simulated kill: nothing more is written and the index is not committed.
                 // Returning drops the receiver, so every later call sees a stopped writer.
                 return;
@@ -438,41 +423,19 @@ impl Writer {
         }
     }
 
-    /// Counts a write statement and applies the fault plan to it.
-    fn step(writes: &mut u64, faults: &FaultPlan, crashed: &mut bool) -> Result<()> {
-        *writes += 1;
-        if faults.crash_at_write == Some(*writes) {
-            *crashed = true;
-            return Err(StoreError::InjectedFault(format!(
-                "writer killed at write {writes}"
-            )));
-        }
-        if faults.fail_write_at == Some(*writes) {
-            return Err(StoreError::InjectedFault(format!("write {writes} failed")));
-        }
-        Ok(())
-    }
-
-    fn transaction(&mut self) -> Result<(Transaction<'_>, Steps<'_>)> {
+    /// Opens the write transaction every write statement of a command goes through.
+    fn transaction(&mut self) -> Result<WriteTx<'_>> {
         let transaction = self
             .connection
             .transaction_with_behavior(TransactionBehavior::Immediate)?;
-        Ok((
-            transaction,
-            Steps {
-                writes: &mut self.writes,
-                faults: &self.faults,
-                crashed: &mut self.crashed,
-            },
-        ))
+        Ok(WriteTx::new(transaction, &self.counter))
     }
 
     fn conversation(&mut self, key: &ConversationKey) -> Result<Conversation> {
         if let Some(found) = read::conversation_by_key(&self.connection, key)? {
             return Ok(found);
         }
-        let (transaction, mut steps) = self.transaction()?;
-        steps.step()?;
+        let transaction = self.transaction()?;
         transaction
             .prepare_cached(
                 // Another process may have created it since the lookup: theirs is the one.
@@ -517,9 +480,8 @@ impl Writer {
         advancement_key: Option<String>,
     ) -> Result<IngestOutcome> {
         let agent = self.agent_of(conversation)?;
-        let (transaction, mut steps) = self.transaction()?;
+        let transaction = self.transaction()?;
         if let Some(key) = &advancement_key {
-            steps.step()?;
             let inserted = transaction
                 .prepare_cached(
                     "INSERT OR IGNORE INTO turn_commits (conversation_id, advancement_key, committed_at)
@@ -540,7 +502,7 @@ impl Writer {
         let mut results = Vec::with_capacity(messages.len());
         let mut added_tokens: i64 = 0;
         // Ids are assigned here, above every id ever used (see `read::max_ids`).
-        let mut next_id = read::max_ids(&transaction)?.0 + 1;
+        let mut next_id = read::max_ids(transaction.reader())?.0 + 1;
         let mut created = Vec::new();
         {
             let mut find = transaction.prepare_cached(
@@ -590,7 +552,6 @@ impl Writer {
                     });
                     continue;
                 }
-                steps.step()?;
                 insert.execute(params![
                     conversation.0,
                     next_seq,
@@ -607,11 +568,9 @@ impl Writer {
                 next_id += 1;
                 let mut message = message;
                 if !message.blobs.is_empty() {
-                    steps.step()?;
                     blobs::record_references(&transaction, id, conversation, &message.blobs)?;
-                    blobs::indexed_text(&transaction, &mut message.text, &message.blobs)?;
+                    blobs::indexed_text(transaction.reader(), &mut message.text, &message.blobs)?;
                 }
-                steps.step()?;
                 append.execute(params![
                     conversation.0,
                     next_position,
@@ -630,7 +589,6 @@ impl Writer {
             }
         }
         if !created.is_empty() {
-            steps.step()?;
             transaction
                 .prepare_cached(
                     "UPDATE conversations
@@ -646,7 +604,7 @@ impl Writer {
             // A session resumed after retention archived it is live again: its rows return
             // to the index.
             if archived {
-                forget::set_archived(&transaction, &mut steps, conversation, None)?;
+                forget::set_archived(&transaction, conversation, None)?;
             }
         }
         transaction.commit()?;
@@ -674,9 +632,9 @@ impl Writer {
         };
         let (first_position, last_position) = (first.0, last.0);
         let agent = self.agent_of(plan.conversation)?;
-        let (transaction, mut steps) = self.transaction()?;
+        let transaction = self.transaction()?;
         let current = read::items_in_range(
-            &transaction,
+            transaction.reader(),
             plan.conversation,
             first_position,
             last_position,
@@ -691,10 +649,9 @@ impl Writer {
             return Ok(ReplaceOutcome::Stale);
         }
         let removed_tokens: i64 = current.iter().map(|(_, _, tokens)| *tokens as i64).sum();
-        let span = read::span_of(&transaction, &planned, plan.summary.kind)?;
+        let span = read::span_of(transaction.reader(), &planned, plan.summary.kind)?;
         let summary_id = summary_id(plan.conversation, &plan.summary, &planned);
         let created_at = now_ms();
-        steps.step()?;
         transaction
             .prepare_cached(
                 "INSERT INTO summaries (summary_id, conversation_id, depth, kind, content, tokens,
@@ -715,7 +672,7 @@ impl Writer {
                 level_str(plan.summary.level),
                 plan.summary.summarizer,
                 created_at,
-                read::max_ids(&transaction)?.1 + 1
+                read::max_ids(transaction.reader())?.1 + 1
             ])?;
         let row_id = transaction.last_insert_rowid();
         {
@@ -724,7 +681,6 @@ impl Writer {
                  VALUES (?1, ?2, ?3, ?4)",
             )?;
             for (ordinal, (_, item)) in planned.iter().enumerate() {
-                steps.step()?;
                 match item {
                     ItemRef::Message(id) => {
                         edge.execute(params![row_id, ordinal as i64, id.0, None::<i64>])?
@@ -735,14 +691,12 @@ impl Writer {
                 };
             }
         }
-        steps.step()?;
         transaction
             .prepare_cached(
                 "DELETE FROM context_items
                  WHERE conversation_id = ?1 AND position BETWEEN ?2 AND ?3",
             )?
             .execute(params![plan.conversation.0, first_position, last_position])?;
-        steps.step()?;
         transaction
             .prepare_cached(
                 "INSERT INTO context_items (conversation_id, position, summary_id, tokens)
@@ -754,7 +708,6 @@ impl Writer {
                 row_id,
                 plan.summary.tokens as i64
             ])?;
-        steps.step()?;
         transaction
             .prepare_cached(
                 "UPDATE conversations SET context_tokens = context_tokens - ?2 + ?3 WHERE id = ?1",
@@ -793,14 +746,13 @@ impl Writer {
     }
 
     fn append_items(&mut self, conversation: ConversationId, items: &[ItemRef]) -> Result<()> {
-        let (transaction, mut steps) = self.transaction()?;
+        let transaction = self.transaction()?;
         let mut next_position: i64 = transaction
             .prepare_cached("SELECT next_position FROM conversations WHERE id = ?1")?
             .query_row([conversation.0], |row| row.get(0))?;
         let mut added: i64 = 0;
         for item in items {
-            let tokens = read::tokens_of(&transaction, *item)?;
-            steps.step()?;
+            let tokens = read::tokens_of(transaction.reader(), *item)?;
             let (message, summary) = match item {
                 ItemRef::Message(id) => (Some(id.0), None),
                 ItemRef::Summary(id) => (None, Some(id.0)),
@@ -814,7 +766,6 @@ impl Writer {
             next_position += POSITION_STEP;
             added += tokens;
         }
-        steps.step()?;
         transaction
             .prepare_cached(
                 "UPDATE conversations SET next_position = ?2, context_tokens = context_tokens + ?3
@@ -834,8 +785,7 @@ impl Writer {
         if current.level != update.expected_level {
             return Ok(false);
         }
-        let (transaction, mut steps) = self.transaction()?;
-        steps.step()?;
+        let transaction = self.transaction()?;
         transaction
             .prepare_cached(
                 "UPDATE summaries SET content = ?2, tokens = ?3, level = ?4, summarizer = ?5 WHERE id = ?1",
@@ -847,13 +797,11 @@ impl Writer {
                 level_str(update.level),
                 update.summarizer
             ])?;
-        steps.step()?;
         let delta = update.tokens as i64 - current.tokens as i64;
         let changed = transaction
             .prepare_cached("UPDATE context_items SET tokens = ?2 WHERE summary_id = ?1")?
             .execute(params![update.row_id.0, update.tokens as i64])?;
         if changed > 0 {
-            steps.step()?;
             transaction
                 .prepare_cached(
                     "UPDATE conversations SET context_tokens = context_tokens + ?2 WHERE id = ?1",
@@ -862,7 +810,6 @@ impl Writer {
         }
         // The index's document for the old text is replaced by whichever process maintains
         // the index (this one, at once), even if this one dies before.
-        steps.step()?;
         transaction
             .prepare_cached("INSERT OR IGNORE INTO index_tasks (key) VALUES (?1)")?
             .execute([forget::task_key(IndexedRow::Summary(update.row_id.0))])?;
@@ -873,12 +820,10 @@ impl Writer {
 
     /// Empties a conversation's context (undoing a fork seeding); rows stay.
     fn remove_context(&mut self, conversation: ConversationId) -> Result<u64> {
-        let (transaction, mut steps) = self.transaction()?;
-        steps.step()?;
+        let transaction = self.transaction()?;
         let removed = transaction
             .prepare_cached("DELETE FROM context_items WHERE conversation_id = ?1")?
             .execute([conversation.0])?;
-        steps.step()?;
         transaction
             .prepare_cached("UPDATE conversations SET context_tokens = 0 WHERE id = ?1")?
             .execute([conversation.0])?;
@@ -894,8 +839,7 @@ impl Writer {
         let lines = blob.content.lines().count() as u64;
         let bytes = blob.content.len() as u64;
         let created_at = now_ms();
-        let (transaction, mut steps) = self.transaction()?;
-        steps.step()?;
+        let transaction = self.transaction()?;
         transaction
             .prepare_cached(
                 "INSERT OR IGNORE INTO blobs
@@ -920,8 +864,7 @@ impl Writer {
     }
 
     fn create_grant(&mut self, grant: NewGrant) -> Result<Grant> {
-        let (transaction, mut steps) = self.transaction()?;
-        steps.step()?;
+        let transaction = self.transaction()?;
         transaction
             .prepare_cached(
                 "INSERT INTO grants (grantee, conversation_id, expires_at, token_cap, created_at)
@@ -947,8 +890,7 @@ impl Writer {
     }
 
     fn revoke_grants(&mut self, grantee: &str) -> Result<u64> {
-        let (transaction, mut steps) = self.transaction()?;
-        steps.step()?;
+        let transaction = self.transaction()?;
         let changed = transaction
             .prepare_cached(
                 "UPDATE grants SET revoked_at = ?2 WHERE grantee = ?1 AND revoked_at IS NULL",
@@ -959,8 +901,7 @@ impl Writer {
     }
 
     fn delete_grant(&mut self, id: i64) -> Result<()> {
-        let (transaction, mut steps) = self.transaction()?;
-        steps.step()?;
+        let transaction = self.transaction()?;
         transaction
             .prepare_cached("DELETE FROM grants WHERE id = ?1")?
             .execute([id])?;
@@ -969,8 +910,7 @@ impl Writer {
     }
 
     fn set_state(&mut self, conversation: ConversationId, key: &str, value: &str) -> Result<()> {
-        let (transaction, mut steps) = self.transaction()?;
-        steps.step()?;
+        let transaction = self.transaction()?;
         transaction
             .prepare_cached(
                 "INSERT INTO conversation_state (conversation_id, key, value) VALUES (?1, ?2, ?3)
@@ -985,7 +925,7 @@ impl Writer {
         let Some(sink) = self.sink.as_mut() else {
             return Ok(());
         };
-        if sink.pending() == 0 || self.faults.skip_index_commits || self.crashed {
+        if sink.pending() == 0 || self.counter.skips_index_commits() {
             return Ok(());
         }
         sink.commit()?;
@@ -993,13 +933,7 @@ impl Writer {
         self.index.current().reload()?;
         let watermark = serde_json::to_string(&watermark)
             .map_err(|error| StoreError::CorruptRow(error.to_string()))?;
-        self.connection
-            .prepare_cached(
-                "INSERT INTO store_state (key, value) VALUES ('index_watermark', ?1)
-                 ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-            )?
-            .execute([watermark])?;
-        Ok(())
+        self.set_store_state("index_watermark", &watermark)
     }
 
     fn commit_index_logged(&mut self) {
@@ -1058,14 +992,7 @@ impl Writer {
         let Ok(value) = serde_json::to_string(&self.undecodable) else {
             return;
         };
-        if let Err(error) = self
-            .connection
-            .prepare_cached(
-                "INSERT INTO store_state (key, value) VALUES ('undecodable_messages', ?1)
-                 ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-            )
-            .and_then(|mut statement| statement.execute([value]))
-        {
+        if let Err(error) = self.set_store_state("undecodable_messages", &value) {
             tracing::warn!(%error, "recording undecodable rows failed");
         }
     }
@@ -1073,8 +1000,8 @@ impl Writer {
 
 impl Writer {
     fn forget(&mut self, plan: &ForgetPlan) -> Result<Option<ForgetReport>> {
-        let (transaction, mut steps) = self.transaction()?;
-        let Some(report) = forget::apply(&transaction, &mut steps, plan)? else {
+        let transaction = self.transaction()?;
+        let Some(report) = forget::apply(&transaction, plan)? else {
             return Ok(None);
         };
         transaction.commit()?;
@@ -1084,8 +1011,7 @@ impl Writer {
     }
 
     fn set_store_state(&mut self, key: &str, value: &str) -> Result<()> {
-        let (transaction, mut steps) = self.transaction()?;
-        steps.step()?;
+        let transaction = self.transaction()?;
         transaction
             .prepare_cached(
                 "INSERT INTO store_state (key, value) VALUES (?1, ?2)
@@ -1097,13 +1023,8 @@ impl Writer {
     }
 
     fn set_archived(&mut self, conversation: ConversationId, archived: bool) -> Result<bool> {
-        let (transaction, mut steps) = self.transaction()?;
-        let changed = forget::set_archived(
-            &transaction,
-            &mut steps,
-            conversation,
-            archived.then(now_ms),
-        )?;
+        let transaction = self.transaction()?;
+        let changed = forget::set_archived(&transaction, conversation, archived.then(now_ms))?;
         transaction.commit()?;
         self.apply_index_tasks()?;
         Ok(changed)
@@ -1114,7 +1035,7 @@ impl Writer {
     /// it (within the watermark), added from the database again. The tasks are cleared only
     /// after the index committed. Nothing while another process maintains the index.
     fn apply_index_tasks(&mut self) -> Result<u64> {
-        if self.sink.is_none() || self.faults.skip_index_commits || self.crashed {
+        if self.sink.is_none() || self.counter.skips_index_commits() {
             return Ok(0);
         }
         let keys: Vec<i64> = self
@@ -1145,12 +1066,11 @@ impl Writer {
             }
         }
         self.commit_index()?;
-        let (transaction, mut steps) = self.transaction()?;
+        let transaction = self.transaction()?;
         {
             let mut delete =
                 transaction.prepare_cached("DELETE FROM index_tasks WHERE key = ?1")?;
             for key in &keys {
-                steps.step()?;
                 delete.execute([key])?;
             }
         }
@@ -1184,19 +1104,6 @@ impl Writer {
         self.connection
             .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))?;
         Ok(())
-    }
-}
-
-/// Write-step accounting borrowed alongside an open transaction.
-pub(crate) struct Steps<'a> {
-    writes: &'a mut u64,
-    faults: &'a FaultPlan,
-    crashed: &'a mut bool,
-}
-
-impl Steps<'_> {
-    pub(crate) fn step(&mut self) -> Result<()> {
-        Writer::step(self.writes, self.faults, self.crashed)
     }
 }
 

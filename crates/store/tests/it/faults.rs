@@ -9,9 +9,47 @@ use crate::support::*;
 /// Drives a fixed workload through a store with `faults`, returning the entry ids whose ingest
 /// was acknowledged and the summaries whose publication was acknowledged.
 async fn workload(dir: &TempDir, faults: FaultPlan) -> (Vec<String>, Vec<String>) {
+    let store = open_with(dir, faults).await;
+    run_workload(&store).await
+}
+
+async fn open_with(dir: &TempDir, faults: FaultPlan) -> Store {
     let mut config = StoreConfig::new(dir.path());
     config.faults = faults;
-    let store = Store::open(config).await.unwrap();
+    Store::open(config).await.unwrap()
+}
+
+/// Every write statement the workload makes is covered when the fault points run from 1 to
+/// this: the first crash point after which the writer is still alive for one more write
+/// (survival is monotonic in the crash point, so a binary search finds it).
+async fn fault_points() -> u64 {
+    let survives = |n: u64| async move {
+        let dir = TempDir::new().unwrap();
+        let store = open_with(
+            &dir,
+            FaultPlan {
+                crash_at_write: Some(n),
+                ..FaultPlan::default()
+            },
+        )
+        .await;
+        run_workload(&store).await;
+        store.set_store_state("probe", "alive").await.is_ok()
+    };
+    let (mut dead, mut alive) = (0, 4096);
+    assert!(survives(alive).await, "the workload makes over 4096 writes");
+    while alive - dead > 1 {
+        let middle = (dead + alive) / 2;
+        if survives(middle).await {
+            alive = middle;
+        } else {
+            dead = middle;
+        }
+    }
+    alive
+}
+
+async fn run_workload(store: &Store) -> (Vec<String>, Vec<String>) {
     let mut acknowledged = Vec::new();
     let mut summaries = Vec::new();
     let Ok(Conversation {
@@ -100,7 +138,7 @@ async fn check_after_reopen(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_nth_write_fails() {
-    for n in 1..=60 {
+    for n in 1..=fault_points().await {
         let dir = TempDir::new().unwrap();
         let (acknowledged, summaries) = workload(
             &dir,
@@ -122,7 +160,7 @@ async fn the_nth_write_fails() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_writer_dies_at_the_nth_write() {
-    for n in 1..=60 {
+    for n in 1..=fault_points().await {
         let dir = TempDir::new().unwrap();
         let (acknowledged, summaries) = workload(
             &dir,
