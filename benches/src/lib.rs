@@ -16,7 +16,7 @@ use anyhow::{Context as _, Result, anyhow};
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
-use vilvona_core::engine::{AssembleParams, ContextEngine, IngestBatchParams};
+use vilvona_core::engine::{AssembleParams, BootstrapParams, ContextEngine, IngestBatchParams};
 use vilvona_core::message::AgentMessage;
 use vilvona_core::summarize::{SummarizeError, Summarizer, Summary, SummaryRequest};
 use vilvona_core::tokens::{HeuristicEstimator, TokenEstimator};
@@ -722,5 +722,48 @@ pub async fn run_forget(options: &RunOptions, sessions: usize) -> Result<ForgetF
         forget_ms_per_session: forget_elapsed.as_secs_f64() * 1e3 / forgotten as f64,
         reclaim_ms: reclaim_elapsed.as_secs_f64() * 1e3,
         integrity_ok,
+    })
+}
+
+/// What `--bootstrap` measured: the whole transcript imported into a fresh store by the
+/// engine's `bootstrap` (parsing, token counting, storing and indexing every message).
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BootstrapFigures {
+    pub messages: u64,
+    pub import_ms: f64,
+    pub messages_per_second: f64,
+}
+
+/// Imports the transcript as a session the engine has never seen.
+pub async fn run_bootstrap(options: &RunOptions) -> Result<BootstrapFigures> {
+    let temporary = tempfile::TempDir::new().context("creating a temporary store directory")?;
+    let store_dir = options
+        .store_dir
+        .clone()
+        .unwrap_or_else(|| temporary.path().join("store"));
+    let estimator: Arc<dyn TokenEstimator> = Arc::new(HeuristicEstimator);
+    let engine = LosslessEngine::open(
+        &store_dir,
+        LosslessConfig::default(),
+        options.summarizer.build(&estimator),
+        estimator,
+    )
+    .await
+    .map_err(|error| anyhow!("opening the store: {error}"))?;
+    let started = Instant::now();
+    let result = engine
+        .bootstrap(&BootstrapParams {
+            session_id: "bootstrap".to_owned(),
+            session_key: None,
+            session_file: Some(options.transcript.display().to_string()),
+        })
+        .await?;
+    let elapsed = started.elapsed().as_secs_f64();
+    let messages = result.imported_messages.unwrap_or(0);
+    Ok(BootstrapFigures {
+        messages,
+        import_ms: elapsed * 1e3,
+        messages_per_second: messages as f64 / elapsed.max(1e-9),
     })
 }

@@ -29,6 +29,10 @@ struct Args {
     /// them, and report the store's size before and after (one JSON document).
     #[arg(long, value_name = "N")]
     forget_half_of: Option<usize>,
+    /// Instead of the headline run: import the whole transcript with the engine's bootstrap
+    /// and report how long it took (one JSON document).
+    #[arg(long)]
+    bootstrap: bool,
     /// Print one JSON document instead of the table.
     #[arg(long)]
     json: bool,
@@ -69,39 +73,30 @@ async fn main() -> ExitCode {
         progress_every: if args.json { 0 } else { 1_000 },
         probe,
     };
+    if args.bootstrap {
+        return print_json(vilvona_benches::run_bootstrap(&options).await);
+    }
     if let Some(sessions) = args.forget_half_of {
-        return match vilvona_benches::run_forget(&options, sessions).await {
-            Ok(figures) => match serde_json::to_string_pretty(&figures) {
-                Ok(text) => {
-                    println!("{text}");
-                    ExitCode::SUCCESS
-                }
-                Err(error) => {
-                    eprintln!("workload: {error}");
-                    ExitCode::FAILURE
-                }
-            },
-            Err(error) => {
-                eprintln!("workload: {error:#}");
-                ExitCode::FAILURE
-            }
-        };
+        return print_json(vilvona_benches::run_forget(&options, sessions).await);
     }
     match run(&options).await {
-        Ok(figures) if args.json => {
-            match to_json(&figures).and_then(|value| Ok(serde_json::to_string_pretty(&value)?)) {
-                Ok(text) => {
-                    println!("{text}");
-                    ExitCode::SUCCESS
-                }
-                Err(error) => {
-                    eprintln!("workload: {error:#}");
-                    ExitCode::FAILURE
-                }
-            }
-        }
+        Ok(figures) if args.json => print_json(to_json(&figures)),
         Ok(figures) => {
             print!("{}", table(&figures));
+            ExitCode::SUCCESS
+        }
+        Err(error) => {
+            eprintln!("workload: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Prints figures as one JSON document, or the error.
+fn print_json<T: serde::Serialize>(figures: anyhow::Result<T>) -> ExitCode {
+    match figures.and_then(|figures| Ok(serde_json::to_string_pretty(&figures)?)) {
+        Ok(text) => {
+            println!("{text}");
             ExitCode::SUCCESS
         }
         Err(error) => {

@@ -512,6 +512,7 @@ fn prepare(message: NewMessage) -> Result<PreparedMessage> {
         (None, None) => None,
     };
     Ok(PreparedMessage {
+        compressed: lz4_flex::compress_prepend_size(json.as_bytes()),
         blobs: blobs::referenced_blobs(&message.message),
         role: message.message.role().to_owned(),
         text: message.message.plain_text(),
@@ -577,6 +578,10 @@ impl HistoryStore for Store {
         messages: Vec<NewMessage>,
         advancement_key: Option<String>,
     ) -> Result<IngestOutcome> {
+        // Serialized, keyed and compressed here, on the caller's thread: the writer thread
+        // (the one that cannot be parallel) only stores.
+        // Serialized, keyed and compressed here, on the caller's thread: the writer thread
+        // (the one that cannot be parallel) only stores.
         let messages = messages
             .into_iter()
             .map(prepare)

@@ -40,6 +40,8 @@ pub(crate) type Reply<T> = oneshot::Sender<Result<T>>;
 #[derive(Debug)]
 pub(crate) struct PreparedMessage {
     pub(crate) json: String,
+    /// `json`, compressed as stored (done before the writer thread, across cores).
+    pub(crate) compressed: Vec<u8>,
     pub(crate) role: String,
     pub(crate) text: String,
     /// The blobs its text blocks moved to.
@@ -556,7 +558,7 @@ impl Writer {
                     conversation.0,
                     next_seq,
                     message.role,
-                    lz4_flex::compress_prepend_size(message.json.as_bytes()),
+                    &message.compressed,
                     message.tokens as i64,
                     &message
                         .ingest_key

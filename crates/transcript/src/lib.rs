@@ -13,6 +13,7 @@ use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
+use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use vilvona_core::message::AgentMessage;
@@ -242,10 +243,25 @@ pub fn parse_line(text: &str) -> std::result::Result<Entry, String> {
         .and_then(Entry::parse)
 }
 
+/// Lines parsed together: each batch is parsed across cores (rayon), then visited in order.
+const PARSE_BATCH: usize = 256;
+/// Below this many lines a batch is parsed on the calling thread (rayon's hand-off costs more).
+const PARALLEL_LINES: usize = 64;
+
+/// A line read but not yet parsed.
+struct RawLine {
+    number: u64,
+    /// Where the line ends: the cursor after it.
+    end: u64,
+    /// Its bytes (the newline excluded when present).
+    bytes: Vec<u8>,
+    complete: bool,
+}
+
 /// Streams a transcript's entries from `from` (the default cursor = the start, header
 /// included), calling `visit` for each. Stops at the first malformed line with an error, having
 /// visited everything before it. Returns the header (when read from the start) and a torn last
-/// line, if any.
+/// line, if any. Lines are parsed in batches across cores and visited in file order.
 pub fn read_entries(
     path: &Path,
     from: Cursor,
@@ -263,72 +279,97 @@ pub fn read_entries(
     let mut header = None;
     let mut line_number: u64 = from.line;
     let mut position = offset;
-    let mut buffer = Vec::new();
+    let mut batch: Vec<RawLine> = Vec::with_capacity(PARSE_BATCH);
     loop {
-        buffer.clear();
-        let read = reader
-            .read_until(b'\n', &mut buffer)
-            .map_err(|error| io_error(path, error))?;
-        if read == 0 {
-            return Ok((header, None));
+        batch.clear();
+        let mut at_end = false;
+        while batch.len() < PARSE_BATCH {
+            let mut bytes = Vec::new();
+            let read = reader
+                .read_until(b'\n', &mut bytes)
+                .map_err(|error| io_error(path, error))?;
+            if read == 0 {
+                at_end = true;
+                break;
+            }
+            line_number += 1;
+            position += read as u64;
+            let complete = bytes.last() == Some(&b'\n');
+            if offset == 0 && line_number == 1 {
+                let text = String::from_utf8_lossy(&bytes);
+                let text = text.trim();
+                if !text.is_empty() {
+                    header = Some(parse_header(path, text)?);
+                    continue;
+                }
+            }
+            batch.push(RawLine {
+                number: line_number,
+                end: position,
+                bytes,
+                complete,
+            });
         }
-        line_number += 1;
-        position += read as u64;
-        let complete = buffer.last() == Some(&b'\n');
-        let text = String::from_utf8_lossy(&buffer);
-        if matches!(text, std::borrow::Cow::Owned(_)) {
-            // Kept, lossily: every valid part of the line matters more than its bad bytes.
-            tracing::warn!(
-                path = %path.display(),
-                line = line_number,
-                "the line is not valid UTF-8; its invalid bytes are read as U+FFFD"
-            );
-        }
-        let text = text.trim();
-        if text.is_empty() {
-            continue;
-        }
-        if offset == 0 && line_number == 1 {
-            header = Some(parse_header(path, text)?);
-            continue;
-        }
-        let parsed = parse_line(text);
-        match parsed {
-            Ok(entry) => visit(Located {
-                entry,
-                line: line_number,
-                end: Cursor {
-                    offset: position,
-                    line: line_number,
-                },
-            })
-            .map_err(|reason| TranscriptError::Malformed {
-                path: path.to_owned(),
-                line: line_number,
-                reason,
-            })?,
-            Err(reason) if !complete && position == length => {
+        let parse = |line: &RawLine| -> Option<std::result::Result<Entry, String>> {
+            let text = String::from_utf8_lossy(&line.bytes);
+            if matches!(text, std::borrow::Cow::Owned(_)) {
+                // Kept, lossily: every valid part of the line matters more than its bad bytes.
                 tracing::warn!(
                     path = %path.display(),
-                    line = line_number,
-                    %reason,
-                    "ignoring a torn last line (an append interrupted by a crash)"
+                    line = line.number,
+                    "the line is not valid UTF-8; its invalid bytes are read as U+FFFD"
                 );
-                return Ok((
-                    header,
-                    Some(TornLine {
-                        line: line_number,
-                        bytes: read as u64,
-                    }),
-                ));
             }
-            Err(reason) => {
-                return Err(TranscriptError::Malformed {
+            let text = text.trim();
+            (!text.is_empty()).then(|| parse_line(text))
+        };
+        let parsed: Vec<_> = if batch.len() >= PARALLEL_LINES {
+            batch.par_iter().map(parse).collect()
+        } else {
+            batch.iter().map(parse).collect()
+        };
+        for (line, parsed) in batch.iter().zip(parsed) {
+            match parsed {
+                None => {}
+                Some(Ok(entry)) => visit(Located {
+                    entry,
+                    line: line.number,
+                    end: Cursor {
+                        offset: line.end,
+                        line: line.number,
+                    },
+                })
+                .map_err(|reason| TranscriptError::Malformed {
                     path: path.to_owned(),
-                    line: line_number,
+                    line: line.number,
                     reason,
-                });
+                })?,
+                Some(Err(reason)) if !line.complete && line.end == length => {
+                    tracing::warn!(
+                        path = %path.display(),
+                        line = line.number,
+                        %reason,
+                        "ignoring a torn last line (an append interrupted by a crash)"
+                    );
+                    return Ok((
+                        header,
+                        Some(TornLine {
+                            line: line.number,
+                            bytes: line.bytes.len() as u64,
+                        }),
+                    ));
+                }
+                Some(Err(reason)) => {
+                    return Err(TranscriptError::Malformed {
+                        path: path.to_owned(),
+                        line: line.number,
+                        reason,
+                    });
+                }
             }
+        }
+        if at_end {
+            return Ok((header, None));
         }
     }
 }

@@ -255,3 +255,52 @@ fn turns_are_split_at_user_messages_and_a_bad_line_keeps_what_came_before() {
     let messages: usize = read.iter().map(|turn| turn.messages.len()).sum();
     assert_eq!(messages, 6, "the six messages before the bad line");
 }
+
+/// Long transcripts are parsed in batches across cores; what a reader sees is the same: every
+/// entry in order, stopping at the first bad line (named), or a torn last line skipped.
+#[test]
+fn batches_parsed_across_cores_are_visited_in_order() {
+    let dir = tempfile::TempDir::new().unwrap();
+    let line = |i: usize| {
+        format!(r#"{{"type":"message","id":"m{i}","message":{{"role":"user","content":"n{i}"}}}}"#)
+    };
+    let write = |name: &str, bad_at: Option<usize>, torn_tail: bool| {
+        let mut text = String::from("{\"type\":\"session\",\"id\":\"s\"}\n");
+        for i in 0..700 {
+            if bad_at == Some(i) {
+                text.push_str("{not json}\n");
+            } else {
+                text.push_str(&line(i));
+                text.push('\n');
+            }
+        }
+        if torn_tail {
+            text.push_str(r#"{"type":"message","id":"torn"#);
+        }
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        path
+    };
+    let ids = |path: &std::path::Path| {
+        let mut seen = Vec::new();
+        let outcome = read_entries(path, Cursor::default(), |located| {
+            seen.push(located.entry.id().unwrap().to_owned());
+            Ok(())
+        });
+        (seen, outcome)
+    };
+    let every: Vec<String> = (0..700).map(|i| format!("m{i}")).collect();
+
+    let (seen, outcome) = ids(&write("whole.jsonl", None, false));
+    assert_eq!(seen, every);
+    assert!(outcome.unwrap().1.is_none());
+
+    let (seen, outcome) = ids(&write("bad.jsonl", Some(400), false));
+    assert_eq!(seen, every[..400]);
+    // The header is line 1, so entry 400 is line 402.
+    assert!(outcome.unwrap_err().to_string().contains("bad.jsonl:402:"));
+
+    let (seen, outcome) = ids(&write("torn.jsonl", None, true));
+    assert_eq!(seen, every);
+    assert_eq!(outcome.unwrap().1.unwrap().line, 702);
+}
