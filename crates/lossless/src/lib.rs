@@ -9,16 +9,22 @@
 //! `vilvona_expand`). Subagents get scoped, expiring read grants.
 
 mod admin;
+mod assembly;
+mod bootstrap;
+mod compaction;
 mod config;
 mod engine;
 mod forget;
+mod ingest;
 mod registration;
 mod render;
+mod subagents;
 mod tools;
 mod units;
 
+pub use compaction::{CompactionReport, CompactionRequest};
 pub use config::{ConfigError, LosslessConfig};
-pub use engine::{CachedSessions, CompactionReport, CompactionRequest, ENGINE_ID, LosslessEngine};
+pub use engine::{CachedSessions, ENGINE_ID, LosslessEngine};
 pub use forget::{Forgotten, OverCap, RetentionAction, RetentionKind, RetentionPolicy};
 pub use registration::{BuildSummarizer, factory};
 pub use render::{DESCRIBE_TOOL, EXPAND_QUERY_TOOL, EXPAND_TOOL, GREP_TOOL, RECALL_GUIDANCE};

@@ -4,27 +4,22 @@
 //! single item. Every boundary the engine draws (chunks, the fresh tail, clamping) is a unit
 //! boundary.
 
-use vilvona_store::{ContextItem, ItemContent};
+use vilvona_store::{ContextItem, ItemContent, Unit};
 
 use crate::config::LosslessConfig;
 
-/// True when the item continues the unit before it (a tool result).
-pub(crate) fn continues_unit(item: &ContextItem) -> bool {
-    matches!(&item.content, ItemContent::Message(message) if message.role == "toolResult")
-}
-
 /// Index of the first item of the unit containing `index`.
-pub(crate) fn unit_start(items: &[ContextItem], mut index: usize) -> usize {
-    while index > 0 && index < items.len() && continues_unit(&items[index]) {
+pub(crate) fn unit_start(items: &[impl Unit], mut index: usize) -> usize {
+    while index > 0 && index < items.len() && items[index].continues_unit() {
         index -= 1;
     }
     index
 }
 
 /// The end (exclusive) of the unit starting at `start`.
-pub(crate) fn unit_end(items: &[ContextItem], start: usize) -> usize {
+pub(crate) fn unit_end(items: &[impl Unit], start: usize) -> usize {
     let mut end = start + 1;
-    while end < items.len() && continues_unit(&items[end]) {
+    while end < items.len() && items[end].continues_unit() {
         end += 1;
     }
     end

@@ -207,11 +207,11 @@ pub(crate) fn context_refs(
     conversation: ConversationId,
 ) -> Result<Vec<ContextRef>> {
     let mut statement = connection.prepare_cached(
-        "SELECT ci.position, ci.message_id, ci.summary_id, ci.tokens, m.role = 'toolResult'
+        "SELECT ci.position, ci.message_id, ci.summary_id, ci.tokens, m.role = ?2
          FROM context_items ci LEFT JOIN messages m ON m.id = ci.message_id
          WHERE ci.conversation_id = ?1 ORDER BY ci.position",
     )?;
-    let rows = statement.query_map([conversation.0], |row| {
+    let rows = statement.query_map(params![conversation.0, TOOL_RESULT_ROLE], |row| {
         let message: Option<i64> = row.get(1)?;
         let summary: Option<i64> = row.get(2)?;
         let item = match (message, summary) {

@@ -224,6 +224,28 @@ pub struct ContextItem {
     pub content: ItemContent,
 }
 
+/// The role of a tool result: the one role that continues the unit before it.
+pub const TOOL_RESULT_ROLE: &str = "toolResult";
+
+/// The unit rule, in one place: what must never be split is an assistant message with its tool
+/// results, so a tool result continues the unit before it and every other item starts one.
+pub trait Unit {
+    /// True when the item continues the unit before it.
+    fn continues_unit(&self) -> bool;
+}
+
+impl Unit for ContextItem {
+    fn continues_unit(&self) -> bool {
+        matches!(&self.content, ItemContent::Message(message) if message.role == TOOL_RESULT_ROLE)
+    }
+}
+
+impl Unit for ContextRef {
+    fn continues_unit(&self) -> bool {
+        self.continues_unit
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ItemContent {
     Message(StoredMessage),
@@ -245,7 +267,7 @@ pub struct ContextRef {
     pub position: i64,
     pub item: ItemRef,
     pub tokens: u64,
-    /// The item continues the unit before it (a tool result).
+    /// The item continues the unit before it (see [`Unit`]; read from the message's role).
     pub continues_unit: bool,
 }
 

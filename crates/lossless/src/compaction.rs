@@ -1,0 +1,522 @@
+//! Compaction: passes that fold the oldest raw messages into leaf summaries and runs of
+//! same-depth summaries into condensed ones until the context fits, and the re-summarizing of
+//! fallback (truncated) summaries in `maintain`.
+
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use vilvona_core::engine::*;
+use vilvona_core::summarize::{
+    SourceItem, SummarizeError, SummaryKind, SummaryLevel, SummaryRequest,
+};
+use vilvona_store::*;
+use vilvona_summarize::truncate;
+
+use crate::render::{SummaryHeader, summary_tokens};
+use crate::units::{Candidate, condense_candidate, fresh_tail_start, leaf_candidate, unit_start};
+
+use crate::engine::{LosslessEngine, content_source, store_error};
+
+/// What one compaction call asks for.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CompactionRequest<'a> {
+    /// The prompt budget the context must fit.
+    pub budget: u64,
+    /// Compact even below the threshold (manual `/compact`, overflow recovery).
+    pub force: bool,
+    /// How far down a forced compaction goes (the default: the configured target ratio).
+    pub target: Option<CompactionTarget>,
+    /// The operator's instructions for the summaries (`/compact <instructions>`).
+    pub custom_instructions: Option<&'a str>,
+    /// Checked between passes: the caller gave up.
+    pub abort: Option<&'a AbortSignal>,
+}
+
+impl CompactionRequest<'_> {
+    /// The routine check after a turn: compact if the context is above the threshold.
+    pub fn routine(budget: u64) -> CompactionRequest<'static> {
+        CompactionRequest {
+            budget,
+            ..CompactionRequest::default()
+        }
+    }
+
+    /// Compact now, whatever the threshold says.
+    pub fn forced(budget: u64) -> CompactionRequest<'static> {
+        CompactionRequest {
+            budget,
+            force: true,
+            ..CompactionRequest::default()
+        }
+    }
+}
+
+/// Why a compaction call stopped, with what it did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CompactionReport {
+    pub tokens_before: u64,
+    pub tokens_after: u64,
+    pub passes: u32,
+    pub summaries_created: u32,
+    pub fallbacks: u32,
+    pub reason: Option<CompactReason>,
+}
+
+enum Published {
+    Replaced { fallback: bool },
+    Stale,
+    NoProgress,
+}
+
+/// `(earliest, latest, first seq, last seq)` of a run of items.
+fn span(run: &[ContextItem]) -> (Option<i64>, Option<i64>, u64, u64) {
+    let mut earliest: Option<i64> = None;
+    let mut latest: Option<i64> = None;
+    let mut first = u64::MAX;
+    let mut last = 0;
+    for item in run {
+        let (e, l, f, z) = match &item.content {
+            ItemContent::Message(message) => (
+                Some(message.created_at_ms),
+                Some(message.created_at_ms),
+                message.seq,
+                message.seq,
+            ),
+            ItemContent::Summary(summary) => (
+                summary.earliest_at_ms,
+                summary.latest_at_ms,
+                summary.first_seq,
+                summary.last_seq,
+            ),
+        };
+        earliest = match (earliest, e) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        latest = match (latest, l) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
+        };
+        first = first.min(f);
+        last = last.max(z);
+    }
+    (earliest, latest, first, last)
+}
+
+fn item_source(item: &ContextItem) -> SourceItem {
+    content_source(&item.content)
+}
+
+impl LosslessEngine {
+    /// Incremental compaction: above `threshold × budget` (or when forced), summarize the oldest
+    /// units outside the fresh tail and condense same-depth runs, just enough to get under
+    /// `target`, bounded by passes and a deadline. Every pass must shrink the context.
+    pub async fn compact_conversation(
+        &self,
+        conversation: ConversationId,
+        request: CompactionRequest<'_>,
+    ) -> Result<CompactionReport, EngineError> {
+        let CompactionRequest {
+            budget,
+            force,
+            target,
+            custom_instructions,
+            abort,
+        } = request;
+        let lock = self.compaction_lock(conversation);
+        let _guard = lock.lock().await;
+        let config = &self.inner.config;
+        let threshold = (budget as f64 * config.context_threshold) as u64;
+        let goal = match target {
+            Some(CompactionTarget::Budget) => budget,
+            _ => (budget as f64 * config.target_ratio) as u64,
+        };
+        let deadline = Instant::now() + Duration::from_millis(config.deadline_ms);
+        let mut report = CompactionReport::default();
+        // The running total is one row read: the common below-threshold turn costs no more.
+        let running_total = self
+            .inner
+            .store
+            .conversation_by_id(conversation)
+            .await
+            .map_err(|error| store_error("reading the conversation", error))?
+            .map_or(0, |row| row.context_tokens);
+        let trigger = match target {
+            Some(CompactionTarget::Budget) => threshold.max(budget),
+            _ => threshold,
+        };
+        if !force && running_total <= trigger {
+            report.tokens_before = running_total;
+            report.tokens_after = running_total;
+            report.reason = Some(CompactReason::BelowThreshold);
+            return Ok(report);
+        }
+        let mut items = self.context(conversation).await?;
+        let mut total: u64 = items.iter().map(|item| item.tokens).sum();
+        report.tokens_before = total;
+        loop {
+            if abort.is_some_and(AbortSignal::is_aborted) {
+                return Err(EngineError::Cancelled);
+            }
+            let forced_first_pass = force && report.passes == 0;
+            if total <= goal && !forced_first_pass {
+                report.reason = Some(if report.summaries_created > 0 {
+                    CompactReason::Compacted
+                } else {
+                    CompactReason::BelowThreshold
+                });
+                break;
+            }
+            if report.passes >= config.max_passes_per_turn {
+                report.reason = Some(if report.summaries_created > 0 {
+                    CompactReason::Compacted
+                } else {
+                    CompactReason::NoProgress
+                });
+                break;
+            }
+            if report.passes > 0 && Instant::now() >= deadline {
+                report.reason = Some(CompactReason::Deadline);
+                break;
+            }
+            let tail_start = fresh_tail_start(&items, config, goal.max(1));
+            let summary_prefix: u64 = items[..tail_start]
+                .iter()
+                .filter(|item| matches!(item.content, ItemContent::Summary(_)))
+                .map(|item| item.tokens)
+                .sum();
+            let needed = total.saturating_sub(goal).max(1);
+            let leaf = leaf_candidate(&items, tail_start, config.leaf_chunk_tokens, needed);
+            let mut condense =
+                condense_candidate(&items, tail_start, config, config.condensed_min_fanout);
+            let mut leaf = leaf;
+            if leaf.is_none() && condense.is_none() && force {
+                // Forced (manual /compact, overflow recovery): fold any two same-depth summaries
+                // rather than report that nothing can be done. Overflow recovery (the budget
+                // target) may then summarize the fresh tail too, all but its newest unit: a
+                // provider that refused the prompt is better served by a summary than by a
+                // protected tail.
+                condense = condense_candidate(&items, tail_start, config, 2);
+                if condense.is_none()
+                    && target == Some(CompactionTarget::Budget)
+                    && !items.is_empty()
+                {
+                    let newest_unit = unit_start(&items, items.len() - 1);
+                    leaf = leaf_candidate(&items, newest_unit, config.leaf_chunk_tokens, needed);
+                }
+            }
+            let candidate = match (leaf, condense) {
+                (Some(_), Some(condense)) if summary_prefix > budget / 4 => condense,
+                (Some(leaf), _) => leaf,
+                (None, Some(condense)) => condense,
+                (None, None) => {
+                    report.reason = Some(if report.summaries_created > 0 {
+                        CompactReason::Compacted
+                    } else {
+                        CompactReason::NoCandidate
+                    });
+                    break;
+                }
+            };
+            report.passes += 1;
+            match self
+                .summarize_and_publish(conversation, &items, &candidate, custom_instructions)
+                .await?
+            {
+                Published::Replaced { fallback } => {
+                    report.summaries_created += 1;
+                    report.fallbacks += u32::from(fallback);
+                }
+                Published::Stale => {}
+                Published::NoProgress => {
+                    report.reason = Some(if report.summaries_created > 0 {
+                        CompactReason::Compacted
+                    } else {
+                        CompactReason::NoProgress
+                    });
+                    break;
+                }
+            }
+            items = self.context(conversation).await?;
+            let new_total: u64 = items.iter().map(|item| item.tokens).sum();
+            if new_total >= total && report.summaries_created == 0 {
+                report.reason = Some(CompactReason::NoProgress);
+                total = new_total;
+                break;
+            }
+            total = new_total;
+        }
+        report.tokens_after = total;
+        Ok(report)
+    }
+
+    pub(crate) async fn context(
+        &self,
+        conversation: ConversationId,
+    ) -> Result<Vec<ContextItem>, EngineError> {
+        self.inner
+            .store
+            .context(conversation)
+            .await
+            .map_err(|error| store_error("reading the context", error))
+    }
+
+    /// Summarizes a candidate (outside any transaction) and publishes it with a compare-and-swap.
+    async fn summarize_and_publish(
+        &self,
+        conversation: ConversationId,
+        items: &[ContextItem],
+        candidate: &Candidate,
+        custom_instructions: Option<&str>,
+    ) -> Result<Published, EngineError> {
+        let config = &self.inner.config;
+        let run = &items[candidate.range.clone()];
+        let (kind, depth, target) = match candidate.condensing_depth {
+            None => (SummaryKind::Leaf, 0, config.leaf_target_tokens),
+            Some(depth) => (
+                SummaryKind::Condensed,
+                depth + 1,
+                config.condensed_target_tokens,
+            ),
+        };
+        // A summary keeps at most a third of its source: every pass shrinks the context.
+        let target = target.min(candidate.tokens / 3).max(16);
+        let source: Vec<SourceItem> = run.iter().map(item_source).collect();
+        let previous_context = items[..candidate.range.start]
+            .iter()
+            .rev()
+            .find_map(|item| match &item.content {
+                ItemContent::Summary(summary) => Some(summary.content.clone()),
+                ItemContent::Message(_) => None,
+            });
+        let header_span = span(run);
+        let mut request = SummaryRequest {
+            kind,
+            depth,
+            level: SummaryLevel::Normal,
+            target_tokens: target,
+            items: source,
+            previous_context,
+            custom_instructions: custom_instructions.map(str::to_owned),
+        };
+        let mut produced = None;
+        for level in [SummaryLevel::Normal, SummaryLevel::Aggressive] {
+            request.level = level;
+            match self.inner.summarizer.summarize(&request).await {
+                Ok(summary) if !summary.text.trim().is_empty() => {
+                    let tokens = self.inner.estimator.text_tokens(&summary.text);
+                    if tokens < candidate.tokens && tokens <= target.saturating_mul(3) {
+                        produced = Some((summary.text, summary.level));
+                        break;
+                    }
+                    tracing::debug!(
+                        tokens,
+                        target,
+                        ?level,
+                        "summary did not shrink its source; escalating"
+                    );
+                }
+                Ok(_) => tracing::debug!(?level, "empty summary; escalating"),
+                Err(SummarizeError::Cancelled) => return Err(EngineError::Cancelled),
+                Err(error) => tracing::warn!(%error, ?level, "summarizer failed; escalating"),
+            }
+        }
+        let (content, level) = match produced {
+            Some(produced) => produced,
+            None => {
+                request.level = SummaryLevel::Fallback;
+                request.target_tokens = target.min(config.fallback_max_tokens);
+                let fallback = truncate(&request, &*self.inner.estimator);
+                (fallback.text, SummaryLevel::Fallback)
+            }
+        };
+        // Ids are content-addressed and always this long; the placeholder counts the same.
+        let header = SummaryHeader {
+            summary_id: "sum_0000000000000000",
+            depth,
+            kind,
+            earliest_ms: header_span.0,
+            latest_ms: header_span.1,
+            first_seq: header_span.2,
+            last_seq: header_span.3,
+        };
+        let tokens = summary_tokens(&*self.inner.estimator, &header, &content);
+        if tokens >= candidate.tokens {
+            return Ok(Published::NoProgress);
+        }
+        let plan = ReplacePlan {
+            conversation,
+            items: run
+                .iter()
+                .map(|item| (item.position, item.item_ref()))
+                .collect(),
+            summary: NewSummary {
+                kind,
+                depth,
+                content,
+                tokens,
+                level,
+                summarizer: self.inner.summarizer.id().to_owned(),
+            },
+        };
+        match self.inner.store.replace(plan).await {
+            Ok(ReplaceOutcome::Replaced(_)) => Ok(Published::Replaced {
+                fallback: level == SummaryLevel::Fallback,
+            }),
+            Ok(ReplaceOutcome::Stale) => Ok(Published::Stale),
+            Err(error) => Err(store_error("publishing a summary", error)),
+        }
+    }
+
+    /// Re-summarizes context summaries that the fallback produced, keeping their edges.
+    async fn resummarize_fallbacks(
+        &self,
+        conversation: ConversationId,
+    ) -> Result<u64, EngineError> {
+        // Only the fallback summaries are read (an indexed query), not the whole context.
+        let fallbacks = self
+            .inner
+            .store
+            .fallback_summaries(conversation)
+            .await
+            .map_err(|error| store_error("reading fallback summaries", error))?;
+        let mut rewritten = 0;
+        for summary in &fallbacks {
+            let children = self
+                .inner
+                .store
+                .children(summary.row_id)
+                .await
+                .map_err(|error| store_error("reading children", error))?;
+            let source: Vec<SourceItem> = children.iter().map(content_source).collect();
+            let source_tokens: u64 = source
+                .iter()
+                .map(|s| self.inner.estimator.text_tokens(&s.text))
+                .sum();
+            let target = match summary.kind {
+                SummaryKind::Leaf => self.inner.config.leaf_target_tokens,
+                SummaryKind::Condensed => self.inner.config.condensed_target_tokens,
+            }
+            .min(source_tokens / 3)
+            .max(16);
+            let request = SummaryRequest {
+                kind: summary.kind,
+                depth: summary.depth,
+                level: SummaryLevel::Normal,
+                target_tokens: target,
+                items: source,
+                previous_context: None,
+                custom_instructions: None,
+            };
+            let Ok(produced) = self.inner.summarizer.summarize(&request).await else {
+                // Still unavailable: try again at the next maintenance.
+                return Ok(rewritten);
+            };
+            let tokens = summary_tokens(&*self.inner.estimator, &summary.into(), &produced.text);
+            if produced.text.trim().is_empty() || tokens >= source_tokens {
+                continue;
+            }
+            let updated = self
+                .inner
+                .store
+                .update_summary(SummaryUpdate {
+                    row_id: summary.row_id,
+                    expected_level: SummaryLevel::Fallback,
+                    content: produced.text,
+                    tokens,
+                    level: produced.level,
+                    summarizer: self.inner.summarizer.id().to_owned(),
+                })
+                .await
+                .map_err(|error| store_error("re-summarizing", error))?;
+            rewritten += u64::from(updated);
+        }
+        Ok(rewritten)
+    }
+
+    pub(crate) async fn compact_for(
+        &self,
+        params: &CompactParams,
+    ) -> Result<CompactResult, EngineError> {
+        let conversation = self
+            .conversation(&params.session_id, params.session_key.as_deref())
+            .await?;
+        let budget = self
+            .budget(conversation.id, carried_budget(params.token_budget, None))
+            .await?;
+        let report = self
+            .compact_conversation(
+                conversation.id,
+                CompactionRequest {
+                    budget,
+                    force: params.force,
+                    target: params.compaction_target,
+                    custom_instructions: params.custom_instructions.as_deref(),
+                    abort: params.abort.as_ref(),
+                },
+            )
+            .await?;
+        let details = CompactDetails {
+            tokens_before: report.tokens_before,
+            tokens_after: Some(report.tokens_after),
+            details: Some(json!({
+                "passes": report.passes,
+                "summariesCreated": report.summaries_created,
+                "fallbackSummaries": report.fallbacks,
+                "stopReason": report.reason.as_ref().map(ToString::to_string),
+            })),
+            ..CompactDetails::default()
+        };
+        Ok(
+            if report.summaries_created > 0 && report.tokens_after < report.tokens_before {
+                CompactResult {
+                    ok: true,
+                    compacted: true,
+                    reason: report.reason.or(Some(CompactReason::Compacted)),
+                    result: Some(details),
+                }
+            } else {
+                CompactResult {
+                    ok: true,
+                    compacted: false,
+                    reason: report.reason.or(Some(CompactReason::NoCandidate)),
+                    result: Some(details),
+                }
+            },
+        )
+    }
+
+    /// Re-summarizes fallback summaries, then compacts if the context is above the threshold
+    /// of the budget the host last gave (it may have shrunk since the last turn).
+    pub(crate) async fn maintain_session(
+        &self,
+        params: &MaintainParams,
+    ) -> Result<MaintainResult, EngineError> {
+        let conversation = self
+            .conversation(&params.session_id, params.session_key.as_deref())
+            .await?;
+        let rewritten = self.resummarize_fallbacks(conversation.id).await?;
+        self.maybe_run_retention(&self.inner.config.retention).await;
+        let budget = self.budget(conversation.id, params.budget()).await?;
+        let report = self
+            .compact_conversation(conversation.id, CompactionRequest::routine(budget))
+            .await?;
+        let compacted = report.summaries_created > 0;
+        let mut reasons = Vec::new();
+        if rewritten > 0 {
+            reasons.push(format!("re-summarized {rewritten} fallback summaries"));
+        }
+        if compacted {
+            reasons.push(format!(
+                "compacted {} → {} tokens",
+                report.tokens_before, report.tokens_after
+            ));
+        }
+        Ok(MaintainResult {
+            changed: rewritten > 0 || compacted,
+            bytes_freed: 0,
+            rewritten_entries: rewritten,
+            reason: (!reasons.is_empty()).then(|| reasons.join("; ")),
+        })
+    }
+}

@@ -1,0 +1,230 @@
+//! Ingest: messages prepared (token counts, large content moved to blobs) and stored, one
+//! at a time, in batches, after a turn, or as a durable turn.
+
+use serde_json::Value;
+use vilvona_core::engine::*;
+use vilvona_core::message::{AgentMessage, ContentBlock, MessageContent};
+use vilvona_store::*;
+
+use crate::render::{describe_content, large_content_reference};
+
+use crate::compaction::CompactionRequest;
+use crate::engine::{LosslessEngine, store_error};
+
+impl LosslessEngine {
+    /// Prepares messages for the store: token counts, and large tool output moved to blobs.
+    pub(crate) async fn prepare(
+        &self,
+        conversation: ConversationId,
+        messages: &[AgentMessage],
+        identity: impl Fn(usize) -> MessageIdentity,
+    ) -> Result<Vec<NewMessage>, EngineError> {
+        let mut prepared = Vec::with_capacity(messages.len());
+        for (index, message) in messages.iter().enumerate() {
+            let tokens = self.inner.estimator.message_tokens(message);
+            let (message, tokens) = match self.externalize(conversation, message, tokens).await? {
+                Some(moved) => {
+                    let tokens = self.inner.estimator.message_tokens(&moved);
+                    (moved, tokens)
+                }
+                None => (message.clone(), tokens),
+            };
+            prepared.push(NewMessage {
+                tokens,
+                message,
+                identity: identity(index),
+            });
+        }
+        Ok(prepared)
+    }
+
+    /// A tool result (or user content) larger than the threshold: each large text block is stored
+    /// once as a blob and replaced by a reference and a description. The original is restorable:
+    /// the block keeps the blob id. `None` when the message (of `tokens`) stays as it is.
+    async fn externalize(
+        &self,
+        conversation: ConversationId,
+        message: &AgentMessage,
+        tokens: u64,
+    ) -> Result<Option<AgentMessage>, EngineError> {
+        let threshold = self.inner.config.large_content_threshold_tokens;
+        let is_candidate = matches!(message, AgentMessage::ToolResult(_) | AgentMessage::User(_));
+        if !is_candidate || tokens <= threshold {
+            return Ok(None);
+        }
+        let mut message = message.clone();
+        let content = match &mut message {
+            AgentMessage::ToolResult(result) => &mut result.content,
+            AgentMessage::User(user) => &mut user.content,
+            _ => return Ok(None),
+        };
+        if let MessageContent::Text(text) = content {
+            *content = MessageContent::Blocks(vec![ContentBlock::text(std::mem::take(text))]);
+        }
+        if let MessageContent::Blocks(blocks) = content {
+            for block in blocks.iter_mut() {
+                let ContentBlock::Text(text) = block else {
+                    continue;
+                };
+                if self.inner.estimator.text_tokens(&text.text) <= threshold / 2 {
+                    continue;
+                }
+                let (kind, description) = describe_content(&text.text);
+                let info = self
+                    .inner
+                    .store
+                    .put_blob(NewBlob {
+                        conversation,
+                        kind,
+                        content: std::mem::take(&mut text.text),
+                        description: description.clone(),
+                    })
+                    .await
+                    .map_err(|error| store_error("storing large content", error))?;
+                text.text = large_content_reference(&info.blob_id, &description);
+                text.extra.insert(
+                    vilvona_store::BLOB_ID_KEY.to_owned(),
+                    Value::String(info.blob_id),
+                );
+            }
+        }
+        Ok(Some(message))
+    }
+
+    pub(crate) async fn ingest_messages(
+        &self,
+        session_id: &str,
+        session_key: Option<&str>,
+        messages: &[AgentMessage],
+        identity: impl Fn(usize) -> MessageIdentity,
+        advancement_key: Option<String>,
+    ) -> Result<IngestOutcome, EngineError> {
+        let conversation = self.conversation(session_id, session_key).await?;
+        let prepared = self.prepare(conversation.id, messages, identity).await?;
+        self.inner
+            .store
+            .ingest(conversation.id, prepared, advancement_key)
+            .await
+            .map_err(|error| store_error("ingest", error))
+    }
+
+    pub(crate) async fn ingest_one(
+        &self,
+        params: &IngestParams,
+    ) -> Result<IngestResult, EngineError> {
+        let outcome = self
+            .ingest_messages(
+                &params.session_id,
+                params.session_key.as_deref(),
+                std::slice::from_ref(&params.message),
+                |_| MessageIdentity {
+                    entry_id: params.entry_id.clone(),
+                    ..MessageIdentity::default()
+                },
+                None,
+            )
+            .await?;
+        Ok(IngestResult {
+            ingested: matches!(outcome, IngestOutcome::Stored(ref results) if results.iter().any(|r| r.ingested)),
+        })
+    }
+
+    pub(crate) async fn ingest_many(
+        &self,
+        params: &IngestBatchParams,
+    ) -> Result<IngestBatchResult, EngineError> {
+        let outcome = self
+            .ingest_messages(
+                &params.session_id,
+                params.session_key.as_deref(),
+                &params.messages,
+                |index| MessageIdentity {
+                    entry_id: params.entry_ids.get(index).cloned().flatten(),
+                    ..MessageIdentity::default()
+                },
+                None,
+            )
+            .await?;
+        Ok(IngestBatchResult {
+            ingested_count: match outcome {
+                IngestOutcome::Stored(results) => {
+                    results.iter().filter(|r| r.ingested).count() as u64
+                }
+                IngestOutcome::DuplicateTurn => 0,
+            },
+        })
+    }
+
+    /// Stores the turn's messages (each at its place in the host's snapshot), then compacts
+    /// unless the turn is a heartbeat.
+    pub(crate) async fn ingest_turn(&self, params: &AfterTurnParams) -> Result<(), EngineError> {
+        let (messages, entry_ids) = params.new_messages();
+        let first_place = (params.messages.len() - messages.len()) as u64;
+        self.ingest_messages(
+            &params.session_id,
+            params.session_key.as_deref(),
+            messages,
+            |index| MessageIdentity {
+                entry_id: entry_ids.get(index).cloned().flatten(),
+                turn: None,
+                place: Some(first_place + index as u64),
+            },
+            None,
+        )
+        .await?;
+        let conversation = self
+            .conversation(&params.session_id, params.session_key.as_deref())
+            .await?;
+        let budget = self
+            .budget(
+                conversation.id,
+                carried_budget(params.token_budget, params.runtime_settings.as_ref()),
+            )
+            .await?;
+        if !params.is_heartbeat {
+            self.compact_conversation(conversation.id, CompactionRequest::routine(budget))
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// One atomic write per advancement key; a message without entry id is identified by the
+    /// key and its index in the turn, so equal messages of two turns are both kept. Compacts
+    /// against the budget the host last gave (2026.9 sends none here), unless the turn is a
+    /// heartbeat: a heartbeat's messages are stored and searchable, but it never triggers
+    /// compaction (it would spend summarizer calls and break the prompt cache for a ping).
+    pub(crate) async fn commit_durable_turn(
+        &self,
+        params: &CommitTurnParams,
+    ) -> Result<CommitTurnResult, EngineError> {
+        let outcome = self
+            .ingest_messages(
+                &params.session_id,
+                params.session_key.as_deref(),
+                &params.messages,
+                |index| MessageIdentity {
+                    entry_id: None,
+                    turn: Some((params.advancement_key.clone(), index as u32)),
+                    place: None,
+                },
+                Some(params.advancement_key.clone()),
+            )
+            .await?;
+        if outcome == IngestOutcome::DuplicateTurn {
+            return Ok(CommitTurnResult {
+                status: CommitStatus::Duplicate,
+            });
+        }
+        let conversation = self
+            .conversation(&params.session_id, params.session_key.as_deref())
+            .await?;
+        let budget = self.budget(conversation.id, params.budget()).await?;
+        if !params.is_heartbeat {
+            self.compact_conversation(conversation.id, CompactionRequest::routine(budget))
+                .await?;
+        }
+        Ok(CommitTurnResult {
+            status: CommitStatus::Committed,
+        })
+    }
+}
