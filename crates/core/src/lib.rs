@@ -22,9 +22,6 @@ pub mod registry;
 pub mod summarize;
 pub mod tokens;
 
-#[cfg(feature = "conformance")]
-pub mod conformance;
-
 pub use admin::{EngineAdmin, ToolCaller, ToolDefinition};
 pub use engine::{
     AbortSignal, AfterTurnParams, AssembleParams, AssembleResult, BootstrapParams, BootstrapResult,

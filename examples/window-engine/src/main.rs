@@ -2,7 +2,6 @@
 //! a synthetic coding session through it, printing what the model would see each turn.
 
 use serde_json::json;
-use vilvona_core::conformance::legacy_stand_in_factory;
 use vilvona_core::*;
 
 fn turn(index: usize) -> Vec<AgentMessage> {
@@ -22,9 +21,6 @@ fn turn(index: usize) -> Vec<AgentMessage> {
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let registry = Registry::new();
-    // A host registers its real `legacy` engine here; until the host crate exists, the
-    // conformance kit's pass-through stand-in plays it.
-    registry.register(LEGACY_ENGINE_ID, Owner::Core, legacy_stand_in_factory())?;
     window_engine::register(&registry)?;
 
     let mut selection = EngineSelection::slot(window_engine::ENGINE_ID);
@@ -35,8 +31,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             config: Some(json!({"defaultTokenBudget": 2_000})),
         },
     );
-    let resolved = registry.resolve(&selection).await?;
-    let info = resolved.engine.info();
+    // A host resolves the slot behind its quarantine guard, with its own `legacy` engine as
+    // the fallback; this demo has no host, so it creates the selected engine directly.
+    let engine = registry.instantiate(&selection).await?;
+    let info = engine.info();
     println!(
         "slot contextEngine = {:?} -> {} ({}), owns compaction: {}",
         window_engine::ENGINE_ID,
@@ -52,8 +50,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         let pre_prompt_message_count = history.len();
         // Assemble as the host does before calling the model: the history plus the new prompt.
         history.extend(messages.next());
-        let assembled = resolved
-            .engine
+        let assembled = engine
             .assemble(&AssembleParams {
                 session_id: "demo".to_owned(),
                 messages: history.clone().into(),
@@ -63,8 +60,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             .await?;
         // The model's reply and tool loop, then the post-turn call.
         history.extend(messages);
-        resolved
-            .engine
+        engine
             .after_turn(&AfterTurnParams {
                 session_id: "demo".to_owned(),
                 messages: history.clone().into(),
@@ -80,8 +76,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             assembled.estimated_tokens
         );
     }
-    let compacted = resolved
-        .engine
+    let compacted = engine
         .compact(&CompactParams {
             session_id: "demo".to_owned(),
             token_budget: Some(budget),

@@ -2,7 +2,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use serde_json::json;
-use vilvona_core::conformance::{
+use vilvona_conformance::{
     Expectations, SessionFixture, check_contract, check_tool_pairs, legacy_stand_in_factory,
     sample_conversation,
 };

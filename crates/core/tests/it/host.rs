@@ -1,6 +1,6 @@
 //! Host requirements fail closed with a message that names everything.
 
-use vilvona_core::conformance::check_host_requirement_table;
+use vilvona_conformance::check_host_requirement_table;
 use vilvona_core::{Capability, HostProfile};
 
 #[test]

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use vilvona_core::conformance::{
+use vilvona_conformance::{
     Expectations, LegacyStandIn, ProbeEngine, SessionFixture, check_contract,
     check_selection_table, legacy_stand_in_factory,
 };

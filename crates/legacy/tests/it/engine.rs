@@ -1,8 +1,6 @@
 use std::sync::Arc;
 
-use vilvona_core::conformance::{
-    Expectations, SessionFixture, check_contract, check_selection_table,
-};
+use vilvona_conformance::{Expectations, SessionFixture, check_contract, check_selection_table};
 use vilvona_core::registry::engine_factory;
 use vilvona_core::tokens::HeuristicEstimator;
 use vilvona_core::{ContextEngine, EngineInfo};

@@ -1,5 +1,5 @@
 use tempfile::TempDir;
-use vilvona_core::conformance::{Expectations, SessionFixture, check_contract};
+use vilvona_conformance::{Expectations, SessionFixture, check_contract};
 use vilvona_runtime::{Host, HostOptions};
 
 use crate::support::engine;

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use proptest::prelude::*;
 use serde_json::json;
 use tempfile::TempDir;
-use vilvona_core::conformance::check_tool_pairs;
+use vilvona_conformance::check_tool_pairs;
 use vilvona_core::engine::*;
 use vilvona_core::message::AgentMessage;
 use vilvona_lossless::{CompactionRequest, LosslessEngine};

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use tempfile::TempDir;
-use vilvona_core::conformance::{Expectations, SessionFixture, check_contract};
+use vilvona_conformance::{Expectations, SessionFixture, check_contract};
 use vilvona_core::engine::{ContextMode, PromptAuthority, SubagentEndReason};
 use vilvona_core::host::HostProfile;
 use vilvona_core::message::AgentMessage;

@@ -2,7 +2,7 @@
 //! auto-compaction runs again and again, and what the model would see stays sound.
 
 use tempfile::TempDir;
-use vilvona_core::conformance::check_tool_pairs;
+use vilvona_conformance::check_tool_pairs;
 use vilvona_core::tokens::{HeuristicEstimator, TokenEstimator};
 use vilvona_runtime::{Host, HostOptions};
 use vilvona_transcript::{Entry, read_transcript, session_messages};

@@ -1,6 +1,8 @@
-//! A reusable conformance kit: the contract's behaviours, checked against any engine.
+//! The conformance kit of the context-engine contract (`vilvona-core`): the contract's
+//! behaviours, checked against any engine.
 //!
-//! Engine crates enable the `conformance` feature in their dev-dependencies and call:
+//! Engine crates take this crate as a dev-dependency (it holds test doubles and panics on a
+//! broken expectation, so it never ships in a binary) and call:
 //!
 //! - [`check_contract`] with an engine instance: every lifecycle member behaves as the contract
 //!   says (results well-formed, optional members defaulted, idempotency where declared);
@@ -19,10 +21,10 @@ use std::sync::{Arc, Mutex, PoisonError};
 use async_trait::async_trait;
 use serde_json::json;
 
-use crate::engine::*;
-use crate::host::{Capability, HostProfile, HostRequirement, Operation, check_host_support};
-use crate::message::AgentMessage;
-use crate::registry::*;
+use vilvona_core::engine::*;
+use vilvona_core::host::{Capability, HostProfile, HostRequirement, Operation, check_host_support};
+use vilvona_core::message::AgentMessage;
+use vilvona_core::registry::*;
 
 // --- fixtures -----------------------------------------------------------------------------------
 
@@ -476,7 +478,7 @@ pub fn host_requirement_cases() -> Vec<HostRequirementCase> {
 pub fn check_host_requirement_table() {
     let mut report = Report::default();
     for case in host_requirement_cases() {
-        let mut requirements = crate::host::HostRequirements::new();
+        let mut requirements = vilvona_core::host::HostRequirements::new();
         requirements.insert(
             case.declared_for,
             HostRequirement {
@@ -1105,7 +1107,7 @@ async fn run_call(engine: &dyn ContextEngine, call: Call) -> Result<(), EngineEr
             }
             Stage::CallTool => engine
                 .call_tool(
-                    &crate::admin::ToolCaller::new(session_id, None),
+                    &vilvona_core::admin::ToolCaller::new(session_id, None),
                     "probe",
                     &serde_json::Value::Null,
                 )
