@@ -2,7 +2,7 @@
 
 use std::process::ExitCode;
 
-use anyhow::{Context as _, Result, anyhow};
+use anyhow::{Result, anyhow};
 use serde_json::json;
 use vilvona_core::admin::RetentionKind;
 
@@ -57,11 +57,7 @@ pub(crate) async fn forget(
 /// Shows what the retention policy does now, and (without `--dry-run`) does it.
 pub(crate) async fn retention(global: &Global, dry_run: bool, json: bool) -> Result<ExitCode> {
     let host = global.host().await?;
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .context("reading the clock")?
-        .as_millis() as i64;
-    let run = admin(&host).await?.retention(now, !dry_run).await?;
+    let run = admin(&host).await?.retention(!dry_run).await?;
     let (plan, space) = (&run.actions, run.space);
     if space.is_some() {
         for action in plan {

@@ -261,6 +261,6 @@ pub trait EngineAdmin: Send + Sync {
         before_ms: Option<i64>,
     ) -> Result<Forgotten, EngineError>;
 
-    /// What the retention policy does at `now_ms`; with `apply`, does it.
-    async fn retention(&self, now_ms: i64, apply: bool) -> Result<RetentionRun, EngineError>;
+    /// What the retention policy does now (by the engine's clock); with `apply`, does it.
+    async fn retention(&self, apply: bool) -> Result<RetentionRun, EngineError>;
 }

@@ -10,11 +10,13 @@
 //!   history;
 //! - [`host`]: host capabilities and the fail-closed host-requirement check;
 //! - [`registry`]: engine registration, slot resolution, quarantine and failure policy;
-//! - [`tokens`] and [`summarize`]: the token-estimation and summarizer seams.
+//! - [`tokens`] and [`summarize`]: the token-estimation and summarizer seams;
+//! - [`clock`]: the time, injectable.
 //!
 //! It does no IO: no files, no network, no database. Engines and hosts live in other crates.
 
 pub mod admin;
+pub mod clock;
 pub mod engine;
 pub mod host;
 pub mod message;

@@ -14,7 +14,6 @@ use std::future::Future;
 use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
@@ -540,7 +539,7 @@ impl Registry {
                 owner: owner.cloned(),
                 operation,
                 reason,
-                failed_at_ms: now_ms(),
+                failed_at_ms: crate::clock::now_ms().max(0) as u64,
             },
         );
     }
@@ -855,14 +854,6 @@ fn sanitize_for_log(text: &str) -> String {
         out.push('…');
     }
     out
-}
-
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |elapsed| {
-            u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX)
-        })
 }
 
 // --- the quarantine guard -----------------------------------------------------------------------

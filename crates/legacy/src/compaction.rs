@@ -5,6 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use serde_json::{Map, Value, json};
+use vilvona_core::clock::now_ms;
 use vilvona_core::engine::{CompactDetails, CompactReason, CompactResult};
 use vilvona_core::message::{AgentMessage, ContentBlock};
 use vilvona_core::summarize::{
@@ -445,12 +446,6 @@ fn write_successor(
     }
     writer.sync()?;
     Ok((session_id, successor))
-}
-
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |elapsed| elapsed.as_millis() as i64)
 }
 
 /// File paths a message's tool calls read or modified.

@@ -133,9 +133,9 @@ impl EngineAdmin for LosslessEngine {
         }
     }
 
-    async fn retention(&self, now_ms: i64, apply: bool) -> Result<RetentionRun, EngineError> {
+    async fn retention(&self, apply: bool) -> Result<RetentionRun, EngineError> {
         let policy = &self.config().retention;
-        let actions = self.retention_plan(policy, now_ms).await?;
+        let actions = self.retention_plan(policy, self.now_ms()).await?;
         let space = if apply && !actions.is_empty() {
             Some(self.apply_retention(&actions).await?)
         } else {

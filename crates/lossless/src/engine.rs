@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex as StdMutex, PoisonError};
 use async_trait::async_trait;
 use serde_json::Value;
 use vilvona_core::admin::{EngineAdmin, ToolCaller, ToolDefinition};
+use vilvona_core::clock::{Clock, SystemClock};
 use vilvona_core::engine::*;
 use vilvona_core::host::{Capability, HostRequirement, Operation};
 use vilvona_core::message::AgentMessage;
@@ -32,6 +33,10 @@ pub(crate) struct Inner {
     pub(crate) summarizer: Arc<dyn Summarizer>,
     pub(crate) estimator: Arc<dyn TokenEstimator>,
     pub(crate) config: LosslessConfig,
+    /// The time (grant expiry, retention).
+    pub(crate) clock: Arc<dyn Clock>,
+    /// Work started off the turn's path (retention), awaited by [`LosslessEngine::settled`].
+    pub(crate) background: StdMutex<Vec<tokio::task::JoinHandle<()>>>,
     /// session id → conversation, for this engine instance.
     pub(crate) conversations: StdMutex<HashMap<String, Conversation>>,
     /// Serializes compaction per conversation (after_turn, compact, commit_turn can race).
@@ -97,11 +102,35 @@ pub(crate) fn store_error(operation: &str, error: StoreError) -> EngineError {
 }
 
 impl LosslessEngine {
+    /// An engine over `store`, reading the system's clock.
     pub fn new(
         store: Arc<dyn HistoryStore>,
         summarizer: Arc<dyn Summarizer>,
         estimator: Arc<dyn TokenEstimator>,
         config: LosslessConfig,
+    ) -> LosslessEngine {
+        LosslessEngine::with_parts(store, summarizer, estimator, config, Arc::new(SystemClock))
+    }
+
+    /// The same engine (a fresh instance over the same store) reading the time from `clock`:
+    /// grant expiry and retention follow it.
+    pub fn with_clock(&self, clock: Arc<dyn Clock>) -> LosslessEngine {
+        let inner = &self.inner;
+        LosslessEngine::with_parts(
+            inner.store.clone(),
+            inner.summarizer.clone(),
+            inner.estimator.clone(),
+            inner.config.clone(),
+            clock,
+        )
+    }
+
+    fn with_parts(
+        store: Arc<dyn HistoryStore>,
+        summarizer: Arc<dyn Summarizer>,
+        estimator: Arc<dyn TokenEstimator>,
+        config: LosslessConfig,
+        clock: Arc<dyn Clock>,
     ) -> LosslessEngine {
         LosslessEngine {
             inner: Arc::new(Inner {
@@ -109,6 +138,8 @@ impl LosslessEngine {
                 summarizer,
                 estimator,
                 config,
+                clock,
+                background: StdMutex::new(Vec::new()),
                 conversations: StdMutex::new(HashMap::new()),
                 compaction_locks: StdMutex::new(HashMap::new()),
                 rendered: StdMutex::new(HashMap::new()),
@@ -165,6 +196,28 @@ impl LosslessEngine {
     #[cfg(not(any(test, feature = "test-support")))]
     pub(crate) fn store(&self) -> &Arc<dyn HistoryStore> {
         &self.inner.store
+    }
+
+    /// Keeps a background task to await in [`LosslessEngine::settled`] (finished ones dropped).
+    pub(crate) fn keep_background(&self, task: tokio::task::JoinHandle<()>) {
+        let mut background = lock_map(&self.inner.background);
+        background.retain(|task| !task.is_finished());
+        background.push(task);
+    }
+
+    /// Waits for the work this engine started in the background (retention) to finish.
+    pub async fn settled(&self) {
+        let tasks = std::mem::take(&mut *lock_map(&self.inner.background));
+        for task in tasks {
+            if let Err(error) = task.await {
+                tracing::warn!(%error, "a background task of the lossless engine failed");
+            }
+        }
+    }
+
+    /// Milliseconds since the epoch, by the engine's clock.
+    pub(crate) fn now_ms(&self) -> i64 {
+        self.inner.clock.now_ms()
     }
 
     pub fn config(&self) -> &LosslessConfig {
@@ -422,13 +475,9 @@ impl ContextEngine for LosslessEngine {
         Some(self.as_admin())
     }
 
+    /// Lets background work (retention) finish: nothing is left half-applied at shutdown.
     async fn dispose(&self) -> Result<(), EngineError> {
+        self.settled().await;
         Ok(())
     }
-}
-
-pub(crate) fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |elapsed| elapsed.as_millis() as i64)
 }

@@ -19,7 +19,7 @@ use vilvona_core::summarize::{SourceItem, SummaryKind, SummaryLevel, SummaryRequ
 use vilvona_store::*;
 use vilvona_summarize::truncate;
 
-use crate::engine::{LosslessEngine, content_source, now_ms, store_error};
+use crate::engine::{LosslessEngine, content_source, store_error};
 use crate::render::{SummaryHeader, summary_tokens};
 
 /// How often a plan may turn out stale before forgetting gives up.
@@ -372,7 +372,7 @@ impl LosslessEngine {
         }
         let store = self.store();
         let key = format!("{RETENTION_LAST_RUN}.{}", self.config().agent_id);
-        let now = now_ms();
+        let now = self.now_ms();
         let last: i64 = store
             .store_state(&key)
             .await
@@ -388,7 +388,7 @@ impl LosslessEngine {
         }
         let engine = self.clone();
         let policy = policy.clone();
-        tokio::spawn(async move {
+        let task = tokio::spawn(async move {
             let result = async {
                 let plan = engine.retention_plan(&policy, now).await?;
                 if plan.is_empty() {
@@ -405,6 +405,7 @@ impl LosslessEngine {
                 Err(error) => tracing::warn!(%error, "retention failed; it runs again tomorrow"),
             }
         });
+        self.keep_background(task);
         true
     }
 

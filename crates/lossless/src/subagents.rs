@@ -6,7 +6,7 @@ use async_trait::async_trait;
 use vilvona_core::engine::*;
 use vilvona_store::*;
 
-use crate::engine::{LosslessEngine, now_ms, store_error};
+use crate::engine::{LosslessEngine, store_error};
 
 #[derive(Debug)]
 struct GrantRollback {
@@ -65,7 +65,7 @@ impl LosslessEngine {
             .create_grant(NewGrant {
                 grantee: params.child_session_key.clone(),
                 conversation: parent.id,
-                expires_at_ms: now_ms() + ttl,
+                expires_at_ms: self.now_ms() + ttl,
                 token_cap: self.inner.config.max_expand_tokens * 8,
             })
             .await

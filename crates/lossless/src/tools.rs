@@ -14,7 +14,7 @@ use vilvona_core::summarize::{Evidence, QuestionRequest, SummarizeError, Summary
 use vilvona_store::*;
 use vilvona_summarize::{format_utc_rfc3339, parse_rfc3339};
 
-use crate::engine::{LosslessEngine, now_ms};
+use crate::engine::LosslessEngine;
 use crate::render::{DESCRIBE_TOOL, EXPAND_QUERY_TOOL, EXPAND_TOOL, GREP_TOOL};
 
 /// Hits of the query `vilvona_expand_query` reads evidence from.
@@ -256,7 +256,7 @@ impl LosslessEngine {
         let mut ended = Vec::new();
         let mut token_cap = None;
         if let Some(key) = &caller.session_key {
-            let now = now_ms();
+            let now = self.now_ms();
             for grant in store.grants(key).await? {
                 if grant.revoked || grant.expires_at_ms <= now {
                     ended.push(grant.conversation);

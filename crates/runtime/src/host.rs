@@ -30,8 +30,9 @@ use crate::memory::{MemoryProvider, build_memory_system_prompt_addition};
 use crate::model::{Model, ModelError, ModelRequest, ToolSpec};
 use crate::model_summarizer::summarizer_from_config;
 use crate::pruning::prune_tool_results;
-use crate::sessions::{SessionRecord, SessionStore, SessionStoreError, now_ms};
+use crate::sessions::{SessionRecord, SessionStore, SessionStoreError};
 use crate::workspace::{SystemPrompt, build_system_prompt};
+use vilvona_core::clock::now_ms;
 
 /// How many provider-overflow recoveries a turn may spend (only ones that freed tokens count).
 pub const MAX_OVERFLOW_ATTEMPTS: u32 = 3;

@@ -283,7 +283,7 @@ impl Model for OpenAiClient {
                 output: completion.output_tokens,
                 ..Usage::default()
             }),
-            timestamp: Some(crate::sessions::now_ms()),
+            timestamp: Some(vilvona_core::clock::now_ms()),
             extra: Extra::new(),
         });
         Ok(ModelResponse {

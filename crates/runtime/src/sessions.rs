@@ -91,7 +91,7 @@ impl SessionStore {
                 .or_insert_with(|| SessionRecord {
                     session_id: session_id.to_owned(),
                     session_file: sessions_dir.join(format!("{}.jsonl", file_safe(session_id))),
-                    updated_at_ms: now_ms(),
+                    updated_at_ms: vilvona_core::clock::now_ms(),
                     ..SessionRecord::default()
                 })
                 .clone()
@@ -115,7 +115,7 @@ impl SessionStore {
         self.modify(|records| {
             if let Some(record) = records.get_mut(session_key) {
                 change(record);
-                record.updated_at_ms = now_ms();
+                record.updated_at_ms = vilvona_core::clock::now_ms();
             }
         })
     }
@@ -205,10 +205,4 @@ pub fn file_safe(id: &str) -> String {
             }
         })
         .collect()
-}
-
-pub(crate) fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |elapsed| elapsed.as_millis() as i64)
 }

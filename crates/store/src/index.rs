@@ -226,7 +226,7 @@ impl RecallIndex {
                     dir.file_name()
                         .and_then(|name| name.to_str())
                         .unwrap_or("index"),
-                    crate::writer::now_ms()
+                    vilvona_core::clock::now_ms()
                 ));
                 std::fs::rename(dir, &aside).map_err(|error| StoreError::io(dir, error))?;
                 let opened = RecallIndex::open_or_create(dir)?;

@@ -520,7 +520,7 @@ fn prepare(message: NewMessage) -> Result<PreparedMessage> {
         created_at_ms: message
             .message
             .timestamp_ms()
-            .unwrap_or_else(writer::now_ms),
+            .unwrap_or_else(vilvona_core::clock::now_ms),
         ingest_key,
         place: identity.place,
         json,

@@ -20,6 +20,7 @@ use crate::index::{IndexDoc, IndexSink, IndexSlot, IndexedRow};
 use crate::read;
 use crate::types::*;
 use crate::write::{FaultPlan, WriteCounter, WriteTx};
+use vilvona_core::clock::now_ms;
 
 /// Gap between appended context positions: room to insert without renumbering.
 pub(crate) const POSITION_STEP: i64 = 1024;
@@ -1107,12 +1108,6 @@ impl Writer {
             .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))?;
         Ok(())
     }
-}
-
-pub(crate) fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |elapsed| elapsed.as_millis() as i64)
 }
 
 pub(crate) fn hex16(bytes: &[u8]) -> String {

@@ -383,22 +383,16 @@ async fn maintain_applies_retention_at_most_once_a_day() {
     assert_eq!(engine.retention_last_run().await, None);
     engine.maintain(&maintain).await.unwrap();
     let first = engine.retention_last_run().await.expect("retention ran");
-    // It runs in the background: wait for the deletion to land.
-    let mut left = Vec::new();
-    for _ in 0..100 {
-        left = engine
-            .store()
-            .conversations(Some("main"))
-            .await
-            .unwrap()
-            .into_iter()
-            .map(|c| c.session_id)
-            .collect();
-        if left == ["today"] {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
+    // It runs in the background: wait for it to finish.
+    engine.settled().await;
+    let left: Vec<String> = engine
+        .store()
+        .conversations(Some("main"))
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|c| c.session_id)
+        .collect();
     assert_eq!(left, ["today"]);
     // Within the day, maintain does not run it again.
     session(&engine, "ancient2", 3, "x", 9, now - 400 * DAY).await;

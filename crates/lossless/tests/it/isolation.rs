@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use serde_json::json;
 use tempfile::TempDir;
+use vilvona_core::clock::{Clock, ManualClock, SystemClock};
 use vilvona_core::engine::*;
 use vilvona_lossless::{CompactionRequest, LosslessConfig, LosslessEngine, ToolCaller, ToolError};
 use vilvona_store::{HistoryStore, Store, StoreConfig};
@@ -232,6 +233,26 @@ async fn grants_let_a_child_read_its_parent_until_they_end() {
         .await
         .unwrap_err();
     assert!(matches!(ended, ToolError::GrantEnded(_)), "{ended}");
+
+    // A grant ends when the engine's clock passes its expiry (a set clock, not a wait).
+    let clock = Arc::new(ManualClock::new(SystemClock.now_ms()));
+    let timed = engine.with_clock(clock.clone());
+    let minute = SubagentSpawnParams {
+        child_session_key: "agent:main:parent:sub4".to_owned(),
+        child_session_id: Some("child4".to_owned()),
+        ttl_ms: Some(60_000),
+        ..spawn.clone()
+    };
+    timed.prepare_subagent_spawn(&minute).await.unwrap();
+    let child4 = caller("child4", "agent:main:parent:sub4");
+    clock.advance(59_000);
+    assert_eq!(hits(&timed, &child4, "rollout flag").await, 1);
+    clock.advance(2_000);
+    let lapsed = timed
+        .call_tool(&child4, "vilvona_describe", &json!({"id": summary_id}))
+        .await
+        .unwrap_err();
+    assert!(matches!(lapsed, ToolError::GrantEnded(_)), "{lapsed}");
 
     // Fork seeds the child's context by reference; rollback removes grant and seed.
     let fork = SubagentSpawnParams {
