@@ -4,254 +4,22 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use anyhow::{Context as _, Result};
-use serde::Serialize;
 use serde_json::json;
-use vilvona_core::engine::AssembleParams;
-use vilvona_core::message::AgentMessage;
-use vilvona_runtime::workspace::{FileStatus, InjectedFile};
-use vilvona_transcript::{Entry, read_transcript, session_messages};
+use vilvona_runtime::context_report::{ContextReport, Part, context_report};
+use vilvona_runtime::workspace::FileStatus;
 
 use crate::inspect::find_session;
 use crate::treemap::{Tile, render_treemap};
 use crate::{ContextView, Global, print_json};
 
-#[derive(Clone, Debug, Serialize)]
-#[serde(rename_all = "camelCase")]
-struct FileReport {
-    #[serde(flatten)]
-    file: InjectedFile,
-    raw_tokens: u64,
-    injected_tokens: u64,
-}
-
-#[derive(Clone, Debug, Serialize)]
-#[serde(rename_all = "camelCase")]
-struct Part {
-    name: String,
-    count: usize,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    chars: Option<usize>,
-    tokens: u64,
-}
-
-#[derive(Clone, Debug, Serialize)]
-#[serde(rename_all = "camelCase")]
-struct TranscriptCounts {
-    /// Message entries in the transcript.
-    messages: usize,
-    /// Real conversation (user, assistant, tool results) after the last compaction: what a
-    /// compaction could fold.
-    compactable: usize,
-    /// Of those, what the assembled context still shows verbatim.
-    raw_in_context: usize,
-    /// Summaries in the assembled context.
-    summaries_in_context: usize,
-}
-
-#[derive(Clone, Debug, Serialize)]
-#[serde(rename_all = "camelCase")]
-struct Report {
-    session: String,
-    engine: String,
-    workspace: Option<String>,
-    sandbox: String,
-    window: u64,
-    token_budget: u64,
-    bootstrap_max_chars: usize,
-    bootstrap_total_max_chars: usize,
-    system_prompt_chars: usize,
-    system_prompt_tokens: u64,
-    project_context_chars: usize,
-    project_context_tokens: u64,
-    engine_addition_tokens: u64,
-    workspace_files: Vec<FileReport>,
-    skills: Vec<Part>,
-    skills_list_chars: usize,
-    skills_list_tokens: u64,
-    tool_list_chars: usize,
-    tool_list_tokens: u64,
-    tools: Vec<Part>,
-    conversation: Vec<Part>,
-    transcript: TranscriptCounts,
-    fresh_tail_messages: usize,
-    session_tokens: u64,
-    input_tokens: u64,
-    output_tokens: u64,
-}
-
-/// The group a context message belongs to.
-fn group(message: &AgentMessage) -> String {
-    let text = message.plain_text();
-    if let Some(rest) = text.strip_prefix("<summary ")
-        && let Some(depth) = rest
-            .split("depth=\"")
-            .nth(1)
-            .and_then(|tail| tail.split('"').next())
-    {
-        return format!("Summaries (depth {depth})");
-    }
-    match message {
-        AgentMessage::User(_) => "User".to_owned(),
-        AgentMessage::Assistant(_) => "Assistant".to_owned(),
-        AgentMessage::ToolResult(_) => "Tool results".to_owned(),
-        AgentMessage::Other(other) => format!("Other ({})", other.role),
-    }
-}
-
-async fn build(global: &Global, session: &str, workspace: Option<&Path>) -> Result<Report> {
+/// The report of a stored session, from a read-only host over the state directory.
+async fn build(global: &Global, session: &str, workspace: Option<&Path>) -> Result<ContextReport> {
     let mut options = global.options();
     options.workspace_dir = workspace.map(Path::to_path_buf);
     options.read_only = true;
     let host = global.host_with(options).await?;
     let (key, record) = find_session(&host, session).await?;
-    let estimator = host.estimator().clone();
-    let transcript = read_transcript(&record.session_file)?;
-    let history: Vec<AgentMessage> = session_messages(&transcript.entries)
-        .into_iter()
-        .map(|(_, m)| m)
-        .collect();
-    let system = host.system_prompt();
-    let budget = host.token_budget(&system.text, "");
-    let assembled = host
-        .engine()
-        .engine
-        .assemble(&AssembleParams {
-            session_id: record.session_id.clone(),
-            session_key: Some(key.clone()),
-            messages: history.clone().into(),
-            token_budget: Some(budget),
-            available_tools: host
-                .options()
-                .tools
-                .iter()
-                .map(|tool| tool.name.clone())
-                .collect(),
-            ..AssembleParams::default()
-        })
-        .await
-        .context("assembling the session's context")?;
-    let mut conversation: Vec<Part> = Vec::new();
-    for message in assembled.messages.iter() {
-        let name = group(message);
-        let tokens = estimator.message_tokens(message);
-        match conversation.iter_mut().find(|part| part.name == name) {
-            Some(part) => {
-                part.count += 1;
-                part.tokens += tokens;
-            }
-            None => conversation.push(Part {
-                name,
-                count: 1,
-                chars: None,
-                tokens,
-            }),
-        }
-    }
-    let is_summary = |m: &AgentMessage| m.plain_text().starts_with("<summary ");
-    let fresh_tail = assembled
-        .messages
-        .iter()
-        .rev()
-        .take_while(|m| !is_summary(m))
-        .count();
-    let real = |m: &AgentMessage| {
-        matches!(
-            m,
-            AgentMessage::User(_) | AgentMessage::Assistant(_) | AgentMessage::ToolResult(_)
-        )
-    };
-    let transcript_counts = TranscriptCounts {
-        messages: transcript
-            .entries
-            .iter()
-            .filter(|located| matches!(located.entry, Entry::Message(_)))
-            .count(),
-        compactable: history.iter().filter(|m| real(m) && !is_summary(m)).count(),
-        raw_in_context: assembled
-            .messages
-            .iter()
-            .filter(|m| real(m) && !is_summary(m))
-            .count(),
-        summaries_in_context: assembled.messages.iter().filter(|m| is_summary(m)).count(),
-    };
-    let tools: Vec<Part> = host
-        .options()
-        .tools
-        .iter()
-        .map(|tool| {
-            let schema = json!({"name": tool.name, "description": tool.description, "parameters": tool.parameters}).to_string();
-            Part {
-                name: tool.name.clone(),
-                count: 1,
-                chars: Some(schema.chars().count()),
-                tokens: estimator.text_tokens(&schema),
-            }
-        })
-        .collect();
-    let skills: Vec<Part> = system
-        .skills
-        .iter()
-        .map(|skill| Part {
-            name: skill.name.clone(),
-            count: 1,
-            chars: Some(skill.entry_chars),
-            tokens: (skill.entry_chars as u64).div_ceil(4),
-        })
-        .collect();
-    let addition_tokens = assembled
-        .system_prompt_addition
-        .as_deref()
-        .map_or(0, |addition| estimator.text_tokens(addition));
-    let files: Vec<FileReport> = system
-        .files
-        .iter()
-        .map(|file| FileReport {
-            raw_tokens: (file.raw_chars as u64).div_ceil(4),
-            injected_tokens: estimator.text_tokens(&file.text),
-            file: file.clone(),
-        })
-        .collect();
-    let chars_tokens = |chars: usize| (chars as u64).div_ceil(4);
-    let system_tokens = estimator.text_tokens(&system.text);
-    let session_tokens = system_tokens
-        + addition_tokens
-        + tools.iter().map(|t| t.tokens).sum::<u64>()
-        + conversation.iter().map(|c| c.tokens).sum::<u64>();
-    let config = host.config();
-    Ok(Report {
-        session: key,
-        engine: host.engine().active_id(),
-        workspace: system
-            .workspace
-            .as_ref()
-            .map(|dir| dir.display().to_string()),
-        sandbox: format!(
-            "mode={} sandboxed=false",
-            config.sandbox_mode.as_deref().unwrap_or("off")
-        ),
-        window: config.context_window(),
-        token_budget: budget,
-        bootstrap_max_chars: config.bootstrap.per_file_max_chars,
-        bootstrap_total_max_chars: config.bootstrap.total_max_chars,
-        system_prompt_chars: system.text.chars().count(),
-        system_prompt_tokens: system_tokens,
-        project_context_chars: system.project_context_chars,
-        project_context_tokens: chars_tokens(system.project_context_chars),
-        engine_addition_tokens: addition_tokens,
-        workspace_files: files,
-        skills,
-        skills_list_chars: system.skills_chars,
-        skills_list_tokens: chars_tokens(system.skills_chars),
-        tool_list_chars: system.tool_list_chars,
-        tool_list_tokens: chars_tokens(system.tool_list_chars),
-        tools,
-        conversation,
-        transcript: transcript_counts,
-        fresh_tail_messages: fresh_tail,
-        session_tokens,
-        input_tokens: record.input_tokens,
-        output_tokens: record.output_tokens,
-    })
+    Ok(context_report(&host, &key, &record).await?)
 }
 
 /// `12,345`: the way `/context` prints counts.
@@ -267,7 +35,7 @@ fn grouped(value: impl Into<u64>) -> String {
     out
 }
 
-fn print_list(report: &Report, detail: bool) {
+fn print_list(report: &ContextReport, detail: bool) {
     let n = |value: usize| grouped(value as u64);
     println!(
         "Context breakdown{} — session {} (engine {})",

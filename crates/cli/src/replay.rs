@@ -85,7 +85,7 @@ async fn replay_turns(
     };
     progress.set_style(
         ProgressStyle::with_template("{msg} [{bar:40}] {pos}/{len} turns ({elapsed})")
-            .map_err(|error| anyhow!(error.to_string()))?
+            .context("the progress bar's template")?
             .progress_chars("=> "),
     );
     progress.set_message("replaying");

@@ -453,6 +453,20 @@ pub struct AssembleResult {
     pub prompt_authority: PromptAuthority,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub context_projection: Option<ContextProjection>,
+    /// The messages that stand for summarized history, for reports like `/context` (none for
+    /// an engine that does not summarize).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub summaries: Vec<AssembledSummary>,
+}
+
+/// A message of an assembled context that stands for summarized history.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AssembledSummary {
+    /// Its index in [`AssembleResult::messages`].
+    pub index: usize,
+    /// Its depth in the engine's summaries (0: a summary of raw messages).
+    pub depth: u32,
 }
 
 /// How far a compaction should go.

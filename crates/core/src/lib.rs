@@ -26,13 +26,13 @@ pub mod tokens;
 
 pub use admin::{EngineAdmin, ToolCaller, ToolDefinition};
 pub use engine::{
-    AbortSignal, AfterTurnParams, AssembleParams, AssembleResult, BootstrapParams, BootstrapResult,
-    CommitStatus, CommitTurnParams, CommitTurnResult, CompactDetails, CompactParams, CompactReason,
-    CompactResult, CompactionTarget, ContextEngine, ContextMode, ContextProjection, EngineError,
-    EngineInfo, HostParam, IngestBatchParams, IngestBatchResult, IngestParams, IngestResult,
-    MaintainParams, MaintainReason, MaintainResult, ProjectionMode, PromptAuthority,
-    SpawnPreparation, SpawnRollback, SubagentEndReason, SubagentEndedParams, SubagentSpawnParams,
-    TranscriptSemantics, TurnMaintenanceMode,
+    AbortSignal, AfterTurnParams, AssembleParams, AssembleResult, AssembledSummary,
+    BootstrapParams, BootstrapResult, CommitStatus, CommitTurnParams, CommitTurnResult,
+    CompactDetails, CompactParams, CompactReason, CompactResult, CompactionTarget, ContextEngine,
+    ContextMode, ContextProjection, EngineError, EngineInfo, HostParam, IngestBatchParams,
+    IngestBatchResult, IngestParams, IngestResult, MaintainParams, MaintainReason, MaintainResult,
+    ProjectionMode, PromptAuthority, SpawnPreparation, SpawnRollback, SubagentEndReason,
+    SubagentEndedParams, SubagentSpawnParams, TranscriptSemantics, TurnMaintenanceMode,
 };
 pub use host::{
     Capability, HostProfile, HostRequirement, HostRequirementError, HostRequirements, Operation,

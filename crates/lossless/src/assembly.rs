@@ -7,7 +7,9 @@ use std::sync::{Arc, PoisonError};
 use vilvona_core::engine::*;
 use vilvona_store::*;
 
-use crate::render::{DESCRIBE_TOOL, EXPAND_TOOL, GREP_TOOL, RECALL_GUIDANCE, summary_message};
+use crate::render::{
+    DESCRIBE_TOOL, EXPAND_TOOL, GREP_TOOL, RECALL_GUIDANCE, summary_depth, summary_message,
+};
 
 use crate::engine::{LosslessEngine, lock_map, store_error};
 use crate::units::unit_end;
@@ -157,6 +159,16 @@ impl LosslessEngine {
                 rendered.clear();
             }
         }
+        // Summaries are few: a walk over the item references finds them.
+        let summaries = visible
+            .iter()
+            .enumerate()
+            .filter(|(_, item)| matches!(item, ItemRef::Summary(_)))
+            .filter_map(|(index, _)| {
+                let depth = summary_depth(&messages[index])?;
+                Some(AssembledSummary { index, depth })
+            })
+            .collect();
         lock_map(&self.inner.assembled).keep(conversation, visible, messages.clone());
         Ok(AssembleResult {
             messages,
@@ -164,6 +176,7 @@ impl LosslessEngine {
             system_prompt_addition: None,
             prompt_authority: authority,
             context_projection: None,
+            summaries,
         })
     }
 

@@ -71,6 +71,24 @@ pub(crate) fn summary_message(summary: &StoredSummary) -> AgentMessage {
     AgentMessage::user_text(summary_text(&summary.into(), &summary.content))
 }
 
+/// The depth a rendered summary message states in its header.
+pub(crate) fn summary_depth(message: &AgentMessage) -> Option<u32> {
+    let AgentMessage::User(user) = message else {
+        return None;
+    };
+    let text = match &user.content {
+        vilvona_core::message::MessageContent::Text(text) => text.as_str(),
+        _ => return None,
+    };
+    text.strip_prefix("<summary ")?
+        .split("depth=\"")
+        .nth(1)?
+        .split('"')
+        .next()?
+        .parse()
+        .ok()
+}
+
 /// What a rendered summary costs in the context.
 pub(crate) fn summary_tokens(
     estimator: &dyn TokenEstimator,

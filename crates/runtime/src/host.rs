@@ -75,8 +75,10 @@ pub enum HostError {
         state_dir: PathBuf,
         reasons: Vec<String>,
     },
-    #[error("{0}")]
-    Invalid(String),
+    #[error(transparent)]
+    Register(#[from] vilvona_core::registry::RegisterError),
+    #[error("compacting the transcript")]
+    Compaction(#[from] vilvona_legacy::CompactionError),
 }
 
 /// How to open a host.
@@ -299,10 +301,8 @@ impl Host {
         let summarizer: Arc<dyn Summarizer> =
             Arc::new(ExtractiveSummarizer::new(estimator.clone()));
         let registry = Registry::new();
-        register_legacy(&registry, &config, summarizer.clone(), estimator.clone())
-            .map_err(|error| HostError::Invalid(error.to_string()))?;
-        register_lossless(&registry, None)
-            .map_err(|error| HostError::Invalid(error.to_string()))?;
+        register_legacy(&registry, &config, summarizer.clone(), estimator.clone())?;
+        register_lossless(&registry, None)?;
         register(&registry, &config)?;
         let mut selection =
             config.engine_selection(Some(options.agent_dir()), options.workspace_dir.clone());
@@ -1077,8 +1077,7 @@ impl Host {
             summarizer: &*self.summarizer,
             estimator: &*self.estimator,
         })
-        .await
-        .map_err(|error| HostError::Invalid(error.to_string()))?;
+        .await?;
         self.after_compaction(live, &result).await?;
         Ok(result)
     }

@@ -9,6 +9,7 @@
 //! - [`pruning`], [`memory`], [`doctor`], and [`sdk`] helpers for engine authors.
 
 pub mod config;
+pub mod context_report;
 pub mod doctor;
 pub mod host;
 pub mod memory;

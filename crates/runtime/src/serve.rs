@@ -283,12 +283,12 @@ impl Server {
         );
         let registry = Registry::new();
         register_legacy(&registry, &host_config, summarizer, estimator)
-            .map_err(|e| RpcError::new(ENGINE_ERROR, e.to_string()))?;
+            .map_err(|e| RpcError::new(ENGINE_ERROR, error_chain(&e)))?;
         let host_llm: Arc<dyn Summarizer> = Arc::new(HostLlmSummarizer {
             server: lock(&self.me).clone(),
         });
         register_lossless(&registry, Some(host_llm))
-            .map_err(|e| RpcError::new(ENGINE_ERROR, e.to_string()))?;
+            .map_err(|e| RpcError::new(ENGINE_ERROR, error_chain(&e)))?;
         let mut selection = EngineSelection {
             slot: Some(setup.engine_id.clone()),
             agent_dir: Some(crate::HostOptions::new(&setup.state_dir).agent_dir()),
@@ -323,7 +323,7 @@ impl Server {
         }
         fn reply<T: serde::Serialize>(value: T) -> Result<Value, RpcError> {
             serde_json::to_value(value)
-                .map_err(|error| RpcError::new(ENGINE_ERROR, error.to_string()))
+                .map_err(|error| RpcError::new(ENGINE_ERROR, error_chain(&error)))
         }
         match method {
             "initialize" => self.initialize(params).await,
@@ -522,7 +522,7 @@ impl Server {
         let engine = self.engine().await?;
         let info = engine.info();
         let tools = serde_json::to_value(engine.tools())
-            .map_err(|error| RpcError::new(ENGINE_ERROR, error.to_string()))?;
+            .map_err(|error| RpcError::new(ENGINE_ERROR, error_chain(&error)))?;
         Ok(json!({
             "info": info,
             "transcriptSemantics": info.transcript_semantics,
@@ -550,13 +550,13 @@ impl Server {
 /// The tools an engine declares at registration (`params.engineId`, default lossless).
 fn declared_tools(params: &Value) -> Result<Value, RpcError> {
     let registry = Registry::new();
-    register_lossless(&registry, None).map_err(|e| RpcError::new(ENGINE_ERROR, e.to_string()))?;
+    register_lossless(&registry, None).map_err(|e| RpcError::new(ENGINE_ERROR, error_chain(&e)))?;
     let engine_id = params
         .get("engineId")
         .and_then(Value::as_str)
         .unwrap_or(DEFAULT_ENGINE);
     let tools = serde_json::to_value(registry.declared_tools(engine_id))
-        .map_err(|error| RpcError::new(ENGINE_ERROR, error.to_string()))?;
+        .map_err(|error| RpcError::new(ENGINE_ERROR, error_chain(&error)))?;
     Ok(json!({ "tools": tools }))
 }
 

@@ -22,11 +22,15 @@ pub enum StoreError {
         source: std::io::Error,
     },
     #[error("sqlite")]
-    Sqlite(#[from] rusqlite::Error),
+    Sqlite(#[source] DatabaseError),
     #[error("search index")]
-    Index(#[from] tantivy::TantivyError),
+    Index(#[source] IndexError),
+    /// A message that cannot be stored as it is.
     #[error("invalid message: {0}")]
     InvalidMessage(String),
+    /// A message whose JSON cannot be written.
+    #[error("the message cannot be serialized")]
+    Unserializable(#[source] serde_json::Error),
     #[error(
         "message of {bytes} bytes exceeds the {limit}-byte limit; store large content as a blob"
     )]
@@ -38,8 +42,12 @@ pub enum StoreError {
     QueryTooLarge(String),
     #[error("unknown {what} {id}")]
     NotFound { what: &'static str, id: String },
+    /// The writer thread (or a blocking task of the store) is gone.
     #[error("the store's writer has stopped: {0}")]
-    WriterStopped(String),
+    WriterStopped(&'static str),
+    /// A blocking task of the store panicked or was cancelled.
+    #[error("a task of the store failed")]
+    TaskFailed(#[source] tokio::task::JoinError),
     #[error("injected fault: {0}")]
     InjectedFault(String),
     #[error("corrupt row: {0}")]
@@ -52,6 +60,28 @@ pub enum StoreError {
     /// A write on a store opened for reading only (an inspection command).
     #[error("{0}: the store was opened read-only")]
     ReadOnly(String),
+}
+
+/// An error of the embedded database, opaque: the store's callers do not depend on its driver.
+#[derive(Debug, thiserror::Error)]
+#[error(transparent)]
+pub struct DatabaseError(pub(crate) rusqlite::Error);
+
+/// An error of the recall index, opaque like [`DatabaseError`].
+#[derive(Debug, thiserror::Error)]
+#[error(transparent)]
+pub struct IndexError(pub(crate) tantivy::TantivyError);
+
+impl From<rusqlite::Error> for StoreError {
+    fn from(error: rusqlite::Error) -> StoreError {
+        StoreError::Sqlite(DatabaseError(error))
+    }
+}
+
+impl From<tantivy::TantivyError> for StoreError {
+    fn from(error: tantivy::TantivyError) -> StoreError {
+        StoreError::Index(IndexError(error))
+    }
 }
 
 impl StoreError {

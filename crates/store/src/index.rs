@@ -20,7 +20,7 @@ use tantivy::schema::{
 use tantivy::{DocAddress, Index, IndexReader, IndexWriter, Order, ReloadPolicy, TantivyDocument};
 use tantivy::{Term, doc};
 
-use crate::error::{Result, StoreError};
+use crate::error::{IndexError, Result, StoreError};
 use crate::tokenize::{RecallTokenizer, TOKENIZER, words};
 use crate::types::{SearchMode, SearchOrder, SearchQuery, SearchTarget};
 
@@ -126,7 +126,7 @@ fn check_files(dir: &Path) -> Result<()> {
         }
         let length = entry.metadata().map_or(0, |meta| meta.len());
         if length < 8 {
-            return Err(StoreError::Index(tantivy::TantivyError::SystemError(
+            return Err(StoreError::from(tantivy::TantivyError::SystemError(
                 format!("{} is truncated ({length} bytes)", entry.path().display()),
             )));
         }
@@ -144,7 +144,7 @@ pub(crate) fn contained<T>(work: impl FnOnce() -> Result<T>) -> Result<T> {
             .map(String::as_str)
             .or_else(|| panic.downcast_ref::<&str>().copied())
             .unwrap_or("a panic");
-        Err(StoreError::Index(tantivy::TantivyError::SystemError(
+        Err(StoreError::from(tantivy::TantivyError::SystemError(
             format!("reading the index panicked: {message}"),
         )))
     })
@@ -152,7 +152,7 @@ pub(crate) fn contained<T>(work: impl FnOnce() -> Result<T>) -> Result<T> {
 
 fn mmap_directory(dir: &Path) -> Result<MmapDirectory> {
     MmapDirectory::open(dir).map_err(|error| {
-        StoreError::Index(tantivy::TantivyError::SystemError(format!(
+        StoreError::from(tantivy::TantivyError::SystemError(format!(
             "{}: {error}",
             dir.display()
         )))
@@ -216,7 +216,9 @@ impl RecallIndex {
         match RecallIndex::open_or_create(dir) {
             Ok(opened) => Ok(opened),
             Err(problem) => {
-                if let StoreError::Index(tantivy::TantivyError::SchemaError(_)) = problem {
+                if let StoreError::Index(IndexError(tantivy::TantivyError::SchemaError(_))) =
+                    problem
+                {
                     tracing::info!(dir = %dir.display(), "the recall index was written by an older build (another tokenizer); rebuilding it from the database");
                 } else {
                     tracing::warn!(dir = %dir.display(), %problem, "the recall index is damaged; rebuilding it from the database");
@@ -248,7 +250,7 @@ impl RecallIndex {
         std::fs::create_dir_all(dir).map_err(|error| StoreError::io(dir, error))?;
         let directory = mmap_directory(dir)?;
         let exists = Index::exists(&directory).map_err(|error| {
-            StoreError::Index(tantivy::TantivyError::SystemError(format!(
+            StoreError::from(tantivy::TantivyError::SystemError(format!(
                 "{}: {error}",
                 dir.display()
             )))
@@ -256,7 +258,7 @@ impl RecallIndex {
         let index = if exists {
             let index = Index::open(directory)?;
             if index.schema() != schema {
-                return Err(StoreError::Index(tantivy::TantivyError::SchemaError(
+                return Err(StoreError::from(tantivy::TantivyError::SchemaError(
                     "the index was written with another schema".to_owned(),
                 )));
             }
@@ -322,7 +324,7 @@ impl RecallIndex {
         }
         let index = Index::open(directory)?;
         if index.schema() != schema {
-            return Err(StoreError::Index(tantivy::TantivyError::SchemaError(
+            return Err(StoreError::from(tantivy::TantivyError::SchemaError(
                 "the index was written with another schema".to_owned(),
             )));
         }

@@ -38,7 +38,7 @@ use tokio::sync::oneshot;
 
 pub use blobs::{BLOB_ID_KEY, referenced_blobs};
 pub use dag::{DagSummary, DagView};
-pub use error::{Result, StoreError};
+pub use error::{DatabaseError, IndexError, Result, StoreError};
 pub use schema::SCHEMA_VERSION;
 pub use search::{MAX_QUERY_BYTES, MAX_QUERY_WORDS};
 pub use types::*;
@@ -246,7 +246,7 @@ impl Store {
     pub async fn open(config: StoreConfig) -> Result<Store> {
         tokio::task::spawn_blocking(move || Store::open_blocking(config))
             .await
-            .map_err(|error| StoreError::WriterStopped(error.to_string()))?
+            .map_err(StoreError::TaskFailed)?
     }
 
     fn open_blocking(config: StoreConfig) -> Result<Store> {
@@ -332,7 +332,7 @@ impl Store {
             })
         })
         .await
-        .map_err(|error| StoreError::WriterStopped(error.to_string()))?
+        .map_err(StoreError::TaskFailed)?
     }
 
     /// True when the store was opened with [`Store::open_read_only`].
@@ -412,7 +412,7 @@ impl Store {
             }
         })
         .await
-        .map_err(|error| StoreError::WriterStopped(error.to_string()))?;
+        .map_err(StoreError::TaskFailed)?;
         result
     }
 
@@ -429,14 +429,14 @@ impl Store {
             }
             let sender = commands
                 .as_ref()
-                .ok_or_else(|| StoreError::WriterStopped("the store is closed".to_owned()))?;
+                .ok_or_else(|| StoreError::WriterStopped("the store is closed"))?;
             sender
                 .send(command(reply))
-                .map_err(|_| StoreError::WriterStopped("the writer thread exited".to_owned()))?;
+                .map_err(|_| StoreError::WriterStopped("the writer thread exited"))?;
         }
         response
             .await
-            .map_err(|_| StoreError::WriterStopped("the writer thread exited".to_owned()))?
+            .map_err(|_| StoreError::WriterStopped("the writer thread exited"))?
     }
 
     /// Runs `query` on a reader connection on a blocking thread.
@@ -464,7 +464,7 @@ impl Store {
             result
         })
         .await
-        .map_err(|error| StoreError::WriterStopped(error.to_string()))?
+        .map_err(StoreError::TaskFailed)?
     }
 }
 
@@ -480,8 +480,7 @@ fn private_dir(dir: &Path) -> std::io::Result<()> {
 }
 
 fn prepare(message: NewMessage) -> Result<PreparedMessage> {
-    let json = serde_json::to_string(&message.message)
-        .map_err(|error| StoreError::InvalidMessage(error.to_string()))?;
+    let json = serde_json::to_string(&message.message).map_err(StoreError::Unserializable)?;
     if json.len() > MAX_MESSAGE_BYTES {
         return Err(StoreError::MessageTooLarge {
             bytes: json.len(),

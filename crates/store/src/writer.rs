@@ -934,8 +934,7 @@ impl Writer {
         sink.commit()?;
         let watermark = sink.watermark();
         self.index.current().reload()?;
-        let watermark = serde_json::to_string(&watermark)
-            .map_err(|error| StoreError::CorruptRow(error.to_string()))?;
+        let watermark = serde_json::to_string(&watermark).map_err(StoreError::Unserializable)?;
         self.set_store_state("index_watermark", &watermark)
     }
 

@@ -22,7 +22,7 @@ use vilvona_core::message::AgentMessage;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum TranscriptError {
-    #[error("{path}: {source}")]
+    #[error("{path}")]
     Io {
         path: PathBuf,
         #[source]

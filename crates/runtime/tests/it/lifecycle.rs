@@ -360,7 +360,7 @@ async fn host_requirements_fail_closed_before_the_turn() {
                     Ok(engine)
                 }),
             )
-            .map_err(|error| HostError::Invalid(error.to_string()))
+            .map_err(HostError::from)
     })
     .await
     .unwrap();

@@ -136,7 +136,7 @@ impl ContextEngine for Recorder {
             estimated_tokens: self.behaviour.estimated_tokens,
             system_prompt_addition: self.behaviour.addition.clone(),
             prompt_authority: self.behaviour.authority,
-            context_projection: None,
+            ..AssembleResult::default()
         })
     }
 
@@ -211,7 +211,7 @@ pub(crate) fn register_recorder(
                     async move { Ok(engine) }
                 }),
             )
-            .map_err(|error| HostError::Invalid(error.to_string()))
+            .map_err(HostError::from)
     };
     (register, calls, seen)
 }
