@@ -302,6 +302,19 @@ pub async fn probe_grep(store_dir: &Path, needles: &Path) -> Result<()> {
     Ok(())
 }
 
+impl RunOptions {
+    /// Where the run keeps its store: `store_dir`, else a temporary directory (removed when
+    /// the returned guard drops).
+    fn store_place(&self) -> Result<(tempfile::TempDir, PathBuf)> {
+        let temporary = tempfile::TempDir::new().context("creating a temporary store directory")?;
+        let dir = self
+            .store_dir
+            .clone()
+            .unwrap_or_else(|| temporary.path().join("store"));
+        Ok((temporary, dir))
+    }
+}
+
 /// Runs the workload.
 pub async fn run(options: &RunOptions) -> Result<Figures> {
     let started = Instant::now();
@@ -311,11 +324,7 @@ pub async fn run(options: &RunOptions) -> Result<Figures> {
             .with_context(|| format!("reading {}", options.needles.display()))?,
     )
     .with_context(|| format!("parsing {}", options.needles.display()))?;
-    let temporary = tempfile::TempDir::new().context("creating a temporary store directory")?;
-    let store_dir = options
-        .store_dir
-        .clone()
-        .unwrap_or_else(|| temporary.path().join("store"));
+    let (_temporary, store_dir) = options.store_place()?;
     let estimator: Arc<dyn TokenEstimator> = Arc::new(HeuristicEstimator);
     let inner = options.summarizer.build(&estimator);
     let timed = Arc::new(TimedSummarizer {
@@ -658,11 +667,7 @@ pub async fn run_forget(options: &RunOptions, sessions: usize) -> Result<ForgetF
     while let Some(turn) = stream.recv().await {
         turns.push(turn?);
     }
-    let temporary = tempfile::TempDir::new().context("creating a temporary store directory")?;
-    let store_dir = options
-        .store_dir
-        .clone()
-        .unwrap_or_else(|| temporary.path().join("store"));
+    let (_temporary, store_dir) = options.store_place()?;
     let estimator: Arc<dyn TokenEstimator> = Arc::new(HeuristicEstimator);
     let summarizer = options.summarizer.build(&estimator);
     let config = LosslessConfig {
@@ -737,11 +742,7 @@ pub struct BootstrapFigures {
 
 /// Imports the transcript as a session the engine has never seen.
 pub async fn run_bootstrap(options: &RunOptions) -> Result<BootstrapFigures> {
-    let temporary = tempfile::TempDir::new().context("creating a temporary store directory")?;
-    let store_dir = options
-        .store_dir
-        .clone()
-        .unwrap_or_else(|| temporary.path().join("store"));
+    let (_temporary, store_dir) = options.store_place()?;
     let estimator: Arc<dyn TokenEstimator> = Arc::new(HeuristicEstimator);
     let engine = LosslessEngine::open(
         &store_dir,

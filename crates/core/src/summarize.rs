@@ -51,6 +51,24 @@ pub struct SummaryRequest {
 }
 
 impl SummaryRequest {
+    /// A request at the normal level, with no previous context and no operator instructions.
+    pub fn new(
+        kind: SummaryKind,
+        depth: u32,
+        target_tokens: u64,
+        items: Vec<SourceItem>,
+    ) -> SummaryRequest {
+        SummaryRequest {
+            kind,
+            depth,
+            level: SummaryLevel::Normal,
+            target_tokens,
+            items,
+            previous_context: None,
+            custom_instructions: None,
+        }
+    }
+
     /// The source as one text: each item on its own lines, prefixed by its label.
     pub fn source_text(&self) -> String {
         let mut out = String::new();

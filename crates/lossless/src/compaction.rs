@@ -291,13 +291,9 @@ impl LosslessEngine {
             });
         let header_span = span(run);
         let mut request = SummaryRequest {
-            kind,
-            depth,
-            level: SummaryLevel::Normal,
-            target_tokens: target,
-            items: source,
             previous_context,
             custom_instructions: custom_instructions.map(str::to_owned),
+            ..SummaryRequest::new(kind, depth, target, source)
         };
         let mut produced = None;
         for level in [SummaryLevel::Normal, SummaryLevel::Aggressive] {
@@ -399,15 +395,7 @@ impl LosslessEngine {
             }
             .min(source_tokens / 3)
             .max(16);
-            let request = SummaryRequest {
-                kind: summary.kind,
-                depth: summary.depth,
-                level: SummaryLevel::Normal,
-                target_tokens: target,
-                items: source,
-                previous_context: None,
-                custom_instructions: None,
-            };
+            let request = SummaryRequest::new(summary.kind, summary.depth, target, source);
             let Ok(produced) = self.inner.summarizer.summarize(&request).await else {
                 // Still unavailable: try again at the next maintenance.
                 return Ok(rewritten);

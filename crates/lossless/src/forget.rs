@@ -201,15 +201,7 @@ impl LosslessEngine {
             SummaryKind::Leaf => config.leaf_target_tokens,
             SummaryKind::Condensed => config.condensed_target_tokens,
         };
-        let mut request = SummaryRequest {
-            kind: summary.kind,
-            depth: summary.depth,
-            level: SummaryLevel::Normal,
-            target_tokens: target,
-            items: source,
-            previous_context: None,
-            custom_instructions: None,
-        };
+        let mut request = SummaryRequest::new(summary.kind, summary.depth, target, source);
         match self.inner.summarizer.summarize(&request).await {
             Ok(produced) if !produced.text.trim().is_empty() => Ok(produced.text),
             Ok(_) | Err(_) => {

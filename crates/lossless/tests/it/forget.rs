@@ -94,6 +94,18 @@ async fn all_summaries(engine: &LosslessEngine, session: &str) -> Vec<StoredSumm
     all
 }
 
+/// The sessions the store holds for agent main.
+async fn stored_sessions(engine: &LosslessEngine) -> Vec<String> {
+    engine
+        .store()
+        .conversations(Some("main"))
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|c| c.session_id)
+        .collect()
+}
+
 fn recall_everything() -> LosslessConfig {
     LosslessConfig {
         recall_all_conversations: true,
@@ -340,14 +352,7 @@ async fn the_size_cap_deletes_the_least_recently_active_first() {
     assert_eq!(order, ["a", "b", "c", "d"][..order.len()].to_vec());
     assert!(plan.iter().all(|a| a.action == RetentionKind::Delete));
     engine.apply_retention(&plan).await.unwrap();
-    let left: Vec<String> = engine
-        .store()
-        .conversations(Some("main"))
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|c| c.session_id)
-        .collect();
+    let left = stored_sessions(&engine).await;
     assert_eq!(left.len(), 4 - order.len());
     assert!(engine.store().disk_bytes() < size);
 }
@@ -385,14 +390,7 @@ async fn maintain_applies_retention_at_most_once_a_day() {
     let first = engine.retention_last_run().await.expect("retention ran");
     // It runs in the background: wait for it to finish.
     engine.settled().await;
-    let left: Vec<String> = engine
-        .store()
-        .conversations(Some("main"))
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|c| c.session_id)
-        .collect();
+    let left = stored_sessions(&engine).await;
     assert_eq!(left, ["today"]);
     // Within the day, maintain does not run it again.
     session(&engine, "ancient2", 3, "x", 9, now - 400 * DAY).await;
