@@ -27,6 +27,7 @@ use crate::message::AgentMessage;
 pub struct Messages(Arc<Vec<AgentMessage>>);
 
 impl Messages {
+    /// An empty list.
     pub fn new() -> Messages {
         Messages::default()
     }
@@ -36,6 +37,7 @@ impl Messages {
         Arc::make_mut(&mut self.0)
     }
 
+    /// A copy of the list.
     pub fn to_vec(&self) -> Vec<AgentMessage> {
         self.0.as_ref().clone()
     }
@@ -77,13 +79,16 @@ pub struct EngineInfo {
     pub id: String,
     /// A display name.
     pub name: String,
+    /// The engine's version.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub version: Option<String>,
     /// The engine owns compaction: the host turns its built-in auto-compaction off.
     #[serde(default)]
     pub owns_compaction: bool,
+    /// What the engine needs from a host, per operation (checked before it runs).
     #[serde(default, skip_serializing_if = "HostRequirements::is_empty")]
     pub host_requirements: HostRequirements,
+    /// Whether `maintain` after a turn blocks the reply.
     #[serde(default)]
     pub turn_maintenance_mode: TurnMaintenanceMode,
     /// Host-added parameters the engine wants to receive (OpenClaw 2026.8+).
@@ -98,8 +103,10 @@ pub struct EngineInfo {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum TurnMaintenanceMode {
+    /// The reply waits for it.
     #[default]
     Foreground,
+    /// It runs after the reply.
     Background,
 }
 
@@ -107,11 +114,17 @@ pub enum TurnMaintenanceMode {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub enum HostParam {
+    /// `sessionKey` on every call.
     SessionKey,
+    /// The run's prompt, on `assemble`.
     Prompt,
+    /// `runtimeSettings` (the run's limits).
     RuntimeSettings,
+    /// The session's target (channel, thread).
     SessionTarget,
+    /// `runtimeContext` (the host's services, such as its model).
     RuntimeContext,
+    /// An abort signal on `compact`.
     AbortSignal,
 }
 
@@ -128,7 +141,9 @@ pub struct TranscriptSemantics {
 }
 
 impl TranscriptSemantics {
+    /// The current-turn fence: the engine sees the history before the current turn's entry.
     pub const CURRENT_TURN_FENCE_V1: &'static str = "before-current-turn-entry-v1";
+    /// Turn advancement is atomic and idempotent by key.
     pub const ATOMIC_IDEMPOTENT_V1: &'static str = "atomic-idempotent-v1";
 
     /// Both declarations a durable-turn host requires.
@@ -156,14 +171,17 @@ pub struct AbortSignal {
 }
 
 impl AbortSignal {
+    /// A signal not yet raised.
     pub fn new() -> AbortSignal {
         AbortSignal::default()
     }
 
+    /// Raises the signal (every clone sees it).
     pub fn abort(&self) {
         self.aborted.store(true, Ordering::SeqCst);
     }
 
+    /// True once raised.
     pub fn is_aborted(&self) -> bool {
         self.aborted.load(Ordering::SeqCst)
     }
@@ -180,7 +198,10 @@ pub enum EngineError {
     Cancelled,
     /// The engine does not implement an optional method the host required.
     #[error("context engine does not implement {method}")]
-    Unsupported { method: &'static str },
+    Unsupported {
+        /// The member not implemented.
+        method: &'static str,
+    },
     /// The engine's configuration is invalid (raised by factories).
     #[error("invalid configuration: {0}")]
     InvalidConfig(String),
@@ -191,7 +212,9 @@ pub enum EngineError {
     /// Any other failure, with its source.
     #[error("{message}")]
     Failed {
+        /// What failed.
         message: String,
+        /// Why, when another error caused it.
         #[source]
         source: Option<Box<dyn std::error::Error + Send + Sync>>,
     },
@@ -244,8 +267,10 @@ impl EngineError {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct RuntimeSettings {
+    /// The run's prompt and output budgets.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limits: Option<RuntimeLimits>,
+    /// Other keys, kept as sent.
     #[serde(flatten)]
     pub extra: serde_json::Map<String, Value>,
 }
@@ -254,10 +279,13 @@ pub struct RuntimeSettings {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct RuntimeLimits {
+    /// Tokens the prompt may take.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prompt_token_budget: Option<u64>,
+    /// Tokens the reply may take.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_output_tokens: Option<u64>,
+    /// Other keys, kept as sent.
     #[serde(flatten)]
     pub extra: serde_json::Map<String, Value>,
 }
@@ -276,10 +304,13 @@ pub fn carried_budget(
     })
 }
 
+/// `bootstrap`: a session the engine may import.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct BootstrapParams {
+    /// The host's session id.
     pub session_id: String,
+    /// The host's session key, when it has one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session_key: Option<String>,
     /// The session transcript (OpenClaw JSONL) the engine may import.
@@ -287,30 +318,40 @@ pub struct BootstrapParams {
     pub session_file: Option<String>,
 }
 
+/// What `bootstrap` did.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct BootstrapResult {
+    /// True when the engine imported (or checked) the transcript.
     pub bootstrapped: bool,
+    /// Messages imported.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub imported_messages: Option<u64>,
+    /// Why, in words.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
 }
 
+/// `ingest`: one message.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct IngestParams {
+    /// The host's session id.
     pub session_id: String,
+    /// The host's session key, when it has one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session_key: Option<String>,
+    /// The message.
     pub message: AgentMessage,
     /// The host's transcript entry id for the message, when it has one (an idempotency key).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub entry_id: Option<String>,
+    /// A heartbeat turn (a ping, not conversation): stored, never compacted for.
     #[serde(default)]
     pub is_heartbeat: bool,
 }
 
+/// What `ingest` did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct IngestResult {
@@ -318,32 +359,43 @@ pub struct IngestResult {
     pub ingested: bool,
 }
 
+/// `ingest_batch`: messages of one turn.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct IngestBatchParams {
+    /// The host's session id.
     pub session_id: String,
+    /// The host's session key, when it has one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session_key: Option<String>,
+    /// The messages, in order.
     pub messages: Vec<AgentMessage>,
     /// Entry ids parallel to `messages`, when the host has them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub entry_ids: Vec<Option<String>>,
+    /// A heartbeat turn (a ping, not conversation): stored, never compacted for.
     #[serde(default)]
     pub is_heartbeat: bool,
 }
 
+/// What `ingest_batch` did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct IngestBatchResult {
+    /// Messages stored (the others were already stored).
     pub ingested_count: u64,
 }
 
+/// `after_turn`: the session after a turn.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct AfterTurnParams {
+    /// The host's session id.
     pub session_id: String,
+    /// The host's session key, when it has one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session_key: Option<String>,
+    /// The session transcript (OpenClaw JSONL), when there is one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session_file: Option<String>,
     /// The whole conversation snapshot; `messages[pre_prompt_message_count..]` is the new turn.
@@ -352,13 +404,18 @@ pub struct AfterTurnParams {
     /// when the host has them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub entry_ids: Vec<Option<String>>,
+    /// How many of `messages` came before this turn.
     pub pre_prompt_message_count: usize,
+    /// The summary of an auto-compaction the host ran in this turn.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub auto_compaction_summary: Option<String>,
+    /// A heartbeat turn (a ping, not conversation): stored, never compacted for.
     #[serde(default)]
     pub is_heartbeat: bool,
+    /// The prompt budget the host gives, in tokens.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token_budget: Option<u64>,
+    /// The host's per-run settings.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub runtime_settings: Option<RuntimeSettings>,
 }
@@ -377,25 +434,33 @@ impl AfterTurnParams {
     }
 }
 
+/// `assemble`: build what the model sees.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct AssembleParams {
+    /// The host's session id.
     pub session_id: String,
+    /// The host's session key, when it has one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session_key: Option<String>,
     /// The host's own history for the session (what legacy passes through).
     pub messages: Messages,
+    /// The prompt budget the host gives, in tokens.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token_budget: Option<u64>,
     /// Tool names the model can call this run (a `Set` in OpenClaw; an array on the wire).
     #[serde(default)]
     pub available_tools: BTreeSet<String>,
+    /// How memory citations are shown (`memory.citations`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub citations_mode: Option<String>,
+    /// The model of the run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
+    /// The run's prompt.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prompt: Option<String>,
+    /// The host's per-run settings.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub runtime_settings: Option<RuntimeSettings>,
     /// The host's memory provider's prompt section for this run, when one is active (the
@@ -422,10 +487,13 @@ pub enum PromptAuthority {
     PreassemblyMayOverflow,
 }
 
+/// When a host with persistent threads injects the context.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ProjectionMode {
+    /// Every turn.
     PerTurn,
+    /// Once, when the backend thread starts.
     ThreadBootstrap,
 }
 
@@ -433,13 +501,17 @@ pub enum ProjectionMode {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ContextProjection {
+    /// When to inject.
     pub mode: ProjectionMode,
+    /// Changes when the projected context must be sent again.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub epoch: Option<String>,
+    /// A digest of the projected context.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fingerprint: Option<String>,
 }
 
+/// What `assemble` built.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct AssembleResult {
@@ -447,10 +519,13 @@ pub struct AssembleResult {
     pub messages: Messages,
     /// The engine's estimate of the assembled tokens (legacy reports 0).
     pub estimated_tokens: u64,
+    /// Text to add to the system prompt (recall guidance, memory).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub system_prompt_addition: Option<String>,
+    /// Which view the host's overflow precheck trusts.
     #[serde(default)]
     pub prompt_authority: PromptAuthority,
+    /// How a host with persistent threads should inject it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub context_projection: Option<ContextProjection>,
     /// The messages that stand for summarized history, for reports like `/context` (none for
@@ -479,25 +554,34 @@ pub enum CompactionTarget {
     Threshold,
 }
 
+/// `compact`: make the context smaller.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct CompactParams {
+    /// The host's session id.
     pub session_id: String,
+    /// The host's session key, when it has one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session_key: Option<String>,
+    /// The agent, when the host names one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent_id: Option<String>,
+    /// The session transcript (OpenClaw JSONL), when there is one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session_file: Option<String>,
+    /// The prompt budget the host gives, in tokens.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token_budget: Option<u64>,
     /// Compact even when under threshold (manual `/compact`).
     #[serde(default)]
     pub force: bool,
+    /// The host's count of the current context, when it has one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub current_token_count: Option<u64>,
+    /// How far to go (the engine's default target when absent).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub compaction_target: Option<CompactionTarget>,
+    /// The operator's instructions for the summary (`/compact <instructions>`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub custom_instructions: Option<String>,
     /// Aborted by the host on run abort or timeout. Not on the wire (`$/cancel` carries it).
@@ -530,6 +614,7 @@ pub enum CompactReason {
     Windowed,
     /// Compaction ran, but what it must keep (the recent tail) alone exceeds the budget.
     OverBudget,
+    /// A reason this contract does not name, kept as sent.
     #[serde(untagged)]
     Other(String),
 }
@@ -543,16 +628,22 @@ impl fmt::Display for CompactReason {
     }
 }
 
+/// What a compaction produced.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct CompactDetails {
+    /// The summary text, when there is one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub summary: Option<String>,
+    /// The first transcript entry kept verbatim (legacy compaction).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub first_kept_entry_id: Option<String>,
+    /// Context tokens before.
     pub tokens_before: u64,
+    /// Context tokens after.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tokens_after: Option<u64>,
+    /// Engine-specific detail.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub details: Option<Value>,
     /// The successor session when compaction rotated the transcript.
@@ -563,14 +654,18 @@ pub struct CompactDetails {
     pub session_file: Option<String>,
 }
 
+/// What `compact` did.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct CompactResult {
+    /// False when compaction failed.
     pub ok: bool,
     /// True only when the context actually got smaller.
     pub compacted: bool,
+    /// Why it compacted, or did not.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<CompactReason>,
+    /// What it produced.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub result: Option<CompactDetails>,
 }
@@ -615,24 +710,34 @@ impl CompactResult {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum MaintainReason {
+    /// After a session's bootstrap.
     Bootstrap,
+    /// After a turn.
     #[default]
     Turn,
+    /// After a compaction.
     Compaction,
 }
 
+/// `maintain`: work after a turn (re-summarizing, retention).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct MaintainParams {
+    /// The host's session id.
     pub session_id: String,
+    /// The host's session key, when it has one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session_key: Option<String>,
+    /// The session transcript (OpenClaw JSONL), when there is one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session_file: Option<String>,
+    /// Why it is called.
     #[serde(default)]
     pub reason: MaintainReason,
+    /// The prompt budget the host gives, in tokens.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token_budget: Option<u64>,
+    /// The host's per-run settings.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub runtime_settings: Option<RuntimeSettings>,
 }
@@ -644,38 +749,50 @@ impl MaintainParams {
     }
 }
 
+/// What `maintain` did.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct MaintainResult {
+    /// True when anything changed.
     pub changed: bool,
+    /// Bytes freed.
     pub bytes_freed: u64,
+    /// Entries (summaries) rewritten.
     pub rewritten_entries: u64,
+    /// Why, in words.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
 }
 
+/// `commit_turn`: one durable turn, written once per advancement key.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct CommitTurnParams {
     /// One durable write per key: a repeat of the same key is a duplicate.
     pub advancement_key: String,
+    /// The host's session id.
     pub session_id: String,
+    /// The host's session key, when it has one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session_key: Option<String>,
     /// The admitted user entry through the accepted terminal entry.
     pub messages: Vec<AgentMessage>,
+    /// How many of the session's messages came before this turn.
     #[serde(default)]
     pub pre_prompt_message_count: usize,
     /// Transcript anchors of the admitted and terminal entries, as the host sent them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub admission: Option<Value>,
+    /// The terminal entry's anchor, as the host sent it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub terminal: Option<Value>,
+    /// A heartbeat turn (a ping, not conversation): stored, never compacted for.
     #[serde(default)]
     pub is_heartbeat: bool,
     /// OpenClaw 2026.9 sends none; engines fall back to the budget they last saw.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token_budget: Option<u64>,
+    /// The host's per-run settings.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub runtime_settings: Option<RuntimeSettings>,
 }
@@ -687,42 +804,59 @@ impl CommitTurnParams {
     }
 }
 
+/// What `commit_turn` did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum CommitStatus {
+    /// The turn was written.
     Committed,
+    /// The key was written before: nothing changed.
     Duplicate,
 }
 
+/// What `commit_turn` answered.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct CommitTurnResult {
+    /// Written, or a duplicate.
     pub status: CommitStatus,
 }
 
+/// How a subagent starts.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ContextMode {
+    /// With a context of its own (it may recall the parent's history through a grant).
     #[default]
     Isolated,
+    /// With the parent's context.
     Fork,
 }
 
+/// `prepare_subagent_spawn`: a child session about to start.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct SubagentSpawnParams {
+    /// The parent's session key.
     pub parent_session_key: String,
+    /// The child's session key.
     pub child_session_key: String,
+    /// Isolated or forked.
     #[serde(default)]
     pub context_mode: ContextMode,
+    /// The parent's session id.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parent_session_id: Option<String>,
+    /// The parent's transcript.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parent_session_file: Option<String>,
+    /// The child's session id.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub child_session_id: Option<String>,
+    /// The child's transcript.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub child_session_file: Option<String>,
+    /// How long the child may read the parent's history, in milliseconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ttl_ms: Option<u64>,
 }
@@ -730,25 +864,34 @@ pub struct SubagentSpawnParams {
 /// Undoes a subagent-spawn preparation when the spawn fails after it succeeded.
 #[async_trait]
 pub trait SpawnRollback: Send + Sync + fmt::Debug {
+    /// Undoes the preparation.
     async fn rollback(self: Box<Self>) -> Result<(), EngineError>;
 }
 
 /// What a successful preparation returns: a rollback handle, when there is something to undo.
 pub type SpawnPreparation = Option<Box<dyn SpawnRollback>>;
 
+/// Why a subagent ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum SubagentEndReason {
+    /// Its session was deleted.
     Deleted,
+    /// It finished its task.
     Completed,
+    /// It was swept as stale.
     Swept,
+    /// It was released by its parent.
     Released,
 }
 
+/// `on_subagent_ended`: a child session ended.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct SubagentEndedParams {
+    /// The child's session key.
     pub child_session_key: String,
+    /// Why it ended.
     pub reason: SubagentEndReason,
 }
 
@@ -762,14 +905,19 @@ pub struct SubagentEndedParams {
 /// engine that overrides only `ingest` is driven exactly as OpenClaw drives one.
 #[async_trait]
 pub trait ContextEngine: Send + Sync {
+    /// Who the engine is and what it declares.
     fn info(&self) -> EngineInfo;
 
+    /// Stores one message.
     async fn ingest(&self, params: &IngestParams) -> Result<IngestResult, EngineError>;
 
+    /// Builds what the model sees, within the budget.
     async fn assemble(&self, params: &AssembleParams) -> Result<AssembleResult, EngineError>;
 
+    /// Makes the context smaller (or says why not).
     async fn compact(&self, params: &CompactParams) -> Result<CompactResult, EngineError>;
 
+    /// Imports a session the engine has not seen (its transcript), once per session.
     async fn bootstrap(&self, _params: &BootstrapParams) -> Result<BootstrapResult, EngineError> {
         Ok(BootstrapResult {
             bootstrapped: false,
@@ -778,6 +926,7 @@ pub trait ContextEngine: Send + Sync {
         })
     }
 
+    /// Stores the messages of one turn; the default ingests each.
     async fn ingest_batch(
         &self,
         params: &IngestBatchParams,
@@ -798,6 +947,7 @@ pub trait ContextEngine: Send + Sync {
         Ok(IngestBatchResult { ingested_count })
     }
 
+    /// Work after a turn; the default ingests the turn's new messages.
     async fn after_turn(&self, params: &AfterTurnParams) -> Result<(), EngineError> {
         let (messages, entry_ids) = params.new_messages();
         self.ingest_batch(&IngestBatchParams {
@@ -811,6 +961,7 @@ pub trait ContextEngine: Send + Sync {
         Ok(())
     }
 
+    /// Maintenance after a turn, a bootstrap or a compaction; the default does nothing.
     async fn maintain(&self, _params: &MaintainParams) -> Result<MaintainResult, EngineError> {
         Ok(MaintainResult::default())
     }
@@ -826,6 +977,7 @@ pub trait ContextEngine: Send + Sync {
         })
     }
 
+    /// Prepares a subagent's start (grants, a forked context); returns what undoes it.
     async fn prepare_subagent_spawn(
         &self,
         _params: &SubagentSpawnParams,
@@ -833,6 +985,7 @@ pub trait ContextEngine: Send + Sync {
         Ok(None)
     }
 
+    /// Cleans up after a subagent ended (its grants end).
     async fn on_subagent_ended(&self, _params: &SubagentEndedParams) -> Result<(), EngineError> {
         Ok(())
     }

@@ -9,17 +9,26 @@ use serde::{Deserialize, Serialize};
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Capability {
+    /// The host calls `bootstrap` for a session with a transcript.
     Bootstrap,
+    /// The host calls `assemble` before the prompt.
     AssembleBeforePrompt,
+    /// The host calls `after_turn`.
     AfterTurn,
+    /// The host calls `maintain`.
     Maintain,
+    /// The host calls `compact`.
     Compact,
+    /// The host offers its model (`runtimeContext.llm.complete`).
     RuntimeLlmComplete,
+    /// The host projects context into persistent backend threads.
     ThreadBootstrapProjection,
+    /// The host passes reference context.
     ReferenceContext,
 }
 
 impl Capability {
+    /// Every capability.
     pub const ALL: [Capability; 8] = [
         Capability::Bootstrap,
         Capability::AssembleBeforePrompt,
@@ -31,6 +40,7 @@ impl Capability {
         Capability::ThreadBootstrapProjection,
     ];
 
+    /// Its wire name.
     pub fn as_str(self) -> &'static str {
         match self {
             Capability::Bootstrap => "bootstrap",
@@ -55,18 +65,23 @@ impl fmt::Display for Capability {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Operation {
+    /// An agent run (a turn).
     AgentRun,
+    /// A manual `/compact`.
     ManualCompact,
+    /// A subagent spawn.
     SubagentSpawn,
 }
 
 impl Operation {
+    /// Every operation.
     pub const ALL: [Operation; 3] = [
         Operation::AgentRun,
         Operation::ManualCompact,
         Operation::SubagentSpawn,
     ];
 
+    /// Its wire name.
     pub fn as_str(self) -> &'static str {
         match self {
             Operation::AgentRun => "agent-run",
@@ -86,7 +101,9 @@ impl fmt::Display for Operation {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct HostRequirement {
+    /// What the host must offer.
     pub required_capabilities: BTreeSet<Capability>,
+    /// The engine's own sentence for a host that does not.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unsupported_message: Option<String>,
 }
@@ -97,8 +114,11 @@ pub type HostRequirements = BTreeMap<Operation, HostRequirement>;
 /// A host: its id, a label for messages, and the capabilities it advertises.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HostProfile {
+    /// The host's id.
     pub id: String,
+    /// A display name.
     pub label: String,
+    /// What it offers.
     pub capabilities: BTreeSet<Capability>,
 }
 
@@ -140,13 +160,21 @@ impl HostProfile {
     message = unsupported_message.as_deref().map(|m| format!(" {m}")).unwrap_or_default()
 )]
 pub struct HostRequirementError {
+    /// The engine.
     pub engine_id: String,
+    /// The operation refused.
     pub operation: Operation,
+    /// The host's id.
     pub host_id: String,
+    /// The host's display name.
     pub host_label: String,
+    /// Required capabilities the host lacks.
     pub missing: Vec<Capability>,
+    /// Every required capability.
     pub required: Vec<Capability>,
+    /// What the host offers.
     pub available: Vec<Capability>,
+    /// The engine's own sentence, when it has one.
     pub unsupported_message: Option<String>,
 }
 

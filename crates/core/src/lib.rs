@@ -15,6 +15,8 @@
 //!
 //! It does no IO: no files, no network, no database. Engines and hosts live in other crates.
 
+#![warn(missing_docs)]
+
 pub mod admin;
 pub mod clock;
 pub mod engine;

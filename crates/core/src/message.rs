@@ -32,9 +32,12 @@ pub enum AgentMessage {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct UserMessage {
+    /// Its content: text or blocks.
     pub content: MessageContent,
+    /// When it was created, in milliseconds since the epoch.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timestamp: Option<i64>,
+    /// Keys the typed view does not know, kept as sent.
     #[serde(flatten)]
     pub extra: Extra,
 }
@@ -43,13 +46,18 @@ pub struct UserMessage {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct AssistantMessage {
+    /// Its content: text, thinking and tool calls.
     pub content: MessageContent,
+    /// Why the model stopped (`stop`, `toolUse`, …).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stop_reason: Option<String>,
+    /// The provider's token usage.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage: Option<Usage>,
+    /// When it was created, in milliseconds since the epoch.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timestamp: Option<i64>,
+    /// Keys the typed view does not know, kept as sent.
     #[serde(flatten)]
     pub extra: Extra,
 }
@@ -58,16 +66,22 @@ pub struct AssistantMessage {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Usage {
+    /// Input tokens.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub input: Option<u64>,
+    /// Output tokens.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output: Option<u64>,
+    /// Tokens read from the prompt cache.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache_read: Option<u64>,
+    /// Tokens written to the prompt cache.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache_write: Option<u64>,
+    /// All tokens.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub total_tokens: Option<u64>,
+    /// Keys the typed view does not know, kept as sent.
     #[serde(flatten)]
     pub extra: Extra,
 }
@@ -76,14 +90,20 @@ pub struct Usage {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ToolResultMessage {
+    /// The tool call it answers.
     pub tool_call_id: String,
+    /// The tool's name.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_name: Option<String>,
+    /// What the tool returned.
     pub content: MessageContent,
+    /// True when the tool failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub is_error: Option<bool>,
+    /// When it was created, in milliseconds since the epoch.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timestamp: Option<i64>,
+    /// Keys the typed view does not know, kept as sent.
     #[serde(flatten)]
     pub extra: Extra,
 }
@@ -101,7 +121,9 @@ pub struct OtherMessage {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(untagged)]
 pub enum MessageContent {
+    /// Plain text.
     Text(String),
+    /// Typed blocks.
     Blocks(Vec<ContentBlock>),
 }
 
@@ -120,41 +142,57 @@ pub enum ContentBlock {
     Other(Extra),
 }
 
+/// A text block.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct TextBlock {
+    /// The text.
     pub text: String,
+    /// Keys the typed view does not know, kept as sent.
     #[serde(flatten)]
     pub extra: Extra,
 }
 
+/// An image block.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ImageBlock {
+    /// The image, base64.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub data: Option<String>,
+    /// Its media type.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mime_type: Option<String>,
+    /// Keys the typed view does not know, kept as sent.
     #[serde(flatten)]
     pub extra: Extra,
 }
 
+/// The model's reasoning.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ThinkingBlock {
+    /// The reasoning text.
     pub thinking: String,
+    /// The provider's signature of it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub thinking_signature: Option<String>,
+    /// Keys the typed view does not know, kept as sent.
     #[serde(flatten)]
     pub extra: Extra,
 }
 
+/// A tool call.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ToolCallBlock {
+    /// Its id (tool results name it).
     pub id: String,
+    /// The tool.
     pub name: String,
+    /// The arguments.
     pub arguments: Value,
+    /// Keys the typed view does not know, kept as sent.
     #[serde(flatten)]
     pub extra: Extra,
 }

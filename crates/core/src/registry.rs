@@ -33,7 +33,9 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 pub struct FactoryContext {
     /// `plugins.entries.<id>.config`, when present.
     pub config: Option<Value>,
+    /// The agent's directory (engines keep their storage under it).
     pub agent_dir: Option<PathBuf>,
+    /// The agent's workspace.
     pub workspace_dir: Option<PathBuf>,
     /// The host only reads (an inspection command beside a running gateway): the engine opens
     /// its storage without creating anything or taking any writer's lock, and refuses writes.
@@ -69,6 +71,7 @@ pub enum Owner {
 }
 
 impl Owner {
+    /// A plugin owner.
     pub fn plugin(id: impl Into<String>) -> Owner {
         Owner::Plugin(id.into())
     }
@@ -99,16 +102,35 @@ impl Serialize for Owner {
 /// Why a registration was refused.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum RegisterError {
+    /// An empty id.
     #[error("a context engine id must not be empty")]
     EmptyId,
+    /// Only the core may register `legacy`.
     #[error("context engine id \"{id}\" is reserved for the core; {owner} cannot register it")]
-    ReservedDefault { id: String, owner: Owner },
+    ReservedDefault {
+        /// The id.
+        id: String,
+        /// Who tried.
+        owner: Owner,
+    },
+    /// Another owner holds the id.
     #[error("context engine \"{id}\" is already registered by {existing_owner}")]
-    OwnedByOther { id: String, existing_owner: Owner },
+    OwnedByOther {
+        /// The id.
+        id: String,
+        /// Who holds it.
+        existing_owner: Owner,
+    },
+    /// The same owner registered it already (and did not ask to replace it).
     #[error(
         "context engine \"{id}\" is already registered by {owner}; pass allow_same_owner_refresh to replace it"
     )]
-    AlreadyRegistered { id: String, owner: Owner },
+    AlreadyRegistered {
+        /// The id.
+        id: String,
+        /// Who holds it (and tried again).
+        owner: Owner,
+    },
 }
 
 /// Options for [`Registry::register_with`].
@@ -148,9 +170,11 @@ pub struct EngineSelection {
     pub slot: Option<String>,
     /// `plugins.entries`, keyed by plugin id (or engine id).
     pub entries: BTreeMap<String, EntrySettings>,
+    /// What happens when the selected engine fails.
     pub failure_policy: FailurePolicy,
     /// The agent's directories, handed to the factory.
     pub agent_dir: Option<PathBuf>,
+    /// The agent's workspace.
     pub workspace_dir: Option<PathBuf>,
     /// Handed to the factory as [`FactoryContext::read_only`].
     pub read_only: bool,
@@ -187,23 +211,38 @@ impl EngineSelection {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub enum Stage {
+    /// Finding the engine.
     Resolve,
+    /// Its factory.
     Factory,
+    /// Checking what the factory returned.
     ContractValidation,
+    /// `bootstrap`.
     Bootstrap,
+    /// `ingest`.
     Ingest,
+    /// `ingest_batch`.
     IngestBatch,
+    /// `after_turn`.
     AfterTurn,
+    /// `assemble`.
     Assemble,
+    /// `compact`.
     Compact,
+    /// `maintain`.
     Maintain,
+    /// `commit_turn`.
     CommitTurn,
+    /// `prepare_subagent_spawn`.
     PrepareSubagentSpawn,
+    /// `on_subagent_ended`.
     OnSubagentEnded,
+    /// `call_tool`.
     CallTool,
 }
 
 impl Stage {
+    /// Its name in logs and records.
     pub fn as_str(self) -> &'static str {
         match self {
             Stage::Resolve => "resolve",
@@ -244,10 +283,14 @@ impl fmt::Display for Stage {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct QuarantineRecord {
+    /// The engine quarantined.
     pub engine_id: String,
+    /// Who registered it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub owner: Option<Owner>,
+    /// Where it failed.
     pub operation: Stage,
+    /// The failure, one line.
     pub reason: String,
     /// Milliseconds since the epoch.
     pub failed_at_ms: u64,
@@ -256,17 +299,24 @@ pub struct QuarantineRecord {
 /// A registered engine, for listings.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct RegisteredEngine {
+    /// The id it is registered under.
     pub id: String,
+    /// Who registered it.
     pub owner: Owner,
 }
 
 /// Why resolution could not produce any engine.
 #[derive(Debug, thiserror::Error)]
 pub enum ResolveError {
+    /// No `legacy` to fall back to.
     #[error(
         "Context engine \"{LEGACY_ENGINE_ID}\" is not registered. Available engines: {available}"
     )]
-    DefaultNotRegistered { available: String },
+    DefaultNotRegistered {
+        /// The engines that are registered.
+        available: String,
+    },
+    /// `legacy`'s factory failed.
     #[error("the default context engine \"{LEGACY_ENGINE_ID}\" failed to start")]
     DefaultFactory(#[source] EngineError),
     /// Failure policy `strict`: the selected engine failed and nothing was substituted.
@@ -274,22 +324,33 @@ pub enum ResolveError {
         "context engine \"{engine_id}\" failed during {operation}: {reason} (failure policy is strict, so \"{LEGACY_ENGINE_ID}\" was not substituted)"
     )]
     Strict {
+        /// The engine.
         engine_id: String,
+        /// Where it failed.
         operation: Stage,
+        /// The failure, one line.
         reason: String,
     },
     /// [`Registry::instantiate`]: the selected engine could not be created. Nothing was
     /// quarantined and nothing substituted; the caller may try again.
     #[error("context engine \"{engine_id}\" could not start ({operation}): {reason}")]
     Unavailable {
+        /// The engine.
         engine_id: String,
+        /// Where it failed.
         operation: Stage,
+        /// The failure, one line.
         reason: String,
     },
     /// [`Registry::instantiate`]: the factory declined, as the context allowed it to (no
     /// storage to open for [`FactoryContext::existing_only`]). Nothing failed.
     #[error("context engine \"{engine_id}\" declined: {reason}")]
-    Declined { engine_id: String, reason: String },
+    Declined {
+        /// The engine.
+        engine_id: String,
+        /// What it said.
+        reason: String,
+    },
 }
 
 /// Where the active engine came from.
@@ -313,6 +374,7 @@ pub struct ResolvedEngine {
     pub engine: Arc<dyn ContextEngine>,
     /// The id the slot asked for after normalization (`legacy` for the default).
     pub selected_id: String,
+    /// Where the selection came from.
     pub source: SelectionSource,
     registry: Registry,
 }
@@ -376,6 +438,7 @@ impl fmt::Debug for Registry {
 }
 
 impl Registry {
+    /// An empty registry.
     pub fn new() -> Registry {
         Registry::default()
     }

@@ -10,7 +10,9 @@ use serde::{Deserialize, Serialize};
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum SummaryKind {
+    /// Over raw messages.
     Leaf,
+    /// Over summaries of the depth below.
     Condensed,
 }
 
@@ -18,7 +20,9 @@ pub enum SummaryKind {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum SummaryLevel {
+    /// Within the target.
     Normal,
+    /// Shorter: only decisions, outcomes and identifiers.
     Aggressive,
     /// Deterministic truncation: no model, always succeeds, always shrinks.
     Fallback,
@@ -31,18 +35,22 @@ pub struct SourceItem {
     pub label: String,
     /// Milliseconds since the epoch, when known.
     pub timestamp_ms: Option<i64>,
+    /// The text.
     pub text: String,
 }
 
 /// A request for one summary.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SummaryRequest {
+    /// Leaf or condensed.
     pub kind: SummaryKind,
     /// 0 for a leaf; d+1 for a node condensing depth-d summaries.
     pub depth: u32,
+    /// How hard to compress.
     pub level: SummaryLevel,
     /// The token count the summary should not exceed.
     pub target_tokens: u64,
+    /// What to summarize, labelled.
     pub items: Vec<SourceItem>,
     /// Text of the summaries just before this range, for continuity. Not to be summarized.
     pub previous_context: Option<String>,
@@ -88,6 +96,7 @@ impl SummaryRequest {
 /// A produced summary.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Summary {
+    /// The summary.
     pub text: String,
     /// The level that produced it (a summarizer may fall back internally).
     pub level: SummaryLevel,
@@ -106,6 +115,7 @@ pub enum SummarizeError {
     /// The output was empty or not smaller than the input.
     #[error("summarizer output unusable: {0}")]
     BadOutput(String),
+    /// The caller cancelled.
     #[error("summarization cancelled")]
     Cancelled,
     /// This summarizer does not answer questions (the engine answers extractively instead).
@@ -120,14 +130,18 @@ pub struct Evidence {
     pub id: String,
     /// `user`, `assistant`, `toolResult:exec`, `summary`, …
     pub label: String,
+    /// When it was created.
     pub timestamp_ms: Option<i64>,
+    /// Its text.
     pub text: String,
 }
 
 /// A question to answer from history alone.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct QuestionRequest {
+    /// The question.
     pub question: String,
+    /// What to answer from.
     pub evidence: Vec<Evidence>,
     /// The answer should not exceed this many tokens.
     pub max_answer_tokens: u64,
@@ -136,7 +150,9 @@ pub struct QuestionRequest {
 /// An answer and the evidence ids it rests on (each one of the request's).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Answer {
+    /// The answer.
     pub text: String,
+    /// The ids of the evidence it rests on.
     pub citations: Vec<String>,
     /// Who answered: a summarizer id (a model's, or the extractive default's).
     pub answered_by: String,
@@ -149,6 +165,7 @@ pub trait Summarizer: Send + Sync + fmt::Debug {
     /// A stable id recorded on every summary node (for provenance and re-summarization).
     fn id(&self) -> &str;
 
+    /// Summarizes the request's items within its target.
     async fn summarize(&self, request: &SummaryRequest) -> Result<Summary, SummarizeError>;
 
     /// Answers a question from the evidence alone, citing the evidence it used. The same model

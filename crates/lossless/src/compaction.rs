@@ -54,11 +54,17 @@ impl CompactionRequest<'_> {
 /// Why a compaction call stopped, with what it did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct CompactionReport {
+    /// Context tokens before the call.
     pub tokens_before: u64,
+    /// Context tokens after it.
     pub tokens_after: u64,
+    /// Passes made (each publishes one summary or stops).
     pub passes: u32,
+    /// Summaries published.
     pub summaries_created: u32,
+    /// Of those, truncation fallbacks (the summarizer failed at every level).
     pub fallbacks: u32,
+    /// Why the call stopped.
     pub reason: Option<CompactReason>,
 }
 

@@ -38,10 +38,13 @@ pub struct LosslessConfig {
     pub fresh_tail_max_tokens: Option<u64>,
     /// Largest run of raw messages summarized into one leaf.
     pub leaf_chunk_tokens: u64,
+    /// What a leaf summary should not exceed, in tokens.
     pub leaf_target_tokens: u64,
+    /// What a condensed summary should not exceed, in tokens.
     pub condensed_target_tokens: u64,
     /// Fewest same-depth summaries condensed into one node.
     pub condensed_min_fanout: usize,
+    /// The deepest summary level condensation may build (none: unbounded).
     pub max_depth: Option<u32>,
     /// Summarizer passes allowed per call.
     pub max_passes_per_turn: u32,
@@ -57,7 +60,9 @@ pub struct LosslessConfig {
     /// call that needs compaction always makes its first pass, so it never returns without
     /// progress only because the machine was slow to reach it.
     pub deadline_ms: u64,
+    /// How tokens are counted (the heuristic, or an embedded BPE vocabulary).
     pub tokenizer: TokenizerKind,
+    /// A factor applied to every count (to match a provider's own tokenizer).
     pub tokenizer_multiplier: f64,
     /// The agent whose conversations this engine serves.
     pub agent_id: String,

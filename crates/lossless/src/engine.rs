@@ -75,10 +75,15 @@ const SESSION_CACHE: usize = 4_096;
 /// What [`LosslessEngine::cached_sessions`] reports.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CachedSessions {
+    /// Conversation rows kept.
     pub conversations: usize,
+    /// Conversations whose last assembly is kept.
     pub assemblies: usize,
+    /// Context items those assemblies hold together.
     pub assembled_items: usize,
+    /// Budgets kept (the host's last, per conversation).
     pub budgets: usize,
+    /// Compaction locks kept.
     pub compaction_locks: usize,
 }
 
@@ -220,6 +225,7 @@ impl LosslessEngine {
         self.inner.clock.now_ms()
     }
 
+    /// The engine's settings.
     pub fn config(&self) -> &LosslessConfig {
         &self.inner.config
     }

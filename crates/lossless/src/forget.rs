@@ -52,6 +52,7 @@ pub struct RetentionPolicy {
 pub enum OverCap {
     /// Archive (drops their index documents) and, if that is not enough, delete.
     Archive,
+    /// Delete them, least recently active first (the default).
     #[default]
     Delete,
 }

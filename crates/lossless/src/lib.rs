@@ -8,6 +8,8 @@
 //! recovers any detail with the recall tools (`vilvona_grep`, `vilvona_describe`,
 //! `vilvona_expand`). Subagents get scoped, expiring read grants.
 
+#![warn(missing_docs)]
+
 mod admin;
 mod assembly;
 mod bootstrap;

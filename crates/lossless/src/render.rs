@@ -10,8 +10,11 @@ use vilvona_summarize::format_utc_rfc3339;
 
 /// The recall tools' names.
 pub const GREP_TOOL: &str = "vilvona_grep";
+/// The tool that describes a summary, message or stored file.
 pub const DESCRIBE_TOOL: &str = "vilvona_describe";
+/// The tool that reads what a summary covers.
 pub const EXPAND_TOOL: &str = "vilvona_expand";
+/// The tool that answers a question from the history.
 pub const EXPAND_QUERY_TOOL: &str = "vilvona_expand_query";
 
 /// Guidance added to the system prompt when the host offers the recall tools. Static, so the

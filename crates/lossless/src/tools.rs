@@ -99,18 +99,25 @@ pub fn tool_definitions() -> Vec<ToolDefinition> {
 /// Why a tool call was refused.
 #[derive(Debug, thiserror::Error)]
 pub enum ToolError {
+    /// No tool by that name.
     #[error("unknown tool {0}")]
     UnknownTool(String),
+    /// The arguments do not fit the tool's schema or bounds.
     #[error("invalid arguments: {0}")]
     InvalidArguments(String),
+    /// No row with that id.
     #[error("{0} not found")]
     NotFound(String),
+    /// The row exists outside what the caller may read.
     #[error("{0} is outside this session's recall scope")]
     OutOfScope(String),
+    /// The subagent grant that allowed the read has ended.
     #[error("the recall grant for {0} has expired or was revoked")]
     GrantEnded(String),
+    /// The store failed.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// The engine failed (the answer's summarizer, a conversation lookup).
     #[error(transparent)]
     Engine(#[from] vilvona_core::EngineError),
 }

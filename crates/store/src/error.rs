@@ -5,24 +5,39 @@ use std::path::PathBuf;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum StoreError {
+    /// The database file cannot be used.
     #[error("{path}: not a usable vilvona database ({detail}); move it aside to start fresh")]
-    Corrupt { path: PathBuf, detail: String },
+    Corrupt {
+        /// The database file.
+        path: PathBuf,
+        /// What is wrong with it.
+        detail: String,
+    },
     #[error(
         "{path}: database schema version {found} is newer than this build understands ({supported}); upgrade vilvona"
     )]
+    /// The database was written by a newer build.
     NewerSchema {
+        /// The database file.
         path: PathBuf,
+        /// Its schema version.
         found: i64,
+        /// The newest this build reads.
         supported: i64,
     },
+    /// A file operation failed.
     #[error("{path}")]
     Io {
+        /// The file or directory.
         path: PathBuf,
+        /// What the system said.
         #[source]
         source: std::io::Error,
     },
+    /// The database failed.
     #[error("sqlite")]
     Sqlite(#[source] DatabaseError),
+    /// The recall index failed.
     #[error("search index")]
     Index(#[source] IndexError),
     /// A message that cannot be stored as it is.
@@ -34,22 +49,42 @@ pub enum StoreError {
     #[error(
         "message of {bytes} bytes exceeds the {limit}-byte limit; store large content as a blob"
     )]
-    MessageTooLarge { bytes: usize, limit: usize },
+    /// A message larger than the store takes in one row.
+    MessageTooLarge {
+        /// The message's size.
+        bytes: usize,
+        /// The most a row takes.
+        limit: usize,
+    },
+    /// A regular expression that does not compile (or would be too large).
     #[error("invalid regex {pattern:?}: {detail}")]
-    InvalidRegex { pattern: String, detail: String },
+    InvalidRegex {
+        /// The expression.
+        pattern: String,
+        /// Why it does not compile.
+        detail: String,
+    },
     /// A query over the store's bounds (length, number of terms).
     #[error("{0}")]
     QueryTooLarge(String),
+    /// No such row.
     #[error("unknown {what} {id}")]
-    NotFound { what: &'static str, id: String },
+    NotFound {
+        /// What kind of row.
+        what: &'static str,
+        /// Which.
+        id: String,
+    },
     /// The writer thread (or a blocking task of the store) is gone.
     #[error("the store's writer has stopped: {0}")]
     WriterStopped(&'static str),
     /// A blocking task of the store panicked or was cancelled.
     #[error("a task of the store failed")]
     TaskFailed(#[source] tokio::task::JoinError),
+    /// A fault the test plan injected.
     #[error("injected fault: {0}")]
     InjectedFault(String),
+    /// A stored row that does not decode.
     #[error("corrupt row: {0}")]
     CorruptRow(String),
     /// `rebuild-index` while another process keeps maintaining the index.
@@ -93,4 +128,5 @@ impl StoreError {
     }
 }
 
+/// The store's results.
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;

@@ -12,6 +12,8 @@
 //! Engines see the store through the [`HistoryStore`] trait; [`Store`] is the embedded
 //! SQLite + tantivy implementation.
 
+#![warn(missing_docs)]
+
 mod blobs;
 mod dag;
 mod error;
@@ -59,6 +61,7 @@ pub const INDEX_DIR: &str = "index";
 pub trait HistoryStore: Send + Sync + std::fmt::Debug {
     /// The conversation for an agent's session, created on first use.
     async fn conversation(&self, key: &ConversationKey) -> Result<Conversation>;
+    /// A conversation by its row id.
     async fn conversation_by_id(&self, id: ConversationId) -> Result<Option<Conversation>>;
     /// Every conversation, or an agent's.
     async fn conversations(&self, agent_id: Option<&str>) -> Result<Vec<Conversation>>;
@@ -89,14 +92,18 @@ pub trait HistoryStore: Send + Sync + std::fmt::Debug {
     /// Rewrites a summary's text in place, keeping its id and edges. False if it changed meanwhile.
     async fn update_summary(&self, update: SummaryUpdate) -> Result<bool>;
 
+    /// A stored message by id.
     async fn message(&self, id: MessageId) -> Result<Option<StoredMessage>>;
+    /// A conversation's messages with `seq` from `first_seq` through `last_seq`, in order.
     async fn messages_in_seq_range(
         &self,
         conversation: ConversationId,
         first_seq: u64,
         last_seq: u64,
     ) -> Result<Vec<StoredMessage>>;
+    /// A summary by row id.
     async fn summary(&self, row_id: SummaryRowId) -> Result<Option<StoredSummary>>;
+    /// A summary by its public id (`sum_…`).
     async fn summary_by_id(&self, summary_id: &str) -> Result<Option<StoredSummary>>;
     /// A summary's ordered children.
     async fn children(&self, parent: SummaryRowId) -> Result<Vec<ItemContent>>;
@@ -109,24 +116,34 @@ pub trait HistoryStore: Send + Sync + std::fmt::Debug {
     /// The contents of items, in the order given.
     async fn items(&self, refs: Vec<ItemRef>) -> Result<Vec<ItemContent>>;
 
+    /// Searches the given conversations of an agent (see [`SearchQuery`]).
     async fn search(&self, query: SearchQuery) -> Result<Vec<SearchHit>>;
 
+    /// Stores large content once (by content hash); returns what describes it.
     async fn put_blob(&self, blob: NewBlob) -> Result<BlobInfo>;
+    /// A stored file's metadata.
     async fn blob_info(&self, blob_id: &str) -> Result<Option<BlobInfo>>;
+    /// A stored file's text.
     async fn blob_content(&self, blob_id: &str) -> Result<Option<String>>;
     /// The conversations that may read a blob: the one that stored it first and every one
     /// whose messages reference it.
     async fn blob_readers(&self, blob_id: &str) -> Result<Vec<ConversationId>>;
 
+    /// Lets a subagent's session read a conversation until the grant expires.
     async fn create_grant(&self, grant: NewGrant) -> Result<Grant>;
     /// Revokes every grant of a grantee; returns how many were active.
     async fn revoke_grants(&self, grantee: &str) -> Result<u64>;
+    /// Removes a grant (a spawn rolled back).
     async fn delete_grant(&self, id: i64) -> Result<()>;
+    /// The grants a session holds, live or not.
     async fn grants(&self, grantee: &str) -> Result<Vec<Grant>>;
 
+    /// A conversation's state value under `key`.
     async fn state(&self, conversation: ConversationId, key: &str) -> Result<Option<String>>;
+    /// Sets a conversation's state value under `key`.
     async fn set_state(&self, conversation: ConversationId, key: &str, value: &str) -> Result<()>;
 
+    /// Checks the whole store without changing it (rows decode, the DAG is sound, the index answers).
     async fn integrity_check(&self) -> Result<IntegrityReport>;
 
     /// The summaries above a conversation's messages created before a time (all of its
@@ -151,6 +168,7 @@ pub trait HistoryStore: Send + Sync + std::fmt::Debug {
     async fn dag_view(&self, conversation: ConversationId) -> Result<DagView>;
     /// Store-wide state (not tied to a conversation), shared by every process.
     async fn store_state(&self, key: &str) -> Result<Option<String>>;
+    /// Sets a store-wide state value.
     async fn set_store_state(&self, key: &str, value: &str) -> Result<()>;
 
     /// Documents the recall index serves.
@@ -179,6 +197,7 @@ pub struct StoreConfig {
 }
 
 impl StoreConfig {
+    /// Settings for the store in `dir`, with the defaults (and `VILVONA_INDEX_COMMIT_MS`).
     pub fn new(dir: impl Into<PathBuf>) -> StoreConfig {
         StoreConfig {
             dir: dir.into(),

@@ -21,19 +21,29 @@ pub struct SummaryRowId(pub i64);
 /// Which conversation: an agent's session.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct ConversationKey {
+    /// The agent.
     pub agent_id: String,
+    /// The host's session id.
     pub session_id: String,
+    /// The host's session key, when it has one.
     pub session_key: Option<String>,
 }
 
+/// A stored conversation: one session of an agent.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Conversation {
+    /// Its row id.
     pub id: ConversationId,
+    /// The agent.
     pub agent_id: String,
+    /// The host's session id.
     pub session_id: String,
+    /// The host's session key, when it has one.
     pub session_key: Option<String>,
+    /// False once the session ended.
     pub active: bool,
+    /// When it was created, in milliseconds since the epoch.
     pub created_at_ms: i64,
     /// The running total of the context items' tokens.
     pub context_tokens: u64,
@@ -62,9 +72,11 @@ pub const MAX_MESSAGE_BYTES: usize = 32 * 1024 * 1024;
 /// - Otherwise it is new: two equal messages are two messages.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct MessageIdentity {
+    /// The host's entry id.
     pub entry_id: Option<String>,
     /// `(advancement key, index within the turn)`.
     pub turn: Option<(String, u32)>,
+    /// Its position in the session's message sequence, when known.
     pub place: Option<u64>,
 }
 
@@ -87,6 +99,7 @@ impl MessageIdentity {
 /// A message to ingest, with what the engine computed for it.
 #[derive(Clone, Debug)]
 pub struct NewMessage {
+    /// The message.
     pub message: AgentMessage,
     /// How the message is recognised if it arrives again.
     pub identity: MessageIdentity,
@@ -113,7 +126,9 @@ impl NewMessage {
 /// What happened to one message of an ingest call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Ingested {
+    /// Its id.
     pub message_id: MessageId,
+    /// Its place in the conversation.
     pub seq: u64,
     /// False when the message was already stored (see [`MessageIdentity`]).
     pub ingested: bool,
@@ -122,6 +137,7 @@ pub struct Ingested {
 /// The result of an ingest call.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum IngestOutcome {
+    /// One result per message, in order.
     Stored(Vec<Ingested>),
     /// The advancement key was already committed: nothing was written.
     DuplicateTurn,
@@ -130,17 +146,24 @@ pub enum IngestOutcome {
 /// A stored message.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StoredMessage {
+    /// Its id.
     pub id: MessageId,
+    /// Its conversation.
     pub conversation: ConversationId,
+    /// Its place in the conversation.
     pub seq: u64,
+    /// Its role (`user`, `assistant`, `toolResult`, …).
     pub role: String,
     /// The message JSON exactly as ingested.
     pub json: String,
+    /// Its tokens, as the engine counted them.
     pub tokens: u64,
+    /// When it was created, in milliseconds since the epoch.
     pub created_at_ms: i64,
 }
 
 impl StoredMessage {
+    /// The message, decoded from its stored JSON.
     pub fn message(&self) -> Result<AgentMessage> {
         serde_json::from_str(&self.json)
             .map_err(|error| StoreError::CorruptRow(format!("message {}: {error}", self.id.0)))
@@ -190,37 +213,53 @@ pub(crate) fn parse_level(text: &str) -> Result<SummaryLevel> {
 /// A stored summary node.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StoredSummary {
+    /// Its row id.
     pub row_id: SummaryRowId,
     /// Content-addressed: `sum_` and 16 hex digits of a blake3 over its children and content.
     pub summary_id: String,
+    /// Its conversation.
     pub conversation: ConversationId,
+    /// 0 for a leaf over messages; one more than its children for a condensed node.
     pub depth: u32,
+    /// Leaf or condensed.
     pub kind: SummaryKind,
+    /// Its text.
     pub content: String,
+    /// Its tokens, as the engine counted them.
     pub tokens: u64,
+    /// When the earliest message below it was created.
     pub earliest_at_ms: Option<i64>,
+    /// When the latest message below it was created.
     pub latest_at_ms: Option<i64>,
     /// The seq range of the messages it covers.
     pub first_seq: u64,
+    /// The last message below it, by `seq`.
     pub last_seq: u64,
+    /// How it was produced (normal, aggressive, or the truncation fallback).
     pub level: SummaryLevel,
     /// The summarizer id and prompt version that produced it.
     pub summarizer: String,
+    /// When it was published.
     pub created_at_ms: i64,
 }
 
 /// What a context item points at.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ItemRef {
+    /// A message.
     Message(MessageId),
+    /// A summary.
     Summary(SummaryRowId),
 }
 
 /// One context item with everything assembly needs.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ContextItem {
+    /// Its position (gaps of 1,024; a replaced run takes its first position).
     pub position: i64,
+    /// What it costs in the context.
     pub tokens: u64,
+    /// The message or summary.
     pub content: ItemContent,
 }
 
@@ -246,13 +285,17 @@ impl Unit for ContextRef {
     }
 }
 
+/// What a context item holds.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ItemContent {
+    /// A message.
     Message(StoredMessage),
+    /// A summary.
     Summary(StoredSummary),
 }
 
 impl ContextItem {
+    /// A reference to it.
     pub fn item_ref(&self) -> ItemRef {
         match &self.content {
             ItemContent::Message(message) => ItemRef::Message(message.id),
@@ -264,8 +307,11 @@ impl ContextItem {
 /// A context item without its content: what assembly needs to decide what to fetch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ContextRef {
+    /// Its position.
     pub position: i64,
+    /// The message or summary.
     pub item: ItemRef,
+    /// What it costs in the context.
     pub tokens: u64,
     /// The item continues the unit before it (see [`Unit`]; read from the message's role).
     pub continues_unit: bool,
@@ -274,26 +320,35 @@ pub struct ContextRef {
 /// A summary to publish in place of a planned run of context items.
 #[derive(Clone, Debug)]
 pub struct NewSummary {
+    /// Leaf or condensed.
     pub kind: SummaryKind,
+    /// 0 for a leaf; one more than its children for a condensed node.
     pub depth: u32,
+    /// Its text.
     pub content: String,
+    /// Its tokens, as the engine counted them (with its wrapper in the context).
     pub tokens: u64,
+    /// How it was produced.
     pub level: SummaryLevel,
+    /// Which summarizer produced it (`extractive/v1`, a model).
     pub summarizer: String,
 }
 
 /// A compaction plan: replace these contiguous context items (as read) with one summary.
 #[derive(Clone, Debug)]
 pub struct ReplacePlan {
+    /// The conversation.
     pub conversation: ConversationId,
     /// `(position, item)` pairs exactly as the caller read them, in order, contiguous.
     pub items: Vec<(i64, ItemRef)>,
+    /// The summary to put in their place.
     pub summary: NewSummary,
 }
 
 /// The result of a replace: published, or refused because the context changed meanwhile.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ReplaceOutcome {
+    /// Published; the summary as stored.
     Replaced(StoredSummary),
     /// The planned range is no longer what the caller read: nothing was written.
     Stale,
@@ -302,18 +357,24 @@ pub enum ReplaceOutcome {
 /// A new text for an existing summary (re-summarizing a fallback node).
 #[derive(Clone, Debug)]
 pub struct SummaryUpdate {
+    /// The summary.
     pub row_id: SummaryRowId,
     /// The level the caller read; the update is refused if it changed meanwhile.
     pub expected_level: SummaryLevel,
+    /// The new text.
     pub content: String,
+    /// Its tokens.
     pub tokens: u64,
+    /// How it was produced.
     pub level: SummaryLevel,
+    /// Which summarizer produced it.
     pub summarizer: String,
 }
 
 /// What forgetting removes: a whole conversation, or its messages created before a time.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ForgetScope {
+    /// The whole conversation.
     Conversation,
     /// Milliseconds since the epoch; messages created before it are forgotten.
     Before(i64),
@@ -322,9 +383,13 @@ pub enum ForgetScope {
 /// A summary rewritten without what was forgotten (same id, same place in the DAG).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SummaryRewrite {
+    /// The summary.
     pub row_id: SummaryRowId,
+    /// Its text without what was forgotten.
     pub content: String,
+    /// Its tokens.
     pub tokens: u64,
+    /// Which summarizer produced it.
     pub summarizer: String,
 }
 
@@ -334,9 +399,13 @@ pub struct SummaryRewrite {
 /// summaries above those messages changed since the plan was made.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ForgetPlan {
+    /// The conversation.
     pub conversation: ConversationId,
+    /// All of it, or its messages before a time.
     pub scope: ForgetScope,
+    /// Summaries removed (nothing of them remains).
     pub removed: Vec<SummaryRowId>,
+    /// Summaries rewritten from what remains.
     pub rewritten: Vec<SummaryRewrite>,
 }
 
@@ -357,22 +426,33 @@ pub use vilvona_core::admin::{ForgetReport, ReclaimReport};
 /// Content too large for the context, stored once.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NewBlob {
+    /// The conversation that stores it first.
     pub conversation: ConversationId,
+    /// What it is (`json`, `log`, `code`, `text`).
     pub kind: String,
+    /// The content.
     pub content: String,
+    /// A short description, shown in its place.
     pub description: String,
 }
 
+/// A stored file's metadata.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct BlobInfo {
     /// Content-addressed: `file_` and 16 hex digits of the content's blake3.
     pub blob_id: String,
+    /// The conversation that stored it first.
     pub conversation: ConversationId,
+    /// What it is.
     pub kind: String,
+    /// Its size in bytes.
     pub bytes: u64,
+    /// Its lines.
     pub lines: u64,
+    /// Its description.
     pub description: String,
+    /// When it was stored.
     pub created_at_ms: i64,
 }
 
@@ -380,20 +460,30 @@ pub struct BlobInfo {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Grant {
+    /// Its id.
     pub id: i64,
     /// The child's session key.
     pub grantee: String,
+    /// The conversation it lets the grantee read.
     pub conversation: ConversationId,
+    /// When it ends, in milliseconds since the epoch.
     pub expires_at_ms: i64,
+    /// The most tokens one read through it returns.
     pub token_cap: u64,
+    /// Ended early (the subagent ended).
     pub revoked: bool,
 }
 
+/// A grant to create.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NewGrant {
+    /// The session key that may read.
     pub grantee: String,
+    /// The conversation it may read.
     pub conversation: ConversationId,
+    /// When it ends, in milliseconds since the epoch.
     pub expires_at_ms: i64,
+    /// The most tokens one read through it returns.
     pub token_cap: u64,
 }
 
@@ -414,54 +504,82 @@ pub enum SearchMode {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum SearchTarget {
+    /// Messages only.
     Messages,
+    /// Summaries only.
     Summaries,
+    /// Both.
     #[default]
     Both,
 }
 
+/// How hits are ordered.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum SearchOrder {
+    /// Best match first.
     #[default]
     Relevance,
+    /// Newest first.
     Recency,
 }
 
 /// A search, always scoped to one agent and a set of its conversations.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SearchQuery {
+    /// The agent whose conversations are searched.
     pub agent_id: String,
+    /// The conversations (the caller's scope).
     pub conversations: Vec<ConversationId>,
+    /// Words, a phrase, or a regular expression.
     pub text: String,
+    /// How `text` is read.
     pub mode: SearchMode,
+    /// Messages, summaries, or both.
     pub target: SearchTarget,
+    /// Only rows from this time on.
     pub since_ms: Option<i64>,
+    /// Only rows before this time.
     pub before_ms: Option<i64>,
+    /// Most hits.
     pub limit: usize,
+    /// How hits are ordered.
     pub order: SearchOrder,
 }
 
 /// What a hit is.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum HitSource {
+    /// A message.
     Message {
+        /// Its id.
         id: MessageId,
+        /// Its place in the conversation.
         seq: u64,
+        /// Its role.
         role: String,
     },
+    /// A summary.
     Summary {
+        /// Its row id.
         row_id: SummaryRowId,
+        /// Its public id.
         summary_id: String,
+        /// Its depth.
         depth: u32,
+        /// Leaf or condensed.
         kind: SummaryKind,
     },
 }
 
+/// One search result.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SearchHit {
+    /// The message or summary.
     pub source: HitSource,
+    /// Its conversation.
     pub conversation: ConversationId,
+    /// When it was created (a summary: its latest message).
     pub time_ms: i64,
     /// BM25 score (0 for regex and recency order).
     pub score: f32,
@@ -478,15 +596,22 @@ pub struct SearchHit {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct IntegrityReport {
+    /// Messages stored.
     pub messages: u64,
+    /// Summaries stored.
     pub summaries: u64,
+    /// Context items, in every conversation.
     pub context_items: u64,
+    /// The highest message id the index holds.
     pub indexed_messages_through: i64,
+    /// The highest summary row id the index holds.
     pub indexed_summaries_through: i64,
+    /// What is wrong; empty when healthy.
     pub problems: Vec<String>,
 }
 
 impl IntegrityReport {
+    /// True when nothing is wrong.
     pub fn is_healthy(&self) -> bool {
         self.problems.is_empty()
     }
