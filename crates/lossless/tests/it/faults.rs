@@ -18,7 +18,8 @@ enum Misbehaving {
     Errors,
     Empty,
     Longer,
-    Hangs,
+    /// Hangs forever, after signalling that it was reached.
+    Hangs(Arc<tokio::sync::Notify>),
     Slow(Duration),
 }
 
@@ -41,7 +42,8 @@ impl Summarizer for Misbehaving {
                 text: request.source_text().repeat(2),
                 level: request.level,
             }),
-            Misbehaving::Hangs => {
+            Misbehaving::Hangs(reached) => {
+                reached.notify_one();
                 std::future::pending::<()>().await;
                 unreachable!()
             }
@@ -175,12 +177,21 @@ async fn a_slow_summarizer_stops_at_the_deadline() {
 async fn a_crash_between_summarizing_and_publishing_loses_nothing() {
     let dir = TempDir::new().unwrap();
     {
-        let engine = engine_in(&dir, small_config(), Arc::new(Misbehaving::Hangs)).await;
+        let reached = Arc::new(tokio::sync::Notify::new());
+        let engine = engine_in(
+            &dir,
+            small_config(),
+            Arc::new(Misbehaving::Hangs(reached.clone())),
+        )
+        .await;
         // The turn's messages are stored; compaction then hangs in the summarizer and the
-        // process "dies" (the future is dropped) before anything is published.
-        let outcome =
-            tokio::time::timeout(Duration::from_millis(1_000), drive(&engine, 0..12)).await;
-        assert!(outcome.is_err(), "the summarizer hung");
+        // process "dies" (the future is dropped) before anything is published: as soon as the
+        // summarizer is reached, however slow the machine.
+        let hung = tokio::select! {
+            () = drive(&engine, 0..12) => false,
+            () = reached.notified() => true,
+        };
+        assert!(hung, "the summarizer hung");
     }
     let engine = engine(&dir).await;
     let conversation = engine.conversation("s1", None).await.unwrap();
