@@ -51,6 +51,22 @@ impl Summarizer for FakeSummarizer {
     }
 }
 
+/// [`FakeSummarizer`]'s summaries after a remote model's latency (100 ms).
+#[derive(Debug, Default)]
+pub struct RemoteSummarizer;
+
+#[async_trait]
+impl Summarizer for RemoteSummarizer {
+    fn id(&self) -> &str {
+        "remote/v1"
+    }
+
+    async fn summarize(&self, request: &SummaryRequest) -> Result<Summary, SummarizeError> {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        FakeSummarizer.summarize(request).await
+    }
+}
+
 /// Times another summarizer: its own time is subtracted from compaction time.
 #[derive(Debug)]
 pub struct TimedSummarizer {
@@ -88,6 +104,8 @@ pub struct Needle {
 pub enum SummarizerChoice {
     Fake,
     Extractive,
+    /// The fake summaries, each after 100 ms, as a remote model would take.
+    Remote,
 }
 
 /// Median and 99th percentile, in milliseconds.
@@ -191,6 +209,7 @@ impl SummarizerChoice {
         match self {
             SummarizerChoice::Fake => Arc::new(FakeSummarizer),
             SummarizerChoice::Extractive => Arc::new(ExtractiveSummarizer::new(estimator.clone())),
+            SummarizerChoice::Remote => Arc::new(RemoteSummarizer),
         }
     }
 }
@@ -738,6 +757,11 @@ pub struct BootstrapFigures {
     pub messages: u64,
     pub import_ms: f64,
     pub messages_per_second: f64,
+    /// Then the backlog compacted under the workload's budget, as the first turn after the
+    /// import would: how long, and how many summaries in how many passes.
+    pub catch_up_ms: f64,
+    pub summaries: u32,
+    pub passes: u32,
 }
 
 /// Imports the transcript as a session the engine has never seen.
@@ -762,9 +786,25 @@ pub async fn run_bootstrap(options: &RunOptions) -> Result<BootstrapFigures> {
         .await?;
     let elapsed = started.elapsed().as_secs_f64();
     let messages = result.imported_messages.unwrap_or(0);
+    let conversation = engine.conversation("bootstrap", None).await?;
+    let catching_up = Instant::now();
+    let (mut summaries, mut passes) = (0, 0);
+    loop {
+        let report = engine
+            .compact_conversation(conversation.id, CompactionRequest::routine(BUDGET))
+            .await?;
+        summaries += report.summaries_created;
+        passes += report.passes;
+        if report.summaries_created == 0 {
+            break;
+        }
+    }
     Ok(BootstrapFigures {
         messages,
         import_ms: elapsed * 1e3,
         messages_per_second: messages as f64 / elapsed.max(1e-9),
+        catch_up_ms: catching_up.elapsed().as_secs_f64() * 1e3,
+        summaries,
+        passes,
     })
 }

@@ -2,6 +2,7 @@
 //! same-depth summaries into condensed ones until the context fits, and the re-summarizing of
 //! fallback (truncated) summaries in `maintain`.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
@@ -13,7 +14,10 @@ use vilvona_store::*;
 use vilvona_summarize::truncate;
 
 use crate::render::{SummaryHeader, summary_tokens};
-use crate::units::{Candidate, condense_candidate, fresh_tail_start, leaf_candidate, unit_start};
+use crate::units::{
+    Candidate, condense_candidate, fresh_tail_start, leaf_candidate, leaf_candidate_from,
+    unit_start,
+};
 
 use crate::engine::{LosslessEngine, content_source, store_error};
 
@@ -58,7 +62,8 @@ pub struct CompactionReport {
     pub tokens_before: u64,
     /// Context tokens after it.
     pub tokens_after: u64,
-    /// Passes made (each publishes one summary or stops).
+    /// Passes made: rounds of summarizing (one summary, or several independent leaves made
+    /// together).
     pub passes: u32,
     /// Summaries published.
     pub summaries_created: u32,
@@ -67,6 +72,9 @@ pub struct CompactionReport {
     /// Why the call stopped.
     pub reason: Option<CompactReason>,
 }
+
+/// Most leaf summaries made at once when a backlog needs several.
+const PARALLEL_LEAVES: usize = 4;
 
 enum Published {
     Replaced { fallback: bool },
@@ -160,6 +168,7 @@ impl LosslessEngine {
         let mut items = self.context(conversation).await?;
         let mut total: u64 = items.iter().map(|item| item.tokens).sum();
         report.tokens_before = total;
+        let mut attempts = 0;
         loop {
             if abort.is_some_and(AbortSignal::is_aborted) {
                 return Err(EngineError::Cancelled);
@@ -173,7 +182,7 @@ impl LosslessEngine {
                 });
                 break;
             }
-            if report.passes >= config.max_passes_per_turn {
+            if attempts >= config.max_passes_per_turn as usize {
                 report.reason = Some(if report.summaries_created > 0 {
                     CompactReason::Compacted
                 } else {
@@ -224,24 +233,57 @@ impl LosslessEngine {
                     break;
                 }
             };
+            // A backlog of raw messages (a long import, a small budget): once a first pass has
+            // not been enough (and has checked the deadline), the next leaves are summarized
+            // together; they are independent of each other.
+            let mut batch = vec![candidate];
+            if report.passes > 0 && batch[0].condensing_depth.is_none() {
+                let mut freed = batch[0].tokens.saturating_mul(2) / 3;
+                while batch.len() < PARALLEL_LEAVES
+                    && attempts + batch.len() < config.max_passes_per_turn as usize
+                    && freed < needed
+                {
+                    let from = batch[batch.len() - 1].range.end;
+                    let Some(next) = leaf_candidate_from(
+                        &items,
+                        from,
+                        tail_start,
+                        config.leaf_chunk_tokens,
+                        needed - freed,
+                    ) else {
+                        break;
+                    };
+                    freed += next.tokens.saturating_mul(2) / 3;
+                    batch.push(next);
+                }
+            }
+            // A pass is one round: one summary, or several independent leaves made together.
+            // The summaries attempted are what the per-call bound counts.
             report.passes += 1;
-            match self
-                .summarize_and_publish(conversation, &items, &candidate, custom_instructions)
+            attempts += batch.len();
+            let mut stalled = false;
+            for published in self
+                .summarize_batch(conversation, items, batch, custom_instructions)
                 .await?
             {
-                Published::Replaced { fallback } => {
-                    report.summaries_created += 1;
-                    report.fallbacks += u32::from(fallback);
+                match published {
+                    Published::Replaced { fallback } => {
+                        report.summaries_created += 1;
+                        report.fallbacks += u32::from(fallback);
+                    }
+                    Published::Stale => {}
+                    Published::NoProgress => stalled = true,
                 }
-                Published::Stale => {}
-                Published::NoProgress => {
-                    report.reason = Some(if report.summaries_created > 0 {
-                        CompactReason::Compacted
-                    } else {
-                        CompactReason::NoProgress
-                    });
-                    break;
-                }
+            }
+            if stalled {
+                report.reason = Some(if report.summaries_created > 0 {
+                    CompactReason::Compacted
+                } else {
+                    CompactReason::NoProgress
+                });
+                items = self.context(conversation).await?;
+                total = items.iter().map(|item| item.tokens).sum();
+                break;
             }
             items = self.context(conversation).await?;
             let new_total: u64 = items.iter().map(|item| item.tokens).sum();
@@ -267,14 +309,15 @@ impl LosslessEngine {
             .map_err(|error| store_error("reading the context", error))
     }
 
-    /// Summarizes a candidate (outside any transaction) and publishes it with a compare-and-swap.
-    async fn summarize_and_publish(
+    /// Summarizes a candidate (outside any transaction): the replacement to publish, or `None`
+    /// when no summary would shrink it.
+    async fn summarize_candidate(
         &self,
         conversation: ConversationId,
         items: &[ContextItem],
         candidate: &Candidate,
         custom_instructions: Option<&str>,
-    ) -> Result<Published, EngineError> {
+    ) -> Result<Option<ReplacePlan>, EngineError> {
         let config = &self.inner.config;
         let run = &items[candidate.range.clone()];
         let (kind, depth, target) = match candidate.condensing_depth {
@@ -344,9 +387,9 @@ impl LosslessEngine {
         };
         let tokens = summary_tokens(&*self.inner.estimator, &header, &content);
         if tokens >= candidate.tokens {
-            return Ok(Published::NoProgress);
+            return Ok(None);
         }
-        let plan = ReplacePlan {
+        Ok(Some(ReplacePlan {
             conversation,
             items: run
                 .iter()
@@ -360,14 +403,63 @@ impl LosslessEngine {
                 level,
                 summarizer: self.inner.summarizer.id().to_owned(),
             },
+        }))
+    }
+
+    /// Publishes a summary with the store's compare-and-swap.
+    async fn publish(&self, plan: Option<ReplacePlan>) -> Result<Published, EngineError> {
+        let Some(plan) = plan else {
+            return Ok(Published::NoProgress);
         };
+        let fallback = plan.summary.level == SummaryLevel::Fallback;
         match self.inner.store.replace(plan).await {
-            Ok(ReplaceOutcome::Replaced(_)) => Ok(Published::Replaced {
-                fallback: level == SummaryLevel::Fallback,
-            }),
+            Ok(ReplaceOutcome::Replaced(_)) => Ok(Published::Replaced { fallback }),
             Ok(ReplaceOutcome::Stale) => Ok(Published::Stale),
             Err(error) => Err(store_error("publishing a summary", error)),
         }
+    }
+
+    /// Summarizes a batch of independent candidates at once (each its own task, so the calls
+    /// of a model summarizer are in flight together and an extractive one runs on every
+    /// core), then publishes them in order.
+    async fn summarize_batch(
+        &self,
+        conversation: ConversationId,
+        items: Vec<ContextItem>,
+        batch: Vec<Candidate>,
+        custom_instructions: Option<&str>,
+    ) -> Result<Vec<Published>, EngineError> {
+        if let [candidate] = &batch[..] {
+            let plan = self
+                .summarize_candidate(conversation, &items, candidate, custom_instructions)
+                .await?;
+            return Ok(vec![self.publish(plan).await?]);
+        }
+        let items = Arc::new(items);
+        let mut tasks = tokio::task::JoinSet::new();
+        for (index, candidate) in batch.into_iter().enumerate() {
+            let (engine, items) = (self.clone(), items.clone());
+            let instructions = custom_instructions.map(str::to_owned);
+            tasks.spawn(async move {
+                let plan = engine
+                    .summarize_candidate(conversation, &items, &candidate, instructions.as_deref())
+                    .await;
+                (index, plan)
+            });
+        }
+        let mut plans = Vec::new();
+        while let Some(joined) = tasks.join_next().await {
+            let (index, plan) = joined.map_err(|error| {
+                EngineError::caused_by("lossless: a summarizing task failed", error)
+            })?;
+            plans.push((index, plan?));
+        }
+        plans.sort_by_key(|(index, _)| *index);
+        let mut published = Vec::with_capacity(plans.len());
+        for (_, plan) in plans {
+            published.push(self.publish(plan).await?);
+        }
+        Ok(published)
     }
 
     /// Re-summarizes context summaries that the fallback produced, keeping their edges.

@@ -93,10 +93,24 @@ pub(crate) fn leaf_candidate(
     chunk_limit: u64,
     needed: u64,
 ) -> Option<Candidate> {
-    let first = items[..tail_start]
-        .iter()
-        .position(|item| matches!(item.content, ItemContent::Message(_)))?;
-    let first = unit_start(items, first);
+    leaf_candidate_from(items, 0, tail_start, chunk_limit, needed)
+}
+
+/// [`leaf_candidate`] among the items from `from` on: the next leaf of a backlog after one
+/// already chosen.
+pub(crate) fn leaf_candidate_from(
+    items: &[ContextItem],
+    from: usize,
+    tail_start: usize,
+    chunk_limit: u64,
+    needed: u64,
+) -> Option<Candidate> {
+    let first = from
+        + items
+            .get(from..tail_start)?
+            .iter()
+            .position(|item| matches!(item.content, ItemContent::Message(_)))?;
+    let first = unit_start(items, first).max(from);
     let mut end = first;
     let mut tokens = 0;
     while end < tail_start {
