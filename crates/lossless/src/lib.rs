@@ -11,6 +11,7 @@
 #![warn(missing_docs)]
 
 mod admin;
+mod arguments;
 mod assembly;
 mod bootstrap;
 mod compaction;

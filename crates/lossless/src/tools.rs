@@ -12,8 +12,9 @@ use vilvona_core::EngineError;
 use vilvona_core::admin::{ToolCaller, ToolDefinition};
 use vilvona_core::summarize::{Evidence, QuestionRequest, SummarizeError, SummaryKind};
 use vilvona_store::*;
-use vilvona_summarize::{format_utc_rfc3339, parse_rfc3339};
+use vilvona_summarize::format_utc_rfc3339;
 
+use crate::arguments;
 use crate::engine::LosslessEngine;
 use crate::render::{DESCRIBE_TOOL, EXPAND_QUERY_TOOL, EXPAND_TOOL, GREP_TOOL};
 
@@ -33,65 +34,26 @@ pub fn tool_definitions() -> Vec<ToolDefinition> {
             description: "Search the full conversation history, including parts folded into summaries. \
                           Returns matching messages and summaries with snippets; a message hit names the \
                           summary that currently covers it.".to_owned(),
-            parameters: json!({
-                "type": "object",
-                "properties": {
-                    "query": {"type": "string", "description": "Words, a phrase, or a regular expression."},
-                    "mode": {"type": "string", "enum": ["text", "phrase", "regex"], "default": "text"},
-                    "scope": {"type": "string", "enum": ["messages", "summaries", "both"], "default": "both"},
-                    "since": {"type": ["string", "integer"], "description": "RFC 3339 time or milliseconds; inclusive."},
-                    "before": {"type": ["string", "integer"], "description": "RFC 3339 time or milliseconds; exclusive."},
-                    "limit": {"type": "integer", "minimum": 1, "maximum": 50, "default": 10},
-                    "order": {"type": "string", "enum": ["relevance", "recency"], "default": "relevance"}
-                },
-                "required": ["query"],
-                "additionalProperties": false
-            }),
+            parameters: arguments::schema::<arguments::Grep>(),
         },
         ToolDefinition {
             name: DESCRIBE_TOOL.to_owned(),
             description: "Describe a summary (depth, time range, tokens, children, covered messages), a \
                           message, or stored large content (metadata, description, and a range of its lines).".to_owned(),
-            parameters: json!({
-                "type": "object",
-                "properties": {
-                    "id": {"type": "string", "description": "A summary id (sum_…), message id (msg_…) or file id (file_…)."},
-                    "lines": {"type": "string", "description": "For a file: a line range like \"1-200\"."}
-                },
-                "required": ["id"],
-                "additionalProperties": false
-            }),
+            parameters: arguments::schema::<arguments::Describe>(),
         },
         ToolDefinition {
             name: EXPAND_TOOL.to_owned(),
             description: "Read what a summary covers: its child summaries, or for a leaf its source messages, \
                           within a token cap. Pass the returned cursor to continue.".to_owned(),
-            parameters: json!({
-                "type": "object",
-                "properties": {
-                    "id": {"type": "string", "description": "A summary id (sum_…)."},
-                    "tokenCap": {"type": "integer", "minimum": 100},
-                    "cursor": {"type": "integer", "minimum": 0}
-                },
-                "required": ["id"],
-                "additionalProperties": false
-            }),
+            parameters: arguments::schema::<arguments::Expand>(),
         },
         ToolDefinition {
             name: EXPAND_QUERY_TOOL.to_owned(),
             description: "Answer a question from the full history: searches it for the query, reads the \
                           matching messages and what matching summaries cover (within tokenCap), and \
                           answers with the ids of the messages the answer rests on.".to_owned(),
-            parameters: json!({
-                "type": "object",
-                "properties": {
-                    "query": {"type": "string", "description": "Words to search the history for."},
-                    "question": {"type": "string", "description": "The question to answer from what is found."},
-                    "tokenCap": {"type": "integer", "minimum": 100, "description": "Tokens of history read at most."}
-                },
-                "required": ["query", "question"],
-                "additionalProperties": false
-            }),
+            parameters: arguments::schema::<arguments::ExpandQuery>(),
         },
     ]
 }
@@ -138,60 +100,6 @@ impl Scope {
             .iter()
             .any(|(_, conversations)| conversations.contains(&conversation))
     }
-}
-
-fn parse_time(value: Option<&Value>, key: &str) -> Result<Option<i64>, ToolError> {
-    match value {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::Number(number)) => number.as_i64().map(Some).ok_or_else(|| {
-            ToolError::InvalidArguments(format!("{key} must be an integer of milliseconds"))
-        }),
-        Some(Value::String(text)) => parse_rfc3339(text).map(Some).ok_or_else(|| {
-            ToolError::InvalidArguments(format!(
-                "{key}: {text:?} is not an RFC 3339 time like 2026-03-02T09:00:00Z"
-            ))
-        }),
-        Some(_) => Err(ToolError::InvalidArguments(format!(
-            "{key} must be a string or an integer"
-        ))),
-    }
-}
-
-fn argument<'a>(arguments: &'a Value, key: &str) -> Option<&'a Value> {
-    arguments.get(key).filter(|value| !value.is_null())
-}
-
-fn string_argument(arguments: &Value, key: &str) -> Result<Option<String>, ToolError> {
-    match argument(arguments, key) {
-        None => Ok(None),
-        Some(Value::String(text)) => Ok(Some(text.clone())),
-        Some(_) => Err(ToolError::InvalidArguments(format!(
-            "{key} must be a string"
-        ))),
-    }
-}
-
-/// One of a fixed set of string values, `default` when the argument is absent.
-fn choice_argument<T: Copy>(
-    arguments: &Value,
-    key: &str,
-    default: T,
-    options: &[(&str, T)],
-) -> Result<T, ToolError> {
-    let Some(given) = string_argument(arguments, key)? else {
-        return Ok(default);
-    };
-    if let Some((_, value)) = options.iter().find(|(name, _)| *name == given) {
-        return Ok(*value);
-    }
-    let names: Vec<&str> = options.iter().map(|(name, _)| *name).collect();
-    let listed = match names.split_last() {
-        Some((last, rest)) if !rest.is_empty() => format!("{} or {last}", rest.join(", ")),
-        _ => names.join(""),
-    };
-    Err(ToolError::InvalidArguments(format!(
-        "{key} {given:?}: use {listed}"
-    )))
 }
 
 fn message_id_string(id: MessageId) -> String {
@@ -315,49 +223,20 @@ impl LosslessEngine {
     }
 
     async fn grep_tool(&self, caller: &ToolCaller, arguments: &Value) -> Result<Value, ToolError> {
-        let query = string_argument(arguments, "query")?
-            .filter(|query| !query.trim().is_empty())
-            .ok_or_else(|| ToolError::InvalidArguments("query is required".to_owned()))?;
-        let mode = choice_argument(
-            arguments,
-            "mode",
-            SearchMode::Text,
-            &[
-                ("text", SearchMode::Text),
-                ("phrase", SearchMode::Phrase),
-                ("regex", SearchMode::Regex),
-            ],
-        )?;
-        let target = choice_argument(
-            arguments,
-            "scope",
-            SearchTarget::Both,
-            &[
-                ("messages", SearchTarget::Messages),
-                ("summaries", SearchTarget::Summaries),
-                ("both", SearchTarget::Both),
-            ],
-        )?;
-        let order = choice_argument(
-            arguments,
-            "order",
-            SearchOrder::Relevance,
-            &[
-                ("relevance", SearchOrder::Relevance),
-                ("recency", SearchOrder::Recency),
-            ],
-        )?;
-        let limit = match argument(arguments, "limit") {
+        let arguments: arguments::Grep = arguments::parse(arguments)?;
+        let query = arguments::required(arguments.query, "query")?;
+        let (mode, target, order) = (arguments.mode.0, arguments.scope.0, arguments.order.0);
+        let limit = match arguments.limit {
             None => 10,
-            Some(value) => value
-                .as_u64()
-                .filter(|limit| (1..=50).contains(limit))
-                .ok_or_else(|| {
-                    ToolError::InvalidArguments("limit must be between 1 and 50".to_owned())
-                })? as usize,
+            Some(limit) if (1..=50).contains(&limit) => limit as usize,
+            Some(_) => {
+                return Err(ToolError::InvalidArguments(
+                    "limit must be between 1 and 50".to_owned(),
+                ));
+            }
         };
-        let since_ms = parse_time(argument(arguments, "since"), "since")?;
-        let before_ms = parse_time(argument(arguments, "before"), "before")?;
+        let since_ms = arguments::millis(arguments.since, "since")?;
+        let before_ms = arguments::millis(arguments.before, "before")?;
         let scope = self.scope(caller).await?;
         let mut hits = Vec::new();
         for (agent, conversations) in &scope.reach {
@@ -436,8 +315,8 @@ impl LosslessEngine {
         caller: &ToolCaller,
         arguments: &Value,
     ) -> Result<Value, ToolError> {
-        let id = string_argument(arguments, "id")?
-            .ok_or_else(|| ToolError::InvalidArguments("id is required".to_owned()))?;
+        let arguments: arguments::Describe = arguments::parse(arguments)?;
+        let id = arguments::required(arguments.id, "id")?;
         let scope = self.scope(caller).await?;
         if id.starts_with("file_") {
             let info = self
@@ -454,7 +333,7 @@ impl LosslessEngine {
                 .unwrap_or(info.conversation);
             self.check_scope(&scope, reader, &id)?;
             let content = self.store().blob_content(&id).await?.unwrap_or_default();
-            let (first, last) = match string_argument(arguments, "lines")? {
+            let (first, last) = match arguments.lines {
                 None => (1, 200),
                 Some(range) => {
                     let (a, b) = range.split_once('-').unwrap_or((&range, &range));
@@ -562,12 +441,10 @@ impl LosslessEngine {
         caller: &ToolCaller,
         arguments: &Value,
     ) -> Result<Value, ToolError> {
-        let id = string_argument(arguments, "id")?
-            .ok_or_else(|| ToolError::InvalidArguments("id is required".to_owned()))?;
-        let requested = argument(arguments, "tokenCap").and_then(Value::as_u64);
-        let cursor = argument(arguments, "cursor")
-            .and_then(Value::as_u64)
-            .unwrap_or(0) as usize;
+        let arguments: arguments::Expand = arguments::parse(arguments)?;
+        let id = arguments::required(arguments.id, "id")?;
+        let requested = arguments.token_cap;
+        let cursor = arguments.cursor.unwrap_or(0) as usize;
         let scope = self.scope(caller).await?;
         let summary = self
             .store()
@@ -632,20 +509,17 @@ impl LosslessEngine {
         caller: &ToolCaller,
         arguments: &Value,
     ) -> Result<Value, ToolError> {
-        let required = |key: &str| -> Result<String, ToolError> {
-            string_argument(arguments, key)?
-                .filter(|text| !text.trim().is_empty())
-                .ok_or_else(|| ToolError::InvalidArguments(format!("{key} is required")))
-        };
-        let query = required("query")?;
-        let question = required("question")?;
-        let cap = match argument(arguments, "tokenCap") {
+        let arguments: arguments::ExpandQuery = arguments::parse(arguments)?;
+        let query = arguments::required(arguments.query, "query")?;
+        let question = arguments::required(arguments.question, "question")?;
+        let cap = match arguments.token_cap {
             None => self.config().max_expand_tokens,
-            Some(value) => value.as_u64().filter(|cap| *cap >= 100).ok_or_else(|| {
-                ToolError::InvalidArguments(
+            Some(cap) if cap >= 100 => cap,
+            Some(_) => {
+                return Err(ToolError::InvalidArguments(
                     "tokenCap must be an integer of at least 100".to_owned(),
-                )
-            })?,
+                ));
+            }
         };
         let found = self
             .grep_tool(caller, &json!({"query": query, "limit": QUESTION_HITS}))
