@@ -841,27 +841,21 @@ impl Host {
                     // Recover by compacting; only a compaction that freed tokens spends an attempt,
                     // and a compaction that frees nothing ends the recovery (retrying would overflow
                     // again).
-                    let mut result = self
-                        .compact_live(
-                            live,
-                            false,
-                            Some(CompactionTarget::Budget),
-                            None,
-                            budget,
-                            Some(report.assembled_tokens),
-                        )
-                        .await?;
-                    if !result.compacted {
+                    let mut result = CompactResult::unchanged(CompactReason::NoCandidate, 0);
+                    for force in [false, true] {
                         result = self
                             .compact_live(
                                 live,
-                                true,
+                                force,
                                 Some(CompactionTarget::Budget),
                                 None,
                                 budget,
                                 Some(report.assembled_tokens),
                             )
                             .await?;
+                        if result.compacted {
+                            break;
+                        }
                     }
                     if !result.compacted {
                         return Err(HostError::Overflow(format!(
