@@ -808,3 +808,162 @@ pub async fn run_bootstrap(options: &RunOptions) -> Result<BootstrapFigures> {
         passes,
     })
 }
+
+/// What `--serve-sessions N` measured: one `vilvona serve --stdio` process (the OpenClaw
+/// plugin's) driven through N sessions of a few turns each, its resident memory sampled as the
+/// sessions accumulate.
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ServeMemoryFigures {
+    pub sessions: usize,
+    pub turns_per_session: usize,
+    /// `(sessions so far, resident MiB, of which anonymous MiB)`: the rest is file pages
+    /// (the memory-mapped index, the binary), which the kernel can drop.
+    pub rss_mib: Vec<(usize, f64, f64)>,
+    /// The process's high-water mark at the end.
+    pub peak_rss_mib: f64,
+    pub wall_s: f64,
+}
+
+/// A JSON-RPC client of `vilvona serve --stdio` over its pipes.
+struct ServeClient {
+    child: std::process::Child,
+    input: std::process::ChildStdin,
+    output: std::io::BufReader<std::process::ChildStdout>,
+    next_id: u64,
+}
+
+impl ServeClient {
+    fn start(vilvona: &Path, state_dir: &Path) -> Result<ServeClient> {
+        let mut child = std::process::Command::new(vilvona)
+            .arg("--state-dir")
+            .arg(state_dir)
+            .args(["serve", "--stdio"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::inherit())
+            .spawn()
+            .with_context(|| format!("starting {}", vilvona.display()))?;
+        let input = child.stdin.take().context("the server's stdin")?;
+        let output = std::io::BufReader::new(child.stdout.take().context("the server's stdout")?);
+        Ok(ServeClient {
+            child,
+            input,
+            output,
+            next_id: 1,
+        })
+    }
+
+    /// One request and its answer (the server's own requests are not expected here: the
+    /// summarizer is the extractive one).
+    fn call(&mut self, method: &str, params: Value) -> Result<Value> {
+        use std::io::{BufRead as _, Write as _};
+        let id = self.next_id;
+        self.next_id += 1;
+        writeln!(
+            self.input,
+            "{}",
+            json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params})
+        )?;
+        self.input.flush()?;
+        let mut line = String::new();
+        loop {
+            line.clear();
+            if self.output.read_line(&mut line)? == 0 {
+                return Err(anyhow!("the server closed its output during {method}"));
+            }
+            let answer: Value = serde_json::from_str(&line)?;
+            if answer["id"] == json!(id) {
+                if let Some(error) = answer.get("error") {
+                    return Err(anyhow!("{method}: {error}"));
+                }
+                return Ok(answer["result"].clone());
+            }
+        }
+    }
+
+    /// Resident, anonymous resident and peak memory of the server, in MiB (from /proc).
+    fn memory_mib(&self) -> Result<(f64, f64, f64)> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))?;
+        let field = |name: &str| {
+            status
+                .lines()
+                .find_map(|line| line.strip_prefix(name))
+                .and_then(|rest| rest.split_whitespace().next())
+                .and_then(|kib| kib.parse::<f64>().ok())
+                .map_or(0.0, |kib| kib / 1024.0)
+        };
+        Ok((field("VmRSS:"), field("RssAnon:"), field("VmHWM:")))
+    }
+}
+
+/// Drives `sessions` sessions of `turns_per_session` turns (taken in order from the transcript,
+/// round and round) through one server, as the OpenClaw plugin does: `assemble`, then
+/// `afterTurn` with the session's messages so far.
+pub fn run_serve_memory(
+    options: &RunOptions,
+    vilvona: &Path,
+    sessions: usize,
+    turns_per_session: usize,
+) -> Result<ServeMemoryFigures> {
+    let mut turns: Vec<Vec<Value>> = Vec::new();
+    for_each_turn(&options.transcript, |turn| {
+        turns.push(
+            turn.messages
+                .iter()
+                .filter_map(|message| serde_json::to_value(message).ok())
+                .collect(),
+        );
+        Ok(())
+    })
+    .map_err(|error| anyhow!("reading {}: {error}", options.transcript.display()))?;
+    if turns.is_empty() {
+        return Err(anyhow!("{} has no turns", options.transcript.display()));
+    }
+    let (_temporary, state_dir) = options.store_place()?;
+    std::fs::create_dir_all(&state_dir)?;
+    let started = Instant::now();
+    let mut client = ServeClient::start(vilvona, &state_dir)?;
+    client.call(
+        "initialize",
+        json!({"stateDir": state_dir, "engineId": "lossless", "config": {"freshTailCount": 16}}),
+    )?;
+    let mut samples = Vec::new();
+    let mut next_turn = 0;
+    let sample_every = (sessions / 8).max(1);
+    for session in 0..sessions {
+        let session_id = format!("session-{session:05}");
+        let mut history: Vec<Value> = Vec::new();
+        for _ in 0..turns_per_session {
+            let turn = &turns[next_turn % turns.len()];
+            next_turn += 1;
+            let before = history.len();
+            history.extend(turn.iter().cloned());
+            client.call(
+                "assemble",
+                json!({"sessionId": session_id, "messages": history[..before + 1.min(turn.len())], "tokenBudget": 8_000}),
+            )?;
+            client.call(
+                "afterTurn",
+                json!({"sessionId": session_id, "messages": history, "prePromptMessageCount": before, "tokenBudget": 8_000}),
+            )?;
+        }
+        if (session + 1) % sample_every == 0 || session + 1 == sessions {
+            let (resident, anonymous, _) = client.memory_mib()?;
+            samples.push((session + 1, resident, anonymous));
+            if options.progress_every > 0 {
+                eprintln!("  {} sessions", session + 1);
+            }
+        }
+    }
+    let (_, _, peak) = client.memory_mib()?;
+    drop(client.input);
+    let _ = client.child.wait();
+    Ok(ServeMemoryFigures {
+        sessions,
+        turns_per_session,
+        rss_mib: samples,
+        peak_rss_mib: peak,
+        wall_s: started.elapsed().as_secs_f64(),
+    })
+}

@@ -33,6 +33,16 @@ struct Args {
     /// and report how long it took (one JSON document).
     #[arg(long)]
     bootstrap: bool,
+    /// Instead of the headline run: drive N sessions through one `vilvona serve --stdio`
+    /// (the binary at --vilvona) and report its memory as they accumulate (one JSON document).
+    #[arg(long, value_name = "N")]
+    serve_sessions: Option<usize>,
+    /// Turns per session for --serve-sessions.
+    #[arg(long, default_value_t = 4)]
+    turns_per_session: usize,
+    /// The vilvona binary --serve-sessions starts.
+    #[arg(long, value_name = "PATH")]
+    vilvona: Option<PathBuf>,
     /// Print one JSON document instead of the table.
     #[arg(long)]
     json: bool,
@@ -73,6 +83,18 @@ async fn main() -> ExitCode {
         progress_every: if args.json { 0 } else { 1_000 },
         probe,
     };
+    if let Some(sessions) = args.serve_sessions {
+        let Some(vilvona) = &args.vilvona else {
+            eprintln!("workload: --serve-sessions needs --vilvona PATH");
+            return ExitCode::FAILURE;
+        };
+        return print_json(vilvona_benches::run_serve_memory(
+            &options,
+            vilvona,
+            sessions,
+            args.turns_per_session,
+        ));
+    }
     if args.bootstrap {
         return print_json(vilvona_benches::run_bootstrap(&options).await);
     }

@@ -301,6 +301,11 @@ impl<T: ValueEnum> ValueEnumName for T {
     }
 }
 
+/// Threads for the store's blocking reads and writes. Each thread that allocates may get its
+/// own malloc arena, and freed memory stays in its arena: a gateway serving thousands of
+/// sessions held three times the memory with tokio's default (512) than with a few.
+const BLOCKING_THREADS: usize = 8;
+
 /// How the command line opens the host.
 pub(crate) struct Global {
     pub(crate) state_dir: PathBuf,
@@ -413,6 +418,7 @@ fn main() -> ExitCode {
     init_logging(cli.verbose);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
+        .max_blocking_threads(BLOCKING_THREADS)
         .enable_all()
         .build()
     {

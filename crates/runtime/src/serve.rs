@@ -237,11 +237,23 @@ impl Server {
             }
             Some(key) => {
                 let mut queues = lock(&self.queues);
-                let queue = queues.entry(key).or_insert_with(|| {
+                let queue = queues.entry(key.clone()).or_insert_with(|| {
                     let (sender, mut receiver) = mpsc::unbounded_channel::<Job>();
+                    let server = Arc::downgrade(self);
                     tokio::spawn(async move {
                         while let Some(job) = receiver.recv().await {
                             job.await;
+                            // An idle session's queue goes (a gateway sees thousands of
+                            // sessions): jobs are sent under the queues' lock, so an empty
+                            // receiver checked under it stays empty.
+                            let Some(server) = server.upgrade() else {
+                                return;
+                            };
+                            let mut queues = lock(&server.queues);
+                            if receiver.is_empty() {
+                                queues.remove(&key);
+                                return;
+                            }
                         }
                     });
                     sender
