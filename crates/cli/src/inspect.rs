@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use anyhow::{Context as _, Result, anyhow};
 use serde_json::{Value, json};
+use vilvona_core::ContextEngine;
 use vilvona_core::admin::{EngineAdmin, ToolCaller};
 use vilvona_runtime::sessions::SessionRecord;
 use vilvona_runtime::{Check, Host, HostError, doctor as doctor_report};
@@ -51,7 +52,10 @@ pub(crate) async fn find_session(host: &Host, name: &str) -> Result<(String, Ses
 
 /// The administration of the engine that keeps the agent's history.
 pub(crate) async fn admin(host: &Host) -> Result<Arc<dyn EngineAdmin>> {
-    let engine = host.history().await?;
+    admin_of(&host.history().await?)
+}
+
+fn admin_of(engine: &Arc<dyn ContextEngine>) -> Result<Arc<dyn EngineAdmin>> {
     engine.admin().ok_or_else(|| {
         anyhow!(
             "context engine \"{}\" keeps no history to administer",
@@ -104,8 +108,8 @@ pub(crate) async fn doctor(global: &Global, json: bool, fix: bool) -> Result<Exi
                 vilvona_core::error_chain(&error)
             ),
         }),
-        Ok(_) => {
-            let report = admin(&host).await?.check().await?;
+        Ok(engine) => {
+            let report = admin_of(&engine)?.check().await?;
             checks.push(Check {
                 name: "store integrity".to_owned(),
                 ok: report.is_healthy(),
@@ -325,7 +329,7 @@ pub(crate) async fn stats(global: &Global, session: &str, json: bool) -> Result<
     let host = global.reader().await?;
     let (key, record) = find_session(&host, session).await?;
     let engine = host.history().await?;
-    let admin = admin(&host).await?;
+    let admin = admin_of(&engine)?;
     let mut stats = serde_json::to_value(admin.session_stats(&caller(&key, &record)).await?)?;
     let usage = admin.usage().await?;
     stats["engine"] = json!(engine.info().id);

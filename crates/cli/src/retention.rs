@@ -1,5 +1,6 @@
 //! `vilvona forget` and `vilvona retention`.
 
+use std::collections::HashMap;
 use std::process::ExitCode;
 
 use anyhow::{Result, anyhow};
@@ -60,11 +61,19 @@ pub(crate) async fn retention(global: &Global, dry_run: bool, json: bool) -> Res
     let run = admin(&host).await?.retention(!dry_run).await?;
     let (plan, space) = (&run.actions, run.space);
     if space.is_some() {
+        // The deleted sessions' records and transcripts (this host's own) go too: one listing
+        // of the records for all of them.
+        let keys: HashMap<String, String> = host
+            .sessions()
+            .await
+            .into_iter()
+            .map(|(key, record)| (record.session_id, key))
+            .collect();
         for action in plan {
             if action.action == RetentionKind::Delete
-                && let Ok((key, _)) = find_session(&host, &action.session_id).await
+                && let Some(key) = keys.get(&action.session_id)
             {
-                host.remove_session(&key).await?;
+                host.remove_session(key).await?;
             }
         }
     }

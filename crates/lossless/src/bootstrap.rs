@@ -95,15 +95,13 @@ impl LosslessEngine {
                     place: first_place.map(|first| first + chunk_start + index as u64),
                 })
                 .await?;
-            if let IngestOutcome::Stored(results) = self
+            imported += self
                 .inner
                 .store
                 .ingest(conversation.id, prepared, None)
                 .await
                 .map_err(|error| store_error("bootstrap ingest", error))?
-            {
-                imported += results.iter().filter(|result| result.ingested).count() as u64;
-            }
+                .newly_stored();
         }
         if end != cursor {
             let mark = BootstrapMark {

@@ -125,7 +125,7 @@ impl LosslessEngine {
             )
             .await?;
         Ok(IngestResult {
-            ingested: matches!(outcome, IngestOutcome::Stored(ref results) if results.iter().any(|r| r.ingested)),
+            ingested: outcome.newly_stored() > 0,
         })
     }
 
@@ -146,12 +146,7 @@ impl LosslessEngine {
             )
             .await?;
         Ok(IngestBatchResult {
-            ingested_count: match outcome {
-                IngestOutcome::Stored(results) => {
-                    results.iter().filter(|r| r.ingested).count() as u64
-                }
-                IngestOutcome::DuplicateTurn => 0,
-            },
+            ingested_count: outcome.newly_stored(),
         })
     }
 

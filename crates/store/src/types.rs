@@ -143,6 +143,18 @@ pub enum IngestOutcome {
     DuplicateTurn,
 }
 
+impl IngestOutcome {
+    /// Messages this call stored (the others were stored before).
+    pub fn newly_stored(&self) -> u64 {
+        match self {
+            IngestOutcome::Stored(results) => {
+                results.iter().filter(|result| result.ingested).count() as u64
+            }
+            IngestOutcome::DuplicateTurn => 0,
+        }
+    }
+}
+
 /// A stored message.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StoredMessage {
