@@ -142,6 +142,10 @@ pub struct Figures {
     pub ingest_median_by_tenth_ms: Vec<f64>,
     pub compaction: Spread,
     pub compacting_turns: usize,
+    /// All compacting turns' compaction time together, summarizer excluded.
+    pub compaction_total_ms: f64,
+    /// Summaries made per compacting turn (the reference makes more, smaller ones).
+    pub summaries_per_compacting_turn: f64,
     pub summarizer_calls: u64,
     pub summarizer_ms_per_call: f64,
     pub summaries_by_depth: std::collections::BTreeMap<u32, u64>,
@@ -158,6 +162,10 @@ pub struct Figures {
     pub store_bytes: u64,
     pub transcript_bytes: u64,
     pub store_to_transcript: f64,
+    /// The store once every index segment merged into one and the WAL was checkpointed (as
+    /// after `vilvona forget` or a retention run), measured after grep.
+    pub store_bytes_merged: u64,
+    pub store_to_transcript_merged: f64,
     pub peak_rss_mib: f64,
     pub wall_s: f64,
 }
@@ -227,6 +235,59 @@ pub struct RunOptions {
     /// Start `probe` (this runner in `--probe-grep` mode) beside the ingestion: it greps the
     /// needles from a second process, read-only, while this one writes.
     pub probe: Option<PathBuf>,
+    /// Count instructions under callgrind (see [`Instructions`]).
+    pub instructions: bool,
+}
+
+/// Instruction counts under `valgrind --tool=callgrind --instr-atstart=no` (with the
+/// `instructions` feature; natively the client requests do nothing): the ingest of turns 800–899 and the compaction of turns
+/// 900–999 are instrumented call by call, then 100 assembles at 128k and every grep, and each
+/// is dumped under its name (`benches/instructions.sh` reads the dumps). Shared machines'
+/// speed drifts; these counts do not.
+#[derive(Debug)]
+pub struct Instructions {
+    enabled: bool,
+}
+
+/// The turns whose ingest is counted; the next as many have their compaction counted.
+pub const COUNTED_TURNS: std::ops::Range<usize> = 800..900;
+
+impl Instructions {
+    fn turn_phase(&self, turn: usize) -> Option<&'static str> {
+        let width = COUNTED_TURNS.len();
+        match turn {
+            _ if !self.enabled => None,
+            turn if COUNTED_TURNS.contains(&turn) => Some("ingest"),
+            turn if (COUNTED_TURNS.end..COUNTED_TURNS.end + width).contains(&turn) => {
+                Some("compaction")
+            }
+            _ => None,
+        }
+    }
+
+    fn start(&self) {
+        #[cfg(feature = "instructions")]
+        if self.enabled {
+            crabgrind::callgrind::start_instrumentation();
+        }
+    }
+
+    fn stop(&self) {
+        #[cfg(feature = "instructions")]
+        if self.enabled {
+            crabgrind::callgrind::stop_instrumentation();
+        }
+    }
+
+    /// Writes what was counted since the last dump as `name calls`, and starts over.
+    fn dump(&self, name: &str, calls: usize) {
+        #[cfg(feature = "instructions")]
+        if self.enabled {
+            crabgrind::callgrind::dump_stats(format!("{name} {calls}").as_str());
+        }
+        #[cfg(not(feature = "instructions"))]
+        let _ = (name, calls);
+    }
 }
 
 /// The session the runner writes and the probe reads.
@@ -366,8 +427,13 @@ pub async fn run(options: &RunOptions) -> Result<Figures> {
     let conversation = engine.conversation(session, Some(SESSION_KEY)).await?;
     let mut probe = None;
 
+    let counting = Instructions {
+        enabled: options.instructions,
+    };
+    let mut compactions_counted = 0;
     let mut ingest = Vec::new();
     let mut compaction = Vec::new();
+    let mut summaries_made = 0u64;
     let mut assemble = Vec::new();
     let mut messages = 0;
     let mut index = 0;
@@ -378,6 +444,10 @@ pub async fn run(options: &RunOptions) -> Result<Figures> {
             .iter()
             .map(|(message, id)| (message.clone(), Some(id.clone())))
             .unzip();
+        let phase = counting.turn_phase(index);
+        if phase == Some("ingest") {
+            counting.start();
+        }
         let begin = Instant::now();
         engine
             .ingest_batch(&IngestBatchParams {
@@ -389,6 +459,10 @@ pub async fn run(options: &RunOptions) -> Result<Figures> {
             })
             .await?;
         ingest.push(begin.elapsed());
+        counting.stop();
+        if index + 1 == COUNTED_TURNS.end {
+            counting.dump("ingest", COUNTED_TURNS.len());
+        }
         if index == 0
             && let Some(program) = &options.probe
         {
@@ -396,14 +470,26 @@ pub async fn run(options: &RunOptions) -> Result<Figures> {
         }
 
         let summarizer_before = summarizer_nanos();
+        if phase == Some("compaction") {
+            counting.start();
+        }
         let begin = Instant::now();
         let report = engine
             .compact_conversation(conversation.id, CompactionRequest::routine(BUDGET))
             .await?;
         let elapsed = begin.elapsed();
+        counting.stop();
+        if phase == Some("compaction") && report.summaries_created > 0 {
+            compactions_counted += 1;
+        }
+        if index + 1 == COUNTED_TURNS.end + COUNTED_TURNS.len() {
+            // Per compacting turn, as the wall-time figure.
+            counting.dump("compaction", compactions_counted);
+        }
         if report.summaries_created > 0 {
             let own = Duration::from_nanos(summarizer_nanos() - summarizer_before);
             compaction.push(elapsed.saturating_sub(own));
+            summaries_made += u64::from(report.summaries_created);
         }
         if (index + 1) % 10 == 0 {
             let begin = Instant::now();
@@ -416,6 +502,14 @@ pub async fn run(options: &RunOptions) -> Result<Figures> {
         index += 1;
     }
     let turn_count = index;
+    if counting.enabled {
+        counting.start();
+        for _ in 0..100 {
+            engine.assemble_context(conversation.id, BUDGET).await?;
+        }
+        counting.stop();
+        counting.dump("assemble", 100);
+    }
     let grep_from_another_process = match probe {
         Some(probe) => Some(probe.finish()?),
         None => None,
@@ -428,18 +522,23 @@ pub async fn run(options: &RunOptions) -> Result<Figures> {
     // Grep in steady state: the index commits on a short timer in real use (rows beyond it are
     // searched in SQLite); commit what waits before timing, as a turn later would find it.
     engine.store().index_doc_count().await?;
-    let mut grep = Vec::with_capacity(needles.len());
+    let mut grep = Vec::with_capacity(needles.len() * GREP_ROUNDS);
     let mut found = 0;
     for needle in &needles {
-        let begin = Instant::now();
-        let result = engine
-            .call_tool(
-                &caller,
-                "vilvona_grep",
-                &json!({"query": needle.query, "mode": "text", "scope": "both"}),
-            )
-            .await?;
-        grep.push(begin.elapsed());
+        let mut result = Value::Null;
+        for _ in 0..GREP_ROUNDS {
+            counting.start();
+            let begin = Instant::now();
+            result = engine
+                .call_tool(
+                    &caller,
+                    "vilvona_grep",
+                    &json!({"query": needle.query, "mode": "text", "scope": "both"}),
+                )
+                .await?;
+            grep.push(begin.elapsed());
+            counting.stop();
+        }
         let mut hit = false;
         for row in result["results"].as_array().cloned().unwrap_or_default() {
             let described = engine
@@ -456,6 +555,7 @@ pub async fn run(options: &RunOptions) -> Result<Figures> {
         }
         found += usize::from(hit);
     }
+    counting.dump("grep", grep.len());
     let assembled = engine
         .assemble(&AssembleParams {
             session_id: session.to_owned(),
@@ -507,6 +607,8 @@ pub async fn run(options: &RunOptions) -> Result<Figures> {
         ));
     }
     let store_bytes = engine.store().disk_bytes();
+    engine.store().reclaim_space().await?;
+    let store_bytes_merged = engine.store().disk_bytes();
     let transcript_bytes = std::fs::metadata(&options.transcript).map_or(0, |meta| meta.len());
     let tenths: Vec<f64> = (0..10)
         .map(|tenth| {
@@ -529,6 +631,8 @@ pub async fn run(options: &RunOptions) -> Result<Figures> {
         ingest: spread(&ingest),
         ingest_median_by_tenth_ms: tenths,
         compacting_turns: compaction.len(),
+        compaction_total_ms: compaction.iter().sum::<Duration>().as_secs_f64() * 1e3,
+        summaries_per_compacting_turn: ratio(summaries_made, compaction.len() as u64),
         compaction: spread(&compaction),
         summarizer_calls: calls,
         summarizer_ms_per_call: if calls == 0 {
@@ -547,14 +651,24 @@ pub async fn run(options: &RunOptions) -> Result<Figures> {
         needles_in_final_context: in_context,
         store_bytes,
         transcript_bytes,
-        store_to_transcript: if transcript_bytes == 0 {
-            0.0
-        } else {
-            store_bytes as f64 / transcript_bytes as f64
-        },
+        store_to_transcript: ratio(store_bytes, transcript_bytes),
+        store_bytes_merged,
+        store_to_transcript_merged: ratio(store_bytes_merged, transcript_bytes),
         peak_rss_mib: peak_rss_mib(),
         wall_s: started.elapsed().as_secs_f64(),
     })
+}
+
+/// How many times grep runs each needle's query (the first answer is checked).
+const GREP_ROUNDS: usize = 10;
+
+/// `part ÷ whole`, 0 for nothing.
+fn ratio(part: u64, whole: u64) -> f64 {
+    if whole == 0 {
+        0.0
+    } else {
+        part as f64 / whole as f64
+    }
 }
 
 /// The figures as a small table.
@@ -596,6 +710,13 @@ pub fn table(figures: &Figures) -> String {
                 "{} over {} turns",
                 value(&figures.compaction),
                 figures.compacting_turns
+            ),
+        ),
+        (
+            "compaction, all turns",
+            format!(
+                "{:.1} ms; {:.2} summaries per compacting turn",
+                figures.compaction_total_ms, figures.summaries_per_compacting_turn
             ),
         ),
         (
@@ -642,6 +763,15 @@ pub fn table(figures: &Figures) -> String {
             format!(
                 "{:.2}× ({} / {})",
                 figures.store_to_transcript, figures.store_bytes, figures.transcript_bytes
+            ),
+        ),
+        (
+            "… once the index merged",
+            format!(
+                "{:.2}× ({} / {})",
+                figures.store_to_transcript_merged,
+                figures.store_bytes_merged,
+                figures.transcript_bytes
             ),
         ),
         ("peak RSS", format!("{:.0} MiB", figures.peak_rss_mib)),

@@ -21,6 +21,7 @@ async fn the_runner_runs_on_fifty_turns() {
             // The fake run also greps from a second process while it ingests.
             probe: (summarizer == SummarizerChoice::Fake)
                 .then(|| std::path::PathBuf::from(env!("CARGO_BIN_EXE_workload"))),
+            instructions: false,
         })
         .await
         .unwrap();

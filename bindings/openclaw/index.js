@@ -92,6 +92,13 @@ const HOST_REQUIREMENTS = {
 
 const MAINTAIN_REASONS = new Set(["bootstrap", "turn", "compaction"]);
 
+// `vilvona serve`'s answer when an assemble left out a history the engine needs after all.
+const HISTORY_NEEDED = -32005;
+
+// How many sessions' last assembled context the plugin keeps, to rebuild replies that carry
+// only what changed.
+const ASSEMBLED_SESSIONS = 64;
+
 // The part of runtimeSettings the engine reads: the run's prompt budget.
 function limits(params) {
   const found = params?.runtimeSettings?.limits;
@@ -147,6 +154,35 @@ class VilvonaProcess {
     // The engine's tool definitions (declaredTools), once listed.
     this.tools = null;
     this.toolsRegistered = false;
+    // Per session, the last assembled context as the engine numbered it (`revision`), and
+    // whether the engine holds the session's history (then assemble leaves it out).
+    this.assembled = new Map();
+  }
+
+  /**
+   * `assemble` without re-sending what the engine already has: the host's history is left out
+   * once the engine said it holds the session (and sent again if the engine needs it after
+   * all), and the reply carries only the messages this process does not already hold.
+   */
+  async assemble(params) {
+    const sessionId = params.sessionId;
+    const base = this.assembled.get(sessionId);
+    const request = { ...params, assembledRevision: base?.revision };
+    let result;
+    if (base?.holdsHistory) {
+      try {
+        result = await this.request("assemble", { ...request, messages: [], historyElided: true });
+      } catch (error) {
+        if (error.code !== HISTORY_NEEDED) throw error;
+      }
+    }
+    result ??= await this.request("assemble", request);
+    const { revision, held, holdsHistory, ...rest } = result;
+    const messages = held ? rebuild(base.messages, held, rest.messages) : rest.messages;
+    this.assembled.delete(sessionId);
+    if (this.assembled.size >= ASSEMBLED_SESSIONS) this.assembled.delete(this.assembled.keys().next().value);
+    if (revision !== undefined) this.assembled.set(sessionId, { revision, messages, holdsHistory: !!holdsHistory });
+    return { ...rest, messages: messages.slice() };
   }
 
   start() {
@@ -242,6 +278,21 @@ class VilvonaProcess {
   }
 }
 
+/**
+ * An assembled context from the one held before: `held` runs `[at, from, count]` place the
+ * held messages `from..from+count` at `at..at+count`; `fresh` fills the other places in order.
+ */
+export function rebuild(before, held, fresh) {
+  const out = [];
+  let next = 0;
+  for (const [at, from, count] of held) {
+    while (out.length < at) out.push(fresh[next++]);
+    for (let index = from; index < from + count; index++) out.push(before[index]);
+  }
+  while (next < fresh.length) out.push(fresh[next++]);
+  return out;
+}
+
 // Sets become arrays; functions and AbortSignals are not data.
 function jsonReplacer(_key, value) {
   if (value instanceof Set) return Array.from(value);
@@ -302,7 +353,7 @@ function createEngine(proc) {
     async assemble(params) {
       remember(proc, params);
       const model = typeof params.model === "string" ? params.model : params.model?.id;
-      return proc.request("assemble", {
+      return proc.assemble({
         ...session(params),
         messages: params.messages ?? [],
         tokenBudget: params.tokenBudget,

@@ -22,6 +22,9 @@ struct Args {
     /// Also time grep from a second process (read-only) while this one ingests.
     #[arg(long)]
     concurrent_grep: bool,
+    /// Mark the counted calls for callgrind (run under benches/instructions.sh)
+    #[arg(long)]
+    instructions: bool,
     /// (internal) Be that second process: grep the store at --store-dir until stdin closes.
     #[arg(long, hide = true)]
     probe_grep: bool,
@@ -75,6 +78,12 @@ async fn main() -> ExitCode {
     } else {
         None
     };
+    if args.instructions && !cfg!(feature = "instructions") {
+        eprintln!(
+            "workload: --instructions needs the runner built with its `instructions` feature (benches/instructions.sh builds it)"
+        );
+        return ExitCode::FAILURE;
+    }
     let options = RunOptions {
         transcript: args.transcript,
         needles: args.needles,
@@ -82,6 +91,7 @@ async fn main() -> ExitCode {
         store_dir: args.store_dir,
         progress_every: if args.json { 0 } else { 1_000 },
         probe,
+        instructions: args.instructions,
     };
     if let Some(sessions) = args.serve_sessions {
         let Some(vilvona) = &args.vilvona else {

@@ -209,6 +209,11 @@ pub enum EngineError {
     /// arguments, an id out of scope). Never a reason to quarantine an engine.
     #[error(transparent)]
     Refused(Box<dyn std::error::Error + Send + Sync>),
+    /// The host left its history out of an `assemble` (`history_elided`) but this engine
+    /// needs it for this session: send the call again with the history. Never a reason to
+    /// quarantine an engine.
+    #[error("the engine needs the host's history for this session; send it again")]
+    HistoryNeeded,
     /// Any other failure, with its source.
     #[error("{message}")]
     Failed {
@@ -255,7 +260,10 @@ impl EngineError {
     pub fn is_callers_concern(&self) -> bool {
         matches!(
             self,
-            EngineError::Cancelled | EngineError::Refused(_) | EngineError::Unsupported { .. }
+            EngineError::Cancelled
+                | EngineError::Refused(_)
+                | EngineError::Unsupported { .. }
+                | EngineError::HistoryNeeded
         )
     }
 }
@@ -443,8 +451,15 @@ pub struct AssembleParams {
     /// The host's session key, when it has one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session_key: Option<String>,
-    /// The host's own history for the session (what legacy passes through).
+    /// The host's own history for the session (what legacy passes through); empty when
+    /// `history_elided`.
+    #[serde(default)]
     pub messages: Messages,
+    /// The host left its history out because the engine said it holds the session
+    /// ([`AssembleResult::holds_history`]); an engine that needs it after all answers
+    /// [`EngineError::HistoryNeeded`].
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub history_elided: bool,
     /// The prompt budget the host gives, in tokens.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token_budget: Option<u64>,
@@ -532,6 +547,10 @@ pub struct AssembleResult {
     /// an engine that does not summarize).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub summaries: Vec<AssembledSummary>,
+    /// The engine keeps this session's history itself: the host may leave `messages` out of
+    /// its next `assemble` of the session (`history_elided`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub holds_history: bool,
 }
 
 /// A message of an assembled context that stands for summarized history.

@@ -62,6 +62,10 @@ impl ContextEngine for LegacyEngine {
     }
 
     async fn assemble(&self, params: &AssembleParams) -> Result<AssembleResult, EngineError> {
+        // Legacy passes the host's history through: it never holds a session itself.
+        if params.history_elided {
+            return Err(EngineError::HistoryNeeded);
+        }
         // The memory provider's section is the only addition legacy makes, as OpenClaw's
         // host does for it.
         Ok(AssembleResult {

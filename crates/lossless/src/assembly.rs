@@ -2,7 +2,7 @@
 //! context only grew.
 
 use std::collections::HashMap;
-use std::sync::{Arc, PoisonError};
+use std::sync::Arc;
 
 use vilvona_core::engine::*;
 use vilvona_store::*;
@@ -177,6 +177,7 @@ impl LosslessEngine {
             prompt_authority: authority,
             context_projection: None,
             summaries,
+            holds_history: false,
         })
     }
 
@@ -191,6 +192,20 @@ impl LosslessEngine {
         // message at its place. The cached row's count is from when the session was first
         // seen: read the current one.
         let read_only = self.inner.store.is_read_only();
+        if conversation.message_count == 0 && params.history_elided {
+            // The host trusted the store to hold the session; if it holds nothing (a session
+            // forgotten since), the host's history must come after all.
+            let refreshed = self
+                .inner
+                .store
+                .conversation_by_id(conversation.id)
+                .await
+                .map_err(|error| store_error("conversation", error))?;
+            if refreshed.is_none_or(|row| row.message_count == 0) {
+                return Err(EngineError::HistoryNeeded);
+            }
+            self.forget_conversation_row(&params.session_id);
+        }
         if conversation.message_count == 0 && !params.messages.is_empty() && !read_only {
             let refreshed = self
                 .inner
@@ -210,17 +225,15 @@ impl LosslessEngine {
             }
             // Either way the store now holds messages: drop the stale row so this check is
             // not repeated on every later assembly.
-            self.inner
-                .conversations
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .remove(&params.session_id);
+            self.forget_conversation_row(&params.session_id);
         }
         if let Some(budget) = params.budget().filter(|_| !read_only) {
             self.remember_budget(conversation.id, budget).await?;
         }
         let budget = self.budget(conversation.id, params.budget()).await?;
         let mut result = self.assemble_context(conversation.id, budget).await?;
+        // What the store assembled from, it holds: the host need not send its history again.
+        result.holds_history = !result.messages.is_empty();
         let offers_recall = [GREP_TOOL, DESCRIBE_TOOL, EXPAND_TOOL]
             .iter()
             .any(|tool| params.available_tools.contains(*tool));

@@ -236,13 +236,7 @@ impl LosslessEngine {
         session_id: &str,
         session_key: Option<&str>,
     ) -> Result<Conversation, EngineError> {
-        if let Some(found) = self
-            .inner
-            .conversations
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(session_id)
-        {
+        if let Some(found) = lock_map(&self.inner.conversations).get(session_id) {
             return Ok(found.clone());
         }
         let conversation = self
@@ -264,6 +258,12 @@ impl LosslessEngine {
             conversations.insert(session_id.to_owned(), conversation.clone());
         }
         Ok(conversation)
+    }
+
+    /// Drops a session's cached conversation row (its counts went stale); the next call reads
+    /// it again.
+    pub(crate) fn forget_conversation_row(&self, session_id: &str) {
+        lock_map(&self.inner.conversations).remove(session_id);
     }
 
     /// The budget to compact against: the one the call carries, else the one the host last

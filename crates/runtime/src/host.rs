@@ -646,6 +646,7 @@ impl Host {
             session_id: live.record.session_id.clone(),
             session_key: Some(live.key.clone()),
             messages: live.history.clone(),
+            history_elided: false,
             token_budget: Some(budget),
             available_tools,
             citations_mode,

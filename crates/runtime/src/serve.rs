@@ -9,7 +9,14 @@
 //!
 //! Error codes: -32700 parse error, -32600 invalid request, -32601 unknown method, -32602
 //! invalid params, -32800 cancelled, -32001 engine error, -32002 not initialized, -32003
-//! recall tool error, -32004 host's `llm.complete` failed.
+//! recall tool error, -32004 host's `llm.complete` failed, -32005 the engine needs the history
+//! an `assemble` left out (`historyElided`): send it again with the history.
+//!
+//! `assemble` replies name a `revision`. A client that sends back the revision it holds
+//! (`assembledRevision`) gets only what changed: `held` lists runs `[at, from, count]` (the
+//! context's messages `at..at+count` are the held context's `from..from+count`), and `messages`
+//! fills the other places in order. The server keeps one hash per message of what it last
+//! sent each session, not the messages.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -27,6 +34,7 @@ use tokio::sync::{Notify, RwLock, mpsc, oneshot, watch};
 use vilvona_core::admin::ToolCaller;
 use vilvona_core::engine::*;
 use vilvona_core::error_chain;
+use vilvona_core::message::AgentMessage;
 use vilvona_core::registry::{EngineSelection, EntrySettings, Registry};
 use vilvona_core::summarize::{
     Answer, QuestionRequest, SummarizeError, Summarizer, Summary, SummaryRequest,
@@ -45,6 +53,11 @@ const ENGINE_ERROR: i64 = -32001;
 const NOT_INITIALIZED: i64 = -32002;
 const TOOL_ERROR: i64 = -32003;
 const HOST_LLM_ERROR: i64 = -32004;
+const HISTORY_NEEDED: i64 = -32005;
+
+/// How many sessions' last assembled context the server remembers (as hashes); past it, it
+/// starts over and those clients get whole replies once.
+const SENT_SESSIONS: usize = 4096;
 
 /// How long the server waits for the client's answer to `llm.complete`.
 const HOST_LLM_TIMEOUT: Duration = Duration::from_secs(120);
@@ -74,10 +87,128 @@ fn engine_error(method: &str, error: EngineError) -> RpcError {
     if error.is_cancellation() {
         return RpcError::new(CANCELLED, format!("{method} was cancelled"));
     }
+    if matches!(error, EngineError::HistoryNeeded) {
+        return RpcError::new(HISTORY_NEEDED, format!("{method}: {error}"));
+    }
     RpcError::new(ENGINE_ERROR, format!("{method}: {}", error_chain(&error)))
 }
 
 type Job = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// What each session's client was last sent by `assemble`: a revision and one hash per message.
+#[derive(Default)]
+struct SentContexts {
+    next_revision: u64,
+    sessions: HashMap<String, (u64, Vec<u64>)>,
+}
+
+impl SentContexts {
+    /// Remembers what a session's client is sent now (`hashes`, one per message) and returns
+    /// the revision it names and the runs of it the client already holds (when it holds the
+    /// last revision sent: `held`).
+    fn record(
+        &mut self,
+        session_id: &str,
+        held: Option<u64>,
+        hashes: Vec<u64>,
+    ) -> (u64, Vec<[usize; 3]>) {
+        let runs = match (held, self.sessions.get(session_id)) {
+            (Some(held), Some((revision, sent))) if held == *revision => held_runs(sent, &hashes),
+            _ => Vec::new(),
+        };
+        self.next_revision += 1;
+        if self.sessions.len() >= SENT_SESSIONS && !self.sessions.contains_key(session_id) {
+            self.sessions.clear();
+        }
+        self.sessions
+            .insert(session_id.to_owned(), (self.next_revision, hashes));
+        (self.next_revision, runs)
+    }
+}
+
+/// The runs `[at, from, count]` of `now` found in `sent`: a compaction replaces a stretch of
+/// the context with a summary and the messages on either side stay, shifted.
+fn held_runs(sent: &[u64], now: &[u64]) -> Vec<[usize; 3]> {
+    let mut first: HashMap<u64, usize> = HashMap::with_capacity(sent.len());
+    for (index, hash) in sent.iter().enumerate().rev() {
+        first.insert(*hash, index);
+    }
+    let mut runs = Vec::new();
+    let mut at = 0;
+    while at < now.len() {
+        match first.get(&now[at]) {
+            Some(&from) => {
+                let count = now[at..]
+                    .iter()
+                    .zip(&sent[from..])
+                    .take_while(|(now, sent)| now == sent)
+                    .count();
+                runs.push([at, from, count]);
+                at += count;
+            }
+            None => at += 1,
+        }
+    }
+    runs
+}
+
+/// The reply to an `assemble` whose client holds revision `held`: the result whole, or only
+/// the messages the client does not hold (`held` says where the rest come from); either way
+/// with the revision the client holds next.
+fn assembled_reply(
+    sent: &StdMutex<SentContexts>,
+    session_id: &str,
+    held: Option<u64>,
+    mut result: AssembleResult,
+) -> Result<Value, serde_json::Error> {
+    let hashes = result
+        .messages
+        .iter()
+        .map(message_hash)
+        .collect::<Result<Vec<u64>, _>>()?;
+    let (revision, runs) = lock(sent).record(session_id, held, hashes);
+    if !runs.is_empty() {
+        let mut covered = vec![false; result.messages.len()];
+        for [at, _, count] in &runs {
+            covered[*at..at + count].fill(true);
+        }
+        result.messages = Messages::from(
+            result
+                .messages
+                .iter()
+                .zip(covered)
+                .filter(|(_, covered)| !covered)
+                .map(|(message, _)| message.clone())
+                .collect::<Vec<_>>(),
+        );
+    }
+    let mut value = serde_json::to_value(result)?;
+    if let Value::Object(fields) = &mut value {
+        fields.insert("revision".to_owned(), revision.into());
+        if !runs.is_empty() {
+            fields.insert("held".to_owned(), json!(runs));
+        }
+    }
+    Ok(value)
+}
+
+/// A message's hash over its JSON, written straight into the hasher.
+fn message_hash(message: &AgentMessage) -> Result<u64, serde_json::Error> {
+    use std::hash::Hasher;
+    struct Feed(std::collections::hash_map::DefaultHasher);
+    impl std::io::Write for Feed {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.write(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut feed = Feed(Default::default());
+    serde_json::to_writer(&mut feed, message)?;
+    Ok(feed.0.finish())
+}
 
 struct Active {
     engine: Arc<dyn ContextEngine>,
@@ -106,6 +237,7 @@ struct Server {
     next_handle: AtomicU64,
     reverse: StdMutex<HashMap<String, oneshot::Sender<Result<Value, String>>>>,
     next_reverse: AtomicU64,
+    sent: StdMutex<SentContexts>,
     me: StdMutex<Weak<Server>>,
 }
 
@@ -370,14 +502,16 @@ impl Server {
                 )
             }
             "assemble" => {
+                let held = params.get("assembledRevision").and_then(Value::as_u64);
                 let params: AssembleParams = parse(method, params)?;
-                reply(
-                    self.engine()
-                        .await?
-                        .assemble(&params)
-                        .await
-                        .map_err(|e| engine_error(method, e))?,
-                )
+                let result = self
+                    .engine()
+                    .await?
+                    .assemble(&params)
+                    .await
+                    .map_err(|e| engine_error(method, e))?;
+                assembled_reply(&self.sent, &params.session_id, held, result)
+                    .map_err(|error| RpcError::new(ENGINE_ERROR, error_chain(&error)))
             }
             "compact" => {
                 let mut params: CompactParams = parse(method, params)?;
@@ -699,6 +833,7 @@ pub async fn serve(
         next_handle: AtomicU64::new(1),
         reverse: StdMutex::new(HashMap::new()),
         next_reverse: AtomicU64::new(1),
+        sent: StdMutex::new(SentContexts::default()),
         me: StdMutex::new(Weak::new()),
     });
     *lock(&server.me) = Arc::downgrade(&server);
@@ -745,4 +880,41 @@ pub async fn serve(
     lock(&server.queues).clear();
     drop(server);
     let _ = tokio::time::timeout(SHUTDOWN_GRACE, writer).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn held_runs_find_what_stayed_where_it_went() {
+        // (sent, now, runs)
+        type Case<'a> = (&'a [u64], &'a [u64], &'a [[usize; 3]]);
+        let cases: &[Case] = &[
+            (&[], &[1, 2], &[]),
+            (&[1, 2, 3], &[1, 2, 3, 4], &[[0, 0, 3]]),
+            // A compaction: 2 and 3 became summary 9; the rest shifted left.
+            (&[1, 2, 3, 4, 5], &[1, 9, 4, 5, 6], &[[0, 0, 1], [2, 3, 2]]),
+            // Nothing the client holds.
+            (&[1, 2], &[7, 8], &[]),
+            // A repeated message is taken from its first place.
+            (&[5, 5, 6], &[5, 6], &[[0, 0, 1], [1, 2, 1]]),
+        ];
+        for (sent, now, runs) in cases {
+            assert_eq!(held_runs(sent, now), runs.to_vec(), "{sent:?} -> {now:?}");
+        }
+    }
+
+    #[test]
+    fn a_client_without_the_last_revision_gets_the_whole_context() {
+        let mut sent = SentContexts::default();
+        let (first, runs) = sent.record("s", None, vec![1, 2]);
+        assert!(runs.is_empty());
+        let (second, runs) = sent.record("s", Some(first), vec![1, 2, 3]);
+        assert_eq!(runs, vec![[0, 0, 2]]);
+        // A stale revision (another reply came between): whole.
+        let (_, runs) = sent.record("s", Some(first), vec![1, 2, 3]);
+        assert!(runs.is_empty());
+        assert!(second > first);
+    }
 }
