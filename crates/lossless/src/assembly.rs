@@ -189,31 +189,24 @@ impl LosslessEngine {
             .conversation(&params.session_id, params.session_key.as_deref())
             .await?;
         // Installed mid-session: the host has history the store lacks. Import it first, each
-        // message at its place. The cached row's count is from when the session was first
+        // message at its place. Or the host left its history out, trusting the store to hold
+        // the session. Either way the cached row's count is from when the session was first
         // seen: read the current one.
         let read_only = self.inner.store.is_read_only();
-        if conversation.message_count == 0 && params.history_elided {
-            // The host trusted the store to hold the session; if it holds nothing (a session
-            // forgotten since), the host's history must come after all.
-            let refreshed = self
+        let seeds = !params.messages.is_empty() && !read_only;
+        if conversation.message_count == 0 && (params.history_elided || seeds) {
+            let stored = self
                 .inner
                 .store
                 .conversation_by_id(conversation.id)
                 .await
-                .map_err(|error| store_error("conversation", error))?;
-            if refreshed.is_none_or(|row| row.message_count == 0) {
+                .map_err(|error| store_error("conversation", error))?
+                .map(|row| row.message_count);
+            if params.history_elided && !seeds && stored.unwrap_or(0) == 0 {
+                // Nothing stored (a session forgotten since): the host's history must come.
                 return Err(EngineError::HistoryNeeded);
             }
-            self.forget_conversation_row(&params.session_id);
-        }
-        if conversation.message_count == 0 && !params.messages.is_empty() && !read_only {
-            let refreshed = self
-                .inner
-                .store
-                .conversation_by_id(conversation.id)
-                .await
-                .map_err(|error| store_error("conversation", error))?;
-            if refreshed.is_some_and(|row| row.message_count == 0) {
+            if seeds && stored == Some(0) {
                 self.ingest_messages(
                     &params.session_id,
                     params.session_key.as_deref(),
