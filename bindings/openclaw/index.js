@@ -135,7 +135,10 @@ export function declaredTools(proc, run = spawnSync) {
     })
     .find((message) => message?.id === 1);
   if (!Array.isArray(reply?.result?.tools)) {
-    const why = listed.error?.message ?? reply?.error?.message ?? `exit status ${listed.status}`;
+    // A binary that exits before reading its input makes the write fail (EPIPE): its exit
+    // status says why, not the pipe.
+    const failed = listed.error?.code === "EPIPE" && listed.status !== null ? null : listed.error;
+    const why = failed?.message ?? reply?.error?.message ?? `exit status ${listed.status}`;
     throw new Error(`vilvona: could not list the engine's tools (${why})`);
   }
   proc.tools = reply.result.tools;
