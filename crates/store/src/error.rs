@@ -103,9 +103,30 @@ pub enum StoreError {
 pub struct DatabaseError(pub(crate) rusqlite::Error);
 
 /// An error of the recall index, opaque like [`DatabaseError`].
-#[derive(Debug, thiserror::Error)]
-#[error(transparent)]
+#[derive(Debug)]
 pub struct IndexError(pub(crate) tantivy::TantivyError);
+
+impl std::fmt::Display for IndexError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.0 {
+            // The index's writer threads lost their cause on the way (tantivy keeps only that a
+            // worker stopped); say what it most likely was instead of tantivy's own sentence.
+            tantivy::TantivyError::ErrorInThread(_) => f.write_str(
+                "the index writer stopped because one of its threads failed (most often the disk is full or unwritable)",
+            ),
+            other => other.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for IndexError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match &self.0 {
+            tantivy::TantivyError::ErrorInThread(_) => None,
+            other => other.source(),
+        }
+    }
+}
 
 impl From<rusqlite::Error> for StoreError {
     fn from(error: rusqlite::Error) -> StoreError {
