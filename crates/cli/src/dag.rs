@@ -281,20 +281,12 @@ fn draw_box(
         Some(color) => canvas.frame(x, y, x + w, y + h, color, 3),
         None => canvas.frame(x, y, x + w, y + h, [255, 255, 255], 1),
     }
-    canvas.text(
-        x + 6,
-        y + 5,
-        &fit(name, w - 12, Style::STRONG),
-        Style::STRONG,
-        [255, 255, 255],
-    );
-    canvas.text(
-        x + 6,
-        y + 24,
-        &fit(detail, w - 12, Style::LABEL),
-        Style::LABEL,
-        [235, 235, 235],
-    );
+    for (line, top, style, color) in [
+        (name, 5, Style::STRONG, [255, 255, 255]),
+        (detail, 24, Style::LABEL, [235, 235, 235]),
+    ] {
+        canvas.text(x + 6, y + top, &fit(line, w - 12, style), style, color);
+    }
 }
 
 const LEAF: [u8; 3] = [46, 139, 87];

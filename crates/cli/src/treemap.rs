@@ -58,6 +58,22 @@ struct Rect {
     h: f64,
 }
 
+impl Rect {
+    /// The rectangle mirrored across the diagonal (x with y, width with height), when `turned`.
+    fn turned_if(self, turned: bool) -> Rect {
+        if turned {
+            Rect {
+                x: self.y,
+                y: self.x,
+                w: self.h,
+                h: self.w,
+            }
+        } else {
+            self
+        }
+    }
+}
+
 /// Worst aspect ratio of a row of areas laid along a side of length `side`.
 fn worst(row: &[f64], side: f64) -> f64 {
     let sum: f64 = row.iter().sum();
@@ -102,37 +118,30 @@ fn squarify(weights: &[f64], rect: Rect) -> Vec<Rect> {
             end += 1;
         }
         let row_area: f64 = areas[start..end].iter().sum();
-        if free.w >= free.h {
-            let column = if free.h > 0.0 { row_area / free.h } else { 0.0 };
-            let mut y = free.y;
-            for (offset, area) in areas[start..end].iter().enumerate() {
-                let h = if column > 0.0 { area / column } else { 0.0 };
-                out[order[start + offset]] = Rect {
-                    x: free.x,
-                    y,
-                    w: column,
-                    h,
-                };
-                y += h;
-            }
-            free.x += column;
-            free.w -= column;
+        // Lay the strip as a column along the left side, in a frame turned so that the free
+        // space is at least as wide as it is tall.
+        let turned = free.w < free.h;
+        let mut space = free.turned_if(turned);
+        let column = if space.h > 0.0 {
+            row_area / space.h
         } else {
-            let row = if free.w > 0.0 { row_area / free.w } else { 0.0 };
-            let mut x = free.x;
-            for (offset, area) in areas[start..end].iter().enumerate() {
-                let w = if row > 0.0 { area / row } else { 0.0 };
-                out[order[start + offset]] = Rect {
-                    x,
-                    y: free.y,
-                    w,
-                    h: row,
-                };
-                x += w;
+            0.0
+        };
+        let mut y = space.y;
+        for (offset, area) in areas[start..end].iter().enumerate() {
+            let h = if column > 0.0 { area / column } else { 0.0 };
+            out[order[start + offset]] = Rect {
+                x: space.x,
+                y,
+                w: column,
+                h,
             }
-            free.y += row;
-            free.h -= row;
+            .turned_if(turned);
+            y += h;
         }
+        space.x += column;
+        space.w -= column;
+        free = space.turned_if(turned);
         start = end;
     }
     out
@@ -412,6 +421,37 @@ pub(crate) fn render_treemap(title: &str, tiles: &[Tile], out: &Path) -> Result<
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_layout_tiles_its_rectangle_in_proportion_to_the_weights() {
+        for (weights, rect) in [
+            (vec![6.0, 6.0, 4.0, 3.0, 2.0, 2.0, 1.0], (600.0, 400.0)),
+            (vec![1.0, 5.0, 2.0, 9.0], (200.0, 700.0)),
+            (vec![3.0], (50.0, 80.0)),
+        ] {
+            let area = Rect {
+                x: 10.0,
+                y: 20.0,
+                w: rect.0,
+                h: rect.1,
+            };
+            let total: f64 = weights.iter().sum();
+            let out = squarify(&weights, area);
+            for (weight, cell) in weights.iter().zip(&out) {
+                let want = weight / total * area.w * area.h;
+                assert!((cell.w * cell.h - want).abs() < 1e-6, "{cell:?} for {weight}");
+                assert!(cell.x >= area.x - 1e-9 && cell.x + cell.w <= area.x + area.w + 1e-9);
+                assert!(cell.y >= area.y - 1e-9 && cell.y + cell.h <= area.y + area.h + 1e-9);
+            }
+            for (i, a) in out.iter().enumerate() {
+                for b in &out[i + 1..] {
+                    let overlap_w = (a.x + a.w).min(b.x + b.w) - a.x.max(b.x);
+                    let overlap_h = (a.y + a.h).min(b.y + b.h) - a.y.max(b.y);
+                    assert!(overlap_w <= 1e-9 || overlap_h <= 1e-9, "{a:?} overlaps {b:?}");
+                }
+            }
+        }
+    }
 
     #[test]
     fn the_legend_wraps_instead_of_running_off_the_edge() {

@@ -312,6 +312,25 @@ pub fn carried_budget(
     })
 }
 
+/// `budget()` on each call's parameters that carry a budget and run settings.
+macro_rules! carries_budget {
+    ($($params:ty),+) => {$(
+        impl $params {
+            /// The prompt budget this call carries (see [`carried_budget`]).
+            pub fn budget(&self) -> Option<u64> {
+                carried_budget(self.token_budget, self.runtime_settings.as_ref())
+            }
+        }
+    )+};
+}
+
+carries_budget!(
+    AssembleParams,
+    AfterTurnParams,
+    MaintainParams,
+    CommitTurnParams
+);
+
 /// `bootstrap`: a session the engine may import.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -482,13 +501,6 @@ pub struct AssembleParams {
     /// embedded host's `memory` settings); engines may place it or ignore it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_prompt: Option<String>,
-}
-
-impl AssembleParams {
-    /// The prompt budget this call carries (see [`carried_budget`]).
-    pub fn budget(&self) -> Option<u64> {
-        carried_budget(self.token_budget, self.runtime_settings.as_ref())
-    }
 }
 
 /// Which estimate the host's overflow precheck trusts.
@@ -761,13 +773,6 @@ pub struct MaintainParams {
     pub runtime_settings: Option<RuntimeSettings>,
 }
 
-impl MaintainParams {
-    /// The prompt budget this call carries (see [`carried_budget`]).
-    pub fn budget(&self) -> Option<u64> {
-        carried_budget(self.token_budget, self.runtime_settings.as_ref())
-    }
-}
-
 /// What `maintain` did.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -814,13 +819,6 @@ pub struct CommitTurnParams {
     /// The host's per-run settings.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub runtime_settings: Option<RuntimeSettings>,
-}
-
-impl CommitTurnParams {
-    /// The prompt budget this call carries (see [`carried_budget`]).
-    pub fn budget(&self) -> Option<u64> {
-        carried_budget(self.token_budget, self.runtime_settings.as_ref())
-    }
 }
 
 /// What `commit_turn` did.

@@ -112,20 +112,16 @@ impl LosslessEngine {
         &self,
         params: &IngestParams,
     ) -> Result<IngestResult, EngineError> {
-        let outcome = self
-            .ingest_messages(
+        let stored = self
+            .ingest_by_entry_id(
                 &params.session_id,
                 params.session_key.as_deref(),
                 std::slice::from_ref(&params.message),
-                |_| MessageIdentity {
-                    entry_id: params.entry_id.clone(),
-                    ..MessageIdentity::default()
-                },
-                None,
+                std::slice::from_ref(&params.entry_id),
             )
             .await?;
         Ok(IngestResult {
-            ingested: outcome.newly_stored() > 0,
+            ingested: stored > 0,
         })
     }
 
@@ -133,21 +129,38 @@ impl LosslessEngine {
         &self,
         params: &IngestBatchParams,
     ) -> Result<IngestBatchResult, EngineError> {
-        let outcome = self
-            .ingest_messages(
+        let ingested_count = self
+            .ingest_by_entry_id(
                 &params.session_id,
                 params.session_key.as_deref(),
                 &params.messages,
+                &params.entry_ids,
+            )
+            .await?;
+        Ok(IngestBatchResult { ingested_count })
+    }
+
+    /// Stores messages the host names by entry id where it has one; answers how many were new.
+    async fn ingest_by_entry_id(
+        &self,
+        session_id: &str,
+        session_key: Option<&str>,
+        messages: &[AgentMessage],
+        entry_ids: &[Option<String>],
+    ) -> Result<u64, EngineError> {
+        let outcome = self
+            .ingest_messages(
+                session_id,
+                session_key,
+                messages,
                 |index| MessageIdentity {
-                    entry_id: params.entry_ids.get(index).cloned().flatten(),
+                    entry_id: entry_ids.get(index).cloned().flatten(),
                     ..MessageIdentity::default()
                 },
                 None,
             )
             .await?;
-        Ok(IngestBatchResult {
-            ingested_count: outcome.newly_stored(),
-        })
+        Ok(outcome.newly_stored())
     }
 
     /// Stores the turn's messages (each at its place in the host's snapshot), then compacts
@@ -170,12 +183,7 @@ impl LosslessEngine {
         let conversation = self
             .conversation(&params.session_id, params.session_key.as_deref())
             .await?;
-        let budget = self
-            .budget(
-                conversation.id,
-                carried_budget(params.token_budget, params.runtime_settings.as_ref()),
-            )
-            .await?;
+        let budget = self.budget(conversation.id, params.budget()).await?;
         if !params.is_heartbeat {
             self.compact_conversation(conversation.id, CompactionRequest::routine(budget))
                 .await?;

@@ -302,16 +302,12 @@ pub(crate) fn items_in_range(
 }
 
 pub(crate) fn tokens_of(connection: &Connection, item: ItemRef) -> Result<i64> {
-    let found: Option<i64> = match item {
-        ItemRef::Message(id) => connection
-            .prepare_cached("SELECT tokens FROM messages WHERE id = ?1")?
-            .query_row([id.0], |row| row.get(0))
-            .optional()?,
-        ItemRef::Summary(id) => connection
-            .prepare_cached("SELECT tokens FROM summaries WHERE id = ?1")?
-            .query_row([id.0], |row| row.get(0))
-            .optional()?,
-    };
+    let found = integer_of(
+        connection,
+        item,
+        "SELECT tokens FROM messages WHERE id = ?1",
+        "SELECT tokens FROM summaries WHERE id = ?1",
+    )?;
     found.ok_or_else(|| StoreError::NotFound {
         what: "context item",
         id: format!("{item:?}"),
@@ -538,17 +534,31 @@ pub(crate) fn parent_of(connection: &Connection, item: ItemRef) -> Result<Option
 }
 
 fn parent_row(connection: &Connection, item: ItemRef) -> Result<Option<SummaryRowId>> {
-    let parent: Option<i64> = match item {
-        ItemRef::Message(id) => connection
-            .prepare_cached("SELECT parent_id FROM summary_edges WHERE child_message_id = ?1")?
-            .query_row([id.0], |row| row.get(0))
-            .optional()?,
-        ItemRef::Summary(id) => connection
-            .prepare_cached("SELECT parent_id FROM summary_edges WHERE child_summary_id = ?1")?
-            .query_row([id.0], |row| row.get(0))
-            .optional()?,
-    };
+    let parent = integer_of(
+        connection,
+        item,
+        "SELECT parent_id FROM summary_edges WHERE child_message_id = ?1",
+        "SELECT parent_id FROM summary_edges WHERE child_summary_id = ?1",
+    )?;
     Ok(parent.map(SummaryRowId))
+}
+
+/// The integer that the message's or the summary's query selects by the item's id, if a row
+/// matches.
+fn integer_of(
+    connection: &Connection,
+    item: ItemRef,
+    for_message: &str,
+    for_summary: &str,
+) -> Result<Option<i64>> {
+    let (sql, id) = match item {
+        ItemRef::Message(id) => (for_message, id.0),
+        ItemRef::Summary(id) => (for_summary, id.0),
+    };
+    Ok(connection
+        .prepare_cached(sql)?
+        .query_row([id], |row| row.get(0))
+        .optional()?)
 }
 
 pub(crate) fn blob_info(connection: &Connection, blob_id: &str) -> Result<Option<BlobInfo>> {
@@ -891,51 +901,56 @@ pub(crate) fn max_ids(connection: &Connection) -> Result<(i64, i64)> {
         .query_row([], |row| Ok((row.get(0)?, row.get(1)?)))?)
 }
 
-/// Streams a conversation's messages (newest first when `newest_first`) within a time range.
+/// Streams a conversation's messages within the query's time range, newest first.
 pub(crate) fn for_each_message_in(
     connection: &Connection,
     conversation: ConversationId,
-    since_ms: Option<i64>,
-    before_ms: Option<i64>,
-    newest_first: bool,
+    query: &SearchQuery,
     mut f: impl FnMut(StoredMessage) -> Result<bool>,
 ) -> Result<()> {
-    let order = if newest_first { "DESC" } else { "ASC" };
-    let mut statement = connection.prepare_cached(&format!(
+    let sql = format!(
         "SELECT {MESSAGE_COLUMNS} FROM messages m
          WHERE m.conversation_id = ?1
            AND (?2 IS NULL OR m.created_at >= ?2) AND (?3 IS NULL OR m.created_at < ?3)
-         ORDER BY m.seq {order}"
-    ))?;
-    let mut rows = statement.query(params![conversation.0, since_ms, before_ms])?;
-    while let Some(row) = rows.next()? {
-        if !f(message_row(row, 0)?)? {
-            break;
-        }
-    }
-    Ok(())
+         ORDER BY m.seq DESC"
+    );
+    for_each_in_range(connection, &sql, conversation, query, |row| {
+        f(message_row(row, 0)?)
+    })
 }
 
-/// Streams a conversation's summaries within a time range.
+/// Streams a conversation's summaries within the query's time range, newest first.
 pub(crate) fn for_each_summary_in(
     connection: &Connection,
     conversation: ConversationId,
-    since_ms: Option<i64>,
-    before_ms: Option<i64>,
-    newest_first: bool,
+    query: &SearchQuery,
     mut f: impl FnMut(StoredSummary) -> Result<bool>,
 ) -> Result<()> {
-    let order = if newest_first { "DESC" } else { "ASC" };
-    let mut statement = connection.prepare_cached(&format!(
+    let sql = format!(
         "SELECT {SUMMARY_COLUMNS} FROM summaries s
          WHERE s.conversation_id = ?1
            AND (?2 IS NULL OR coalesce(s.latest_at, s.created_at) >= ?2)
            AND (?3 IS NULL OR coalesce(s.latest_at, s.created_at) < ?3)
-         ORDER BY s.id {order}"
-    ))?;
-    let mut rows = statement.query(params![conversation.0, since_ms, before_ms])?;
+         ORDER BY s.id DESC"
+    );
+    for_each_in_range(connection, &sql, conversation, query, |row| {
+        f(summary_columns(row, 0)?.into_summary()?)
+    })
+}
+
+/// Runs `sql` (parameters: conversation, the query's since and before) and hands each row to `f` until it
+/// says stop.
+fn for_each_in_range(
+    connection: &Connection,
+    sql: &str,
+    conversation: ConversationId,
+    query: &SearchQuery,
+    mut f: impl FnMut(&Row<'_>) -> Result<bool>,
+) -> Result<()> {
+    let mut statement = connection.prepare_cached(sql)?;
+    let mut rows = statement.query(params![conversation.0, query.since_ms, query.before_ms])?;
     while let Some(row) = rows.next()? {
-        if !f(summary_columns(row, 0)?.into_summary()?)? {
+        if !f(row)? {
             break;
         }
     }

@@ -218,34 +218,20 @@ fn archived_matches(
             continue;
         }
         if query.target != SearchTarget::Summaries {
-            read::for_each_message_in(
-                connection,
-                *conversation,
-                query.since_ms,
-                query.before_ms,
-                true,
-                |message| {
-                    if let Some(share) = score(&message.text()) {
-                        found.push((IndexedRow::Message(message.id.0), best * share));
-                    }
-                    Ok(true)
-                },
-            )?;
+            read::for_each_message_in(connection, *conversation, query, |message| {
+                if let Some(share) = score(&message.text()) {
+                    found.push((IndexedRow::Message(message.id.0), best * share));
+                }
+                Ok(true)
+            })?;
         }
         if query.target != SearchTarget::Messages {
-            read::for_each_summary_in(
-                connection,
-                *conversation,
-                query.since_ms,
-                query.before_ms,
-                true,
-                |summary| {
-                    if let Some(share) = score(&summary.content) {
-                        found.push((IndexedRow::Summary(summary.row_id.0), best * share));
-                    }
-                    Ok(true)
-                },
-            )?;
+            read::for_each_summary_in(connection, *conversation, query, |summary| {
+                if let Some(share) = score(&summary.content) {
+                    found.push((IndexedRow::Summary(summary.row_id.0), best * share));
+                }
+                Ok(true)
+            })?;
         }
     }
     Ok(found)
@@ -338,36 +324,22 @@ fn regex_search(connection: &Connection, query: &SearchQuery) -> Result<Vec<Sear
     let want_summaries = query.target != SearchTarget::Messages;
     for conversation in &query.conversations {
         if want_messages {
-            read::for_each_message_in(
-                connection,
-                *conversation,
-                query.since_ms,
-                query.before_ms,
-                true,
-                |message| {
-                    if let Some((snippet, file)) =
-                        message_match(connection, &message, &pattern, &mut budget)?
-                    {
-                        hits.push(message_hit(message, 0.0, snippet, file));
-                    }
-                    Ok(hits.len() < query.limit)
-                },
-            )?;
+            read::for_each_message_in(connection, *conversation, query, |message| {
+                if let Some((snippet, file)) =
+                    message_match(connection, &message, &pattern, &mut budget)?
+                {
+                    hits.push(message_hit(message, 0.0, snippet, file));
+                }
+                Ok(hits.len() < query.limit)
+            })?;
         }
         if want_summaries && hits.len() < query.limit {
-            read::for_each_summary_in(
-                connection,
-                *conversation,
-                query.since_ms,
-                query.before_ms,
-                true,
-                |summary| {
-                    if pattern.is_match(&summary.content) {
-                        hits.push(summary_hit(summary, 0.0, Some(&pattern)));
-                    }
-                    Ok(hits.len() < query.limit)
-                },
-            )?;
+            read::for_each_summary_in(connection, *conversation, query, |summary| {
+                if pattern.is_match(&summary.content) {
+                    hits.push(summary_hit(summary, 0.0, Some(&pattern)));
+                }
+                Ok(hits.len() < query.limit)
+            })?;
         }
     }
     // Newest first across conversations and kinds, then cut to the limit.
