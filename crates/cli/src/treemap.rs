@@ -439,7 +439,10 @@ mod tests {
             let out = squarify(&weights, area);
             for (weight, cell) in weights.iter().zip(&out) {
                 let want = weight / total * area.w * area.h;
-                assert!((cell.w * cell.h - want).abs() < 1e-6, "{cell:?} for {weight}");
+                assert!(
+                    (cell.w * cell.h - want).abs() < 1e-6,
+                    "{cell:?} for {weight}"
+                );
                 assert!(cell.x >= area.x - 1e-9 && cell.x + cell.w <= area.x + area.w + 1e-9);
                 assert!(cell.y >= area.y - 1e-9 && cell.y + cell.h <= area.y + area.h + 1e-9);
             }
@@ -447,7 +450,10 @@ mod tests {
                 for b in &out[i + 1..] {
                     let overlap_w = (a.x + a.w).min(b.x + b.w) - a.x.max(b.x);
                     let overlap_h = (a.y + a.h).min(b.y + b.h) - a.y.max(b.y);
-                    assert!(overlap_w <= 1e-9 || overlap_h <= 1e-9, "{a:?} overlaps {b:?}");
+                    assert!(
+                        overlap_w <= 1e-9 || overlap_h <= 1e-9,
+                        "{a:?} overlaps {b:?}"
+                    );
                 }
             }
         }
