@@ -18,6 +18,7 @@ mod blobs;
 mod dag;
 mod error;
 mod forget;
+mod highlight;
 mod index;
 mod read;
 mod schema;

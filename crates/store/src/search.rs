@@ -1,20 +1,17 @@
 //! Searches: BM25 and phrase queries through the index, linear-time regex over SQLite, and
 //! snippets built from the SQLite text.
 
-use regex::{Regex, RegexBuilder};
+use regex::RegexBuilder;
 use rusqlite::Connection;
 
 use crate::blobs::{self, BLOB_ID_KEY};
 use crate::error::{Result, StoreError};
+use crate::highlight::{Marks, QueryWords, snippet};
 use crate::index::{IndexedRow, RecallIndex, Watermark, key_of};
 use crate::read;
 use crate::tokenize::{Terms, Word, words};
 use crate::types::*;
 
-/// Characters of context before the first match in a snippet.
-const SNIPPET_LEAD: usize = 60;
-/// Longest snippet, in bytes of source text.
-const SNIPPET_BYTES: usize = 220;
 /// Bound on the compiled size of a user regex.
 const REGEX_SIZE_LIMIT: usize = 1 << 20;
 /// Bytes of large content one search reads at most (to match a regex or place a snippet).
@@ -78,7 +75,8 @@ fn indexed_search(
     if query_words.is_empty() {
         return Ok(Vec::new());
     }
-    let highlighter = words_regex(&query.text, &query_words);
+    let query_marks = QueryWords::new(&query.text, &query_words);
+    let marks = Marks::Words(&query_marks);
     let read_index = |index: &RecallIndex| -> Result<(Watermark, Vec<(IndexedRow, f32)>)> {
         crate::index::contained(|| {
             index.refresh()?;
@@ -119,18 +117,14 @@ fn indexed_search(
             IndexedRow::Message(id) => match read::message(connection, MessageId(id))? {
                 Some(message) => {
                     // The index matched: the snippet comes from where the words are.
-                    let found = match highlighter.as_ref() {
-                        Some(regex) => message_match(connection, &message, regex, &mut budget)?,
-                        None => None,
-                    };
-                    let (snippet, file) = found
-                        .unwrap_or_else(|| (snippet(&message.text(), highlighter.as_ref()), None));
+                    let (snippet, file) = message_match(connection, &message, marks, &mut budget)?
+                        .unwrap_or_else(|| (snippet(&message.text(), marks), None));
                     Some(message_hit(message, score, snippet, file))
                 }
                 None => None,
             },
             IndexedRow::Summary(id) => read::summary(connection, SummaryRowId(id))?
-                .map(|summary| summary_hit(summary, score, highlighter.as_ref())),
+                .map(|summary| summary_hit(summary, score, marks)),
         };
         // The index is derived; SQLite decides. A row outside the scope is never returned.
         if let Some(hit) = hit
@@ -237,11 +231,11 @@ fn archived_matches(
     Ok(found)
 }
 
-fn summary_hit(summary: StoredSummary, score: f32, highlighter: Option<&Regex>) -> SearchHit {
+fn summary_hit(summary: StoredSummary, score: f32, marks: Marks) -> SearchHit {
     SearchHit {
         covered_by: None,
         file: None,
-        snippet: snippet(&summary.content, highlighter),
+        snippet: snippet(&summary.content, marks),
         conversation: summary.conversation,
         time_ms: summary.latest_at_ms.unwrap_or(summary.created_at_ms),
         score,
@@ -260,12 +254,12 @@ fn summary_hit(summary: StoredSummary, score: f32, highlighter: Option<&Regex>) 
 fn message_match(
     connection: &Connection,
     message: &StoredMessage,
-    pattern: &Regex,
+    marks: Marks,
     budget: &mut usize,
 ) -> Result<Option<(String, Option<String>)>> {
     let text = message.text();
-    if pattern.is_match(&text) {
-        return Ok(Some((snippet(&text, Some(pattern)), None)));
+    if marks.is_match(&text) {
+        return Ok(Some((snippet(&text, marks), None)));
     }
     if !message.json.contains(BLOB_ID_KEY) {
         return Ok(None);
@@ -282,8 +276,8 @@ fn message_match(
             continue;
         };
         *budget = budget.saturating_sub(content.len());
-        if pattern.is_match(&content) {
-            return Ok(Some((snippet(&content, Some(pattern)), Some(blob))));
+        if marks.is_match(&content) {
+            return Ok(Some((snippet(&content, marks), Some(blob))));
         }
     }
     Ok(None)
@@ -326,7 +320,7 @@ fn regex_search(connection: &Connection, query: &SearchQuery) -> Result<Vec<Sear
         if want_messages {
             read::for_each_message_in(connection, *conversation, query, |message| {
                 if let Some((snippet, file)) =
-                    message_match(connection, &message, &pattern, &mut budget)?
+                    message_match(connection, &message, Marks::Pattern(&pattern), &mut budget)?
                 {
                     hits.push(message_hit(message, 0.0, snippet, file));
                 }
@@ -336,7 +330,7 @@ fn regex_search(connection: &Connection, query: &SearchQuery) -> Result<Vec<Sear
         if want_summaries && hits.len() < query.limit {
             read::for_each_summary_in(connection, *conversation, query, |summary| {
                 if pattern.is_match(&summary.content) {
-                    hits.push(summary_hit(summary, 0.0, Some(&pattern)));
+                    hits.push(summary_hit(summary, 0.0, Marks::Pattern(&pattern)));
                 }
                 Ok(hits.len() < query.limit)
             })?;
@@ -402,118 +396,10 @@ fn holds_sequences(text: &str, wanted: &[Vec<String>]) -> Vec<bool> {
     held
 }
 
-/// A case-insensitive regex matching any word of the query as written: alphabetic words whole
-/// (`\b` on both sides), CJK runs anywhere (their neighbours are letters too).
-fn words_regex(text: &str, words: &[Word]) -> Option<Regex> {
-    if words.is_empty() {
-        return None;
-    }
-    let mut alternatives: Vec<String> = words
-        .iter()
-        .map(|word| {
-            let written = regex::escape(&text[word.start..word.end]);
-            if word.cjk {
-                written
-            } else {
-                format!(r"\b{written}\b")
-            }
-        })
-        .collect();
-    // Longest first, so a word inside a longer one never cuts its highlight short.
-    alternatives.sort_by_key(|alternative| std::cmp::Reverse(alternative.len()));
-    alternatives.dedup();
-    RegexBuilder::new(&format!("(?:{})", alternatives.join("|")))
-        .case_insensitive(true)
-        .size_limit(REGEX_SIZE_LIMIT)
-        .build()
-        .ok()
-}
-
 pub(crate) fn floor_boundary(text: &str, mut index: usize) -> usize {
     index = index.min(text.len());
     while !text.is_char_boundary(index) {
         index -= 1;
     }
     index
-}
-
-/// Where the excerpt should start: at the match that begins the window holding the most
-/// distinct matched terms (the earliest such window on ties).
-fn best_window_start(text: &str, regex: &Regex) -> Option<usize> {
-    let matches: Vec<(usize, String)> = regex
-        .find_iter(text)
-        .filter(|found| !found.is_empty())
-        .map(|found| (found.start(), found.as_str().to_lowercase()))
-        .collect();
-    let mut best: Option<(usize, usize)> = None;
-    for (index, (start, _)) in matches.iter().enumerate() {
-        let limit = start + SNIPPET_BYTES - SNIPPET_LEAD;
-        let mut distinct: Vec<&str> = Vec::new();
-        for (position, term) in &matches[index..] {
-            if *position >= limit {
-                break;
-            }
-            if !distinct.contains(&term.as_str()) {
-                distinct.push(term);
-            }
-        }
-        if best.is_none_or(|(count, _)| distinct.len() > count) {
-            best = Some((distinct.len(), *start));
-        }
-    }
-    best.map(|(_, start)| start)
-}
-
-/// An excerpt around the densest cluster of matches, with matches wrapped in `«` `»` and
-/// whitespace folded.
-pub(crate) fn snippet(text: &str, highlighter: Option<&Regex>) -> String {
-    let first = highlighter.and_then(|regex| best_window_start(text, regex));
-    let start = first.map_or(0, |found| {
-        floor_boundary(text, found.saturating_sub(SNIPPET_LEAD))
-    });
-    let end = floor_boundary(text, start + SNIPPET_BYTES);
-    let window = &text[start..end];
-    let mut out = String::with_capacity(window.len() + 16);
-    if start > 0 {
-        out.push('…');
-    }
-    let mut cursor = 0;
-    if let Some(regex) = highlighter {
-        for found in regex.find_iter(window) {
-            if found.is_empty() {
-                continue;
-            }
-            out.push_str(&window[cursor..found.start()]);
-            out.push('«');
-            out.push_str(found.as_str());
-            out.push('»');
-            cursor = found.end();
-        }
-    }
-    out.push_str(&window[cursor..]);
-    if end < text.len() {
-        out.push('…');
-    }
-    out.split_whitespace().collect::<Vec<_>>().join(" ")
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_snippet_centres_on_the_densest_matches() {
-        let text = format!(
-            "{} index migration retry. {} Please remember: the ticket for the cold storage migration is OPS-68787.",
-            "word ".repeat(10),
-            "filler ".repeat(80)
-        );
-        let query = "cold storage migration";
-        let regex = words_regex(query, &words(query)).unwrap();
-        let snippet = snippet(&text, Some(&regex));
-        assert!(
-            snippet.contains("«cold» «storage» «migration» is OPS-68787."),
-            "{snippet}"
-        );
-    }
 }

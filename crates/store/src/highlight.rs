@@ -1,0 +1,268 @@
+//! Snippets: where a hit's words are in its text, and the excerpt around the densest of them.
+//!
+//! A text or phrase search marks the query's words the way the index matched them: an
+//! alphanumeric word where the text has the same word (case aside), a CJK run wherever the
+//! text holds it. The words are compared while the text is scanned, so a search compiles
+//! nothing per query. A regex search marks the regex's own matches.
+
+use std::collections::VecDeque;
+use std::ops::Range;
+
+use regex::Regex;
+use vilvona_core::tokens::is_cjk;
+
+use crate::search::floor_boundary;
+use crate::tokenize::Word;
+
+/// Characters of context before the first match in a snippet.
+const SNIPPET_LEAD: usize = 60;
+/// Longest snippet, in bytes of source text.
+const SNIPPET_BYTES: usize = 220;
+
+/// The words of a text or phrase query, ready to be found in a text.
+#[derive(Debug, Default)]
+pub(crate) struct QueryWords {
+    /// Alphanumeric words, lowercased.
+    alphanumeric: Vec<String>,
+    /// CJK runs as written (CJK has no case).
+    cjk: Vec<String>,
+}
+
+impl QueryWords {
+    pub(crate) fn new(text: &str, words: &[Word]) -> QueryWords {
+        let mut found = QueryWords::default();
+        for word in words {
+            let written = &text[word.start..word.end];
+            let list = if word.cjk {
+                (&mut found.cjk, written.to_owned())
+            } else {
+                (&mut found.alphanumeric, written.to_lowercase())
+            };
+            if !list.0.contains(&list.1) {
+                list.0.push(list.1);
+            }
+        }
+        found
+    }
+
+    fn is_empty(&self) -> bool {
+        self.alphanumeric.is_empty() && self.cjk.is_empty()
+    }
+
+    /// Whether `written` (a whole alphanumeric word of a text) is one of the query's words.
+    fn holds_word(&self, written: &str) -> bool {
+        self.alphanumeric.iter().any(|wanted| {
+            if written.is_ascii() {
+                written.eq_ignore_ascii_case(wanted)
+            } else {
+                written
+                    .chars()
+                    .flat_map(char::to_lowercase)
+                    .eq(wanted.chars())
+            }
+        })
+    }
+}
+
+/// What a snippet marks in a text.
+#[derive(Clone, Copy)]
+pub(crate) enum Marks<'a> {
+    /// The matches of a user's regex.
+    Pattern(&'a Regex),
+    /// The words of a text or phrase query.
+    Words(&'a QueryWords),
+}
+
+impl<'a> Marks<'a> {
+    /// The non-empty, non-overlapping ranges of `text` to mark, in order.
+    fn find_iter<'t>(self, text: &'t str) -> Box<dyn Iterator<Item = Range<usize>> + 't>
+    where
+        'a: 't,
+    {
+        match self {
+            Marks::Pattern(regex) => Box::new(
+                regex
+                    .find_iter(text)
+                    .filter(|found| !found.is_empty())
+                    .map(|found| found.range()),
+            ),
+            Marks::Words(words) if words.is_empty() => Box::new(std::iter::empty()),
+            Marks::Words(words) => Box::new(WordMatches {
+                text,
+                words,
+                at: 0,
+                pending: VecDeque::new(),
+            }),
+        }
+    }
+
+    /// Whether anything in `text` is marked.
+    pub(crate) fn is_match(self, text: &str) -> bool {
+        self.find_iter(text).next().is_some()
+    }
+}
+
+/// The query's words in a text, found in one pass over it.
+struct WordMatches<'t> {
+    text: &'t str,
+    words: &'t QueryWords,
+    /// Where the scan goes on.
+    at: usize,
+    /// Matches found in the current CJK run, not yet returned.
+    pending: VecDeque<Range<usize>>,
+}
+
+impl Iterator for WordMatches<'_> {
+    type Item = Range<usize>;
+
+    fn next(&mut self) -> Option<Range<usize>> {
+        loop {
+            if let Some(found) = self.pending.pop_front() {
+                return Some(found);
+            }
+            let rest = &self.text[self.at..];
+            let (offset, first) = rest
+                .char_indices()
+                .find(|(_, c)| c.is_alphanumeric() || is_cjk(*c))?;
+            let start = self.at + offset;
+            let cjk = is_cjk(first);
+            let end = rest[offset..]
+                .char_indices()
+                .find(|(_, c)| {
+                    if cjk {
+                        !is_cjk(*c)
+                    } else {
+                        !c.is_alphanumeric() || is_cjk(*c)
+                    }
+                })
+                .map_or(self.text.len(), |(length, _)| start + length);
+            self.at = end;
+            let run = &self.text[start..end];
+            if !cjk {
+                if self.words.holds_word(run) {
+                    return Some(start..end);
+                }
+                continue;
+            }
+            // Every occurrence of every query run inside this run; where two overlap, the
+            // earlier wins, and at one start the longer.
+            let mut found: Vec<Range<usize>> = self
+                .words
+                .cjk
+                .iter()
+                .flat_map(|wanted| {
+                    run.match_indices(wanted.as_str())
+                        .map(move |(at, _)| start + at..start + at + wanted.len())
+                })
+                .collect();
+            found.sort_by_key(|range| (range.start, std::cmp::Reverse(range.end)));
+            let mut cursor = start;
+            for range in found {
+                if range.start >= cursor {
+                    cursor = range.end;
+                    self.pending.push_back(range);
+                }
+            }
+        }
+    }
+}
+
+/// Where the excerpt should start: at the match that begins the window holding the most
+/// distinct matched words (the earliest such window on ties).
+fn best_window_start(text: &str, marks: Marks) -> Option<usize> {
+    let matches: Vec<(usize, String)> = marks
+        .find_iter(text)
+        .map(|found| (found.start, text[found].to_lowercase()))
+        .collect();
+    let mut best: Option<(usize, usize)> = None;
+    for (index, (start, _)) in matches.iter().enumerate() {
+        let limit = start + SNIPPET_BYTES - SNIPPET_LEAD;
+        let mut distinct: Vec<&str> = Vec::new();
+        for (position, term) in &matches[index..] {
+            if *position >= limit {
+                break;
+            }
+            if !distinct.contains(&term.as_str()) {
+                distinct.push(term);
+            }
+        }
+        if best.is_none_or(|(count, _)| distinct.len() > count) {
+            best = Some((distinct.len(), *start));
+        }
+    }
+    best.map(|(_, start)| start)
+}
+
+/// An excerpt around the densest cluster of marks, with marks wrapped in `«` `»` and
+/// whitespace folded.
+pub(crate) fn snippet(text: &str, marks: Marks) -> String {
+    let start = best_window_start(text, marks).map_or(0, |found| {
+        floor_boundary(text, found.saturating_sub(SNIPPET_LEAD))
+    });
+    let end = floor_boundary(text, start + SNIPPET_BYTES);
+    let window = &text[start..end];
+    let mut out = String::with_capacity(window.len() + 16);
+    if start > 0 {
+        out.push('…');
+    }
+    let mut cursor = 0;
+    for found in marks.find_iter(window) {
+        out.push_str(&window[cursor..found.start]);
+        out.push('«');
+        out.push_str(&window[found.clone()]);
+        out.push('»');
+        cursor = found.end;
+    }
+    out.push_str(&window[cursor..]);
+    if end < text.len() {
+        out.push('…');
+    }
+    out.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tokenize::words;
+
+    fn marked(query: &str, text: &str) -> Vec<String> {
+        let query_words = QueryWords::new(query, &words(query));
+        Marks::Words(&query_words)
+            .find_iter(text)
+            .map(|found| text[found].to_owned())
+            .collect()
+    }
+
+    #[test]
+    fn query_words_are_marked_as_the_index_matched_them() {
+        let cases: &[(&str, &str, &[&str])] = &[
+            ("key", "The KEY-4471 and a keyring", &["KEY"]),
+            ("Ünïcode école", "ÜNÏCODE à l'École", &["ÜNÏCODE", "École"]),
+            ("告警阈值", "我们把告警阈值改成了", &["告警阈值"]),
+            ("임계값", "경고 임계값을 85", &["임계값"]),
+            ("警", "告警阈值 警", &["警", "警"]),
+            ("告警 告警阈值", "把告警阈值改", &["告警阈值"]),
+            ("ops v2告警", "v2告警 OPS-17", &["v2", "告警", "OPS"]),
+            ("absent", "nothing here", &[]),
+        ];
+        for (query, text, expected) in cases {
+            assert_eq!(marked(query, text), *expected, "{query:?} in {text:?}");
+        }
+    }
+
+    #[test]
+    fn the_snippet_centres_on_the_densest_matches() {
+        let text = format!(
+            "{} index migration retry. {} Please remember: the ticket for the cold storage migration is OPS-68787.",
+            "word ".repeat(10),
+            "filler ".repeat(80)
+        );
+        let query = "cold storage migration";
+        let query_words = QueryWords::new(query, &words(query));
+        let snippet = snippet(&text, Marks::Words(&query_words));
+        assert!(
+            snippet.contains("«cold» «storage» «migration» is OPS-68787."),
+            "{snippet}"
+        );
+    }
+}
