@@ -13,7 +13,10 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 use tantivy::collector::TopDocs;
 use tantivy::directory::MmapDirectory;
-use tantivy::query::{BooleanQuery, Occur, PhraseQuery, Query, RangeQuery, TermQuery};
+use tantivy::indexer::{LogMergePolicy, NoMergePolicy};
+use tantivy::query::{
+    BooleanQuery, ConstScoreQuery, Occur, PhraseQuery, Query, RangeQuery, TermQuery,
+};
 use tantivy::schema::{
     FAST, Field, INDEXED, IndexRecordOption, STRING, Schema, TextFieldIndexing, TextOptions,
 };
@@ -26,6 +29,8 @@ use crate::types::{SearchMode, SearchOrder, SearchQuery, SearchTarget};
 
 /// Memory for the index writer: modest, so the store's footprint does not grow with history.
 const WRITER_HEAP_BYTES: usize = 24 * 1024 * 1024;
+
+mod top;
 
 const KIND_MESSAGE: u64 = 0;
 const KIND_SUMMARY: u64 = 1;
@@ -48,6 +53,16 @@ pub(crate) struct Fields {
     role: Field,
     time: Field,
     text: Field,
+}
+
+/// How a search applies its scope.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Plan {
+    /// Score the words alone, pruning, and check the scope on fast fields (a scope holding
+    /// most of the index).
+    Prune,
+    /// Intersect the words with the scope's postings (a scope that is a small part of it).
+    Filter,
 }
 
 /// What a hit points at, decoded from its key.
@@ -440,18 +455,73 @@ impl RecallIndex {
     /// Runs a text or phrase search; returns the matching rows with their scores, best first
     /// (or newest first for [`SearchOrder::Recency`]).
     pub(crate) fn search(&self, query: &SearchQuery) -> Result<Vec<(IndexedRow, f32)>> {
+        let searcher = self.reader.searcher();
+        let plan = if query.order == SearchOrder::Relevance
+            && self.mostly_in_scope(&searcher, &query.conversations)?
+        {
+            Plan::Prune
+        } else {
+            Plan::Filter
+        };
+        self.search_with(&searcher, query, plan)
+    }
+
+    /// Whether the conversations hold at least half of the index's documents.
+    fn mostly_in_scope(
+        &self,
+        searcher: &tantivy::Searcher,
+        conversations: &[crate::types::ConversationId],
+    ) -> Result<bool> {
+        let mut in_scope = 0;
+        for conversation in conversations {
+            let term = Term::from_field_u64(self.fields.conversation, conversation.0 as u64);
+            in_scope += searcher.doc_freq(&term)?;
+        }
+        Ok(in_scope * 2 >= searcher.num_docs())
+    }
+
+    fn search_with(
+        &self,
+        searcher: &tantivy::Searcher,
+        query: &SearchQuery,
+        plan: Plan,
+    ) -> Result<Vec<(IndexedRow, f32)>> {
         let Some(text_query) = self.text_query(&query.text, query.mode) else {
             return Ok(Vec::new());
         };
+        if query.conversations.is_empty() {
+            return Ok(Vec::new());
+        }
         let fields = self.fields;
-        let mut clauses: Vec<(Occur, Box<dyn Query>)> = vec![(Occur::Must, text_query)];
-        clauses.push((
-            Occur::Must,
-            Box::new(TermQuery::new(
-                Term::from_field_text(fields.agent, &query.agent_id),
-                IndexRecordOption::Basic,
-            )),
-        ));
+        let kind = match query.target {
+            SearchTarget::Messages => Some(KIND_MESSAGE),
+            SearchTarget::Summaries => Some(KIND_SUMMARY),
+            SearchTarget::Both => None,
+        };
+        let limit = query.limit.max(1);
+        if plan == Plan::Prune {
+            let mut conversations: Vec<u64> = query
+                .conversations
+                .iter()
+                .map(|conversation| conversation.0 as u64)
+                .collect();
+            conversations.sort_unstable();
+            let scope = top::Scope {
+                conversations: &conversations,
+                kind,
+                since_ms: query.since_ms,
+                before_ms: query.before_ms,
+            };
+            let best = top::best(searcher, text_query.as_ref(), &scope, limit)?;
+            return Ok(best
+                .into_iter()
+                .map(|(score, key)| (row_of(key), score))
+                .collect());
+        }
+        // The scope's clauses filter; only the words score.
+        let filter = |query: Box<dyn Query>| -> (Occur, Box<dyn Query>) {
+            (Occur::Must, Box::new(ConstScoreQuery::new(query, 0.0)))
+        };
         let conversations: Vec<(Occur, Box<dyn Query>)> = query
             .conversations
             .iter()
@@ -462,23 +532,15 @@ impl RecallIndex {
                 (Occur::Should, clause)
             })
             .collect();
-        if conversations.is_empty() {
-            return Ok(Vec::new());
-        }
-        clauses.push((Occur::Must, Box::new(BooleanQuery::new(conversations))));
-        let kind = match query.target {
-            SearchTarget::Messages => Some(KIND_MESSAGE),
-            SearchTarget::Summaries => Some(KIND_SUMMARY),
-            SearchTarget::Both => None,
-        };
+        let mut clauses: Vec<(Occur, Box<dyn Query>)> = vec![
+            (Occur::Must, text_query),
+            filter(Box::new(BooleanQuery::new(conversations))),
+        ];
         if let Some(kind) = kind {
-            clauses.push((
-                Occur::Must,
-                Box::new(TermQuery::new(
-                    Term::from_field_u64(fields.kind, kind),
-                    IndexRecordOption::Basic,
-                )),
-            ));
+            clauses.push(filter(Box::new(TermQuery::new(
+                Term::from_field_u64(fields.kind, kind),
+                IndexRecordOption::Basic,
+            ))));
         }
         if query.since_ms.is_some() || query.before_ms.is_some() {
             use std::ops::Bound;
@@ -488,11 +550,9 @@ impl RecallIndex {
             let upper = query.before_ms.map_or(Bound::Unbounded, |before| {
                 Bound::Excluded(Term::from_field_i64(fields.time, before))
             });
-            clauses.push((Occur::Must, Box::new(RangeQuery::new(lower, upper))));
+            clauses.push(filter(Box::new(RangeQuery::new(lower, upper))));
         }
         let boolean = BooleanQuery::new(clauses);
-        let searcher = self.reader.searcher();
-        let limit = query.limit.max(1);
         let hits: Vec<(f32, DocAddress)> = match query.order {
             // Equal scores are ordered by key, newest row first: which rows make the cut does
             // not depend on how documents happen to be laid out in segments (a rebuild on
@@ -714,11 +774,29 @@ impl IndexSink {
 
     /// Merges every segment into one (dropping deleted documents) and removes files no commit
     /// uses, then commits: after forgetting, the index's files shrink.
+    ///
+    /// A merge the writer started in the background may take some of the segments while this
+    /// one runs, and this one then fails (tantivy cannot find the segments it merged): no new
+    /// background merge starts meanwhile, and the merge is tried again over what is there.
     pub(crate) fn merge_all(&mut self) -> Result<()> {
-        let segments = self.writer.index().searchable_segment_ids()?;
-        if segments.len() > 1 || self.has_deletes()? {
-            self.writer.merge(&segments).wait()?;
+        const ATTEMPTS: usize = 8;
+        self.writer.set_merge_policy(Box::new(NoMergePolicy));
+        let mut merged = Ok(());
+        for _ in 0..ATTEMPTS {
+            let segments = self.writer.index().searchable_segment_ids()?;
+            if segments.len() <= 1 && !self.has_deletes()? {
+                merged = Ok(());
+                break;
+            }
+            merged = self.writer.merge(&segments).wait().map(drop);
+            match &merged {
+                Err(tantivy::TantivyError::InvalidArgument(_)) => continue,
+                _ => break,
+            }
         }
+        self.writer
+            .set_merge_policy(Box::new(LogMergePolicy::default()));
+        merged?;
         self.writer.garbage_collect_files().wait()?;
         Ok(())
     }
@@ -745,5 +823,106 @@ impl IndexSink {
         self.writer.delete_all_documents()?;
         self.watermark = Watermark::default();
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::types::ConversationId;
+
+    const WORDS: [&str; 6] = ["alpha", "beta", "gamma", "delta", "告警阈值", "epsilon"];
+
+    /// A document: conversation, kind (summary or not), time, words; and a query: words,
+    /// conversations, target, a time range.
+    type Doc = (u8, bool, i64, Vec<usize>);
+
+    fn index_of(dir: &Path, docs: &[Doc], deleted: &[usize]) -> RecallIndex {
+        let (index, _) = RecallIndex::open(dir).unwrap();
+        let mut sink = index.try_writer().unwrap().unwrap();
+        for (id, (conversation, summary, time, words)) in docs.iter().enumerate() {
+            let text: Vec<&str> = words.iter().map(|word| WORDS[*word]).collect();
+            let row = if *summary {
+                IndexedRow::Summary(id as i64 + 1)
+            } else {
+                IndexedRow::Message(id as i64 + 1)
+            };
+            sink.add(IndexDoc {
+                row,
+                conversation: i64::from(*conversation),
+                agent: "main",
+                role: "user",
+                time_ms: *time,
+                text: &text.join(" "),
+            })
+            .unwrap();
+            // Several segments: the threshold carries from one to the next.
+            if id % 7 == 6 {
+                sink.commit().unwrap();
+            }
+        }
+        for id in deleted.iter().filter(|id| **id < docs.len()) {
+            let (_, summary, ..) = docs[*id];
+            sink.remove(if summary {
+                IndexedRow::Summary(*id as i64 + 1)
+            } else {
+                IndexedRow::Message(*id as i64 + 1)
+            });
+        }
+        sink.commit().unwrap();
+        index.reload().unwrap();
+        index
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+        /// Pruning with the scope on fast fields finds what intersecting with the scope's
+        /// postings finds: the same best scores, each row with the score it has there.
+        #[test]
+        fn pruning_finds_what_filtering_finds(
+            docs in prop::collection::vec(
+                (0u8..4, any::<bool>(), 0i64..100, prop::collection::vec(0usize..WORDS.len(), 1..6)),
+                1..60,
+            ),
+            deleted in prop::collection::vec(0usize..60, 0..5),
+            query_words in prop::collection::vec(0usize..WORDS.len(), 1..4),
+            conversations in prop::collection::btree_set(0u8..4, 1..4),
+            target in prop_oneof![Just(SearchTarget::Both), Just(SearchTarget::Messages), Just(SearchTarget::Summaries)],
+            since in prop::option::of(0i64..100),
+            before in prop::option::of(0i64..100),
+            phrase in any::<bool>(),
+            limit in 1usize..8,
+        ) {
+            let dir = tempfile::tempdir().unwrap();
+            let index = index_of(&dir.path().join("index"), &docs, &deleted);
+            let text: Vec<&str> = query_words.iter().map(|word| WORDS[*word]).collect();
+            let mut query = SearchQuery {
+                agent_id: "main".to_owned(),
+                conversations: conversations.iter().map(|c| ConversationId(i64::from(*c))).collect(),
+                text: text.join(" "),
+                mode: if phrase { SearchMode::Phrase } else { SearchMode::Text },
+                target,
+                since_ms: since,
+                before_ms: before,
+                limit,
+                order: SearchOrder::Relevance,
+            };
+            let searcher = index.reader.searcher();
+            let pruned = index.search_with(&searcher, &query, Plan::Prune).unwrap();
+            query.limit = docs.len();
+            let all = index.search_with(&searcher, &query, Plan::Filter).unwrap();
+            let close = |a: f32, b: f32| (a - b).abs() <= 1e-4 * a.abs().max(1.0);
+            prop_assert_eq!(pruned.len(), all.len().min(limit));
+            for ((_, got), (_, want)) in pruned.iter().zip(&all) {
+                prop_assert!(close(*got, *want), "{got} vs {want}");
+            }
+            for (row, score) in &pruned {
+                let there = all.iter().find(|(other, _)| other == row);
+                prop_assert!(there.is_some_and(|(_, other)| close(*score, *other)), "{row:?}");
+            }
+        }
     }
 }

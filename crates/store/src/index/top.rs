@@ -1,0 +1,113 @@
+//! The best documents of a scored query within a scope, found while the query prunes.
+//!
+//! tantivy skips documents that cannot make the cut (block-max WAND over a union of words)
+//! only when the words are the whole query; a scope joined to them as a required clause has
+//! every matching document scored. When the scope holds most of the index, scoring the words
+//! alone and checking the scope on fast fields for the few documents that could still make
+//! the cut is far cheaper; when the scope is a small part of the index, intersecting with its
+//! postings is (`RecallIndex::search` chooses).
+
+use tantivy::query::{EnableScoring, Query};
+use tantivy::{Score, Searcher};
+
+/// Which documents count: fast-field values, checked for each candidate.
+pub(super) struct Scope<'a> {
+    /// Sorted.
+    pub(super) conversations: &'a [u64],
+    pub(super) kind: Option<u64>,
+    pub(super) since_ms: Option<i64>,
+    pub(super) before_ms: Option<i64>,
+}
+
+/// The best `limit` documents of `query` in `scope` as `(score, key)`, best first; equal
+/// scores are ordered by key, the highest (newest row) first, so which rows make the cut does
+/// not depend on how documents are laid out in segments.
+pub(super) fn best(
+    searcher: &Searcher,
+    query: &dyn Query,
+    scope: &Scope,
+    limit: usize,
+) -> tantivy::Result<Vec<(Score, u64)>> {
+    let weight = query.weight(EnableScoring::enabled_from_searcher(searcher))?;
+    let mut top = Top::new(limit);
+    for segment in searcher.segment_readers() {
+        let fast = segment.fast_fields();
+        let (keys, conversations) = (fast.u64("key")?, fast.u64("conversation")?);
+        let (kinds, times) = (fast.u64("kind")?, fast.i64("time")?);
+        let alive = segment.alive_bitset();
+        weight.for_each_pruning(top.threshold(), segment, &mut |doc, score| {
+            let counts = alive.is_none_or(|alive| alive.is_alive(doc))
+                && conversations
+                    .first(doc)
+                    .is_some_and(|value| scope.conversations.binary_search(&value).is_ok())
+                && scope.kind.is_none_or(|kind| kinds.first(doc) == Some(kind))
+                && (scope.since_ms.is_none() && scope.before_ms.is_none()
+                    || times.first(doc).is_some_and(|time| {
+                        scope.since_ms.is_none_or(|since| time >= since)
+                            && scope.before_ms.is_none_or(|before| time < before)
+                    }));
+            if counts && let Some(key) = keys.first(doc) {
+                top.offer(score, key);
+            }
+            top.threshold()
+        })?;
+    }
+    Ok(top.best)
+}
+
+/// The best `(score, key)` pairs seen so far, best first.
+struct Top {
+    limit: usize,
+    best: Vec<(Score, u64)>,
+}
+
+impl Top {
+    fn new(limit: usize) -> Top {
+        Top {
+            limit,
+            best: Vec::with_capacity(limit + 1),
+        }
+    }
+
+    fn offer(&mut self, score: Score, key: u64) {
+        let better = |a: &(Score, u64), b: &(Score, u64)| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1));
+        let candidate = (score, key);
+        if self.best.len() == self.limit
+            && self
+                .best
+                .last()
+                .is_none_or(|worst| better(&candidate, worst).is_le())
+        {
+            return;
+        }
+        let at = self
+            .best
+            .partition_point(|held| better(held, &candidate).is_gt());
+        self.best.insert(at, candidate);
+        self.best.truncate(self.limit);
+    }
+
+    /// Scores the query need not offer any more. The scorer offers only scores above it, and a
+    /// score equal to the worst held one may still win on its key: just below that score.
+    fn threshold(&self) -> Score {
+        match self.best.last() {
+            Some(worst) if self.best.len() == self.limit => worst.0.next_down(),
+            _ => Score::MIN,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_top_keeps_the_best_and_breaks_ties_by_the_newest_key() {
+        let mut top = Top::new(3);
+        for (score, key) in [(1.0, 1), (3.0, 2), (2.0, 3), (2.0, 9), (0.5, 10), (3.0, 4)] {
+            top.offer(score, key);
+        }
+        assert_eq!(top.best, [(3.0, 4), (3.0, 2), (2.0, 9)]);
+        assert!(top.threshold() < 2.0 && top.threshold() > 1.99);
+    }
+}
