@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use vilvona_core::engine::*;
+use vilvona_core::message::AgentMessage;
 use vilvona_store::*;
 
 use crate::render::{
@@ -77,6 +78,20 @@ impl Assemblies {
 }
 
 impl LosslessEngine {
+    /// Keeps rendered items for later assemblies: past the cache's bound it starts over (one
+    /// context larger than the bound is kept whole until the next call).
+    pub(crate) fn remember_rendered(
+        &self,
+        items: impl IntoIterator<Item = (ItemRef, Arc<AgentMessage>)>,
+    ) {
+        let items: Vec<(ItemRef, Arc<AgentMessage>)> = items.into_iter().collect();
+        let mut rendered = lock_map(&self.inner.rendered);
+        if rendered.len() + items.len() > RENDERED_CACHE_ITEMS {
+            rendered.clear();
+        }
+        rendered.extend(items);
+    }
+
     /// The context as the model sees it, within `budget` when the fresh tail fits. Reads the
     /// item references (no message bodies), renders only items not rendered before, and when
     /// the context only grew since the last assembly, appends to the previous list instead of
@@ -113,15 +128,20 @@ impl LosslessEngine {
             Some((items, messages)) if visible.starts_with(&items) => (items.len(), messages),
             _ => (0, Messages::new()),
         };
-        let missing: Vec<ItemRef> = {
-            let rendered = lock_map(&self.inner.rendered);
+        // What is rendered already, taken at once: another call may empty the cache meanwhile.
+        let mut rendered: Vec<Option<Arc<AgentMessage>>> = {
+            let cache = lock_map(&self.inner.rendered);
             visible[reused..]
                 .iter()
-                .filter(|item| !rendered.contains_key(item))
-                .copied()
+                .map(|item| cache.get(item).cloned())
                 .collect()
         };
-        let mut fresh = Vec::with_capacity(missing.len());
+        let missing: Vec<ItemRef> = visible[reused..]
+            .iter()
+            .zip(&rendered)
+            .filter(|(_, known)| known.is_none())
+            .map(|(item, _)| *item)
+            .collect();
         if !missing.is_empty() {
             let contents = self
                 .inner
@@ -129,6 +149,7 @@ impl LosslessEngine {
                 .items(missing.clone())
                 .await
                 .map_err(|error| store_error("reading context items", error))?;
+            let mut fresh = Vec::with_capacity(missing.len());
             for (item, content) in missing.into_iter().zip(contents) {
                 let message = match &content {
                     ItemContent::Summary(summary) => summary_message(summary),
@@ -138,26 +159,19 @@ impl LosslessEngine {
                 };
                 fresh.push((item, Arc::new(message)));
             }
-        }
-        {
-            let mut rendered = lock_map(&self.inner.rendered);
-            for (item, message) in fresh {
-                rendered.insert(item, message);
-            }
-            let list = messages.make_mut();
-            for item in &visible[reused..] {
-                match rendered.get(item) {
-                    Some(message) => list.push(message.as_ref().clone()),
-                    None => {
-                        return Err(EngineError::failed(
-                            "lossless assemble: a context item vanished",
-                        ));
-                    }
+            let mut unknown = rendered.iter_mut().filter(|known| known.is_none());
+            for (_, message) in &fresh {
+                if let Some(slot) = unknown.next() {
+                    *slot = Some(Arc::clone(message));
                 }
             }
-            if rendered.len() > RENDERED_CACHE_ITEMS {
-                rendered.clear();
-            }
+            self.remember_rendered(fresh);
+        }
+        let list = messages.make_mut();
+        for message in rendered {
+            let message = message
+                .ok_or_else(|| EngineError::failed("lossless assemble: a context item vanished"))?;
+            list.push(message.as_ref().clone());
         }
         // Summaries are few: a walk over the item references finds them.
         let summaries = visible

@@ -1,6 +1,8 @@
 //! Ingest: messages prepared (token counts, large content moved to blobs) and stored, one
 //! at a time, in batches, after a turn, or as a durable turn.
 
+use std::sync::Arc;
+
 use serde_json::Value;
 use vilvona_core::engine::*;
 use vilvona_core::message::{AgentMessage, ContentBlock, MessageContent};
@@ -10,6 +12,9 @@ use crate::render::{describe_content, large_content_reference};
 
 use crate::compaction::CompactionRequest;
 use crate::engine::{LosslessEngine, store_error};
+
+/// Most messages of one ingest whose rendered form is kept for the next assembly.
+const RENDER_ON_INGEST: usize = 64;
 
 impl LosslessEngine {
     /// Prepares messages for the store: token counts, and large tool output moved to blobs.
@@ -101,11 +106,33 @@ impl LosslessEngine {
     ) -> Result<IngestOutcome, EngineError> {
         let conversation = self.conversation(session_id, session_key).await?;
         let prepared = self.prepare(conversation.id, messages, identity).await?;
-        self.inner
+        // A turn's messages, as stored, are what the next assembly renders: kept now, they
+        // need not be read back and parsed then. (A bulk import is not worth the copies.)
+        let rendered: Vec<Arc<AgentMessage>> = if prepared.len() <= RENDER_ON_INGEST {
+            prepared
+                .iter()
+                .map(|new| Arc::new(new.message.clone()))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let outcome = self
+            .inner
             .store
             .ingest(conversation.id, prepared, advancement_key)
             .await
-            .map_err(|error| store_error("ingest", error))
+            .map_err(|error| store_error("ingest", error))?;
+        if let IngestOutcome::Stored(results) = &outcome {
+            // Only what this call stored: an earlier copy of a message may differ from it.
+            self.remember_rendered(
+                results
+                    .iter()
+                    .zip(rendered)
+                    .filter(|(result, _)| result.ingested)
+                    .map(|(result, message)| (ItemRef::Message(result.message_id), message)),
+            );
+        }
+        Ok(outcome)
     }
 
     pub(crate) async fn ingest_one(

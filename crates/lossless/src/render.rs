@@ -83,13 +83,10 @@ pub(crate) fn summary_depth(message: &AgentMessage) -> Option<u32> {
         vilvona_core::message::MessageContent::Text(text) => text.as_str(),
         _ => return None,
     };
-    text.strip_prefix("<summary ")?
-        .split("depth=\"")
-        .nth(1)?
-        .split('"')
-        .next()?
-        .parse()
-        .ok()
+    // The header alone: the body is never scanned.
+    let header = text.strip_prefix("<summary ")?.split_once('>')?.0;
+    let (_, depth) = header.split_once("depth=\"")?;
+    depth.split_once('"')?.0.parse().ok()
 }
 
 /// What a rendered summary costs in the context.
@@ -178,4 +175,25 @@ pub(crate) fn large_content_reference(blob_id: &str, description: &str) -> Strin
     format!(
         "[Large content stored as {blob_id}: {description}. Read it with {DESCRIBE_TOOL} {{\"id\": \"{blob_id}\", \"lines\": \"1-200\"}}.]"
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_rendered_summary_states_its_depth_in_its_header_only() {
+        let header = SummaryHeader {
+            summary_id: "sum_1",
+            depth: 3,
+            kind: SummaryKind::Condensed,
+            earliest_ms: Some(0),
+            latest_ms: Some(1),
+            first_seq: 1,
+            last_seq: 9,
+        };
+        let rendered = AgentMessage::user_text(summary_text(&header, "it quoted depth=\"7\" once"));
+        assert_eq!(summary_depth(&rendered), Some(3));
+        assert_eq!(summary_depth(&AgentMessage::user_text("depth=\"2\"")), None);
+    }
 }

@@ -599,8 +599,6 @@ impl HistoryStore for Store {
     ) -> Result<IngestOutcome> {
         // Serialized, keyed and compressed here, on the caller's thread: the writer thread
         // (the one that cannot be parallel) only stores.
-        // Serialized, keyed and compressed here, on the caller's thread: the writer thread
-        // (the one that cannot be parallel) only stores.
         let messages = messages
             .into_iter()
             .map(prepare)

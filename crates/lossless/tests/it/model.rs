@@ -123,8 +123,20 @@ async fn run(steps: Vec<Step>) {
                 assert!(report.passes <= engine.config().max_passes_per_turn);
             }
             Step::Reopen => {
+                // (6) what this instance kept rendered (at ingest, at earlier assemblies) is
+                // what a new instance reads from the store.
+                let conversation = engine.conversation("p", None).await.unwrap();
+                let kept = engine
+                    .assemble_context(conversation.id, budget)
+                    .await
+                    .unwrap();
                 drop(engine);
                 engine = open(&dir).await;
+                let read = engine
+                    .assemble_context(conversation.id, budget)
+                    .await
+                    .unwrap();
+                assert_eq!(kept.messages.to_vec(), read.messages.to_vec());
             }
         }
         let conversation = engine.conversation("p", None).await.unwrap();
