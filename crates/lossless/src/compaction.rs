@@ -165,7 +165,9 @@ impl LosslessEngine {
             report.reason = Some(CompactReason::BelowThreshold);
             return Ok(report);
         }
-        let mut items = self.context(conversation).await?;
+        // Passes plan over references (tokens, kinds, depths, the unit rule): only the runs
+        // chosen for summarizing are read with their bodies.
+        let mut items = self.context_refs(conversation).await?;
         let mut total: u64 = items.iter().map(|item| item.tokens).sum();
         report.tokens_before = total;
         let mut attempts = 0;
@@ -197,7 +199,7 @@ impl LosslessEngine {
             let tail_start = fresh_tail_start(&items, config, goal.max(1));
             let summary_prefix: u64 = items[..tail_start]
                 .iter()
-                .filter(|item| matches!(item.content, ItemContent::Summary(_)))
+                .filter(|item| matches!(item.item, ItemRef::Summary(_)))
                 .map(|item| item.tokens)
                 .sum();
             let needed = total.saturating_sub(goal).max(1);
@@ -263,7 +265,7 @@ impl LosslessEngine {
             attempts += batch.len();
             let mut stalled = false;
             for published in self
-                .summarize_batch(conversation, items, batch, custom_instructions)
+                .summarize_batch(conversation, &items, batch, custom_instructions)
                 .await?
             {
                 match published {
@@ -281,11 +283,11 @@ impl LosslessEngine {
                 } else {
                     CompactReason::NoProgress
                 });
-                items = self.context(conversation).await?;
+                items = self.context_refs(conversation).await?;
                 total = items.iter().map(|item| item.tokens).sum();
                 break;
             }
-            items = self.context(conversation).await?;
+            items = self.context_refs(conversation).await?;
             let new_total: u64 = items.iter().map(|item| item.tokens).sum();
             if new_total >= total && report.summaries_created == 0 {
                 report.reason = Some(CompactReason::NoProgress);
@@ -298,15 +300,55 @@ impl LosslessEngine {
         Ok(report)
     }
 
-    pub(crate) async fn context(
+    pub(crate) async fn context_refs(
         &self,
         conversation: ConversationId,
-    ) -> Result<Vec<ContextItem>, EngineError> {
+    ) -> Result<Vec<ContextRef>, EngineError> {
         self.inner
             .store
-            .context(conversation)
+            .context_refs(conversation)
             .await
             .map_err(|error| store_error("reading the context", error))
+    }
+
+    /// A candidate's run with bodies, and the text of the summary before it (the previous
+    /// context a summarizer continues from), in one read.
+    async fn read_run(
+        &self,
+        items: &[ContextRef],
+        candidate: &Candidate,
+    ) -> Result<(Vec<ContextItem>, Option<String>), EngineError> {
+        let planned = &items[candidate.range.clone()];
+        let previous = items[..candidate.range.start]
+            .iter()
+            .rev()
+            .find(|item| matches!(item.item, ItemRef::Summary(_)));
+        let wanted: Vec<ItemRef> = previous
+            .into_iter()
+            .chain(planned)
+            .map(|item| item.item)
+            .collect();
+        let mut contents = self
+            .inner
+            .store
+            .items(wanted)
+            .await
+            .map_err(|error| store_error("reading the items to summarize", error))?
+            .into_iter();
+        let previous_context = match previous.and_then(|_| contents.next()) {
+            Some(ItemContent::Summary(summary)) => Some(summary.content),
+            _ => None,
+        };
+        let run = planned
+            .iter()
+            .zip(contents)
+            .map(|(item, content)| ContextItem {
+                position: item.position,
+                tokens: item.tokens,
+                content,
+            })
+            .collect();
+        Ok((run, previous_context))
     }
 
     /// Summarizes a candidate (outside any transaction): the replacement to publish, or `None`
@@ -314,12 +356,13 @@ impl LosslessEngine {
     async fn summarize_candidate(
         &self,
         conversation: ConversationId,
-        items: &[ContextItem],
+        items: &[ContextRef],
         candidate: &Candidate,
         custom_instructions: Option<&str>,
     ) -> Result<Option<ReplacePlan>, EngineError> {
         let config = &self.inner.config;
-        let run = &items[candidate.range.clone()];
+        let (run, previous_context) = self.read_run(items, candidate).await?;
+        let run = &run[..];
         let (kind, depth, target) = match candidate.condensing_depth {
             None => (SummaryKind::Leaf, 0, config.leaf_target_tokens),
             Some(depth) => (
@@ -331,13 +374,6 @@ impl LosslessEngine {
         // A summary keeps at most a third of its source: every pass shrinks the context.
         let target = target.min(candidate.tokens / 3).max(16);
         let source: Vec<SourceItem> = run.iter().map(item_source).collect();
-        let previous_context = items[..candidate.range.start]
-            .iter()
-            .rev()
-            .find_map(|item| match &item.content {
-                ItemContent::Summary(summary) => Some(summary.content.clone()),
-                ItemContent::Message(_) => None,
-            });
         let header_span = span(run);
         let mut request = SummaryRequest {
             previous_context,
@@ -425,17 +461,17 @@ impl LosslessEngine {
     async fn summarize_batch(
         &self,
         conversation: ConversationId,
-        items: Vec<ContextItem>,
+        items: &[ContextRef],
         batch: Vec<Candidate>,
         custom_instructions: Option<&str>,
     ) -> Result<Vec<Published>, EngineError> {
         if let [candidate] = &batch[..] {
             let plan = self
-                .summarize_candidate(conversation, &items, candidate, custom_instructions)
+                .summarize_candidate(conversation, items, candidate, custom_instructions)
                 .await?;
             return Ok(vec![self.publish(plan).await?]);
         }
-        let items = Arc::new(items);
+        let items: Arc<[ContextRef]> = items.into();
         let mut tasks = tokio::task::JoinSet::new();
         for (index, candidate) in batch.into_iter().enumerate() {
             let (engine, items) = (self.clone(), items.clone());

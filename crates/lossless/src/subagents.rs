@@ -80,10 +80,10 @@ impl LosslessEngine {
                 .conversation(&child_session, Some(&params.child_session_key))
                 .await?;
             let items: Vec<ItemRef> = self
-                .context(parent.id)
+                .context_refs(parent.id)
                 .await?
                 .iter()
-                .map(ContextItem::item_ref)
+                .map(|item| item.item)
                 .collect();
             self.inner
                 .store

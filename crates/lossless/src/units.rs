@@ -4,9 +4,14 @@
 //! single item. Every boundary the engine draws (chunks, the fresh tail, clamping) is a unit
 //! boundary.
 
-use vilvona_store::{ContextItem, ItemContent, Unit};
+use vilvona_store::{ContextRef, ItemRef, Unit};
 
 use crate::config::LosslessConfig;
+
+/// Whether a context item is a message (planning reads references only, never bodies).
+fn is_message(item: &ContextRef) -> bool {
+    matches!(item.item, ItemRef::Message(_))
+}
 
 /// Index of the first item of the unit containing `index`.
 pub(crate) fn unit_start(items: &[impl Unit], mut index: usize) -> usize {
@@ -31,7 +36,7 @@ pub(crate) fn unit_end(items: &[impl Unit], start: usize) -> usize {
 /// shrinks to the newest units that fit half of that, and never below one unit, so older
 /// complete units of the current turn can be summarized instead of overflowing.
 pub(crate) fn fresh_tail_start(
-    items: &[ContextItem],
+    items: &[ContextRef],
     config: &LosslessConfig,
     tail_limit: u64,
 ) -> usize {
@@ -40,7 +45,7 @@ pub(crate) fn fresh_tail_start(
     let mut tokens = 0;
     while start > 0 {
         let item = &items[start - 1];
-        if !matches!(item.content, ItemContent::Message(_)) {
+        if !is_message(item) {
             break;
         }
         if messages >= config.fresh_tail_count {
@@ -88,7 +93,7 @@ pub(crate) struct Candidate {
 /// The oldest run of raw messages before `tail_start`, unit-aligned, no larger than the chunk
 /// limit, and only as large as needed to free `needed` tokens (at least one unit).
 pub(crate) fn leaf_candidate(
-    items: &[ContextItem],
+    items: &[ContextRef],
     tail_start: usize,
     chunk_limit: u64,
     needed: u64,
@@ -99,22 +104,18 @@ pub(crate) fn leaf_candidate(
 /// [`leaf_candidate`] among the items from `from` on: the next leaf of a backlog after one
 /// already chosen.
 pub(crate) fn leaf_candidate_from(
-    items: &[ContextItem],
+    items: &[ContextRef],
     from: usize,
     tail_start: usize,
     chunk_limit: u64,
     needed: u64,
 ) -> Option<Candidate> {
-    let first = from
-        + items
-            .get(from..tail_start)?
-            .iter()
-            .position(|item| matches!(item.content, ItemContent::Message(_)))?;
+    let first = from + items.get(from..tail_start)?.iter().position(is_message)?;
     let first = unit_start(items, first).max(from);
     let mut end = first;
     let mut tokens = 0;
     while end < tail_start {
-        if !matches!(items[end].content, ItemContent::Message(_)) {
+        if !is_message(&items[end]) {
             break;
         }
         let next = unit_end(items, end).min(tail_start);
@@ -139,14 +140,14 @@ pub(crate) fn leaf_candidate_from(
 /// The oldest run of at least `fanout` same-depth summaries before `tail_start` that are not
 /// fallback output (immature nodes are never rolled up), within the chunk limit.
 pub(crate) fn condense_candidate(
-    items: &[ContextItem],
+    items: &[ContextRef],
     tail_start: usize,
     config: &LosslessConfig,
     fanout: usize,
 ) -> Option<Candidate> {
     let mut index = 0;
     while index < tail_start {
-        let ItemContent::Summary(first) = &items[index].content else {
+        let Some(first) = items[index].summary else {
             index += 1;
             continue;
         };
@@ -154,8 +155,8 @@ pub(crate) fn condense_candidate(
         let mut end = index;
         let mut tokens = 0;
         while end < tail_start {
-            match &items[end].content {
-                ItemContent::Summary(summary)
+            match items[end].summary {
+                Some(summary)
                     if summary.depth == depth
                         && summary.level != vilvona_core::summarize::SummaryLevel::Fallback =>
                 {

@@ -207,11 +207,15 @@ pub(crate) fn context_refs(
     conversation: ConversationId,
 ) -> Result<Vec<ContextRef>> {
     let mut statement = connection.prepare_cached(
-        "SELECT ci.position, ci.message_id, ci.summary_id, ci.tokens, m.role = ?2
+        "SELECT ci.position, ci.message_id, ci.summary_id, ci.tokens, m.role = ?2, s.depth,
+                s.level
          FROM context_items ci LEFT JOIN messages m ON m.id = ci.message_id
+              LEFT JOIN summaries s ON s.id = ci.summary_id
          WHERE ci.conversation_id = ?1 ORDER BY ci.position",
     )?;
-    let rows = statement.query_map(params![conversation.0, TOOL_RESULT_ROLE], |row| {
+    let mut rows = statement.query(params![conversation.0, TOOL_RESULT_ROLE])?;
+    let mut refs = Vec::new();
+    while let Some(row) = rows.next()? {
         let message: Option<i64> = row.get(1)?;
         let summary: Option<i64> = row.get(2)?;
         let item = match (message, summary) {
@@ -219,14 +223,24 @@ pub(crate) fn context_refs(
             (None, Some(id)) => ItemRef::Summary(SummaryRowId(id)),
             (None, None) => ItemRef::Message(MessageId(-1)),
         };
-        Ok(ContextRef {
+        let depth: Option<u32> = row.get(5)?;
+        let level: Option<String> = row.get(6)?;
+        let shape = match (depth, level) {
+            (Some(depth), Some(level)) => Some(SummaryShape {
+                depth,
+                level: parse_level(&level)?,
+            }),
+            _ => None,
+        };
+        refs.push(ContextRef {
             position: row.get(0)?,
             item,
             tokens: row.get::<_, i64>(3)?.max(0) as u64,
             continues_unit: row.get::<_, Option<bool>>(4)?.unwrap_or(false),
-        })
-    })?;
-    Ok(rows.collect::<rusqlite::Result<_>>()?)
+            summary: shape,
+        });
+    }
+    Ok(refs)
 }
 
 /// The contents of items, in the order asked.

@@ -327,6 +327,17 @@ pub struct ContextRef {
     pub tokens: u64,
     /// The item continues the unit before it (see [`Unit`]; read from the message's role).
     pub continues_unit: bool,
+    /// For a summary: what compaction plans by (`None` for a message).
+    pub summary: Option<SummaryShape>,
+}
+
+/// A context summary's depth and level, without its text.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SummaryShape {
+    /// Its depth in the DAG.
+    pub depth: u32,
+    /// How it was made (a fallback summary is never rolled up).
+    pub level: SummaryLevel,
 }
 
 /// A summary to publish in place of a planned run of context items.
