@@ -7,11 +7,12 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 use vilvona_core::engine::*;
+use vilvona_core::message::AgentMessage;
 use vilvona_core::summarize::{
     SourceItem, SummarizeError, SummaryKind, SummaryLevel, SummaryRequest,
 };
 use vilvona_store::*;
-use vilvona_summarize::truncate;
+use vilvona_summarize::{source_item, truncate};
 
 use crate::render::{SummaryHeader, summary_tokens};
 use crate::units::{
@@ -19,7 +20,7 @@ use crate::units::{
     unit_start,
 };
 
-use crate::engine::{LosslessEngine, content_source, store_error};
+use crate::engine::{LosslessEngine, content_source, lock_map, store_error};
 
 /// What one compaction call asks for.
 #[derive(Clone, Copy, Debug, Default)]
@@ -115,10 +116,6 @@ fn span(run: &[ContextItem]) -> (Option<i64>, Option<i64>, u64, u64) {
         last = last.max(z);
     }
     (earliest, latest, first, last)
-}
-
-fn item_source(item: &ContextItem) -> SourceItem {
-    content_source(&item.content)
 }
 
 impl LosslessEngine {
@@ -311,6 +308,27 @@ impl LosslessEngine {
             .map_err(|error| store_error("reading the context", error))
     }
 
+    /// What the summarizer reads of a run. A message this instance keeps rendered (a turn
+    /// ingested here) is not parsed again.
+    fn sources(&self, run: &[ContextItem]) -> Vec<SourceItem> {
+        let rendered: Vec<Option<Arc<AgentMessage>>> = {
+            let cache = lock_map(&self.inner.rendered);
+            run.iter()
+                .map(|item| match item.content {
+                    ItemContent::Message(_) => cache.get(&item.item_ref()).cloned(),
+                    ItemContent::Summary(_) => None,
+                })
+                .collect()
+        };
+        run.iter()
+            .zip(rendered)
+            .map(|(item, rendered)| match rendered {
+                Some(message) => source_item(&message),
+                None => content_source(&item.content),
+            })
+            .collect()
+    }
+
     /// A candidate's run with bodies, and the text of the summary before it (the previous
     /// context a summarizer continues from), in one read.
     async fn read_run(
@@ -373,7 +391,7 @@ impl LosslessEngine {
         };
         // A summary keeps at most a third of its source: every pass shrinks the context.
         let target = target.min(candidate.tokens / 3).max(16);
-        let source: Vec<SourceItem> = run.iter().map(item_source).collect();
+        let source = self.sources(run);
         let header_span = span(run);
         let mut request = SummaryRequest {
             previous_context,
