@@ -9,10 +9,9 @@ use std::collections::VecDeque;
 use std::ops::Range;
 
 use regex::Regex;
-use vilvona_core::tokens::is_cjk;
 
 use crate::search::floor_boundary;
-use crate::tokenize::Word;
+use crate::tokenize::{Run, Runs, Word};
 
 /// Characters of context before the first match in a snippet.
 const SNIPPET_LEAD: usize = 60;
@@ -90,7 +89,7 @@ impl<'a> Marks<'a> {
             Marks::Words(words) => Box::new(WordMatches {
                 text,
                 words,
-                at: 0,
+                runs: Runs::new(text),
                 pending: VecDeque::new(),
             }),
         }
@@ -102,12 +101,11 @@ impl<'a> Marks<'a> {
     }
 }
 
-/// The query's words in a text, found in one pass over it.
+/// The query's words in a text, found in one pass over its runs.
 struct WordMatches<'t> {
     text: &'t str,
     words: &'t QueryWords,
-    /// Where the scan goes on.
-    at: usize,
+    runs: Runs<'t>,
     /// Matches found in the current CJK run, not yet returned.
     pending: VecDeque<Range<usize>>,
 }
@@ -120,27 +118,11 @@ impl Iterator for WordMatches<'_> {
             if let Some(found) = self.pending.pop_front() {
                 return Some(found);
             }
-            let rest = &self.text[self.at..];
-            let (offset, first) = rest
-                .char_indices()
-                .find(|(_, c)| c.is_alphanumeric() || is_cjk(*c))?;
-            let start = self.at + offset;
-            let cjk = is_cjk(first);
-            let end = rest[offset..]
-                .char_indices()
-                .find(|(_, c)| {
-                    if cjk {
-                        !is_cjk(*c)
-                    } else {
-                        !c.is_alphanumeric() || is_cjk(*c)
-                    }
-                })
-                .map_or(self.text.len(), |(length, _)| start + length);
-            self.at = end;
-            let run = &self.text[start..end];
+            let Run { from, to, cjk } = self.runs.next()?;
+            let run = &self.text[from..to];
             if !cjk {
                 if self.words.holds_word(run) {
-                    return Some(start..end);
+                    return Some(from..to);
                 }
                 continue;
             }
@@ -152,11 +134,11 @@ impl Iterator for WordMatches<'_> {
                 .iter()
                 .flat_map(|wanted| {
                     run.match_indices(wanted.as_str())
-                        .map(move |(at, _)| start + at..start + at + wanted.len())
+                        .map(move |(at, _)| from + at..from + at + wanted.len())
                 })
                 .collect();
             found.sort_by_key(|range| (range.start, std::cmp::Reverse(range.end)));
-            let mut cursor = start;
+            let mut cursor = from;
             for range in found {
                 if range.start >= cursor {
                     cursor = range.end;

@@ -45,12 +45,60 @@ pub(crate) struct TermAt {
     pub(crate) cjk: bool,
 }
 
+/// A stretch of text the index splits on: an alphanumeric word (of a script that spaces its
+/// words), or a run of CJK characters. Byte offsets into the source text.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Run {
+    pub(crate) from: usize,
+    pub(crate) to: usize,
+    pub(crate) cjk: bool,
+}
+
+/// The runs of a text, in order: the one place where the index's word boundaries are drawn
+/// (the terms come from them, and so does where a snippet marks a query's words).
+pub(crate) struct Runs<'a> {
+    text: &'a str,
+    at: usize,
+}
+
+impl<'a> Runs<'a> {
+    pub(crate) fn new(text: &'a str) -> Runs<'a> {
+        Runs { text, at: 0 }
+    }
+}
+
+impl Iterator for Runs<'_> {
+    type Item = Run;
+
+    fn next(&mut self) -> Option<Run> {
+        let rest = &self.text[self.at..];
+        let (offset, first) = rest
+            .char_indices()
+            .find(|(_, c)| c.is_alphanumeric() || is_cjk(*c))?;
+        let cjk = is_cjk(first);
+        let from = self.at + offset;
+        let to = rest[offset..]
+            .char_indices()
+            .find(|(_, c)| {
+                if cjk {
+                    !is_cjk(*c)
+                } else {
+                    !c.is_alphanumeric() || is_cjk(*c)
+                }
+            })
+            .map_or(self.text.len(), |(length, _)| from + length);
+        self.at = to;
+        Some(Run { from, to, cjk })
+    }
+}
+
 /// The terms of a text, produced lazily (a 50 MB tool output is never held as terms at once).
 pub(crate) struct Terms<'a> {
     text: &'a str,
-    chars: std::iter::Peekable<std::str::CharIndices<'a>>,
-    /// Inside a CJK run: its last character, and whether a bigram ended at it.
-    run: Option<((usize, char), bool)>,
+    runs: Runs<'a>,
+    /// Inside a CJK run of several characters: the characters still to pair (offsets relative
+    /// to the run), the run's start, and the last character paired.
+    bigrams: Option<(std::str::CharIndices<'a>, usize, (usize, char))>,
     word: usize,
 }
 
@@ -58,8 +106,8 @@ impl<'a> Terms<'a> {
     pub(crate) fn new(text: &'a str) -> Terms<'a> {
         Terms {
             text,
-            chars: text.char_indices().peekable(),
-            run: None,
+            runs: Runs::new(text),
+            bigrams: None,
             word: 0,
         }
     }
@@ -70,61 +118,54 @@ impl Iterator for Terms<'_> {
 
     fn next(&mut self) -> Option<TermAt> {
         loop {
-            if let Some(((at, c), paired)) = self.run {
-                match self.chars.peek().copied() {
-                    Some((next_at, next)) if is_cjk(next) => {
-                        self.chars.next();
-                        self.run = Some(((next_at, next), true));
+            if let Some((chars, start, last)) = &mut self.bigrams {
+                match chars.next() {
+                    Some((at, c)) => {
+                        let (from, previous) = *last;
+                        *last = (*start + at, c);
                         return Some(TermAt {
-                            from: at,
-                            to: next_at + next.len_utf8(),
-                            text: [c, next].iter().collect(),
+                            from,
+                            to: *start + at + c.len_utf8(),
+                            text: [previous, c].iter().collect(),
                             word: self.word,
                             cjk: true,
                         });
                     }
-                    _ => {
-                        self.run = None;
-                        let word = self.word;
+                    None => {
+                        self.bigrams = None;
                         self.word += 1;
-                        if !paired {
-                            // A lone CJK character is a term of its own.
-                            return Some(TermAt {
-                                from: at,
-                                to: at + c.len_utf8(),
-                                text: c.to_string(),
-                                word,
-                                cjk: true,
-                            });
-                        }
                         continue;
                     }
                 }
             }
-            let (start, c) = self.chars.next()?;
-            if is_cjk(c) {
-                self.run = Some(((start, c), false));
-            } else if c.is_alphanumeric() {
-                let mut end = start + c.len_utf8();
-                while let Some(&(at, next)) = self.chars.peek() {
-                    if !next.is_alphanumeric() || is_cjk(next) {
-                        break;
-                    }
-                    end = at + next.len_utf8();
-                    self.chars.next();
-                }
-                let written = &self.text[start..end];
-                if written.len() <= MAX_TERM_BYTES {
+            let run = self.runs.next()?;
+            let written = &self.text[run.from..run.to];
+            if run.cjk {
+                let mut chars = written.char_indices();
+                let (_, first) = chars.next()?;
+                if written.len() == first.len_utf8() {
+                    // A lone CJK character is a term of its own.
                     let word = self.word;
                     self.word += 1;
                     return Some(TermAt {
-                        from: start,
-                        to: end,
-                        text: written.to_lowercase(),
+                        from: run.from,
+                        to: run.to,
+                        text: first.to_string(),
                         word,
-                        cjk: false,
+                        cjk: true,
                     });
                 }
+                self.bigrams = Some((chars, run.from, (run.from, first)));
+            } else if written.len() <= MAX_TERM_BYTES {
+                let word = self.word;
+                self.word += 1;
+                return Some(TermAt {
+                    from: run.from,
+                    to: run.to,
+                    text: written.to_lowercase(),
+                    word,
+                    cjk: false,
+                });
             }
         }
     }
