@@ -1,5 +1,6 @@
 //! `vilvona`: the command line.
 
+mod archive;
 mod context;
 mod dag;
 mod inspect;
@@ -199,6 +200,28 @@ enum Command {
         /// Forget only the messages created before this time (RFC 3339).
         #[arg(long, value_name = "TIME")]
         before: Option<String>,
+        /// Print one JSON document.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Write a session's whole history (messages, summaries and their edges, the context,
+    /// stored files, committed turns, state) to one file, read as one snapshot.
+    Export {
+        /// The session, by key or id.
+        #[arg(long)]
+        session: String,
+        /// The file to write (replaced whole, or left as it was).
+        #[arg(long, value_name = "FILE")]
+        out: PathBuf,
+        /// Print one JSON document.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Store a session exported by `vilvona export` (from this store or another), in one
+    /// transaction, verified by reading it back.
+    Import {
+        /// The file `vilvona export` wrote.
+        file: PathBuf,
         /// Print one JSON document.
         #[arg(long)]
         json: bool,
@@ -540,6 +563,10 @@ async fn run(command: Command, global: &Global) -> Result<ExitCode> {
             json,
         } => retention::forget(global, &session, before.as_deref(), json).await,
         Command::Retention { dry_run, json } => retention::retention(global, dry_run, json).await,
+        Command::Export { session, out, json } => {
+            archive::export(global, &session, &out, json).await
+        }
+        Command::Import { file, json } => archive::import(global, &file, json).await,
         Command::Plugins {
             action: PluginsAction::Uninstall { id },
         } => uninstall_plugin(global, &id),

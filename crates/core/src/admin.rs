@@ -12,6 +12,7 @@ use async_trait::async_trait;
 use serde::Serialize;
 use serde_json::Value;
 
+use crate::archive::{ImportReport, SessionArchive};
 use crate::engine::EngineError;
 
 /// A tool as a host offers it to a model: its name, what it does, and the JSON schema of its
@@ -263,4 +264,12 @@ pub trait EngineAdmin: Send + Sync {
 
     /// What the retention policy does now (by the engine's clock); with `apply`, does it.
     async fn retention(&self, apply: bool) -> Result<RetentionRun, EngineError>;
+
+    /// A session's whole history, read in one snapshot (see [`crate::archive`]).
+    async fn export_session(&self, session_id: &str) -> Result<SessionArchive, EngineError>;
+
+    /// Stores an exported history as a new session, in one transaction, and verifies that the
+    /// store holds exactly what the archive holds. Refused when the session, or one of its
+    /// summaries, is already stored.
+    async fn import_session(&self, archive: SessionArchive) -> Result<ImportReport, EngineError>;
 }

@@ -18,6 +18,7 @@
 #![warn(missing_docs)]
 
 pub mod admin;
+pub mod archive;
 pub mod clock;
 pub mod engine;
 pub mod host;

@@ -10,7 +10,8 @@ use vilvona_core::admin::{
     DagView, EngineAdmin, Forgotten, ItemGroup, RetentionRun, SessionStats, StorageCheck,
     StorageUsage, StoredSession, ToolCaller,
 };
-use vilvona_store::ItemContent;
+use vilvona_core::archive::{ImportReport, SessionArchive};
+use vilvona_store::{ItemContent, StoreError};
 
 use crate::engine::{LosslessEngine, store_error};
 
@@ -130,6 +131,37 @@ impl EngineAdmin for LosslessEngine {
         match before_ms {
             Some(before_ms) => self.forget_before(session_id, before_ms).await,
             None => self.forget_session(session_id).await,
+        }
+    }
+
+    async fn export_session(&self, session_id: &str) -> Result<SessionArchive, EngineError> {
+        let store = self.store();
+        let conversation = store
+            .conversations(Some(&self.config().agent_id))
+            .await
+            .map_err(|error| store_error("listing conversations", error))?
+            .into_iter()
+            .find(|conversation| conversation.session_id == session_id)
+            .ok_or_else(|| {
+                EngineError::refused(format!(
+                    "agent {:?} has no stored session {session_id:?}",
+                    self.config().agent_id
+                ))
+            })?;
+        store
+            .export(conversation.id)
+            .await
+            .map_err(|error| store_error("exporting a session", error))
+    }
+
+    async fn import_session(&self, archive: SessionArchive) -> Result<ImportReport, EngineError> {
+        match self.store().import(archive).await {
+            Ok((_, report)) => Ok(report),
+            // The archive's fault, not the store's: said as it is, never quarantining.
+            Err(StoreError::ImportRefused(reason)) => Err(EngineError::refused(format!(
+                "the archive cannot be imported: {reason}"
+            ))),
+            Err(error) => Err(store_error("importing a session", error)),
         }
     }
 

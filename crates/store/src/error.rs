@@ -95,6 +95,9 @@ pub enum StoreError {
     /// A write on a store opened for reading only (an inspection command).
     #[error("{0}: the store was opened read-only")]
     ReadOnly(String),
+    /// An archive that cannot be imported into this store as it is.
+    #[error("the archive cannot be imported: {0}")]
+    ImportRefused(String),
 }
 
 /// An error of the embedded database, opaque: the store's callers do not depend on its driver.

@@ -14,6 +14,7 @@
 
 #![warn(missing_docs)]
 
+mod archive;
 mod blobs;
 mod dag;
 mod error;
@@ -38,6 +39,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension};
 use tokio::sync::oneshot;
+use vilvona_core::archive::{ImportReport, SessionArchive};
 
 pub use blobs::{BLOB_ID_KEY, referenced_blobs};
 pub use dag::{DagSummary, DagView};
@@ -171,6 +173,15 @@ pub trait HistoryStore: Send + Sync + std::fmt::Debug {
     async fn store_state(&self, key: &str) -> Result<Option<String>>;
     /// Sets a store-wide state value.
     async fn set_store_state(&self, key: &str, value: &str) -> Result<()>;
+
+    /// A conversation's whole history, read as one snapshot (`vilvona_core::archive`).
+    async fn export(&self, conversation: ConversationId) -> Result<SessionArchive>;
+    /// Stores an archive as a new conversation in one transaction, which commits only when
+    /// the store, read back, holds exactly what the archive holds. Refused
+    /// ([`StoreError::ImportRefused`]) when the session already holds rows here, when one of
+    /// its summaries is stored here, or when it names rows of another session this store
+    /// does not hold.
+    async fn import(&self, archive: SessionArchive) -> Result<(ConversationId, ImportReport)>;
 
     /// Documents the recall index serves.
     async fn index_doc_count(&self) -> Result<u64>;
@@ -799,6 +810,22 @@ impl HistoryStore for Store {
     async fn dag_view(&self, conversation: ConversationId) -> Result<DagView> {
         self.read(move |connection| dag::view(connection, conversation))
             .await
+    }
+
+    async fn export(&self, conversation: ConversationId) -> Result<SessionArchive> {
+        self.read(move |connection| {
+            // One read transaction: one snapshot, whatever other processes write meanwhile.
+            let snapshot = connection.unchecked_transaction()?;
+            let archive = archive::export(&snapshot, conversation)?;
+            snapshot.finish()?;
+            Ok(archive)
+        })
+        .await
+    }
+
+    async fn import(&self, archive: SessionArchive) -> Result<(ConversationId, ImportReport)> {
+        let archive = Box::new(archive);
+        self.call(|reply| Command::Import { archive, reply }).await
     }
 
     async fn store_state(&self, key: &str) -> Result<Option<String>> {

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 use tokio::sync::oneshot;
 
+use crate::archive;
 use crate::blobs;
 use crate::error::{Result, StoreError};
 use crate::forget;
@@ -20,6 +21,7 @@ use crate::index::{IndexDoc, IndexSink, IndexSlot, IndexedRow};
 use crate::read;
 use crate::types::*;
 use crate::write::{FaultPlan, WriteCounter, WriteTx};
+use vilvona_core::archive::{ImportReport, SessionArchive};
 use vilvona_core::clock::now_ms;
 
 /// Gap between appended context positions: room to insert without renumbering.
@@ -127,6 +129,10 @@ pub(crate) enum Command {
     },
     Reclaim {
         reply: Reply<()>,
+    },
+    Import {
+        archive: Box<SessionArchive>,
+        reply: Reply<(ConversationId, ImportReport)>,
     },
     SetStoreState {
         key: String,
@@ -410,6 +416,9 @@ impl Writer {
             }
             Command::Reclaim { reply } => {
                 let _ = reply.send(self.reclaim());
+            }
+            Command::Import { archive, reply } => {
+                let _ = reply.send(self.import(&archive));
             }
             Command::SetStoreState { key, value, reply } => {
                 let _ = reply.send(self.set_store_state(&key, &value));
@@ -1010,6 +1019,15 @@ impl Writer {
         self.agents.remove(&plan.conversation.0);
         self.apply_index_tasks()?;
         Ok(Some(report))
+    }
+
+    /// Imports an archive in one transaction (see `archive::import`), then indexes its rows.
+    fn import(&mut self, archive: &SessionArchive) -> Result<(ConversationId, ImportReport)> {
+        let transaction = self.transaction()?;
+        let imported = archive::import(&transaction, archive)?;
+        transaction.commit()?;
+        self.catch_up_index()?;
+        Ok(imported)
     }
 
     fn set_store_state(&mut self, key: &str, value: &str) -> Result<()> {

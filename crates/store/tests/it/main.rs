@@ -1,6 +1,7 @@
 //! Store tests on real SQLite files and real tantivy indexes in temporary directories.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod archive;
 mod basics;
 mod damage;
 mod faults;

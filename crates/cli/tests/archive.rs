@@ -1,0 +1,133 @@
+//! `vilvona export` and `vilvona import` through the binary: a session replayed into one
+//! state directory moves to another and is recalled there as it was.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::path::Path;
+use std::process::Output;
+
+use serde_json::Value;
+use tempfile::TempDir;
+
+use common::vilvona;
+
+const CONFIG: &str = r#"{ plugins: { slots: { contextEngine: "lossless" } } }"#;
+const SESSION: &str = "synthetic-11-15";
+
+fn ok_json(output: &Output) -> Value {
+    assert!(
+        output.status.success(),
+        "stderr: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).unwrap()
+}
+
+fn state(dir: &TempDir) -> &Path {
+    std::fs::write(dir.path().join("vilvona.json5"), CONFIG).unwrap();
+    dir.path()
+}
+
+fn recall(state: &Path, query: &str) -> Value {
+    let found = ok_json(&vilvona(
+        state,
+        &[
+            "grep",
+            query,
+            "--session",
+            SESSION,
+            "--mode",
+            "phrase",
+            "--json",
+        ],
+    ));
+    found["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|hit| hit["snippet"].clone())
+        .collect()
+}
+
+#[test]
+fn a_session_moves_between_state_directories() {
+    let (from_dir, to_dir) = (TempDir::new().unwrap(), TempDir::new().unwrap());
+    let (from, to) = (state(&from_dir), state(&to_dir));
+    let fixture = format!(
+        "{}/../../fixtures/gen-session-15.jsonl",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    ok_json(&vilvona(
+        from,
+        &["replay", &fixture, "--context-window", "12000", "--json"],
+    ));
+    let file = from.join("s.vilvona");
+    let exported = ok_json(&vilvona(
+        from,
+        &[
+            "export",
+            "--session",
+            SESSION,
+            "--out",
+            file.to_str().unwrap(),
+            "--json",
+        ],
+    ));
+    assert_eq!(exported["messages"], 68, "{exported}");
+    assert!(exported["summaries"].as_u64().unwrap() > 0, "{exported}");
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(
+        std::fs::metadata(&file).unwrap().permissions().mode() & 0o777,
+        0o600,
+        "the file holds the whole history: its owner's only"
+    );
+
+    let imported = ok_json(&vilvona(to, &["import", file.to_str().unwrap(), "--json"]));
+    assert_eq!(imported["verified"], true, "{imported}");
+    assert_eq!(imported["messages"], 68, "{imported}");
+    for query in ["password rotation", "quarterly load test"] {
+        let there = recall(to, query);
+        assert!(!there.as_array().unwrap().is_empty(), "{query}");
+        assert_eq!(there, recall(from, query), "{query}");
+    }
+    let stats = |state: &Path| {
+        let mut stats = ok_json(&vilvona(state, &["stats", "--session", SESSION, "--json"]));
+        // Everything but the file's size, which depends on the store's history.
+        stats.as_object_mut().unwrap().remove("databaseBytes");
+        stats
+    };
+    assert_eq!(stats(to), stats(from));
+    let doctor = vilvona(to, &["doctor", "--json"]);
+    assert_eq!(
+        doctor.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&doctor.stdout)
+    );
+
+    // Once per store: the second import is refused and says why.
+    let again = vilvona(to, &["import", file.to_str().unwrap()]);
+    assert_eq!(again.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&again.stderr);
+    assert!(stderr.contains("already holds 68 messages"), "{stderr}");
+
+    // A file cut short is named, with where it ends; nothing is imported from it.
+    let text = std::fs::read_to_string(&file).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    let cut = from.join("cut.vilvona");
+    std::fs::write(&cut, lines[..lines.len() - 1].join("\n") + "\n").unwrap();
+    let fresh = TempDir::new().unwrap();
+    let refused = vilvona(state(&fresh), &["import", cut.to_str().unwrap()]);
+    assert_eq!(refused.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        stderr.contains(&format!("reading {}", cut.display()))
+            && stderr.contains(&format!("ends after line {}", lines.len() - 1)),
+        "{stderr}"
+    );
+    assert!(
+        !fresh.path().join("agents").exists(),
+        "the file is read whole before any store is opened"
+    );
+}
