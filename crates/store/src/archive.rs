@@ -20,15 +20,15 @@ use crate::types::{ConversationId, parse_kind, parse_level};
 use crate::write::WriteTx;
 
 /// Why an archive cannot be imported here, named for the operator.
-fn refused(detail: String) -> StoreError {
+pub(crate) fn refused(detail: String) -> StoreError {
     StoreError::ImportRefused(detail)
 }
 
-fn hex(bytes: &[u8]) -> String {
+pub(crate) fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|byte| format!("{byte:02x}")).collect()
 }
 
-fn unhex(text: &str) -> Option<Vec<u8>> {
+pub(crate) fn unhex(text: &str) -> Option<Vec<u8>> {
     if !text.len().is_multiple_of(2) {
         return None;
     }

@@ -27,29 +27,47 @@ fn node(message: Option<i64>, summary: Option<i64>) -> Option<Node> {
 /// Problems of the DAG's shape across the whole store: a cycle, and rows no context reaches
 /// (following edges down from every context item).
 pub(crate) fn structure_problems(connection: &Connection) -> Result<Vec<String>> {
-    let mut graph: DiGraphMap<Node, ()> = DiGraphMap::new();
-    let mut statement = connection.prepare("SELECT id FROM messages")?;
-    for id in statement.query_map([], |row| row.get::<_, i64>(0))? {
-        graph.add_node(Node::Message(id?));
-    }
-    let mut statement = connection.prepare("SELECT id FROM summaries")?;
-    for id in statement.query_map([], |row| row.get::<_, i64>(0))? {
-        graph.add_node(Node::Summary(id?));
-    }
+    let ids = |sql: &str| -> Result<Vec<i64>> {
+        let mut statement = connection.prepare(sql)?;
+        let ids = statement
+            .query_map([], |row| row.get::<_, i64>(0))?
+            .collect::<rusqlite::Result<_>>()?;
+        Ok(ids)
+    };
+    let messages = ids("SELECT id FROM messages")?;
+    let summaries = ids("SELECT id FROM summaries")?;
     let mut statement = connection
         .prepare("SELECT parent_id, child_message_id, child_summary_id FROM summary_edges")?;
-    let edges = statement.query_map([], |row| {
-        Ok((
-            row.get::<_, i64>(0)?,
-            row.get::<_, Option<i64>>(1)?,
-            row.get::<_, Option<i64>>(2)?,
-        ))
-    })?;
-    for edge in edges {
-        let (parent, message, summary) = edge?;
-        let parent = Node::Summary(parent);
+    let edges = statement
+        .query_map([], |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)))?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    let mut statement = connection.prepare("SELECT message_id, summary_id FROM context_items")?;
+    let roots = statement
+        .query_map([], |row| Ok((row.get(0)?, row.get(1)?)))?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    Ok(problems_of(&messages, &summaries, &edges, &roots))
+}
+
+/// The structural problems of a store's rows, whichever database they were read from: a
+/// cycle, and rows that no context item reaches. `edges` are (parent, child message, child
+/// summary); `roots` the context items' (message, summary).
+pub(crate) fn problems_of(
+    messages: &[i64],
+    summaries: &[i64],
+    edges: &[(i64, Option<i64>, Option<i64>)],
+    roots: &[(Option<i64>, Option<i64>)],
+) -> Vec<String> {
+    let mut graph: DiGraphMap<Node, ()> = DiGraphMap::new();
+    for id in messages {
+        graph.add_node(Node::Message(*id));
+    }
+    for id in summaries {
+        graph.add_node(Node::Summary(*id));
+    }
+    for (parent, message, summary) in edges {
+        let parent = Node::Summary(*parent);
         // Edges to rows that do not exist are reported by their own check.
-        if let Some(child) = node(message, summary)
+        if let Some(child) = node(*message, *summary)
             && graph.contains_node(parent)
             && graph.contains_node(child)
         {
@@ -64,10 +82,10 @@ pub(crate) fn structure_problems(connection: &Connection) -> Result<Vec<String>>
         );
     }
     let mut reached: HashSet<Node> = HashSet::with_capacity(graph.node_count());
-    let mut statement = connection.prepare("SELECT message_id, summary_id FROM context_items")?;
-    let roots = statement.query_map([], |row| Ok(node(row.get(0)?, row.get(1)?)))?;
-    for root in roots {
-        let Some(root) = root? else { continue };
+    for (message, summary) in roots {
+        let Some(root) = node(*message, *summary) else {
+            continue;
+        };
         if !graph.contains_node(root) || reached.contains(&root) {
             continue;
         }
@@ -93,7 +111,7 @@ pub(crate) fn structure_problems(connection: &Connection) -> Result<Vec<String>>
             "{summaries} summaries unreachable from the context"
         ));
     }
-    Ok(problems)
+    problems
 }
 
 pub use vilvona_core::admin::{DagSummary, DagView};

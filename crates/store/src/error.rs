@@ -37,6 +37,9 @@ pub enum StoreError {
     /// The database failed.
     #[error("sqlite")]
     Sqlite(#[source] DatabaseError),
+    /// The PostgreSQL database failed (or could not be reached).
+    #[error("postgresql")]
+    Postgres(#[source] PostgresError),
     /// The recall index failed.
     #[error("search index")]
     Index(#[source] IndexError),
@@ -95,6 +98,9 @@ pub enum StoreError {
     /// A write on a store opened for reading only (an inspection command).
     #[error("{0}: the store was opened read-only")]
     ReadOnly(String),
+    /// What the PostgreSQL backend does not do yet.
+    #[error("{0} is not available on the PostgreSQL backend yet")]
+    NotOnPostgres(&'static str),
     /// An archive that cannot be imported into this store as it is.
     #[error("the archive cannot be imported: {0}")]
     ImportRefused(String),
@@ -104,6 +110,40 @@ pub enum StoreError {
 #[derive(Debug, thiserror::Error)]
 #[error(transparent)]
 pub struct DatabaseError(pub(crate) rusqlite::Error);
+
+/// An error of the PostgreSQL backend, opaque like [`DatabaseError`]: the server's own
+/// message (with its SQLSTATE) when it sent one, else what failed on the way to it.
+#[derive(Debug)]
+pub struct PostgresError(pub(crate) String);
+
+impl std::fmt::Display for PostgresError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for PostgresError {}
+
+impl From<tokio_postgres::Error> for StoreError {
+    fn from(error: tokio_postgres::Error) -> StoreError {
+        let detail = match error.as_db_error() {
+            Some(db) => format!("{} {}: {}", db.severity(), db.code().code(), db.message()),
+            None => vilvona_core::error_chain(&error),
+        };
+        StoreError::Postgres(PostgresError(detail))
+    }
+}
+
+impl From<deadpool_postgres::PoolError> for StoreError {
+    fn from(error: deadpool_postgres::PoolError) -> StoreError {
+        match error {
+            deadpool_postgres::PoolError::Backend(error) => error.into(),
+            other => StoreError::Postgres(PostgresError(format!(
+                "no connection from the pool: {other}"
+            ))),
+        }
+    }
+}
 
 /// An error of the recall index, opaque like [`DatabaseError`].
 #[derive(Debug)]

@@ -21,6 +21,7 @@ mod error;
 mod forget;
 mod highlight;
 mod index;
+mod pg;
 mod read;
 mod schema;
 mod search;
@@ -43,7 +44,8 @@ use vilvona_core::archive::{ImportReport, SessionArchive};
 
 pub use blobs::{BLOB_ID_KEY, referenced_blobs};
 pub use dag::{DagSummary, DagView};
-pub use error::{DatabaseError, IndexError, Result, StoreError};
+pub use error::{DatabaseError, IndexError, PostgresError, Result, StoreError};
+pub use pg::PgStore;
 pub use schema::SCHEMA_VERSION;
 pub use search::{MAX_QUERY_BYTES, MAX_QUERY_WORDS};
 pub use types::*;

@@ -13,16 +13,16 @@ use crate::tokenize::{Terms, Word, words};
 use crate::types::*;
 
 /// Bound on the compiled size of a user regex.
-const REGEX_SIZE_LIMIT: usize = 1 << 20;
+pub(crate) const REGEX_SIZE_LIMIT: usize = 1 << 20;
 /// Bytes of large content one search reads at most (to match a regex or place a snippet).
-const REGEX_BLOB_BYTES: usize = 512 * 1024 * 1024;
+pub(crate) const REGEX_BLOB_BYTES: usize = 512 * 1024 * 1024;
 /// Longest query, in bytes (any mode).
 pub const MAX_QUERY_BYTES: usize = 4096;
 /// Most words (a CJK run counts as one) in a text or phrase query.
 pub const MAX_QUERY_WORDS: usize = 64;
 
 /// Refuses a query over the bounds before any work is done for it.
-fn check_bounds(query: &SearchQuery) -> Result<()> {
+pub(crate) fn check_bounds(query: &SearchQuery) -> Result<()> {
     let bytes = query.text.len();
     if bytes > MAX_QUERY_BYTES {
         return Err(StoreError::QueryTooLarge(format!(
@@ -231,7 +231,7 @@ fn archived_matches(
     Ok(found)
 }
 
-fn summary_hit(summary: StoredSummary, score: f32, marks: Marks) -> SearchHit {
+pub(crate) fn summary_hit(summary: StoredSummary, score: f32, marks: Marks) -> SearchHit {
     SearchHit {
         covered_by: None,
         file: None,
@@ -283,7 +283,7 @@ fn message_match(
     Ok(None)
 }
 
-fn message_hit(
+pub(crate) fn message_hit(
     message: StoredMessage,
     score: f32,
     snippet: String,
@@ -345,7 +345,7 @@ fn regex_search(connection: &Connection, query: &SearchQuery) -> Result<Vec<Sear
 /// How well a row's text matches, as the index would: a phrase holds every term in order (1.0);
 /// text holds the share of the query's words it has (a CJK run counts when whole). `None` when
 /// it does not match.
-fn match_share(mode: SearchMode, text: &str, words: &[Word]) -> Option<f32> {
+pub(crate) fn match_share(mode: SearchMode, text: &str, words: &[Word]) -> Option<f32> {
     match mode {
         SearchMode::Phrase => {
             let all: Vec<String> = words.iter().flat_map(|word| word.terms.clone()).collect();

@@ -58,7 +58,7 @@ pub(crate) struct PreparedMessage {
 }
 
 /// The key of a message that carries no identity of its own: unique by its sequence number.
-fn sequence_key(conversation: ConversationId, seq: i64) -> [u8; 16] {
+pub(crate) fn sequence_key(conversation: ConversationId, seq: i64) -> [u8; 16] {
     let mut hasher = blake3::Hasher::new();
     hasher.update(b"seq\0");
     hasher.update(&conversation.0.to_le_bytes());
@@ -1135,7 +1135,7 @@ pub(crate) fn hex16(bytes: &[u8]) -> String {
 }
 
 /// Content address of a summary: its conversation, shape, children and text.
-fn summary_id(
+pub(crate) fn summary_id(
     conversation: ConversationId,
     summary: &NewSummary,
     items: &[(i64, ItemRef)],

@@ -3,6 +3,7 @@
 
 mod archive;
 mod basics;
+mod conformance;
 mod damage;
 mod faults;
 mod forget;

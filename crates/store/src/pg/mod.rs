@@ -1,0 +1,1497 @@
+//! The PostgreSQL backend: the same [`HistoryStore`] over a database that several gateways on
+//! several machines share.
+//!
+//! - **Driver**: tokio-postgres with a deadpool pool. The trait is async and PostgreSQL is a
+//!   network service, so an async driver keeps no thread waiting on the network; tokio-postgres
+//!   is the driver the pool and the rest of the ecosystem build on, and its statements are the
+//!   server's own SQL (no query builder, no compile-time database).
+//! - **Concurrency across processes and machines**: every write is one transaction. Writes to a
+//!   conversation's context (ingest, replace, append, remove) first lock the conversation's
+//!   row (`SELECT … FOR UPDATE`), so two gateways writing one session take turns: an ingest
+//!   sees the other's messages and stores nothing twice (unique keys, `ON CONFLICT`), and a
+//!   replace compares the run it planned with the run under the lock: one of two compactions
+//!   of the same run wins, the other is `Stale` and re-plans.
+//! - **Ids** come from sequences, never reused.
+//! - **Recall** reads the database (`search`): the same tokenizer and matching as SQLite's
+//!   scan of unindexed rows, screened in SQL first, so phrase, CJK and regex answer the same;
+//!   ranking is by the share of the query's words a row holds (not BM25).
+
+mod archive;
+mod schema;
+mod search;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use async_trait::async_trait;
+use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod};
+use tokio_postgres::types::FromSql;
+use tokio_postgres::{GenericClient, NoTls, Row};
+use vilvona_core::archive::{ImportReport, SessionArchive};
+use vilvona_core::clock::now_ms;
+use vilvona_core::summarize::SummaryKind;
+
+use crate::dag::{self, DagSummary, DagView};
+use crate::error::{PostgresError, Result, StoreError};
+use crate::types::*;
+use crate::writer::{POSITION_STEP, hex16, summary_id};
+use crate::{HistoryStore, prepare};
+
+/// Connections one process keeps at most.
+const POOL_SIZE: usize = 8;
+
+/// The PostgreSQL store.
+#[derive(Clone)]
+pub struct PgStore {
+    inner: Arc<PgInner>,
+}
+
+struct PgInner {
+    pool: Pool,
+    /// The database as it may be shown (no password).
+    name: String,
+    read_only: bool,
+    /// The database's size when last measured (`disk_bytes` cannot wait for the server).
+    bytes: AtomicU64,
+}
+
+impl std::fmt::Debug for PgStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgStore")
+            .field("database", &self.inner.name)
+            .finish()
+    }
+}
+
+/// `postgres://user@host/db`, without the password, for messages.
+fn display_name(config: &tokio_postgres::Config) -> String {
+    let host = config
+        .get_hosts()
+        .first()
+        .map(|host| match host {
+            tokio_postgres::config::Host::Tcp(name) => name.clone(),
+            tokio_postgres::config::Host::Unix(path) => path.display().to_string(),
+        })
+        .unwrap_or_default();
+    format!(
+        "postgres://{}@{}/{}",
+        config.get_user().unwrap_or(""),
+        host,
+        config.get_dbname().unwrap_or("")
+    )
+}
+
+/// A column, typed; a mismatch is an error, never a panic.
+fn at<'a, T: FromSql<'a>>(row: &'a Row, index: usize) -> Result<T> {
+    Ok(row.try_get(index)?)
+}
+
+fn count(row: &Row, index: usize) -> Result<u64> {
+    Ok(at::<i64>(row, index)?.max(0) as u64)
+}
+
+impl PgStore {
+    /// Connects, and brings the schema to this build's version (every node may do this at
+    /// once: migrations take an advisory lock).
+    pub async fn open(url: &str) -> Result<PgStore> {
+        let store = PgStore::connect(url, false).await?;
+        let mut client = store.client().await?;
+        schema::migrate(&mut client, &store.inner.name).await?;
+        store.measure().await?;
+        Ok(store)
+    }
+
+    /// Connects for reading only: nothing is migrated, and every write fails with
+    /// [`StoreError::ReadOnly`].
+    pub async fn open_read_only(url: &str) -> Result<PgStore> {
+        let store = PgStore::connect(url, true).await?;
+        let client = store.client().await?;
+        schema::check_version(&client, &store.inner.name).await?;
+        store.measure().await?;
+        Ok(store)
+    }
+
+    async fn connect(url: &str, read_only: bool) -> Result<PgStore> {
+        let config: tokio_postgres::Config = url.parse().map_err(|error| {
+            StoreError::Postgres(PostgresError(format!(
+                "the store URL is not a PostgreSQL connection string ({error})"
+            )))
+        })?;
+        let name = display_name(&config);
+        let manager = Manager::from_config(
+            config,
+            NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(POOL_SIZE)
+            .build()
+            .map_err(|error| StoreError::Postgres(PostgresError(error.to_string())))?;
+        let store = PgStore {
+            inner: Arc::new(PgInner {
+                pool,
+                name,
+                read_only,
+                bytes: AtomicU64::new(0),
+            }),
+        };
+        // The first connection says at once whether the server is there.
+        drop(store.client().await?);
+        Ok(store)
+    }
+
+    /// The database, as messages name it.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    async fn client(&self) -> Result<Object> {
+        self.inner.pool.get().await.map_err(|error| match error {
+            deadpool_postgres::PoolError::Backend(error) => {
+                let detail = StoreError::from(error);
+                StoreError::Postgres(PostgresError(format!(
+                    "{}: {}",
+                    self.inner.name,
+                    vilvona_core::error_chain(&detail)
+                )))
+            }
+            other => other.into(),
+        })
+    }
+
+    fn writable(&self) -> Result<()> {
+        if self.inner.read_only {
+            return Err(StoreError::ReadOnly(self.inner.name.clone()));
+        }
+        Ok(())
+    }
+
+    async fn measure(&self) -> Result<()> {
+        let client = self.client().await?;
+        let row = client
+            .query_one("SELECT pg_database_size(current_database())", &[])
+            .await?;
+        self.inner.bytes.store(count(&row, 0)?, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+const CONVERSATION_COLUMNS: &str = "c.id, c.agent_id, c.session_id, c.session_key, c.active,
+    c.created_at, c.context_tokens, c.next_seq,
+    (SELECT max(m.created_at) FROM messages m WHERE m.conversation_id = c.id
+        AND m.seq = c.next_seq - 1), c.archived_at, c.forgotten_messages";
+
+fn conversation_row(row: &Row) -> Result<Conversation> {
+    let next_seq: i64 = at(row, 7)?;
+    let forgotten: i64 = at(row, 10)?;
+    Ok(Conversation {
+        id: ConversationId(at(row, 0)?),
+        agent_id: at(row, 1)?,
+        session_id: at(row, 2)?,
+        session_key: at(row, 3)?,
+        active: at(row, 4)?,
+        created_at_ms: at(row, 5)?,
+        context_tokens: count(row, 6)?,
+        message_count: next_seq.max(0) as u64,
+        last_activity_ms: at(row, 8)?,
+        archived_at_ms: at(row, 9)?,
+        stored_messages: (next_seq - forgotten).max(0) as u64,
+    })
+}
+
+const MESSAGE_COLUMNS: &str =
+    "m.id, m.conversation_id, m.seq, m.role, m.json, m.tokens, m.created_at";
+
+fn message_row(row: &Row, offset: usize) -> Result<StoredMessage> {
+    Ok(StoredMessage {
+        id: MessageId(at(row, offset)?),
+        conversation: ConversationId(at(row, offset + 1)?),
+        seq: count(row, offset + 2)?,
+        role: at(row, offset + 3)?,
+        json: at(row, offset + 4)?,
+        tokens: count(row, offset + 5)?,
+        created_at_ms: at(row, offset + 6)?,
+    })
+}
+
+const SUMMARY_COLUMNS: &str = "s.id, s.summary_id, s.conversation_id, s.depth, s.kind, s.content,
+    s.tokens, s.earliest_at, s.latest_at, s.first_seq, s.last_seq, s.level, s.summarizer,
+    s.created_at";
+
+fn summary_row(row: &Row, offset: usize) -> Result<StoredSummary> {
+    Ok(StoredSummary {
+        row_id: SummaryRowId(at(row, offset)?),
+        summary_id: at(row, offset + 1)?,
+        conversation: ConversationId(at(row, offset + 2)?),
+        depth: count(row, offset + 3)? as u32,
+        kind: parse_kind(&at::<String>(row, offset + 4)?)?,
+        content: at(row, offset + 5)?,
+        tokens: count(row, offset + 6)?,
+        earliest_at_ms: at(row, offset + 7)?,
+        latest_at_ms: at(row, offset + 8)?,
+        first_seq: count(row, offset + 9)?,
+        last_seq: count(row, offset + 10)?,
+        level: parse_level(&at::<String>(row, offset + 11)?)?,
+        summarizer: at(row, offset + 12)?,
+        created_at_ms: at(row, offset + 13)?,
+    })
+}
+
+fn item_of(message: Option<i64>, summary: Option<i64>) -> ItemRef {
+    match (message, summary) {
+        (Some(id), _) => ItemRef::Message(MessageId(id)),
+        (None, Some(id)) => ItemRef::Summary(SummaryRowId(id)),
+        (None, None) => ItemRef::Message(MessageId(-1)),
+    }
+}
+
+fn columns_of(item: ItemRef) -> (Option<i64>, Option<i64>) {
+    match item {
+        ItemRef::Message(id) => (Some(id.0), None),
+        ItemRef::Summary(id) => (None, Some(id.0)),
+    }
+}
+
+async fn conversation_by_key(
+    client: &impl GenericClient,
+    key: &ConversationKey,
+) -> Result<Option<Conversation>> {
+    client
+        .query_opt(
+            &format!(
+                "SELECT {CONVERSATION_COLUMNS} FROM conversations c
+                 WHERE c.agent_id = $1 AND c.session_id = $2"
+            ),
+            &[&key.agent_id, &key.session_id],
+        )
+        .await?
+        .as_ref()
+        .map(conversation_row)
+        .transpose()
+}
+
+async fn conversations_where(
+    client: &impl GenericClient,
+    condition: &str,
+    params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+) -> Result<Vec<Conversation>> {
+    client
+        .query(
+            &format!(
+                "SELECT {CONVERSATION_COLUMNS} FROM conversations c WHERE {condition} ORDER BY c.id"
+            ),
+            params,
+        )
+        .await?
+        .iter()
+        .map(conversation_row)
+        .collect()
+}
+
+pub(crate) async fn message(
+    client: &impl GenericClient,
+    id: MessageId,
+) -> Result<Option<StoredMessage>> {
+    client
+        .query_opt(
+            &format!("SELECT {MESSAGE_COLUMNS} FROM messages m WHERE m.id = $1"),
+            &[&id.0],
+        )
+        .await?
+        .map(|row| message_row(&row, 0))
+        .transpose()
+}
+
+pub(crate) async fn summary(
+    client: &impl GenericClient,
+    row_id: SummaryRowId,
+) -> Result<Option<StoredSummary>> {
+    client
+        .query_opt(
+            &format!("SELECT {SUMMARY_COLUMNS} FROM summaries s WHERE s.id = $1"),
+            &[&row_id.0],
+        )
+        .await?
+        .map(|row| summary_row(&row, 0))
+        .transpose()
+}
+
+async fn parent_row(client: &impl GenericClient, item: ItemRef) -> Result<Option<SummaryRowId>> {
+    let (sql, id) = match item {
+        ItemRef::Message(id) => (
+            "SELECT parent_id FROM summary_edges WHERE child_message_id = $1",
+            id.0,
+        ),
+        ItemRef::Summary(id) => (
+            "SELECT parent_id FROM summary_edges WHERE child_summary_id = $1",
+            id.0,
+        ),
+    };
+    client
+        .query_opt(sql, &[&id])
+        .await?
+        .map(|row| at(&row, 0).map(SummaryRowId))
+        .transpose()
+}
+
+pub(crate) async fn top_ancestor_row(
+    client: &impl GenericClient,
+    item: ItemRef,
+) -> Result<Option<SummaryRowId>> {
+    let mut current = item;
+    let mut top = None;
+    while let Some(parent) = parent_row(client, current).await? {
+        current = ItemRef::Summary(parent);
+        top = Some(parent);
+    }
+    Ok(top)
+}
+
+async fn items_in_range(
+    client: &impl GenericClient,
+    conversation: ConversationId,
+    first: i64,
+    last: i64,
+) -> Result<Vec<(i64, ItemRef, u64)>> {
+    client
+        .query(
+            "SELECT position, message_id, summary_id, tokens FROM context_items
+             WHERE conversation_id = $1 AND position BETWEEN $2 AND $3 ORDER BY position",
+            &[&conversation.0, &first, &last],
+        )
+        .await?
+        .iter()
+        .map(|row| {
+            Ok((
+                at(row, 0)?,
+                item_of(at(row, 1)?, at(row, 2)?),
+                count(row, 3)?,
+            ))
+        })
+        .collect()
+}
+
+async fn tokens_of(client: &impl GenericClient, item: ItemRef) -> Result<i64> {
+    let (sql, id) = match item {
+        ItemRef::Message(id) => ("SELECT tokens FROM messages WHERE id = $1", id.0),
+        ItemRef::Summary(id) => ("SELECT tokens FROM summaries WHERE id = $1", id.0),
+    };
+    match client.query_opt(sql, &[&id]).await? {
+        Some(row) => at(&row, 0),
+        None => Err(StoreError::NotFound {
+            what: "context item",
+            id: format!("{item:?}"),
+        }),
+    }
+}
+
+/// Locks a conversation's row for the rest of the transaction: writes to one conversation's
+/// context take turns, across every process and machine.
+async fn lock_conversation(
+    client: &impl GenericClient,
+    conversation: ConversationId,
+) -> Result<Row> {
+    client
+        .query_opt(
+            "SELECT next_seq, next_position, archived_at IS NOT NULL FROM conversations
+             WHERE id = $1 FOR UPDATE",
+            &[&conversation.0],
+        )
+        .await?
+        .ok_or_else(|| StoreError::NotFound {
+            what: "conversation",
+            id: conversation.0.to_string(),
+        })
+}
+
+/// Time and seq range covered by a planned run of items.
+async fn span_of(
+    client: &impl GenericClient,
+    items: &[(i64, ItemRef)],
+    kind: SummaryKind,
+) -> Result<(Option<i64>, Option<i64>, i64, i64)> {
+    let (mut earliest, mut latest): (Option<i64>, Option<i64>) = (None, None);
+    let (mut first, mut last) = (i64::MAX, i64::MIN);
+    for (_, item) in items {
+        let row = match (item, kind) {
+            (ItemRef::Message(id), SummaryKind::Leaf) => client
+                .query_one(
+                    "SELECT created_at, created_at, seq, seq FROM messages WHERE id = $1",
+                    &[&id.0],
+                )
+                .await?,
+            (ItemRef::Summary(id), SummaryKind::Condensed) => client
+                .query_one(
+                    "SELECT earliest_at, latest_at, first_seq, last_seq FROM summaries WHERE id = $1",
+                    &[&id.0],
+                )
+                .await?,
+            (item, kind) => {
+                return Err(StoreError::InvalidMessage(format!(
+                    "a {} summary cannot cover {item:?}",
+                    kind_str(kind)
+                )));
+            }
+        };
+        let (from, to): (Option<i64>, Option<i64>) = (at(&row, 0)?, at(&row, 1)?);
+        earliest = match (earliest, from) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        latest = match (latest, to) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
+        };
+        first = first.min(at(&row, 2)?);
+        last = last.max(at(&row, 3)?);
+    }
+    Ok((earliest, latest, first, last))
+}
+
+#[async_trait]
+impl HistoryStore for PgStore {
+    async fn conversation(&self, key: &ConversationKey) -> Result<Conversation> {
+        let client = self.client().await?;
+        if let Some(found) = conversation_by_key(&**client, key).await? {
+            return Ok(found);
+        }
+        if self.inner.read_only {
+            return Err(StoreError::NotFound {
+                what: "session",
+                id: format!("{} of agent {}", key.session_id, key.agent_id),
+            });
+        }
+        // Another node may create it meanwhile: theirs is the one.
+        client
+            .execute(
+                "INSERT INTO conversations (agent_id, session_id, session_key, created_at)
+                 VALUES ($1, $2, $3, $4) ON CONFLICT (agent_id, session_id) DO NOTHING",
+                &[&key.agent_id, &key.session_id, &key.session_key, &now_ms()],
+            )
+            .await?;
+        conversation_by_key(&**client, key)
+            .await?
+            .ok_or_else(|| StoreError::NotFound {
+                what: "conversation",
+                id: key.session_id.clone(),
+            })
+    }
+
+    async fn conversation_by_id(&self, id: ConversationId) -> Result<Option<Conversation>> {
+        let client = self.client().await?;
+        Ok(conversations_where(&**client, "c.id = $1", &[&id.0])
+            .await?
+            .into_iter()
+            .next())
+    }
+
+    async fn conversations(&self, agent_id: Option<&str>) -> Result<Vec<Conversation>> {
+        let client = self.client().await?;
+        conversations_where(
+            &**client,
+            "$1::TEXT IS NULL OR c.agent_id = $1",
+            &[&agent_id],
+        )
+        .await
+    }
+
+    async fn conversations_by_session_key(
+        &self,
+        agent_id: &str,
+        session_key: &str,
+    ) -> Result<Vec<Conversation>> {
+        let client = self.client().await?;
+        conversations_where(
+            &**client,
+            "c.agent_id = $1 AND c.session_key = $2",
+            &[&agent_id, &session_key],
+        )
+        .await
+    }
+
+    async fn ingest(
+        &self,
+        conversation: ConversationId,
+        messages: Vec<NewMessage>,
+        advancement_key: Option<String>,
+    ) -> Result<IngestOutcome> {
+        self.writable()?;
+        let messages = messages
+            .into_iter()
+            .map(prepare)
+            .collect::<Result<Vec<_>>>()?;
+        let mut client = self.client().await?;
+        let transaction = client.transaction().await?;
+        if let Some(key) = &advancement_key {
+            // A node committing the same key meanwhile makes this wait, then find it.
+            let inserted = transaction
+                .execute(
+                    "INSERT INTO turn_commits (conversation_id, advancement_key, committed_at)
+                     VALUES ($1, $2, $3) ON CONFLICT DO NOTHING",
+                    &[&conversation.0, key, &now_ms()],
+                )
+                .await?;
+            if inserted == 0 {
+                return Ok(IngestOutcome::DuplicateTurn);
+            }
+        }
+        let row = lock_conversation(&*transaction, conversation).await?;
+        let (mut next_seq, mut next_position, archived): (i64, i64, bool) =
+            (at(&row, 0)?, at(&row, 1)?, at(&row, 2)?);
+        let find = transaction
+            .prepare_cached(
+                "SELECT id, seq FROM messages WHERE conversation_id = $1 AND ingest_key = $2",
+            )
+            .await?;
+        let at_place = transaction
+            .prepare_cached(
+                "SELECT id, seq, json FROM messages WHERE conversation_id = $1 AND seq = $2",
+            )
+            .await?;
+        let insert = transaction
+            .prepare_cached(
+                "INSERT INTO messages (id, conversation_id, seq, role, json, tokens, ingest_key, created_at)
+                 VALUES (nextval('message_ids'), $1, $2, $3, $4, $5, $6, $7) RETURNING id",
+            )
+            .await?;
+        let append = transaction
+            .prepare_cached(
+                "INSERT INTO context_items (conversation_id, position, message_id, tokens)
+                 VALUES ($1, $2, $3, $4)",
+            )
+            .await?;
+        let mut results = Vec::with_capacity(messages.len());
+        let mut added_tokens: i64 = 0;
+        for message in messages {
+            let mut existing: Option<(i64, i64)> = match &message.ingest_key {
+                Some(key) => transaction
+                    .query_opt(&find, &[&conversation.0, &&key[..]])
+                    .await?
+                    .map(|row| Ok::<_, StoreError>((at(&row, 0)?, at(&row, 1)?)))
+                    .transpose()?,
+                None => None,
+            };
+            if existing.is_none()
+                && let Some(place) = message.place
+                && let Ok(place) = i64::try_from(place)
+                && let Some(row) = transaction
+                    .query_opt(&at_place, &[&conversation.0, &place])
+                    .await?
+                && at::<&str>(&row, 2)? == message.json
+            {
+                existing = Some((at(&row, 0)?, at(&row, 1)?));
+            }
+            if let Some((id, seq)) = existing {
+                results.push(Ingested {
+                    message_id: MessageId(id),
+                    seq: seq as u64,
+                    ingested: false,
+                });
+                continue;
+            }
+            let ingest_key = message
+                .ingest_key
+                .unwrap_or_else(|| crate::writer::sequence_key(conversation, next_seq));
+            let row = transaction
+                .query_one(
+                    &insert,
+                    &[
+                        &conversation.0,
+                        &next_seq,
+                        &message.role,
+                        &message.json,
+                        &(message.tokens as i64),
+                        &&ingest_key[..],
+                        &message.created_at_ms,
+                    ],
+                )
+                .await?;
+            let id: i64 = at(&row, 0)?;
+            for blob in &message.blobs {
+                transaction
+                    .execute(
+                        "INSERT INTO blob_references (blob_id, message_id, conversation_id)
+                         SELECT $1, $2, $3 WHERE EXISTS (SELECT 1 FROM blobs WHERE blob_id = $1)
+                         ON CONFLICT DO NOTHING",
+                        &[blob, &id, &conversation.0],
+                    )
+                    .await?;
+            }
+            transaction
+                .execute(
+                    &append,
+                    &[
+                        &conversation.0,
+                        &next_position,
+                        &id,
+                        &(message.tokens as i64),
+                    ],
+                )
+                .await?;
+            results.push(Ingested {
+                message_id: MessageId(id),
+                seq: next_seq as u64,
+                ingested: true,
+            });
+            added_tokens += message.tokens as i64;
+            next_seq += 1;
+            next_position += POSITION_STEP;
+        }
+        if results.iter().any(|result| result.ingested) {
+            transaction
+                .execute(
+                    // A session resumed after retention archived it is live again.
+                    "UPDATE conversations
+                     SET next_seq = $2, next_position = $3, context_tokens = context_tokens + $4,
+                         archived_at = CASE WHEN $5 THEN NULL ELSE archived_at END
+                     WHERE id = $1",
+                    &[
+                        &conversation.0,
+                        &next_seq,
+                        &next_position,
+                        &added_tokens,
+                        &archived,
+                    ],
+                )
+                .await?;
+        }
+        transaction.commit().await?;
+        Ok(IngestOutcome::Stored(results))
+    }
+
+    async fn context(&self, conversation: ConversationId) -> Result<Vec<ContextItem>> {
+        let client = self.client().await?;
+        let rows = client
+            .query(
+                &format!(
+                    "SELECT ci.position, ci.tokens, ci.message_id, {MESSAGE_COLUMNS}, {SUMMARY_COLUMNS}
+                     FROM context_items ci
+                     LEFT JOIN messages m ON m.id = ci.message_id
+                     LEFT JOIN summaries s ON s.id = ci.summary_id
+                     WHERE ci.conversation_id = $1 ORDER BY ci.position"
+                ),
+                &[&conversation.0],
+            )
+            .await?;
+        rows.iter()
+            .map(|row| {
+                let content = if at::<Option<i64>>(row, 2)?.is_some() {
+                    ItemContent::Message(message_row(row, 3)?)
+                } else {
+                    ItemContent::Summary(summary_row(row, 10)?)
+                };
+                Ok(ContextItem {
+                    position: at(row, 0)?,
+                    tokens: count(row, 1)?,
+                    content,
+                })
+            })
+            .collect()
+    }
+
+    async fn replace(&self, plan: ReplacePlan) -> Result<ReplaceOutcome> {
+        self.writable()?;
+        let (Some(first), Some(last)) = (plan.items.first(), plan.items.last()) else {
+            return Ok(ReplaceOutcome::Stale);
+        };
+        let (first_position, last_position) = (first.0, last.0);
+        let mut client = self.client().await?;
+        let transaction = client.transaction().await?;
+        lock_conversation(&*transaction, plan.conversation).await?;
+        let current = items_in_range(
+            &*transaction,
+            plan.conversation,
+            first_position,
+            last_position,
+        )
+        .await?;
+        if current
+            .iter()
+            .map(|(position, item, _)| (*position, *item))
+            .ne(plan.items.iter().copied())
+        {
+            return Ok(ReplaceOutcome::Stale);
+        }
+        let removed_tokens: i64 = current.iter().map(|(_, _, tokens)| *tokens as i64).sum();
+        let (earliest, latest, first_seq, last_seq) =
+            span_of(&*transaction, &plan.items, plan.summary.kind).await?;
+        let summary_id = summary_id(plan.conversation, &plan.summary, &plan.items);
+        let created_at = now_ms();
+        let row = transaction
+            .query_one(
+                "INSERT INTO summaries (id, summary_id, conversation_id, depth, kind, content, tokens,
+                     earliest_at, latest_at, first_seq, last_seq, level, summarizer, created_at)
+                 VALUES (nextval('summary_ids'), $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
+                 RETURNING id",
+                &[
+                    &summary_id,
+                    &plan.conversation.0,
+                    &i64::from(plan.summary.depth),
+                    &kind_str(plan.summary.kind),
+                    &plan.summary.content,
+                    &(plan.summary.tokens as i64),
+                    &earliest,
+                    &latest,
+                    &first_seq,
+                    &last_seq,
+                    &level_str(plan.summary.level),
+                    &plan.summary.summarizer,
+                    &created_at,
+                ],
+            )
+            .await?;
+        let row_id: i64 = at(&row, 0)?;
+        for (ordinal, (_, item)) in plan.items.iter().enumerate() {
+            let (message, child) = columns_of(*item);
+            transaction
+                .execute(
+                    "INSERT INTO summary_edges (parent_id, ordinal, child_message_id, child_summary_id)
+                     VALUES ($1, $2, $3, $4)",
+                    &[&row_id, &(ordinal as i64), &message, &child],
+                )
+                .await?;
+        }
+        transaction
+            .execute(
+                "DELETE FROM context_items WHERE conversation_id = $1 AND position BETWEEN $2 AND $3",
+                &[&plan.conversation.0, &first_position, &last_position],
+            )
+            .await?;
+        transaction
+            .execute(
+                "INSERT INTO context_items (conversation_id, position, summary_id, tokens)
+                 VALUES ($1, $2, $3, $4)",
+                &[
+                    &plan.conversation.0,
+                    &first_position,
+                    &row_id,
+                    &(plan.summary.tokens as i64),
+                ],
+            )
+            .await?;
+        transaction
+            .execute(
+                "UPDATE conversations SET context_tokens = context_tokens - $2 + $3 WHERE id = $1",
+                &[
+                    &plan.conversation.0,
+                    &removed_tokens,
+                    &(plan.summary.tokens as i64),
+                ],
+            )
+            .await?;
+        transaction.commit().await?;
+        Ok(ReplaceOutcome::Replaced(StoredSummary {
+            row_id: SummaryRowId(row_id),
+            summary_id,
+            conversation: plan.conversation,
+            depth: plan.summary.depth,
+            kind: plan.summary.kind,
+            content: plan.summary.content,
+            tokens: plan.summary.tokens,
+            earliest_at_ms: earliest,
+            latest_at_ms: latest,
+            first_seq: first_seq as u64,
+            last_seq: last_seq as u64,
+            level: plan.summary.level,
+            summarizer: plan.summary.summarizer,
+            created_at_ms: created_at,
+        }))
+    }
+
+    async fn append_items(&self, conversation: ConversationId, items: Vec<ItemRef>) -> Result<()> {
+        self.writable()?;
+        let mut client = self.client().await?;
+        let transaction = client.transaction().await?;
+        let row = lock_conversation(&*transaction, conversation).await?;
+        let mut next_position: i64 = at(&row, 1)?;
+        let mut added: i64 = 0;
+        for item in items {
+            let tokens = tokens_of(&*transaction, item).await?;
+            let (message, summary) = columns_of(item);
+            transaction
+                .execute(
+                    "INSERT INTO context_items (conversation_id, position, message_id, summary_id, tokens)
+                     VALUES ($1, $2, $3, $4, $5)",
+                    &[&conversation.0, &next_position, &message, &summary, &tokens],
+                )
+                .await?;
+            next_position += POSITION_STEP;
+            added += tokens;
+        }
+        transaction
+            .execute(
+                "UPDATE conversations SET next_position = $2, context_tokens = context_tokens + $3
+                 WHERE id = $1",
+                &[&conversation.0, &next_position, &added],
+            )
+            .await?;
+        transaction.commit().await?;
+        Ok(())
+    }
+
+    async fn remove_context(&self, conversation: ConversationId) -> Result<u64> {
+        self.writable()?;
+        let mut client = self.client().await?;
+        let transaction = client.transaction().await?;
+        lock_conversation(&*transaction, conversation).await?;
+        let removed = transaction
+            .execute(
+                "DELETE FROM context_items WHERE conversation_id = $1",
+                &[&conversation.0],
+            )
+            .await?;
+        transaction
+            .execute(
+                "UPDATE conversations SET context_tokens = 0 WHERE id = $1",
+                &[&conversation.0],
+            )
+            .await?;
+        transaction.commit().await?;
+        Ok(removed)
+    }
+
+    async fn update_summary(&self, update: SummaryUpdate) -> Result<bool> {
+        self.writable()?;
+        let mut client = self.client().await?;
+        let transaction = client.transaction().await?;
+        let Some(current) = transaction
+            .query_opt(
+                &format!("SELECT {SUMMARY_COLUMNS} FROM summaries s WHERE s.id = $1 FOR UPDATE"),
+                &[&update.row_id.0],
+            )
+            .await?
+            .map(|row| summary_row(&row, 0))
+            .transpose()?
+        else {
+            return Ok(false);
+        };
+        if current.level != update.expected_level {
+            return Ok(false);
+        }
+        transaction
+            .execute(
+                "UPDATE summaries SET content = $2, tokens = $3, level = $4, summarizer = $5 WHERE id = $1",
+                &[
+                    &update.row_id.0,
+                    &update.content,
+                    &(update.tokens as i64),
+                    &level_str(update.level),
+                    &update.summarizer,
+                ],
+            )
+            .await?;
+        let delta = update.tokens as i64 - current.tokens as i64;
+        let changed = transaction
+            .execute(
+                "UPDATE context_items SET tokens = $2 WHERE summary_id = $1",
+                &[&update.row_id.0, &(update.tokens as i64)],
+            )
+            .await?;
+        if changed > 0 {
+            transaction
+                .execute(
+                    "UPDATE conversations SET context_tokens = context_tokens + $2 WHERE id = $1",
+                    &[&current.conversation.0, &(delta * changed as i64)],
+                )
+                .await?;
+        }
+        transaction.commit().await?;
+        Ok(true)
+    }
+
+    async fn message(&self, id: MessageId) -> Result<Option<StoredMessage>> {
+        message(&**self.client().await?, id).await
+    }
+
+    async fn messages_in_seq_range(
+        &self,
+        conversation: ConversationId,
+        first_seq: u64,
+        last_seq: u64,
+    ) -> Result<Vec<StoredMessage>> {
+        let client = self.client().await?;
+        client
+            .query(
+                &format!(
+                    "SELECT {MESSAGE_COLUMNS} FROM messages m
+                     WHERE m.conversation_id = $1 AND m.seq BETWEEN $2 AND $3 ORDER BY m.seq"
+                ),
+                &[
+                    &conversation.0,
+                    &(first_seq.min(i64::MAX as u64) as i64),
+                    &(last_seq.min(i64::MAX as u64) as i64),
+                ],
+            )
+            .await?
+            .iter()
+            .map(|row| message_row(row, 0))
+            .collect()
+    }
+
+    async fn summary(&self, row_id: SummaryRowId) -> Result<Option<StoredSummary>> {
+        summary(&**self.client().await?, row_id).await
+    }
+
+    async fn summary_by_id(&self, summary_id: &str) -> Result<Option<StoredSummary>> {
+        let client = self.client().await?;
+        client
+            .query_opt(
+                &format!("SELECT {SUMMARY_COLUMNS} FROM summaries s WHERE s.summary_id = $1"),
+                &[&summary_id],
+            )
+            .await?
+            .map(|row| summary_row(&row, 0))
+            .transpose()
+    }
+
+    async fn children(&self, parent: SummaryRowId) -> Result<Vec<ItemContent>> {
+        let client = self.client().await?;
+        client
+            .query(
+                &format!(
+                    "SELECT e.child_message_id, {MESSAGE_COLUMNS}, {SUMMARY_COLUMNS}
+                     FROM summary_edges e
+                     LEFT JOIN messages m ON m.id = e.child_message_id
+                     LEFT JOIN summaries s ON s.id = e.child_summary_id
+                     WHERE e.parent_id = $1 ORDER BY e.ordinal"
+                ),
+                &[&parent.0],
+            )
+            .await?
+            .iter()
+            .map(|row| {
+                Ok(if at::<Option<i64>>(row, 0)?.is_some() {
+                    ItemContent::Message(message_row(row, 1)?)
+                } else {
+                    ItemContent::Summary(summary_row(row, 8)?)
+                })
+            })
+            .collect()
+    }
+
+    async fn parent_of(&self, item: ItemRef) -> Result<Option<StoredSummary>> {
+        let client = self.client().await?;
+        match parent_row(&**client, item).await? {
+            Some(row_id) => summary(&**client, row_id).await,
+            None => Ok(None),
+        }
+    }
+
+    async fn top_ancestor(&self, item: ItemRef) -> Result<Option<StoredSummary>> {
+        let client = self.client().await?;
+        match top_ancestor_row(&**client, item).await? {
+            Some(row_id) => summary(&**client, row_id).await,
+            None => Ok(None),
+        }
+    }
+
+    async fn context_refs(&self, conversation: ConversationId) -> Result<Vec<ContextRef>> {
+        let client = self.client().await?;
+        client
+            .query(
+                "SELECT ci.position, ci.message_id, ci.summary_id, ci.tokens, m.role = $2,
+                        s.depth, s.level
+                 FROM context_items ci LEFT JOIN messages m ON m.id = ci.message_id
+                      LEFT JOIN summaries s ON s.id = ci.summary_id
+                 WHERE ci.conversation_id = $1 ORDER BY ci.position",
+                &[&conversation.0, &TOOL_RESULT_ROLE],
+            )
+            .await?
+            .iter()
+            .map(|row| {
+                let depth: Option<i64> = at(row, 5)?;
+                let level: Option<String> = at(row, 6)?;
+                let summary = match (depth, level) {
+                    (Some(depth), Some(level)) => Some(SummaryShape {
+                        depth: depth as u32,
+                        level: parse_level(&level)?,
+                    }),
+                    _ => None,
+                };
+                Ok(ContextRef {
+                    position: at(row, 0)?,
+                    item: item_of(at(row, 1)?, at(row, 2)?),
+                    tokens: count(row, 3)?,
+                    continues_unit: at::<Option<bool>>(row, 4)?.unwrap_or(false),
+                    summary,
+                })
+            })
+            .collect()
+    }
+
+    async fn items(&self, refs: Vec<ItemRef>) -> Result<Vec<ItemContent>> {
+        let client = self.client().await?;
+        let mut out = Vec::with_capacity(refs.len());
+        for item in refs {
+            let content = match item {
+                ItemRef::Message(id) => message(&**client, id).await?.map(ItemContent::Message),
+                ItemRef::Summary(id) => summary(&**client, id).await?.map(ItemContent::Summary),
+            };
+            out.push(content.ok_or_else(|| StoreError::NotFound {
+                what: "context item",
+                id: format!("{item:?}"),
+            })?);
+        }
+        Ok(out)
+    }
+
+    async fn search(&self, query: SearchQuery) -> Result<Vec<SearchHit>> {
+        let client = self.client().await?;
+        search::run(&**client, &query).await
+    }
+
+    async fn put_blob(&self, blob: NewBlob) -> Result<BlobInfo> {
+        self.writable()?;
+        let blob_id = format!(
+            "file_{}",
+            hex16(blake3::hash(blob.content.as_bytes()).as_bytes())
+        );
+        let client = self.client().await?;
+        client
+            .execute(
+                "INSERT INTO blobs (blob_id, conversation_id, kind, bytes, lines, description, content, created_at)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT DO NOTHING",
+                &[
+                    &blob_id,
+                    &blob.conversation.0,
+                    &blob.kind,
+                    &(blob.content.len() as i64),
+                    &(blob.content.lines().count() as i64),
+                    &blob.description,
+                    &blob.content,
+                    &now_ms(),
+                ],
+            )
+            .await?;
+        drop(client);
+        self.blob_info(&blob_id)
+            .await?
+            .ok_or_else(|| StoreError::NotFound {
+                what: "blob",
+                id: blob_id,
+            })
+    }
+
+    async fn blob_info(&self, blob_id: &str) -> Result<Option<BlobInfo>> {
+        let client = self.client().await?;
+        client
+            .query_opt(
+                "SELECT blob_id, conversation_id, kind, bytes, lines, description, created_at
+                 FROM blobs WHERE blob_id = $1",
+                &[&blob_id],
+            )
+            .await?
+            .map(|row| {
+                Ok(BlobInfo {
+                    blob_id: at(&row, 0)?,
+                    conversation: ConversationId(at(&row, 1)?),
+                    kind: at(&row, 2)?,
+                    bytes: count(&row, 3)?,
+                    lines: count(&row, 4)?,
+                    description: at(&row, 5)?,
+                    created_at_ms: at(&row, 6)?,
+                })
+            })
+            .transpose()
+    }
+
+    async fn blob_content(&self, blob_id: &str) -> Result<Option<String>> {
+        search::blob_content(&**self.client().await?, blob_id).await
+    }
+
+    async fn blob_readers(&self, blob_id: &str) -> Result<Vec<ConversationId>> {
+        let client = self.client().await?;
+        client
+            .query(
+                "SELECT conversation_id FROM blobs WHERE blob_id = $1
+                 UNION SELECT conversation_id FROM blob_references WHERE blob_id = $1
+                 ORDER BY 1",
+                &[&blob_id],
+            )
+            .await?
+            .iter()
+            .map(|row| at(row, 0).map(ConversationId))
+            .collect()
+    }
+
+    async fn create_grant(&self, grant: NewGrant) -> Result<Grant> {
+        self.writable()?;
+        let client = self.client().await?;
+        let row = client
+            .query_one(
+                "INSERT INTO grants (grantee, conversation_id, expires_at, token_cap, created_at)
+                 VALUES ($1, $2, $3, $4, $5) RETURNING id",
+                &[
+                    &grant.grantee,
+                    &grant.conversation.0,
+                    &grant.expires_at_ms,
+                    &(grant.token_cap as i64),
+                    &now_ms(),
+                ],
+            )
+            .await?;
+        Ok(Grant {
+            id: at(&row, 0)?,
+            grantee: grant.grantee,
+            conversation: grant.conversation,
+            expires_at_ms: grant.expires_at_ms,
+            token_cap: grant.token_cap,
+            revoked: false,
+        })
+    }
+
+    async fn revoke_grants(&self, grantee: &str) -> Result<u64> {
+        self.writable()?;
+        let client = self.client().await?;
+        Ok(client
+            .execute(
+                "UPDATE grants SET revoked_at = $2 WHERE grantee = $1 AND revoked_at IS NULL",
+                &[&grantee, &now_ms()],
+            )
+            .await?)
+    }
+
+    async fn delete_grant(&self, id: i64) -> Result<()> {
+        self.writable()?;
+        let client = self.client().await?;
+        client
+            .execute("DELETE FROM grants WHERE id = $1", &[&id])
+            .await?;
+        Ok(())
+    }
+
+    async fn grants(&self, grantee: &str) -> Result<Vec<Grant>> {
+        let client = self.client().await?;
+        client
+            .query(
+                "SELECT id, grantee, conversation_id, expires_at, token_cap, revoked_at
+                 FROM grants WHERE grantee = $1 ORDER BY id",
+                &[&grantee],
+            )
+            .await?
+            .iter()
+            .map(|row| {
+                Ok(Grant {
+                    id: at(row, 0)?,
+                    grantee: at(row, 1)?,
+                    conversation: ConversationId(at(row, 2)?),
+                    expires_at_ms: at(row, 3)?,
+                    token_cap: count(row, 4)?,
+                    revoked: at::<Option<i64>>(row, 5)?.is_some(),
+                })
+            })
+            .collect()
+    }
+
+    async fn state(&self, conversation: ConversationId, key: &str) -> Result<Option<String>> {
+        let client = self.client().await?;
+        client
+            .query_opt(
+                "SELECT value FROM conversation_state WHERE conversation_id = $1 AND key = $2",
+                &[&conversation.0, &key],
+            )
+            .await?
+            .map(|row| at(&row, 0))
+            .transpose()
+    }
+
+    async fn set_state(&self, conversation: ConversationId, key: &str, value: &str) -> Result<()> {
+        self.writable()?;
+        let client = self.client().await?;
+        client
+            .execute(
+                "INSERT INTO conversation_state (conversation_id, key, value) VALUES ($1, $2, $3)
+                 ON CONFLICT (conversation_id, key) DO UPDATE SET value = excluded.value",
+                &[&conversation.0, &key, &value],
+            )
+            .await?;
+        Ok(())
+    }
+
+    async fn integrity_check(&self) -> Result<IntegrityReport> {
+        let mut client = self.client().await?;
+        // One snapshot for every statement, as on SQLite.
+        let transaction = client
+            .build_transaction()
+            .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+            .read_only(true)
+            .start()
+            .await?;
+        let counts = transaction
+            .query_one(
+                "SELECT (SELECT count(*) FROM messages), (SELECT count(*) FROM summaries),
+                        (SELECT count(*) FROM context_items)",
+                &[],
+            )
+            .await?;
+        let mut report = IntegrityReport {
+            messages: count(&counts, 0)?,
+            summaries: count(&counts, 1)?,
+            context_items: count(&counts, 2)?,
+            ..IntegrityReport::default()
+        };
+        // Every message's JSON parses, as it did at ingest.
+        let mut undecodable = 0u64;
+        let mut first = None;
+        for row in transaction
+            .query("SELECT id, json FROM messages", &[])
+            .await?
+        {
+            if serde_json::from_str::<vilvona_core::AgentMessage>(at(&row, 1)?).is_err() {
+                undecodable += 1;
+                first = first.or(Some(at::<i64>(&row, 0)?));
+            }
+        }
+        if let Some(first) = first {
+            report.problems.push(format!(
+                "{undecodable} messages do not decode (the first is message {first})"
+            ));
+        }
+        let drifted = transaction
+            .query(
+                "SELECT c.session_id FROM conversations c
+                 WHERE c.context_tokens <> coalesce((SELECT sum(tokens) FROM context_items ci
+                                                     WHERE ci.conversation_id = c.id), 0)",
+                &[],
+            )
+            .await?;
+        if let Some(row) = drifted.first() {
+            report.problems.push(format!(
+                "{} conversations' running token totals differ from their contexts (the first is session {:?})",
+                drifted.len(),
+                at::<String>(row, 0)?
+            ));
+        }
+        let ids =
+            |rows: Vec<Row>| -> Result<Vec<i64>> { rows.iter().map(|row| at(row, 0)).collect() };
+        let messages = ids(transaction.query("SELECT id FROM messages", &[]).await?)?;
+        let summaries = ids(transaction.query("SELECT id FROM summaries", &[]).await?)?;
+        let edges = transaction
+            .query(
+                "SELECT parent_id, child_message_id, child_summary_id FROM summary_edges",
+                &[],
+            )
+            .await?
+            .iter()
+            .map(|row| Ok((at(row, 0)?, at(row, 1)?, at(row, 2)?)))
+            .collect::<Result<Vec<_>>>()?;
+        let roots = transaction
+            .query("SELECT message_id, summary_id FROM context_items", &[])
+            .await?
+            .iter()
+            .map(|row| Ok((at(row, 0)?, at(row, 1)?)))
+            .collect::<Result<Vec<_>>>()?;
+        report
+            .problems
+            .extend(dag::problems_of(&messages, &summaries, &edges, &roots));
+        transaction.commit().await?;
+        Ok(report)
+    }
+
+    async fn summaries_above(
+        &self,
+        conversation: ConversationId,
+        before_ms: Option<i64>,
+    ) -> Result<Vec<StoredSummary>> {
+        let client = self.client().await?;
+        client
+            .query(
+                &format!(
+                    "WITH RECURSIVE up(id) AS (
+                         SELECT e.parent_id FROM summary_edges e
+                         JOIN messages m ON m.id = e.child_message_id
+                         WHERE m.conversation_id = $1 AND ($2::BIGINT IS NULL OR m.created_at < $2)
+                         UNION
+                         SELECT e.parent_id FROM summary_edges e JOIN up ON e.child_summary_id = up.id
+                     )
+                     SELECT {SUMMARY_COLUMNS} FROM summaries s WHERE s.id IN (SELECT id FROM up)
+                     ORDER BY s.depth, s.id"
+                ),
+                &[&conversation.0, &before_ms],
+            )
+            .await?
+            .iter()
+            .map(|row| summary_row(row, 0))
+            .collect()
+    }
+
+    async fn forget(&self, _plan: ForgetPlan) -> Result<Option<ForgetReport>> {
+        self.writable()?;
+        Err(StoreError::NotOnPostgres("forgetting"))
+    }
+
+    async fn set_archived(&self, conversation: ConversationId, archived: bool) -> Result<bool> {
+        self.writable()?;
+        let client = self.client().await?;
+        let changed = client
+            .execute(
+                "UPDATE conversations SET archived_at = CASE WHEN $2 THEN $3::BIGINT ELSE NULL END
+                 WHERE id = $1 AND (archived_at IS NOT NULL) <> $2",
+                &[&conversation.0, &archived, &now_ms()],
+            )
+            .await?;
+        Ok(changed > 0)
+    }
+
+    async fn conversation_bytes(&self, conversation: ConversationId) -> Result<u64> {
+        let client = self.client().await?;
+        let row = client
+            .query_one(
+                "SELECT ((SELECT coalesce(sum(pg_column_size(json)), 0) FROM messages WHERE conversation_id = $1)
+                       + (SELECT coalesce(sum(octet_length(content)), 0) FROM summaries WHERE conversation_id = $1)
+                       + (SELECT coalesce(sum(bytes), 0) FROM blobs WHERE conversation_id = $1))::BIGINT",
+                &[&conversation.0],
+            )
+            .await?;
+        count(&row, 0)
+    }
+
+    async fn reclaim_space(&self) -> Result<ReclaimReport> {
+        self.writable()?;
+        let bytes_before = self.disk_bytes();
+        {
+            let client = self.client().await?;
+            // Marks the dead rows' space reusable (PostgreSQL keeps the files' size).
+            client.batch_execute("VACUUM").await?;
+        }
+        self.measure().await?;
+        Ok(ReclaimReport {
+            bytes_before,
+            bytes_after: self.disk_bytes(),
+        })
+    }
+
+    async fn fallback_summaries(&self, conversation: ConversationId) -> Result<Vec<StoredSummary>> {
+        let client = self.client().await?;
+        client
+            .query(
+                &format!(
+                    "SELECT {SUMMARY_COLUMNS} FROM summaries s
+                     WHERE s.conversation_id = $1 AND s.level = 'fallback'
+                       AND EXISTS (SELECT 1 FROM context_items ci WHERE ci.summary_id = s.id)
+                     ORDER BY s.id"
+                ),
+                &[&conversation.0],
+            )
+            .await?
+            .iter()
+            .map(|row| summary_row(row, 0))
+            .collect()
+    }
+
+    async fn dag_view(&self, conversation: ConversationId) -> Result<DagView> {
+        let client = self.client().await?;
+        let mut view = DagView::default();
+        for row in client
+            .query(
+                "SELECT s.id, s.summary_id, s.depth, s.kind, s.tokens,
+                        EXISTS (SELECT 1 FROM context_items ci WHERE ci.summary_id = s.id),
+                        (SELECT count(*) FROM summary_edges e WHERE e.parent_id = s.id
+                             AND e.child_message_id IS NOT NULL),
+                        (SELECT coalesce(sum(m.tokens), 0)::BIGINT FROM summary_edges e
+                             JOIN messages m ON m.id = e.child_message_id WHERE e.parent_id = s.id)
+                 FROM summaries s WHERE s.conversation_id = $1 ORDER BY s.depth DESC, s.id",
+                &[&conversation.0],
+            )
+            .await?
+        {
+            let row_id: i64 = at(&row, 0)?;
+            view.summaries.push(DagSummary {
+                row_id,
+                summary_id: at(&row, 1)?,
+                depth: count(&row, 2)? as u32,
+                kind: at(&row, 3)?,
+                tokens: count(&row, 4)?,
+                in_context: at(&row, 5)?,
+                child_summaries: client
+                    .query(
+                        "SELECT child_summary_id FROM summary_edges
+                         WHERE parent_id = $1 AND child_summary_id IS NOT NULL ORDER BY ordinal",
+                        &[&row_id],
+                    )
+                    .await?
+                    .iter()
+                    .map(|row| at(row, 0))
+                    .collect::<Result<_>>()?,
+                child_messages: count(&row, 6)?,
+                child_message_tokens: count(&row, 7)?,
+            });
+        }
+        let row = client
+            .query_one(
+                "SELECT count(*), coalesce(sum(tokens), 0)::BIGINT FROM context_items
+                 WHERE conversation_id = $1 AND message_id IS NOT NULL",
+                &[&conversation.0],
+            )
+            .await?;
+        view.raw_messages = count(&row, 0)?;
+        view.raw_message_tokens = count(&row, 1)?;
+        Ok(view)
+    }
+
+    async fn store_state(&self, key: &str) -> Result<Option<String>> {
+        let client = self.client().await?;
+        client
+            .query_opt("SELECT value FROM store_state WHERE key = $1", &[&key])
+            .await?
+            .map(|row| at(&row, 0))
+            .transpose()
+    }
+
+    async fn set_store_state(&self, key: &str, value: &str) -> Result<()> {
+        self.writable()?;
+        let client = self.client().await?;
+        client
+            .execute(
+                "INSERT INTO store_state (key, value) VALUES ($1, $2)
+                 ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                &[&key, &value],
+            )
+            .await?;
+        Ok(())
+    }
+
+    async fn export(&self, conversation: ConversationId) -> Result<SessionArchive> {
+        let mut client = self.client().await?;
+        let transaction = client
+            .build_transaction()
+            .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+            .read_only(true)
+            .start()
+            .await?;
+        let archive = archive::export(&*transaction, conversation).await?;
+        transaction.commit().await?;
+        Ok(archive)
+    }
+
+    async fn import(&self, archive: SessionArchive) -> Result<(ConversationId, ImportReport)> {
+        self.writable()?;
+        let mut client = self.client().await?;
+        let transaction = client.transaction().await?;
+        let imported = archive::import(&*transaction, &archive).await?;
+        transaction.commit().await?;
+        Ok(imported)
+    }
+
+    async fn index_doc_count(&self) -> Result<u64> {
+        // Searches read the database; there is no separate index to count.
+        Ok(0)
+    }
+
+    async fn rebuild_index(&self) -> Result<u64> {
+        self.writable()?;
+        Err(StoreError::NotOnPostgres(
+            "a recall index (searches read the database directly)",
+        ))
+    }
+
+    fn disk_bytes(&self) -> u64 {
+        self.inner.bytes.load(Ordering::Relaxed)
+    }
+
+    fn is_read_only(&self) -> bool {
+        self.inner.read_only
+    }
+}

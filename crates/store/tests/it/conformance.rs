@@ -1,0 +1,803 @@
+//! The store conformance suite: the same cases, unchanged, against both backends — the
+//! embedded SQLite store and PostgreSQL. Each case takes a [`Backend`], from which it opens as
+//! many stores as it needs (two stores on one backend are two nodes: two processes on one
+//! store directory, or two gateways on one database).
+//!
+//! PostgreSQL cases run on the server `VILVONA_TEST_POSTGRES_URL` names (a database each);
+//! `.ci/run` starts one with `scripts/postgres-test-server.sh`. Without it they say so and
+//! pass, except in CI (`CI` or `VILVONA_REQUIRE_POSTGRES` set), where no server is a failure.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use serde_json::json;
+use tempfile::TempDir;
+use vilvona_core::message::AgentMessage;
+use vilvona_core::summarize::{SummaryKind, SummaryLevel};
+use vilvona_store::*;
+
+use crate::support::*;
+
+/// Where the stores of one case live.
+pub(crate) enum Backend {
+    Sqlite(TempDir),
+    Postgres(String),
+}
+
+impl Backend {
+    pub(crate) fn sqlite() -> Backend {
+        Backend::Sqlite(TempDir::new().unwrap())
+    }
+
+    /// A fresh database on the test server; `None` (said on stderr) outside CI without one.
+    pub(crate) async fn postgres() -> Option<Backend> {
+        let base = match std::env::var("VILVONA_TEST_POSTGRES_URL") {
+            Ok(base) => base,
+            Err(_)
+                if std::env::var_os("CI").is_some()
+                    || std::env::var_os("VILVONA_REQUIRE_POSTGRES").is_some() =>
+            {
+                panic!(
+                    "CI has no PostgreSQL server: VILVONA_TEST_POSTGRES_URL is unset (.ci/run starts one with scripts/postgres-test-server.sh)"
+                )
+            }
+            Err(_) => {
+                eprintln!(
+                    "SKIPPED a PostgreSQL case: VILVONA_TEST_POSTGRES_URL is unset (scripts/postgres-test-server.sh starts a server)"
+                );
+                return None;
+            }
+        };
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let name = format!(
+            "vilvona_test_{}_{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        );
+        let (client, connection) = tokio_postgres::connect(&base, tokio_postgres::NoTls)
+            .await
+            .unwrap_or_else(|error| panic!("the test server at {base:?}: {error}"));
+        let running = tokio::spawn(connection);
+        client
+            .batch_execute(&format!("CREATE DATABASE {name}"))
+            .await
+            .unwrap();
+        drop(client);
+        let _ = running.await;
+        Some(Backend::Postgres(format!("{base} dbname={name}")))
+    }
+
+    /// A store on this backend (each call: another node).
+    pub(crate) async fn open(&self) -> Arc<dyn HistoryStore> {
+        match self {
+            Backend::Sqlite(dir) => Arc::new(open(dir).await),
+            Backend::Postgres(url) => Arc::new(PgStore::open(url).await.unwrap()),
+        }
+    }
+
+    /// A store on this backend that only reads.
+    pub(crate) async fn open_read_only(&self) -> Arc<dyn HistoryStore> {
+        match self {
+            Backend::Sqlite(dir) => Arc::new(Store::open_read_only(dir.path()).await.unwrap()),
+            Backend::Postgres(url) => Arc::new(PgStore::open_read_only(url).await.unwrap()),
+        }
+    }
+}
+
+/// Runs each case once per backend: `sqlite::case` and `postgres::case`.
+macro_rules! on_both_backends {
+    ($($case:ident),* $(,)?) => {
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    super::$case(&super::Backend::sqlite()).await;
+                }
+            )*
+        }
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    if let Some(backend) = super::Backend::postgres().await {
+                        super::$case(&backend).await;
+                    }
+                }
+            )*
+        }
+    };
+}
+
+on_both_backends!(
+    ingest_stores_each_message_once,
+    replace_is_compare_and_swap,
+    the_dag_reads_back,
+    two_nodes_compacting_one_run_publish_one_summary,
+    two_nodes_ingesting_one_session_store_each_message_once,
+    forks_grants_state_and_blobs,
+    search_answers_alike,
+    a_read_only_store_refuses_writes,
+    export_and_import_round_trip,
+);
+
+fn turn_message(text: &str, key: &str, index: u32) -> NewMessage {
+    NewMessage {
+        message: user(text, 1_000 + i64::from(index)),
+        identity: MessageIdentity {
+            turn: Some((key.to_owned(), index)),
+            ..MessageIdentity::default()
+        },
+        tokens: 10,
+    }
+}
+
+async fn ingest_stores_each_message_once(backend: &Backend) {
+    let store = backend.open().await;
+    let conversation = store.conversation(&key("main", "s1")).await.unwrap();
+    assert_eq!(
+        store.conversation(&key("main", "s1")).await.unwrap().id,
+        conversation.id,
+        "found, not created twice"
+    );
+    let id = conversation.id;
+    // Equal messages without identity are distinct messages.
+    let same: Vec<NewMessage> = (0..6)
+        .map(|n| new_message(if n % 2 == 0 { "hi" } else { "ok" }, 1, None))
+        .collect();
+    assert_eq!(
+        store.ingest(id, same, None).await.unwrap().newly_stored(),
+        6
+    );
+    // An entry id is the identity: a redelivery stores nothing.
+    let entry = vec![new_message("with an id", 2, Some("e1"))];
+    let first = stored(store.ingest(id, entry.clone(), None).await.unwrap());
+    let again = stored(store.ingest(id, entry, None).await.unwrap());
+    assert!(first[0].ingested && !again[0].ingested);
+    assert_eq!(first[0].message_id, again[0].message_id);
+    // A durable turn happens once per advancement key.
+    let turn = vec![
+        turn_message("turn a", "k1", 0),
+        turn_message("turn b", "k1", 1),
+    ];
+    assert_eq!(
+        store
+            .ingest(id, turn.clone(), Some("k1".to_owned()))
+            .await
+            .unwrap()
+            .newly_stored(),
+        2
+    );
+    assert_eq!(
+        store
+            .ingest(id, turn.clone(), Some("k1".to_owned()))
+            .await
+            .unwrap(),
+        IngestOutcome::DuplicateTurn
+    );
+    // Without the key, the turn slots still identify the messages.
+    assert_eq!(
+        store.ingest(id, turn, None).await.unwrap().newly_stored(),
+        0
+    );
+    // A message known by its place is the stored one when equal, a new one when not.
+    let placed_same = placed(new_message("hi", 1, None), 0);
+    let placed_other = placed(new_message("something else", 1, None), 1);
+    let results = stored(
+        store
+            .ingest(id, vec![placed_same, placed_other], None)
+            .await
+            .unwrap(),
+    );
+    assert_eq!(
+        results
+            .iter()
+            .map(|r| (r.seq, r.ingested))
+            .collect::<Vec<_>>(),
+        vec![(0, false), (9, true)]
+    );
+    let conversation = store.conversation_by_id(id).await.unwrap().unwrap();
+    assert_eq!(conversation.stored_messages, 10);
+    let context = store.context(id).await.unwrap();
+    assert_eq!(context.len(), 10);
+    assert_eq!(
+        conversation.context_tokens,
+        context.iter().map(|item| item.tokens).sum::<u64>()
+    );
+    let messages = store.messages_in_seq_range(id, 6, 8).await.unwrap();
+    assert_eq!(
+        messages.iter().map(|m| m.seq).collect::<Vec<_>>(),
+        vec![6, 7, 8]
+    );
+    assert_eq!(
+        store.message(messages[0].id).await.unwrap().unwrap(),
+        messages[0]
+    );
+    // Stored verbatim.
+    let json = &store
+        .message(first[0].message_id)
+        .await
+        .unwrap()
+        .unwrap()
+        .json;
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(json).unwrap(),
+        json!({"role": "user", "content": "with an id", "timestamp": 2})
+    );
+}
+
+async fn replace_is_compare_and_swap(backend: &Backend) {
+    let store = backend.open().await;
+    let id = store.conversation(&key("main", "s1")).await.unwrap().id;
+    let messages: Vec<NewMessage> = (0..6)
+        .map(|n| new_message(&format!("message {n}"), 100 + n, Some(&format!("e{n}"))))
+        .collect();
+    store.ingest(id, messages, None).await.unwrap();
+    let context = store.context(id).await.unwrap();
+    let first = plan(id, &context, 0..3, "the first three");
+    let ReplaceOutcome::Replaced(leaf) = store.replace(first.clone()).await.unwrap() else {
+        panic!("the first replace publishes");
+    };
+    assert_eq!(
+        (
+            leaf.first_seq,
+            leaf.last_seq,
+            leaf.earliest_at_ms,
+            leaf.latest_at_ms
+        ),
+        (0, 2, Some(100), Some(102))
+    );
+    assert_eq!(
+        store.replace(first).await.unwrap(),
+        ReplaceOutcome::Stale,
+        "the run is no longer there"
+    );
+    // A plan made before another change to its run is stale too.
+    let context = store.context(id).await.unwrap();
+    assert_eq!(context.len(), 4);
+    let mut moved = plan(id, &context, 1..3, "moved");
+    moved.items[1].0 += 1;
+    assert_eq!(store.replace(moved).await.unwrap(), ReplaceOutcome::Stale);
+    let conversation = store.conversation_by_id(id).await.unwrap().unwrap();
+    assert_eq!(
+        conversation.context_tokens,
+        context.iter().map(|item| item.tokens).sum::<u64>()
+    );
+    assert_eq!(context[0].tokens, leaf.tokens);
+    let refs = store.context_refs(id).await.unwrap();
+    assert_eq!(
+        refs[0].summary,
+        Some(SummaryShape {
+            depth: 0,
+            level: SummaryLevel::Normal
+        })
+    );
+    assert_eq!(
+        refs.iter().map(|r| r.item).collect::<Vec<_>>(),
+        context
+            .iter()
+            .map(ContextItem::item_ref)
+            .collect::<Vec<_>>()
+    );
+}
+
+async fn the_dag_reads_back(backend: &Backend) {
+    let store = backend.open().await;
+    let id = store.conversation(&key("main", "s1")).await.unwrap().id;
+    let messages: Vec<NewMessage> = (0..8)
+        .map(|n| new_message(&format!("m{n}"), 100 + n, None))
+        .collect();
+    let ids = stored(store.ingest(id, messages, None).await.unwrap());
+    for _ in 0..2 {
+        let context = store.context(id).await.unwrap();
+        let start = context
+            .iter()
+            .position(|item| matches!(item.content, ItemContent::Message(_)))
+            .unwrap();
+        store
+            .replace(plan(id, &context, start..start + 3, "a leaf"))
+            .await
+            .unwrap();
+    }
+    let context = store.context(id).await.unwrap();
+    let mut condensed = plan(id, &context, 0..2, "both leaves");
+    condensed.summary.kind = SummaryKind::Condensed;
+    condensed.summary.depth = 1;
+    let ReplaceOutcome::Replaced(top) = store.replace(condensed).await.unwrap() else {
+        panic!("published");
+    };
+    assert_eq!((top.first_seq, top.last_seq), (0, 5));
+    let children = store.children(top.row_id).await.unwrap();
+    assert_eq!(children.len(), 2);
+    let ItemContent::Summary(leaf) = &children[0] else {
+        panic!("a condensed summary's children are summaries");
+    };
+    let grandchildren = store.children(leaf.row_id).await.unwrap();
+    assert!(matches!(&grandchildren[0], ItemContent::Message(m) if m.id == ids[0].message_id));
+    let first = ItemRef::Message(ids[0].message_id);
+    assert_eq!(
+        store.parent_of(first).await.unwrap().unwrap().row_id,
+        leaf.row_id
+    );
+    assert_eq!(
+        store.top_ancestor(first).await.unwrap().unwrap().row_id,
+        top.row_id
+    );
+    assert_eq!(
+        store
+            .top_ancestor(ItemRef::Message(ids[7].message_id))
+            .await
+            .unwrap(),
+        None
+    );
+    assert_eq!(
+        store.summary_by_id(&top.summary_id).await.unwrap().unwrap(),
+        top
+    );
+    let items = store
+        .items(vec![ItemRef::Summary(top.row_id), first])
+        .await
+        .unwrap();
+    assert!(matches!(&items[1], ItemContent::Message(m) if m.seq == 0));
+    let view = store.dag_view(id).await.unwrap();
+    assert_eq!(view.summaries.len(), 3);
+    assert_eq!(view.summaries[0].child_summaries.len(), 2);
+    assert_eq!(view.raw_messages, 2);
+    let above = store.summaries_above(id, None).await.unwrap();
+    assert_eq!(above.len(), 3);
+    assert_eq!(above.last().unwrap().row_id, top.row_id);
+    // Re-summarizing a fallback node in place.
+    let fallback = leaf.clone();
+    assert!(
+        !store
+            .update_summary(SummaryUpdate {
+                row_id: fallback.row_id,
+                expected_level: SummaryLevel::Fallback,
+                content: "never".to_owned(),
+                tokens: 1,
+                level: SummaryLevel::Normal,
+                summarizer: "test/v2".to_owned(),
+            })
+            .await
+            .unwrap(),
+        "the level changed meanwhile"
+    );
+    assert!(
+        store
+            .update_summary(SummaryUpdate {
+                row_id: top.row_id,
+                expected_level: SummaryLevel::Normal,
+                content: "both leaves, rewritten".to_owned(),
+                tokens: top.tokens + 5,
+                level: SummaryLevel::Normal,
+                summarizer: "test/v2".to_owned(),
+            })
+            .await
+            .unwrap()
+    );
+    let conversation = store.conversation_by_id(id).await.unwrap().unwrap();
+    let context = store.context(id).await.unwrap();
+    assert_eq!(
+        conversation.context_tokens,
+        context.iter().map(|item| item.tokens).sum::<u64>()
+    );
+    let report = store.integrity_check().await.unwrap();
+    assert!(report.problems.is_empty(), "{:?}", report.problems);
+    assert_eq!((report.messages, report.summaries), (8, 3));
+}
+
+async fn two_nodes_compacting_one_run_publish_one_summary(backend: &Backend) {
+    let (a, b) = (backend.open().await, backend.open().await);
+    let id = a.conversation(&key("main", "s1")).await.unwrap().id;
+    a.ingest(
+        id,
+        (0..40)
+            .map(|n| new_message(&format!("message {n}"), n, Some(&format!("e{n}"))))
+            .collect(),
+        None,
+    )
+    .await
+    .unwrap();
+    for round in 0..5 {
+        // Both plan the same run of the context as they read it, and race to publish.
+        let context = a.context(id).await.unwrap();
+        let start = context
+            .iter()
+            .position(|item| matches!(item.content, ItemContent::Message(_)))
+            .unwrap();
+        let run = start..start + 4;
+        let plan_a = plan(id, &context, run.clone(), &format!("round {round} by a"));
+        let plan_b = plan(
+            id,
+            &b.context(id).await.unwrap(),
+            run,
+            &format!("round {round} by b"),
+        );
+        let (first, second) = tokio::join!(a.replace(plan_a), b.replace(plan_b));
+        let outcomes = [first.unwrap(), second.unwrap()];
+        assert_eq!(
+            outcomes
+                .iter()
+                .filter(|outcome| matches!(outcome, ReplaceOutcome::Replaced(_)))
+                .count(),
+            1,
+            "round {round}: one wins, the other is stale: {outcomes:?}"
+        );
+    }
+    // No item lost or doubled: every message is in the context once, raw or under a summary.
+    let context = a.context(id).await.unwrap();
+    assert_eq!(context.len(), 5 + 20);
+    let mut covered = BTreeSet::new();
+    for item in &context {
+        match &item.content {
+            ItemContent::Message(message) => assert!(covered.insert(message.seq)),
+            ItemContent::Summary(summary) => {
+                for child in a.children(summary.row_id).await.unwrap() {
+                    let ItemContent::Message(message) = child else {
+                        panic!("leaves only")
+                    };
+                    assert!(covered.insert(message.seq));
+                }
+            }
+        }
+    }
+    assert_eq!(covered, (0..40).collect());
+    assert_eq!(
+        b.context(id).await.unwrap(),
+        context,
+        "both nodes read the same"
+    );
+    let report = b.integrity_check().await.unwrap();
+    assert!(report.problems.is_empty(), "{:?}", report.problems);
+}
+
+async fn two_nodes_ingesting_one_session_store_each_message_once(backend: &Backend) {
+    let (a, b) = (backend.open().await, backend.open().await);
+    let id = a.conversation(&key("main", "s1")).await.unwrap().id;
+    let messages: Vec<NewMessage> = (0..60)
+        .map(|n| new_message(&format!("message {n}"), n, Some(&format!("e{n}"))))
+        .collect();
+    // Each node delivers every message, in overlapping batches, at the same time.
+    let deliver = |store: Arc<dyn HistoryStore>, batch: usize| {
+        let messages = messages.clone();
+        async move {
+            for chunk in messages.chunks(batch) {
+                store.ingest(id, chunk.to_vec(), None).await.unwrap();
+            }
+        }
+    };
+    tokio::join!(deliver(a.clone(), 7), deliver(b.clone(), 11));
+    let conversation = b.conversation_by_id(id).await.unwrap().unwrap();
+    assert_eq!(conversation.stored_messages, 60);
+    let stored = a.messages_in_seq_range(id, 0, 1000).await.unwrap();
+    assert_eq!(stored.len(), 60);
+    let texts: BTreeSet<String> = stored.iter().map(|m| m.text()).collect();
+    assert_eq!(texts.len(), 60, "no message twice");
+    assert_eq!(a.context(id).await.unwrap().len(), 60);
+}
+
+async fn forks_grants_state_and_blobs(backend: &Backend) {
+    let store = backend.open().await;
+    let parent = store.conversation(&key("main", "parent")).await.unwrap().id;
+    let child = store.conversation(&key("main", "child")).await.unwrap().id;
+    let ids = stored(
+        store
+            .ingest(
+                parent,
+                vec![new_message("a", 1, None), new_message("b", 2, None)],
+                None,
+            )
+            .await
+            .unwrap(),
+    );
+    store
+        .append_items(
+            child,
+            ids.iter().map(|i| ItemRef::Message(i.message_id)).collect(),
+        )
+        .await
+        .unwrap();
+    let forked = store.context(child).await.unwrap();
+    assert_eq!(forked.len(), 2);
+    assert_eq!(
+        store
+            .conversation_by_id(child)
+            .await
+            .unwrap()
+            .unwrap()
+            .context_tokens,
+        forked.iter().map(|item| item.tokens).sum::<u64>()
+    );
+    assert_eq!(store.remove_context(child).await.unwrap(), 2);
+    assert!(store.context(child).await.unwrap().is_empty());
+
+    let grant = store
+        .create_grant(NewGrant {
+            grantee: "agent:main:child".to_owned(),
+            conversation: parent,
+            expires_at_ms: 10_000,
+            token_cap: 500,
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        store.grants("agent:main:child").await.unwrap(),
+        vec![grant.clone()]
+    );
+    assert_eq!(store.revoke_grants("agent:main:child").await.unwrap(), 1);
+    assert!(store.grants("agent:main:child").await.unwrap()[0].revoked);
+    store.delete_grant(grant.id).await.unwrap();
+    assert!(store.grants("agent:main:child").await.unwrap().is_empty());
+
+    assert_eq!(store.state(parent, "k").await.unwrap(), None);
+    store.set_state(parent, "k", "v1").await.unwrap();
+    store.set_state(parent, "k", "v2").await.unwrap();
+    assert_eq!(
+        store.state(parent, "k").await.unwrap().as_deref(),
+        Some("v2")
+    );
+    assert_eq!(store.state(child, "k").await.unwrap(), None);
+    store.set_store_state("s", "1").await.unwrap();
+    assert_eq!(store.store_state("s").await.unwrap().as_deref(), Some("1"));
+
+    let new_blob = |conversation| NewBlob {
+        conversation,
+        kind: "log".to_owned(),
+        content: "line\nthe kestrel key is KD-4411\n".to_owned(),
+        description: "a log".to_owned(),
+    };
+    let blob = store.put_blob(new_blob(parent)).await.unwrap();
+    assert_eq!(
+        store.put_blob(new_blob(child)).await.unwrap(),
+        blob,
+        "stored once"
+    );
+    assert_eq!((blob.bytes, blob.lines), (32, 2));
+    assert_eq!(
+        store.blob_content(&blob.blob_id).await.unwrap().as_deref(),
+        Some("line\nthe kestrel key is KD-4411\n")
+    );
+    assert_eq!(
+        store.blob_readers(&blob.blob_id).await.unwrap(),
+        vec![parent]
+    );
+    let reference = NewMessage {
+        message: serde_json::from_value::<AgentMessage>(json!({
+            "role": "toolResult", "toolCallId": "c1", "toolName": "exec",
+            "content": [{"type": "text", "text": "[stored]", BLOB_ID_KEY: blob.blob_id}]
+        }))
+        .unwrap(),
+        identity: MessageIdentity::default(),
+        tokens: 5,
+    };
+    store.ingest(child, vec![reference], None).await.unwrap();
+    assert_eq!(
+        store.blob_readers(&blob.blob_id).await.unwrap(),
+        vec![parent, child]
+    );
+    let mut query = query("main", vec![child], "kestrel key");
+    query.mode = SearchMode::Phrase;
+    let hits = store.search(query).await.unwrap();
+    assert_eq!(hits.len(), 1);
+    assert_eq!(hits[0].file.as_deref(), Some(blob.blob_id.as_str()));
+    assert!(
+        hits[0].snippet.contains("«kestrel» «key»"),
+        "{}",
+        hits[0].snippet
+    );
+    assert!(store.conversation_bytes(parent).await.unwrap() >= 32);
+}
+
+/// What a hit names, whichever backend found it.
+fn named(hits: &[SearchHit]) -> Vec<String> {
+    hits.iter()
+        .map(|hit| match &hit.source {
+            HitSource::Message { seq, .. } => format!("m{seq}"),
+            HitSource::Summary { depth, .. } => format!("s{depth}"),
+        })
+        .collect()
+}
+
+async fn search_answers_alike(backend: &Backend) {
+    let store = backend.open().await;
+    let id = store.conversation(&key("main", "s1")).await.unwrap().id;
+    let other = store.conversation(&key("main", "s2")).await.unwrap().id;
+    let texts = [
+        "The staging database password rotation ticket is OPS-4821.",
+        "Rotation of the password happens weekly; the database is staging.",
+        "部署密钥存放在保险库里，负责人是李明。",
+        "Café menu: crème brûlée, ÉCLAIR.",
+        "Unrelated chatter about lunch.",
+    ];
+    let messages: Vec<NewMessage> = texts
+        .iter()
+        .enumerate()
+        .map(|(n, text)| new_message(text, 1_000 * (n as i64 + 1), None))
+        .collect();
+    store.ingest(id, messages, None).await.unwrap();
+    store
+        .ingest(
+            other,
+            vec![new_message("password rotation elsewhere", 1, None)],
+            None,
+        )
+        .await
+        .unwrap();
+    let search = |text: &str, mode: SearchMode| {
+        let mut query = query("main", vec![id], text);
+        query.mode = mode;
+        query
+    };
+    let phrase = store
+        .search(search("password rotation", SearchMode::Phrase))
+        .await
+        .unwrap();
+    assert_eq!(named(&phrase), vec!["m0"]);
+    assert!(
+        phrase[0].snippet.contains("«password» «rotation»"),
+        "{}",
+        phrase[0].snippet
+    );
+    // Text: both messages hold both words, the newer first among equals; none from `other`.
+    let text = store
+        .search(search("rotation password", SearchMode::Text))
+        .await
+        .unwrap();
+    assert_eq!(
+        BTreeSet::from_iter(named(&text)),
+        BTreeSet::from(["m0".to_owned(), "m1".to_owned()])
+    );
+    // CJK: bigrams in order; a run that is not in the text does not match.
+    let cjk = store
+        .search(search("保险库", SearchMode::Phrase))
+        .await
+        .unwrap();
+    assert_eq!(named(&cjk), vec!["m2"]);
+    assert!(cjk[0].snippet.contains("«保险库»"), "{}", cjk[0].snippet);
+    assert!(
+        store
+            .search(search("库保险", SearchMode::Phrase))
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    // Case folding beyond ASCII.
+    let folded = store
+        .search(search("éclair", SearchMode::Text))
+        .await
+        .unwrap();
+    assert_eq!(named(&folded), vec!["m3"]);
+    // Regex over the text, newest first.
+    let regex = store
+        .search(search(r"OPS-\d{4}|weekly", SearchMode::Regex))
+        .await
+        .unwrap();
+    assert_eq!(named(&regex), vec!["m1", "m0"]);
+    assert!(matches!(
+        store.search(search("(unclosed", SearchMode::Regex)).await,
+        Err(StoreError::InvalidRegex { .. })
+    ));
+    // Time range and scope.
+    let mut ranged = search("password", SearchMode::Text);
+    ranged.since_ms = Some(1_500);
+    assert_eq!(named(&store.search(ranged).await.unwrap()), vec!["m1"]);
+    let mut both = search("password rotation", SearchMode::Phrase);
+    both.conversations = vec![id, other];
+    assert_eq!(store.search(both).await.unwrap().len(), 2);
+    let mut foreign = search("password rotation", SearchMode::Phrase);
+    foreign.agent_id = "someone-else".to_owned();
+    assert!(store.search(foreign).await.unwrap().is_empty());
+    // Summaries are found, and a message under one names it.
+    let context = store.context(id).await.unwrap();
+    let ReplaceOutcome::Replaced(leaf) = store
+        .replace(plan(
+            id,
+            &context,
+            0..2,
+            "Summary: the password rotation ticket OPS-4821.",
+        ))
+        .await
+        .unwrap()
+    else {
+        panic!("published")
+    };
+    let found = store
+        .search(search("password rotation", SearchMode::Phrase))
+        .await
+        .unwrap();
+    assert_eq!(
+        BTreeSet::from_iter(named(&found)),
+        BTreeSet::from(["m0".to_owned(), "s0".to_owned()])
+    );
+    let message = found
+        .iter()
+        .find(|hit| matches!(hit.source, HitSource::Message { .. }))
+        .unwrap();
+    assert_eq!(
+        message.covered_by.as_deref(),
+        Some(leaf.summary_id.as_str())
+    );
+    let mut summaries_only = search("password rotation", SearchMode::Phrase);
+    summaries_only.target = SearchTarget::Summaries;
+    assert_eq!(
+        named(&store.search(summaries_only).await.unwrap()),
+        vec!["s0"]
+    );
+}
+
+async fn a_read_only_store_refuses_writes(backend: &Backend) {
+    let store = backend.open().await;
+    let id = store.conversation(&key("main", "s1")).await.unwrap().id;
+    store
+        .ingest(id, vec![new_message("kept", 1, None)], None)
+        .await
+        .unwrap();
+    let reader = backend.open_read_only().await;
+    assert!(reader.is_read_only());
+    assert_eq!(reader.context(id).await.unwrap().len(), 1);
+    assert!(matches!(
+        reader
+            .ingest(id, vec![new_message("no", 2, None)], None)
+            .await,
+        Err(StoreError::ReadOnly(_))
+    ));
+    assert!(matches!(
+        reader.conversation(&key("main", "unknown")).await,
+        Err(StoreError::NotFound { .. })
+    ));
+    assert_eq!(store.context(id).await.unwrap().len(), 1);
+}
+
+async fn export_and_import_round_trip(backend: &Backend) {
+    let store = backend.open().await;
+    let id = store.conversation(&key("main", "s1")).await.unwrap().id;
+    store
+        .ingest(
+            id,
+            (0..6)
+                .map(|n| new_message(&format!("message {n} 中文"), n, Some(&format!("e{n}"))))
+                .collect(),
+            Some("turn-1".to_owned()),
+        )
+        .await
+        .unwrap();
+    let context = store.context(id).await.unwrap();
+    store
+        .replace(plan(id, &context, 0..3, "the first three"))
+        .await
+        .unwrap();
+    store.set_state(id, "bootstrap", "{}").await.unwrap();
+    let archive = store.export(id).await.unwrap();
+    assert_eq!((archive.messages.len(), archive.summaries.len()), (6, 1));
+
+    // Onto the other backend's store and back: the history is the same everywhere.
+    let sqlite = Backend::sqlite();
+    let there = match backend {
+        Backend::Sqlite(_) => match Backend::postgres().await {
+            Some(postgres) => postgres.open().await,
+            None => sqlite.open().await,
+        },
+        Backend::Postgres(_) => sqlite.open().await,
+    };
+    let (moved, report) = there.import(archive.clone()).await.unwrap();
+    assert!(report.verified);
+    assert_eq!(there.export(moved).await.unwrap(), archive);
+    assert!(matches!(
+        there.import(archive.clone()).await,
+        Err(StoreError::ImportRefused(_))
+    ));
+    let mut phrase = query("main", vec![moved], "message 4 中文");
+    phrase.mode = SearchMode::Phrase;
+    assert_eq!(named(&there.search(phrase).await.unwrap()), vec!["m4"]);
+    assert_eq!(
+        there
+            .ingest(
+                moved,
+                vec![new_message("x", 1, None)],
+                Some("turn-1".to_owned())
+            )
+            .await
+            .unwrap(),
+        IngestOutcome::DuplicateTurn
+    );
+}
