@@ -27,6 +27,10 @@ struct Cli {
     /// The configuration file (default: <state dir>/vilvona.json5).
     #[arg(long, global = true, value_name = "FILE")]
     config: Option<PathBuf>,
+    /// Keep the lossless engine's history in this PostgreSQL database, whatever the
+    /// configuration says (`postgres://user:password@host/db`, or `host=DIR dbname=NAME`).
+    #[arg(long, global = true, value_name = "URL", env = "VILVONA_STORE_URL")]
+    store_url: Option<String>,
     /// More log output (repeat for more); RUST_LOG also works.
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]
     verbose: u8,
@@ -333,12 +337,14 @@ const BLOCKING_THREADS: usize = 8;
 pub(crate) struct Global {
     pub(crate) state_dir: PathBuf,
     pub(crate) config: Option<PathBuf>,
+    pub(crate) store_url: Option<String>,
 }
 
 impl Global {
     pub(crate) fn options(&self) -> HostOptions {
         let mut options = HostOptions::new(&self.state_dir);
         options.config_path = self.config.clone();
+        options.store_url = self.store_url.clone();
         options
     }
 
@@ -454,6 +460,7 @@ fn main() -> ExitCode {
     let global = Global {
         state_dir: default_state_dir(cli.state_dir.as_deref()),
         config: cli.config.clone(),
+        store_url: cli.store_url.clone(),
     };
     match runtime.block_on(run(cli.command, &global)) {
         Ok(code) => code,
@@ -573,6 +580,7 @@ async fn run(command: Command, global: &Global) -> Result<ExitCode> {
         Command::Serve { stdio: _ } => {
             vilvona_runtime::serve::serve(
                 global.state_dir.clone(),
+                global.store_url.clone(),
                 tokio::io::BufReader::new(tokio::io::stdin()),
                 tokio::io::stdout(),
             )

@@ -264,9 +264,11 @@ pub(crate) async fn demo(global: &Global, turns: usize) -> Result<ExitCode> {
         "Replaying it through the lossless engine at a 32,000-token window (state in {}) …",
         dir.display()
     );
+    // The demo is self-contained: its own directory, the embedded store.
     let demo_global = Global {
         state_dir: dir.clone(),
         config: None,
+        store_url: None,
     };
     let host = demo_global.host().await?;
     let (session_id, turns, _) = read_turns(&transcript)?;

@@ -25,11 +25,8 @@ impl EngineAdmin for LosslessEngine {
             .map_err(|error| store_error("checking the store", error))?;
         Ok(StorageCheck {
             summary: format!(
-                "{} messages, {} summaries, {} context items, index through message {}",
-                report.messages,
-                report.summaries,
-                report.context_items,
-                report.indexed_messages_through
+                "{} messages, {} summaries, {} context items, {}",
+                report.messages, report.summaries, report.context_items, report.recall
             ),
             summaries: report.summaries,
             problems: report.problems,

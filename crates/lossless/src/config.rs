@@ -23,6 +23,24 @@ pub enum ConfigError {
     },
 }
 
+/// Where the history is kept (`plugins.entries.lossless.config.store`).
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase", deny_unknown_fields)]
+pub enum StoreSelection {
+    /// The embedded store: a SQLite database and a tantivy index in a directory.
+    Sqlite {
+        /// The directory (else `storeDir`, else `<agent dir>/lossless`).
+        #[serde(default)]
+        dir: Option<String>,
+    },
+    /// A PostgreSQL database, shared by every gateway that names it.
+    Postgres {
+        /// A connection string: `postgres://user:password@host:port/db`, or
+        /// `host=/run/postgresql dbname=vilvona` (key-value; `host` may be a socket directory).
+        url: String,
+    },
+}
+
 /// The engine's settings. Every field has a default; unknown keys are an error (a typo should
 /// not silently fall back to a default).
 #[derive(Clone, Debug, PartialEq, Deserialize)]
@@ -72,6 +90,10 @@ pub struct LosslessConfig {
     pub recall_agents: Vec<String>,
     /// Where the store lives; default `<agent dir>/lossless`.
     pub store_dir: Option<String>,
+    /// Which backend keeps the history: `{kind: "sqlite", dir?}` (the default: SQLite and a
+    /// tantivy index in `storeDir`) or `{kind: "postgres", url}` (a PostgreSQL database that
+    /// several gateways share).
+    pub store: Option<StoreSelection>,
     /// The summarizer (`{kind: "extractive"}`, `{kind: "host"}` or a model), built by the
     /// host that registers the engine.
     pub summarizer: Option<SummarizerConfig>,
@@ -104,6 +126,7 @@ impl Default for LosslessConfig {
             recall_all_conversations: false,
             recall_agents: Vec::new(),
             store_dir: None,
+            store: None,
             summarizer: None,
             retention: RetentionPolicy::default(),
         }
@@ -157,6 +180,11 @@ impl LosslessConfig {
                 "fallbackMaxTokens/defaultTokenBudget/maxExpandTokens",
                 "must be positive",
             );
+        }
+        if let Some(StoreSelection::Postgres { url }) = &self.store
+            && url.trim().is_empty()
+        {
+            return problem("store.url", "must name a PostgreSQL database");
         }
         if self.agent_id.trim().is_empty() {
             return problem("agentId", "must not be empty");

@@ -26,7 +26,7 @@ mod tools;
 mod units;
 
 pub use compaction::{CompactionReport, CompactionRequest};
-pub use config::{ConfigError, LosslessConfig};
+pub use config::{ConfigError, LosslessConfig, StoreSelection};
 pub use engine::{CachedSessions, ENGINE_ID, LosslessEngine};
 pub use forget::{Forgotten, OverCap, RetentionAction, RetentionKind, RetentionPolicy};
 pub use registration::{BuildSummarizer, factory};

@@ -9,8 +9,10 @@ use vilvona_core::summarize::{Summarizer, SummarizerConfig};
 use vilvona_core::tokens::TokenEstimator;
 use vilvona_core::{ContextEngine, EngineError, error_chain};
 
-use crate::config::LosslessConfig;
-use crate::engine::LosslessEngine;
+use vilvona_store::{HistoryStore, PgStore, Store, StoreConfig, StoreError};
+
+use crate::config::{LosslessConfig, StoreSelection};
+use crate::engine::{LosslessEngine, store_error};
 
 /// Builds the summarizer a configuration names; the host provides it, since models are the
 /// host's to reach.
@@ -21,13 +23,65 @@ pub type BuildSummarizer = Arc<
 >;
 
 impl LosslessConfig {
-    /// Where the store lives: `storeDir`, else `<agent dir>/lossless`.
+    /// Where the embedded store lives: `store.dir`, else `storeDir`, else
+    /// `<agent dir>/lossless`.
     pub fn store_path(&self, agent_dir: Option<&Path>) -> PathBuf {
-        match (&self.store_dir, agent_dir) {
+        let configured = match &self.store {
+            Some(StoreSelection::Sqlite { dir: Some(dir) }) => Some(dir),
+            _ => self.store_dir.as_ref(),
+        };
+        match (configured, agent_dir) {
             (Some(dir), _) => PathBuf::from(dir),
             (None, Some(agent_dir)) => agent_dir.join("lossless"),
             (None, None) => PathBuf::from("lossless"),
         }
+    }
+
+    /// Opens the store the settings select. `read_only` takes no writer's lock and creates
+    /// nothing; `existing_only` declines when there is no store yet.
+    pub async fn open_store(
+        &self,
+        agent_dir: Option<&Path>,
+        read_only: bool,
+        existing_only: bool,
+    ) -> Result<Arc<dyn HistoryStore>, EngineError> {
+        let opened: Result<Arc<dyn HistoryStore>, StoreError> = match &self.store {
+            Some(StoreSelection::Postgres { url }) => {
+                if existing_only || read_only {
+                    match PgStore::open_read_only(url).await {
+                        Ok(store) if read_only => Ok(Arc::new(store)),
+                        Ok(_) => PgStore::open(url).await.map(|store| Arc::new(store) as _),
+                        Err(StoreError::NotFound { id, .. }) if existing_only => {
+                            return Err(EngineError::refused(format!(
+                                "no lossless store in the PostgreSQL database {id}"
+                            )));
+                        }
+                        Err(error) => Err(error),
+                    }
+                } else {
+                    PgStore::open(url).await.map(|store| Arc::new(store) as _)
+                }
+            }
+            None | Some(StoreSelection::Sqlite { .. }) => {
+                let dir = self.store_path(agent_dir);
+                if existing_only && !dir.join(vilvona_store::DATABASE_FILE).exists() {
+                    return Err(EngineError::refused(format!(
+                        "no lossless store in {}",
+                        dir.display()
+                    )));
+                }
+                if read_only {
+                    Store::open_read_only(&dir)
+                        .await
+                        .map(|store| Arc::new(store) as _)
+                } else {
+                    Store::open(StoreConfig::new(&dir))
+                        .await
+                        .map(|store| Arc::new(store) as _)
+                }
+            }
+        };
+        opened.map_err(|error| store_error("opening the store", error))
     }
 }
 
@@ -48,19 +102,15 @@ pub fn factory(build_summarizer: BuildSummarizer) -> EngineFactory {
                     .unwrap_or(&SummarizerConfig::Extractive),
                 estimator.clone(),
             )?;
-            let dir = config.store_path(context.agent_dir.as_deref());
-            if context.existing_only && !dir.join(vilvona_store::DATABASE_FILE).exists() {
-                return Err(EngineError::refused(format!(
-                    "no lossless store in {}",
-                    dir.display()
-                )));
-            }
-            let engine = if context.read_only {
-                LosslessEngine::open_read_only(&dir, config, summarizer, estimator).await?
-            } else {
-                LosslessEngine::open(&dir, config, summarizer, estimator).await?
-            };
-            let engine: Arc<dyn ContextEngine> = Arc::new(engine);
+            let store = config
+                .open_store(
+                    context.agent_dir.as_deref(),
+                    context.read_only,
+                    context.existing_only,
+                )
+                .await?;
+            let engine: Arc<dyn ContextEngine> =
+                Arc::new(LosslessEngine::new(store, summarizer, estimator, config));
             Ok(engine)
         }
     })

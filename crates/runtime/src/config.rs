@@ -323,6 +323,16 @@ impl HostConfig {
         }
     }
 
+    /// Points the `lossless` engine at a PostgreSQL database (`--store-url`,
+    /// `VILVONA_STORE_URL`), whatever its entry's `store` says.
+    pub fn use_store_url(&mut self, url: &str) {
+        let entry = self
+            .entries
+            .entry(vilvona_lossless::ENGINE_ID.to_owned())
+            .or_default();
+        entry.config = Some(with_store_url(entry.config.take(), url));
+    }
+
     /// The model window: the model's own, else `agents.defaults.contextTokens`, else 200,000.
     pub fn context_window(&self) -> u64 {
         self.model
@@ -341,6 +351,19 @@ impl HostConfig {
             .max(self.compaction.reserve_tokens_floor);
         reserve.min(window / 2)
     }
+}
+
+/// An engine entry's settings with `store` replaced by the PostgreSQL database at `url`.
+pub fn with_store_url(config: Option<Value>, url: &str) -> Value {
+    let mut config = match config {
+        Some(Value::Object(map)) => map,
+        _ => serde_json::Map::new(),
+    };
+    config.insert(
+        "store".to_owned(),
+        serde_json::json!({ "kind": "postgres", "url": url }),
+    );
+    Value::Object(config)
 }
 
 /// Rewrites the `contextEngine` slot to `legacy` in the file's text, leaving everything else

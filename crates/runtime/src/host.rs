@@ -104,6 +104,9 @@ pub struct HostOptions {
     /// The selected engine must serve (the command line): if it cannot start, `open` fails
     /// with the reason instead of resolving to `legacy`, and its later failures are returned.
     pub require_selected: bool,
+    /// Keep the `lossless` engine's history in this PostgreSQL database (`--store-url`,
+    /// `VILVONA_STORE_URL`), whatever the configuration says.
+    pub store_url: Option<String>,
 }
 
 impl HostOptions {
@@ -120,6 +123,7 @@ impl HostOptions {
             context_window_override: None,
             read_only: false,
             require_selected: false,
+            store_url: None,
         }
     }
 
@@ -290,6 +294,9 @@ impl Host {
         let mut config = HostConfig::load(&options.config_path())?;
         if let Some(engine) = &options.engine_override {
             config.context_engine_slot = Some(engine.clone());
+        }
+        if let Some(url) = &options.store_url {
+            config.use_store_url(url);
         }
         if let Some(window) = options.context_window_override {
             config.context_tokens = Some(window);

@@ -227,6 +227,8 @@ struct Setup {
 struct Server {
     out: mpsc::UnboundedSender<String>,
     state_dir: PathBuf,
+    /// `--store-url`: the `lossless` engine keeps its history in this PostgreSQL database.
+    store_url: Option<String>,
     active: RwLock<Option<Active>>,
     setup: StdMutex<Option<Setup>>,
     in_flight: StdMutex<HashMap<String, watch::Sender<bool>>>,
@@ -438,11 +440,17 @@ impl Server {
             agent_dir: Some(crate::HostOptions::new(&setup.state_dir).agent_dir()),
             ..EngineSelection::default()
         };
+        let config = match &self.store_url {
+            Some(url) if setup.engine_id == vilvona_lossless::ENGINE_ID => {
+                Some(crate::config::with_store_url(setup.config.clone(), url))
+            }
+            _ => setup.config.clone(),
+        };
         selection.entries.insert(
             setup.engine_id.clone(),
             EntrySettings {
                 enabled: Some(true),
-                config: setup.config.clone(),
+                config,
             },
         );
         let engine = registry
@@ -806,6 +814,7 @@ impl HostLlmSummarizer {
 /// where `initialize` opens the engine unless it names another.
 pub async fn serve(
     state_dir: PathBuf,
+    store_url: Option<String>,
     input: impl AsyncBufRead + Unpin,
     output: impl AsyncWrite + Unpin + Send + 'static,
 ) {
@@ -824,6 +833,7 @@ pub async fn serve(
     let server = Arc::new(Server {
         out,
         state_dir,
+        store_url,
         active: RwLock::new(None),
         setup: StdMutex::new(None),
         in_flight: StdMutex::new(HashMap::new()),

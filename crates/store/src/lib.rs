@@ -888,6 +888,7 @@ impl HistoryStore for Store {
                 None => Default::default(),
             };
             report.indexed_messages_through = watermark.messages;
+            report.recall = format!("index through message {}", watermark.messages);
             report.indexed_summaries_through = watermark.summaries;
             if let Some(index) = &index {
                 // The index opens, every segment reads, and it answers for a row it claims.

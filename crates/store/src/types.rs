@@ -629,6 +629,9 @@ pub struct IntegrityReport {
     pub indexed_messages_through: i64,
     /// The highest summary row id the index holds.
     pub indexed_summaries_through: i64,
+    /// What serves recall, in a few words (`index through message N`; on PostgreSQL, the
+    /// database itself).
+    pub recall: String,
     /// What is wrong; empty when healthy.
     pub problems: Vec<String>,
 }

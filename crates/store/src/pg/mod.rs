@@ -17,6 +17,7 @@
 //!   ranking is by the share of the query's words a row holds (not BM25).
 
 mod archive;
+mod forget;
 mod schema;
 mod search;
 
@@ -404,6 +405,33 @@ async fn lock_conversation(
             what: "conversation",
             id: conversation.0.to_string(),
         })
+}
+
+/// The summaries above a conversation's messages (those before a time), lowest depth first.
+pub(crate) async fn summaries_above(
+    client: &impl GenericClient,
+    conversation: ConversationId,
+    before_ms: Option<i64>,
+) -> Result<Vec<StoredSummary>> {
+    client
+        .query(
+            &format!(
+                "WITH RECURSIVE up(id) AS (
+                     SELECT e.parent_id FROM summary_edges e
+                     JOIN messages m ON m.id = e.child_message_id
+                     WHERE m.conversation_id = $1 AND ($2::BIGINT IS NULL OR m.created_at < $2)
+                     UNION
+                     SELECT e.parent_id FROM summary_edges e JOIN up ON e.child_summary_id = up.id
+                 )
+                 SELECT {SUMMARY_COLUMNS} FROM summaries s WHERE s.id IN (SELECT id FROM up)
+                 ORDER BY s.depth, s.id"
+            ),
+            &[&conversation.0, &before_ms],
+        )
+        .await?
+        .iter()
+        .map(|row| summary_row(row, 0))
+        .collect()
 }
 
 /// Time and seq range covered by a planned run of items.
@@ -1230,6 +1258,7 @@ impl HistoryStore for PgStore {
             messages: count(&counts, 0)?,
             summaries: count(&counts, 1)?,
             context_items: count(&counts, 2)?,
+            recall: "searches read the database".to_owned(),
             ..IntegrityReport::default()
         };
         // Every message's JSON parses, as it did at ingest.
@@ -1295,31 +1324,18 @@ impl HistoryStore for PgStore {
         conversation: ConversationId,
         before_ms: Option<i64>,
     ) -> Result<Vec<StoredSummary>> {
-        let client = self.client().await?;
-        client
-            .query(
-                &format!(
-                    "WITH RECURSIVE up(id) AS (
-                         SELECT e.parent_id FROM summary_edges e
-                         JOIN messages m ON m.id = e.child_message_id
-                         WHERE m.conversation_id = $1 AND ($2::BIGINT IS NULL OR m.created_at < $2)
-                         UNION
-                         SELECT e.parent_id FROM summary_edges e JOIN up ON e.child_summary_id = up.id
-                     )
-                     SELECT {SUMMARY_COLUMNS} FROM summaries s WHERE s.id IN (SELECT id FROM up)
-                     ORDER BY s.depth, s.id"
-                ),
-                &[&conversation.0, &before_ms],
-            )
-            .await?
-            .iter()
-            .map(|row| summary_row(row, 0))
-            .collect()
+        summaries_above(&**self.client().await?, conversation, before_ms).await
     }
 
-    async fn forget(&self, _plan: ForgetPlan) -> Result<Option<ForgetReport>> {
+    async fn forget(&self, plan: ForgetPlan) -> Result<Option<ForgetReport>> {
         self.writable()?;
-        Err(StoreError::NotOnPostgres("forgetting"))
+        let mut client = self.client().await?;
+        let transaction = client.transaction().await?;
+        let report = forget::apply(&*transaction, &plan).await?;
+        if report.is_some() {
+            transaction.commit().await?;
+        }
+        Ok(report)
     }
 
     async fn set_archived(&self, conversation: ConversationId, archived: bool) -> Result<bool> {

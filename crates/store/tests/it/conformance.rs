@@ -119,6 +119,7 @@ on_both_backends!(
     search_answers_alike,
     a_read_only_store_refuses_writes,
     export_and_import_round_trip,
+    forgetting_removes_rows_and_what_derives_from_them,
 );
 
 fn turn_message(text: &str, key: &str, index: u32) -> NewMessage {
@@ -800,4 +801,116 @@ async fn export_and_import_round_trip(backend: &Backend) {
             .unwrap(),
         IngestOutcome::DuplicateTurn
     );
+}
+
+async fn forgetting_removes_rows_and_what_derives_from_them(backend: &Backend) {
+    let store = backend.open().await;
+    let id = store.conversation(&key("main", "s1")).await.unwrap().id;
+    let fork = store.conversation(&key("main", "fork")).await.unwrap().id;
+    let ids = stored(
+        store
+            .ingest(
+                id,
+                (0..6)
+                    .map(|n| new_message(&format!("message {n}"), 100 + n, None))
+                    .collect(),
+                None,
+            )
+            .await
+            .unwrap(),
+    );
+    let context = store.context(id).await.unwrap();
+    let ReplaceOutcome::Replaced(old) = store
+        .replace(plan(id, &context, 0..2, "the first two"))
+        .await
+        .unwrap()
+    else {
+        panic!("published")
+    };
+    let context = store.context(id).await.unwrap();
+    let ReplaceOutcome::Replaced(straddling) = store
+        .replace(plan(id, &context, 1..4, "messages two to four"))
+        .await
+        .unwrap()
+    else {
+        panic!("published")
+    };
+    // Another conversation holds a message that will be forgotten, by reference.
+    store
+        .append_items(fork, vec![ItemRef::Message(ids[0].message_id)])
+        .await
+        .unwrap();
+
+    // A plan made for other summaries than those above the messages now is stale.
+    let stale = ForgetPlan {
+        conversation: id,
+        scope: ForgetScope::Before(103),
+        removed: vec![old.row_id],
+        rewritten: Vec::new(),
+    };
+    assert_eq!(store.forget(stale).await.unwrap(), None);
+    let plan = ForgetPlan {
+        conversation: id,
+        scope: ForgetScope::Before(103),
+        removed: vec![old.row_id],
+        rewritten: vec![SummaryRewrite {
+            row_id: straddling.row_id,
+            content: "message three and four".to_owned(),
+            tokens: 5,
+            summarizer: "test/v1".to_owned(),
+        }],
+    };
+    let report = store.forget(plan).await.unwrap().unwrap();
+    assert_eq!(
+        (
+            report.messages,
+            report.summaries_removed,
+            report.summaries_rewritten
+        ),
+        (3, 1, 1)
+    );
+    assert_eq!(report.conversations_touched, 2, "this one and the fork");
+    let rewritten = store.summary(straddling.row_id).await.unwrap().unwrap();
+    assert_eq!(rewritten.content, "message three and four");
+    assert_eq!((rewritten.first_seq, rewritten.last_seq), (3, 4));
+    assert_eq!(store.children(straddling.row_id).await.unwrap().len(), 2);
+    assert!(store.context(fork).await.unwrap().is_empty());
+    let conversation = store.conversation_by_id(id).await.unwrap().unwrap();
+    assert_eq!(conversation.stored_messages, 3);
+    let context = store.context(id).await.unwrap();
+    assert_eq!(context.len(), 2);
+    assert_eq!(
+        conversation.context_tokens,
+        context.iter().map(|item| item.tokens).sum::<u64>()
+    );
+    let report = store.integrity_check().await.unwrap();
+    assert!(report.problems.is_empty(), "{:?}", report.problems);
+
+    // The whole conversation, with the file only it stored.
+    let blob = store
+        .put_blob(NewBlob {
+            conversation: id,
+            kind: "log".to_owned(),
+            content: "only here".to_owned(),
+            description: "a log".to_owned(),
+        })
+        .await
+        .unwrap();
+    let report = store.forget(ForgetPlan::whole(id)).await.unwrap().unwrap();
+    assert_eq!((report.messages, report.blobs), (3, 1));
+    assert_eq!(store.conversation_by_id(id).await.unwrap(), None);
+    assert_eq!(store.blob_info(&blob.blob_id).await.unwrap(), None);
+    let new = store.conversation(&key("main", "s1")).await.unwrap();
+    assert_ne!(new.id, id);
+    let again = stored(
+        store
+            .ingest(new.id, vec![new_message("fresh", 1, None)], None)
+            .await
+            .unwrap(),
+    );
+    assert!(
+        again[0].message_id.0 > ids[5].message_id.0,
+        "ids are never reused"
+    );
+    store.reclaim_space().await.unwrap();
 }

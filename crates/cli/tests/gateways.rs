@@ -1,0 +1,294 @@
+//! Two gateways, one history: two `vilvona serve --stdio` processes (each with its own state
+//! directory, as on two machines) keep one session in one PostgreSQL database. Its turns
+//! alternate between them, a load balancer's retry sends some turns to both, and a third
+//! process greps the whole time.
+//!
+//! The database is created on the server `VILVONA_TEST_POSTGRES_URL` names (`.ci/run` starts
+//! one); without it the test says so and passes, except in CI, where it fails.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::Path;
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, channel};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tempfile::TempDir;
+
+/// A database of its own on the test server.
+fn database() -> Option<String> {
+    let base = match std::env::var("VILVONA_TEST_POSTGRES_URL") {
+        Ok(base) => base,
+        Err(_)
+            if std::env::var_os("CI").is_some()
+                || std::env::var_os("VILVONA_REQUIRE_POSTGRES").is_some() =>
+        {
+            panic!("CI has no PostgreSQL server: VILVONA_TEST_POSTGRES_URL is unset")
+        }
+        Err(_) => {
+            eprintln!(
+                "SKIPPED: VILVONA_TEST_POSTGRES_URL is unset (scripts/postgres-test-server.sh starts a server)"
+            );
+            return None;
+        }
+    };
+    let name = format!("vilvona_gateways_{}", std::process::id());
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let (client, connection) = tokio_postgres::connect(&base, tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        let running = tokio::spawn(connection);
+        client
+            .batch_execute(&format!("CREATE DATABASE {name}"))
+            .await
+            .unwrap();
+        drop(client);
+        let _ = running.await;
+    });
+    Some(format!("{base} dbname={name}"))
+}
+
+struct Gateway {
+    child: Child,
+    stdin: ChildStdin,
+    lines: Receiver<Value>,
+    next_id: u64,
+}
+
+impl Gateway {
+    fn start(state: &Path, config: &Value) -> Gateway {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_vilvona"))
+            .args(["--state-dir", state.to_str().unwrap(), "serve", "--stdio"])
+            .env_remove("VILVONA_STORE_URL")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (sender, lines) = channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if sender.send(serde_json::from_str(&line).unwrap()).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut gateway = Gateway {
+            stdin: child.stdin.take().unwrap(),
+            child,
+            lines,
+            next_id: 0,
+        };
+        gateway.call(
+            "initialize",
+            json!({"engineId": "lossless", "config": config}),
+        );
+        gateway
+    }
+
+    fn call(&mut self, method: &str, params: Value) -> Value {
+        self.next_id += 1;
+        let id = self.next_id;
+        let line = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+        writeln!(self.stdin, "{line}").unwrap();
+        self.stdin.flush().unwrap();
+        loop {
+            let reply = self
+                .lines
+                .recv_timeout(Duration::from_secs(60))
+                .unwrap_or_else(|error| panic!("{method}: no reply ({error})"));
+            if reply["id"] == id && reply.get("method").is_none() {
+                assert!(reply.get("error").is_none(), "{method}: {reply}");
+                return reply["result"].clone();
+            }
+        }
+    }
+
+    fn grep(&mut self, query: &str) -> Vec<String> {
+        let found = self.call(
+            "tools/call",
+            json!({"name": "vilvona_grep", "sessionId": "shared", "arguments": {"query": query, "mode": "phrase"}}),
+        );
+        found["results"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|hit| hit["snippet"].as_str().unwrap().to_owned())
+            .collect()
+    }
+
+    fn assembled(&mut self) -> Value {
+        self.call(
+            "assemble",
+            json!({"sessionId": "shared", "messages": [], "tokenBudget": 4000}),
+        )["messages"]
+            .clone()
+    }
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn turn(n: u64) -> Value {
+    let filler = "the scheduler drains the queue and the cache warms slowly; ".repeat(5);
+    json!({
+        "sessionId": "shared",
+        "advancementKey": format!("turn-{n}"),
+        "messages": [
+            {"role": "user", "content": format!("Turn {n}. Please remember: the ticket for rollout {n} is OPS-{}. {filler}", 4000 + n), "timestamp": 1_000 + n},
+            {"role": "assistant", "content": [{"type": "text", "text": format!("Noted turn {n}. {filler}")}]}
+        ]
+    })
+}
+
+#[test]
+fn two_gateways_keep_one_history() {
+    let Some(url) = database() else { return };
+    let (one, two, three) = (
+        TempDir::new().unwrap(),
+        TempDir::new().unwrap(),
+        TempDir::new().unwrap(),
+    );
+    let config = json!({"store": {"kind": "postgres", "url": url}, "freshTailCount": 6});
+    let mut gateways = [
+        Gateway::start(one.path(), &config),
+        Gateway::start(two.path(), &config),
+    ];
+    // The budget both compact against, remembered in the shared database.
+    gateways[0].assembled();
+
+    // A third process greps the whole time, with the store URL from the environment.
+    let stop = Arc::new(AtomicBool::new(false));
+    let failures = Arc::new(Mutex::new(Vec::new()));
+    let searcher = {
+        let (stop, failures, url) = (stop.clone(), failures.clone(), url.clone());
+        let state = three.path().to_owned();
+        std::fs::write(
+            state.join("vilvona.json5"),
+            r#"{ plugins: { slots: { contextEngine: "lossless" } } }"#,
+        )
+        .unwrap();
+        std::thread::spawn(move || {
+            let mut searches = 0;
+            while !stop.load(Ordering::Relaxed) || searches == 0 {
+                let output = Command::new(env!("CARGO_BIN_EXE_vilvona"))
+                    .args(["--state-dir", state.to_str().unwrap()])
+                    .args(["grep", "rollout", "--session", "shared", "--json"])
+                    .env("VILVONA_STORE_URL", &url)
+                    .output()
+                    .unwrap();
+                // Before the first turn the session is unknown; after it, every grep answers.
+                if !output.status.success() && searches > 0 {
+                    failures
+                        .lock()
+                        .unwrap()
+                        .push(String::from_utf8_lossy(&output.stderr).into_owned());
+                }
+                if output.status.success() {
+                    searches += 1;
+                }
+            }
+            searches
+        })
+    };
+
+    let turns = 24u64;
+    for n in 0..turns {
+        let (this, other) = ((n % 2) as usize, ((n + 1) % 2) as usize);
+        assert_eq!(
+            gateways[this].call("commitTurn", turn(n))["status"],
+            "committed"
+        );
+        // Every third turn, the load balancer also retries it on the other gateway.
+        if n % 3 == 0 {
+            assert_eq!(
+                gateways[other].call("commitTurn", turn(n))["status"],
+                "duplicate",
+                "turn {n}"
+            );
+        }
+        gateways[this].assembled();
+    }
+    stop.store(true, Ordering::Relaxed);
+    let searches = searcher.join().unwrap();
+    assert!(searches > 0);
+    assert!(
+        failures.lock().unwrap().is_empty(),
+        "{:?}",
+        failures.lock().unwrap()
+    );
+
+    // The context converges: both gateways assemble the same messages, and it was compacted.
+    let (first, second) = (gateways[0].assembled(), gateways[1].assembled());
+    assert_eq!(first, second);
+    let stats = Command::new(env!("CARGO_BIN_EXE_vilvona"))
+        .args([
+            "--state-dir",
+            three.path().to_str().unwrap(),
+            "--store-url",
+            &url,
+        ])
+        .args(["stats", "--session", "shared", "--json"])
+        .output()
+        .unwrap();
+    assert!(
+        stats.status.success(),
+        "{}",
+        String::from_utf8_lossy(&stats.stderr)
+    );
+    let stats: Value = serde_json::from_slice(&stats.stdout).unwrap();
+    assert_eq!(
+        stats["messages"],
+        2 * turns,
+        "no message lost or doubled: {stats}"
+    );
+    assert!(
+        stats["summariesByDepth"]
+            .as_object()
+            .is_some_and(|depths| !depths.is_empty()),
+        "the session was compacted: {stats}"
+    );
+    // Every fact is found from either gateway.
+    for n in 0..turns {
+        let fact = format!("OPS-{}", 4000 + n);
+        for gateway in gateways.iter_mut() {
+            let found = gateway.grep(&fact);
+            assert!(
+                found
+                    .iter()
+                    .any(|snippet| snippet.contains(&format!("«{fact}»"))
+                        || snippet.contains(&format!("«OPS»-«{}»", 4000 + n))),
+                "{fact}: {found:?}"
+            );
+        }
+    }
+    let doctor = Command::new(env!("CARGO_BIN_EXE_vilvona"))
+        .args([
+            "--state-dir",
+            three.path().to_str().unwrap(),
+            "--store-url",
+            &url,
+        ])
+        .args(["doctor", "--json"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        doctor.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&doctor.stdout)
+    );
+}
