@@ -20,7 +20,9 @@ use vilvona_core::engine::{AssembleParams, BootstrapParams, ContextEngine, Inges
 use vilvona_core::message::AgentMessage;
 use vilvona_core::summarize::{SummarizeError, Summarizer, Summary, SummaryRequest};
 use vilvona_core::tokens::{HeuristicEstimator, TokenEstimator};
-use vilvona_lossless::{CompactionRequest, LosslessConfig, LosslessEngine, ToolCaller};
+use vilvona_lossless::{
+    CompactionRequest, LosslessConfig, LosslessEngine, StoreSelection, ToolCaller,
+};
 use vilvona_summarize::ExtractiveSummarizer;
 use vilvona_transcript::for_each_turn;
 
@@ -230,6 +232,8 @@ pub struct RunOptions {
     pub summarizer: SummarizerChoice,
     /// Where the store goes (a temporary directory when `None`).
     pub store_dir: Option<PathBuf>,
+    /// Keep the history in this PostgreSQL database instead (the headline run only).
+    pub store_url: Option<String>,
     /// Print progress every this many turns (0 = silent).
     pub progress_every: usize,
     /// Start `probe` (this runner in `--probe-grep` mode) beside the ingestion: it greps the
@@ -417,12 +421,19 @@ pub async fn run(options: &RunOptions) -> Result<Figures> {
     let summarizer: Arc<dyn Summarizer> = timed.clone();
     let config = LosslessConfig {
         default_token_budget: BUDGET,
+        store_dir: Some(store_dir.display().to_string()),
+        store: options
+            .store_url
+            .clone()
+            .map(|url| StoreSelection::Postgres { url }),
         ..LosslessConfig::default()
     };
     let targets = (config.leaf_target_tokens, config.condensed_target_tokens);
-    let engine = LosslessEngine::open(&store_dir, config, summarizer, estimator)
+    let store = config
+        .open_store(None, false, false)
         .await
         .map_err(|error| anyhow!("opening the store: {error}"))?;
+    let engine = LosslessEngine::new(store, summarizer, estimator, config);
     let session = SESSION;
     let conversation = engine.conversation(session, Some(SESSION_KEY)).await?;
     let mut probe = None;

@@ -17,6 +17,7 @@ async fn the_runner_runs_on_fifty_turns() {
             needles: needles.clone(),
             summarizer,
             store_dir: None,
+            store_url: None,
             progress_every: 0,
             // The fake run also greps from a second process while it ingests.
             probe: (summarizer == SummarizerChoice::Fake)

@@ -19,6 +19,10 @@ struct Args {
     /// Keep the store here instead of a temporary directory.
     #[arg(long)]
     store_dir: Option<PathBuf>,
+    /// Keep the history in this PostgreSQL database (an empty one: the run's session must
+    /// be new there) instead of SQLite; the headline run only.
+    #[arg(long, value_name = "URL")]
+    store_url: Option<String>,
     /// Also time grep from a second process (read-only) while this one ingests.
     #[arg(long)]
     concurrent_grep: bool,
@@ -89,6 +93,7 @@ async fn main() -> ExitCode {
         needles: args.needles,
         summarizer: args.summarizer,
         store_dir: args.store_dir,
+        store_url: args.store_url,
         progress_every: if args.json { 0 } else { 1_000 },
         probe,
         instructions: args.instructions,

@@ -42,6 +42,14 @@ pub(crate) struct Watermark {
     pub(crate) messages: i64,
     #[serde(rename = "s")]
     pub(crate) summaries: i64,
+    /// On PostgreSQL, the last entry of the change log (`index_changes`) applied; always 0
+    /// on SQLite, whose index work goes through `index_tasks`.
+    #[serde(rename = "c", default, skip_serializing_if = "is_zero")]
+    pub(crate) changes: i64,
+}
+
+fn is_zero(value: &i64) -> bool {
+    *value == 0
 }
 
 #[derive(Clone, Copy)]
@@ -808,6 +816,13 @@ impl IndexSink {
             .searchable_segment_metas()?
             .iter()
             .any(|meta| meta.has_deletes()))
+    }
+
+    /// Records that the change log was applied through `seq` (PostgreSQL).
+    pub(crate) fn pass_changes(&mut self, seq: i64) {
+        self.watermark.changes = self.watermark.changes.max(seq);
+        self.pending += 1;
+        self.first_pending_at.get_or_insert_with(Instant::now);
     }
 
     /// Removes a row's document (before re-adding it with new text).

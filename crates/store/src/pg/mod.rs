@@ -52,7 +52,8 @@ struct PgInner {
     /// The database as it may be shown (no password).
     name: String,
     read_only: bool,
-    /// The database's size when last measured (`disk_bytes` cannot wait for the server).
+    /// The store's tables' size when last measured (at open, by the integrity check and after
+    /// reclaiming space): `disk_bytes` cannot wait for the server.
     bytes: AtomicU64,
 }
 
@@ -171,8 +172,15 @@ impl PgStore {
 
     async fn measure(&self) -> Result<()> {
         let client = self.client().await?;
+        // The store's own tables with their indexes and TOAST: the database's size would add
+        // the catalogs of an empty database (several MB) to every figure.
         let row = client
-            .query_one("SELECT pg_database_size(current_database())", &[])
+            .query_one(
+                "SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0)::BIGINT
+                 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+                 WHERE n.nspname = current_schema() AND c.relkind = 'r'",
+                &[],
+            )
             .await?;
         self.inner.bytes.store(count(&row, 0)?, Ordering::Relaxed);
         Ok(())
@@ -1316,6 +1324,8 @@ impl HistoryStore for PgStore {
             .problems
             .extend(dag::problems_of(&messages, &summaries, &edges, &roots));
         transaction.commit().await?;
+        drop(client);
+        self.measure().await?;
         Ok(report)
     }
 
