@@ -47,10 +47,14 @@ impl LosslessConfig {
     ) -> Result<Arc<dyn HistoryStore>, EngineError> {
         let opened: Result<Arc<dyn HistoryStore>, StoreError> = match &self.store {
             Some(StoreSelection::Postgres { url }) => {
+                // This node's recall index, beside where an embedded store would be.
+                let index_dir = self.store_path(agent_dir).join("postgres-index");
                 if existing_only || read_only {
-                    match PgStore::open_read_only(url).await {
+                    match PgStore::open_read_only(url, Some(&index_dir)).await {
                         Ok(store) if read_only => Ok(Arc::new(store)),
-                        Ok(_) => PgStore::open(url).await.map(|store| Arc::new(store) as _),
+                        Ok(_) => PgStore::open(url, Some(&index_dir))
+                            .await
+                            .map(|store| Arc::new(store) as _),
                         Err(StoreError::NotFound { id, .. }) if existing_only => {
                             return Err(EngineError::refused(format!(
                                 "no lossless store in the PostgreSQL database {id}"
@@ -59,7 +63,9 @@ impl LosslessConfig {
                         Err(error) => Err(error),
                     }
                 } else {
-                    PgStore::open(url).await.map(|store| Arc::new(store) as _)
+                    PgStore::open(url, Some(&index_dir))
+                        .await
+                        .map(|store| Arc::new(store) as _)
                 }
             }
             None | Some(StoreSelection::Sqlite { .. }) => {

@@ -67,6 +67,17 @@ pub(crate) fn conversations(
     Ok(rows.collect::<rusqlite::Result<_>>()?)
 }
 
+/// The agent a conversation belongs to.
+pub(crate) fn agent_of(
+    connection: &Connection,
+    conversation: ConversationId,
+) -> Result<Option<String>> {
+    Ok(connection
+        .prepare_cached("SELECT agent_id FROM conversations WHERE id = ?1")?
+        .query_row([conversation.0], |row| row.get(0))
+        .optional()?)
+}
+
 /// Conversations of an agent that share a session key (a session and its earlier sessions).
 pub(crate) fn conversations_by_session_key(
     connection: &Connection,

@@ -46,6 +46,16 @@ pub(crate) fn run(
     query: &SearchQuery,
 ) -> Result<Vec<SearchHit>> {
     check_bounds(query)?;
+    // The scope is the agent's: a conversation of another agent is never searched.
+    let mut query = query.clone();
+    query.conversations.retain(|conversation| {
+        read::agent_of(connection, *conversation)
+            .ok()
+            .flatten()
+            .as_deref()
+            == Some(query.agent_id.as_str())
+    });
+    let query = &query;
     if query.conversations.is_empty() || query.limit == 0 {
         return Ok(Vec::new());
     }

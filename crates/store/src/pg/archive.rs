@@ -370,6 +370,7 @@ pub(crate) async fn import(
         session_id: session.session_id.clone(),
         ..ImportReport::default()
     };
+    super::follow::order_rows(client).await?;
     for blob in &archive.blobs {
         report.blobs += client
             .execute(

@@ -8,6 +8,7 @@ use tokio_postgres::GenericClient;
 
 use super::{at, lock_conversation, span_of, summaries_above};
 use crate::error::Result;
+use crate::index::IndexedRow;
 use crate::types::*;
 
 async fn ids(client: &impl GenericClient, sql: &str, conversation: i64) -> Result<Vec<i64>> {
@@ -261,6 +262,18 @@ pub(crate) async fn apply(
         }
         touched.remove(&conversation.0);
     }
+    // Every node's index drops the forgotten rows' documents and replaces the rewritten ones.
+    let changed: Vec<IndexedRow> = messages
+        .iter()
+        .map(|id| IndexedRow::Message(*id))
+        .chain(summaries.iter().map(|id| IndexedRow::Summary(*id)))
+        .chain(
+            plan.rewritten
+                .iter()
+                .map(|rewrite| IndexedRow::Summary(rewrite.row_id.0)),
+        )
+        .collect();
+    super::follow::log_changes(client, &changed).await?;
     report.conversations_touched = touched.len() as u64;
     Ok(Some(report))
 }

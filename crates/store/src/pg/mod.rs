@@ -17,12 +17,15 @@
 //!   ranking is by the share of the query's words a row holds (not BM25).
 
 mod archive;
+mod follow;
 mod forget;
 mod schema;
 mod search;
 
-use std::sync::Arc;
+use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod};
@@ -34,9 +37,11 @@ use vilvona_core::summarize::SummaryKind;
 
 use crate::dag::{self, DagSummary, DagView};
 use crate::error::{PostgresError, Result, StoreError};
+use crate::index::IndexedRow;
 use crate::types::*;
 use crate::writer::{POSITION_STEP, hex16, summary_id};
 use crate::{HistoryStore, prepare};
+use follow::Follower;
 
 /// Connections one process keeps at most.
 const POOL_SIZE: usize = 8;
@@ -55,6 +60,8 @@ struct PgInner {
     /// The store's tables' size when last measured (at open, by the integrity check and after
     /// reclaiming space): `disk_bytes` cannot wait for the server.
     bytes: AtomicU64,
+    /// This node's recall index, when the store was opened with a place for it.
+    follower: OnceLock<Arc<Follower>>,
 }
 
 impl std::fmt::Debug for PgStore {
@@ -92,25 +99,109 @@ fn count(row: &Row, index: usize) -> Result<u64> {
     Ok(at::<i64>(row, index)?.max(0) as u64)
 }
 
+/// How often the process maintaining a node's index looks for new rows.
+const FOLLOW_EVERY: Duration = Duration::from_millis(500);
+
 impl PgStore {
     /// Connects, and brings the schema to this build's version (every node may do this at
-    /// once: migrations take an advisory lock).
-    pub async fn open(url: &str) -> Result<PgStore> {
+    /// once: migrations take an advisory lock). With `index_dir`, this node keeps a recall
+    /// index there (in a directory named after the database), following the database.
+    pub async fn open(url: &str, index_dir: Option<&Path>) -> Result<PgStore> {
         let store = PgStore::connect(url, false).await?;
-        let mut client = store.client().await?;
-        schema::migrate(&mut client, &store.inner.name).await?;
+        {
+            let mut client = store.client().await?;
+            schema::migrate(&mut client, &store.inner.name).await?;
+        }
+        if let Some(base) = index_dir {
+            let dir = base.join(store.store_id().await?);
+            let base = base.to_owned();
+            let follower = tokio::task::spawn_blocking(move || {
+                crate::private_dir(&base).map_err(|error| StoreError::io(&base, error))?;
+                Follower::open(&dir)
+            })
+            .await
+            .map_err(StoreError::TaskFailed)??;
+            let _ = store.inner.follower.set(Arc::new(follower));
+            store.follow().await?;
+            store.follow_in_background();
+        }
         store.measure().await?;
         Ok(store)
     }
 
-    /// Connects for reading only: nothing is migrated, and every write fails with
-    /// [`StoreError::ReadOnly`].
-    pub async fn open_read_only(url: &str) -> Result<PgStore> {
+    /// Connects for reading only: nothing is migrated or created, and every write fails with
+    /// [`StoreError::ReadOnly`]. A node's index in `index_dir` is read as last committed.
+    pub async fn open_read_only(url: &str, index_dir: Option<&Path>) -> Result<PgStore> {
         let store = PgStore::connect(url, true).await?;
-        let client = store.client().await?;
-        schema::check_version(&client, &store.inner.name).await?;
+        {
+            let client = store.client().await?;
+            schema::check_version(&client, &store.inner.name).await?;
+        }
+        if let Some(base) = index_dir {
+            let dir = base.join(store.store_id().await?);
+            let opened = tokio::task::spawn_blocking(move || Follower::open_existing(&dir))
+                .await
+                .map_err(StoreError::TaskFailed)?;
+            match opened {
+                Ok(Some(follower)) => {
+                    let _ = store.inner.follower.set(Arc::new(follower));
+                }
+                Ok(None) => {}
+                // Searches read the database; the node's next writer repairs the index.
+                Err(error) => {
+                    tracing::warn!(%error, "this node's recall index cannot be read; searching the database directly");
+                }
+            }
+        }
         store.measure().await?;
         Ok(store)
+    }
+
+    /// The id the database was given when its schema was created.
+    async fn store_id(&self) -> Result<String> {
+        let client = self.client().await?;
+        client
+            .query_opt("SELECT value FROM store_state WHERE key = 'store_id'", &[])
+            .await?
+            .map(|row| at::<String>(&row, 0))
+            .transpose()?
+            .ok_or_else(|| StoreError::NotFound {
+                what: "store id",
+                id: self.inner.name.clone(),
+            })
+    }
+
+    fn follower(&self) -> Option<&Arc<Follower>> {
+        self.inner.follower.get()
+    }
+
+    /// Brings this node's index up to the database (when this process maintains it).
+    async fn follow(&self) -> Result<u64> {
+        match self.follower() {
+            Some(follower) if follower.maintains() => {
+                let client = self.client().await?;
+                follower.follow(&**client).await
+            }
+            _ => Ok(0),
+        }
+    }
+
+    /// Follows every [`FOLLOW_EVERY`] while the store is open.
+    fn follow_in_background(&self) {
+        let store = Arc::downgrade(&self.inner);
+        tokio::spawn(async move {
+            let mut ticks = tokio::time::interval(FOLLOW_EVERY);
+            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                ticks.tick().await;
+                let Some(inner) = store.upgrade() else {
+                    return;
+                };
+                if let Err(error) = (PgStore { inner }).follow().await {
+                    tracing::warn!(%error, "following the database into this node's recall index failed; trying again");
+                }
+            }
+        });
     }
 
     async fn connect(url: &str, read_only: bool) -> Result<PgStore> {
@@ -137,6 +228,7 @@ impl PgStore {
                 name,
                 read_only,
                 bytes: AtomicU64::new(0),
+                follower: OnceLock::new(),
             }),
         };
         // The first connection says at once whether the server is there.
@@ -574,6 +666,7 @@ impl HistoryStore for PgStore {
             }
         }
         let row = lock_conversation(&*transaction, conversation).await?;
+        follow::order_rows(&*transaction).await?;
         let (mut next_seq, mut next_position, archived): (i64, i64, bool) =
             (at(&row, 0)?, at(&row, 1)?, at(&row, 2)?);
         let find = transaction
@@ -736,6 +829,7 @@ impl HistoryStore for PgStore {
         let mut client = self.client().await?;
         let transaction = client.transaction().await?;
         lock_conversation(&*transaction, plan.conversation).await?;
+        follow::order_rows(&*transaction).await?;
         let current = items_in_range(
             &*transaction,
             plan.conversation,
@@ -933,6 +1027,8 @@ impl HistoryStore for PgStore {
                 )
                 .await?;
         }
+        // Every node's index replaces the summary's document.
+        follow::log_changes(&*transaction, &[IndexedRow::Summary(update.row_id.0)]).await?;
         transaction.commit().await?;
         Ok(true)
     }
@@ -1074,8 +1170,15 @@ impl HistoryStore for PgStore {
     }
 
     async fn search(&self, query: SearchQuery) -> Result<Vec<SearchHit>> {
+        // What this node's index lacks is found in the database anyway; following first
+        // only keeps that part short.
+        if query.mode != SearchMode::Regex
+            && let Err(error) = self.follow().await
+        {
+            tracing::warn!(%error, "this node's recall index could not follow the database; searching it as it is");
+        }
         let client = self.client().await?;
-        search::run(&**client, &query).await
+        search::run(&**client, self.follower().map(Arc::as_ref), &query).await
     }
 
     async fn put_blob(&self, blob: NewBlob) -> Result<BlobInfo> {
@@ -1269,6 +1372,20 @@ impl HistoryStore for PgStore {
             recall: "searches read the database".to_owned(),
             ..IntegrityReport::default()
         };
+        if let Some(follower) = self.follower() {
+            let index = follower.index();
+            let watermark = index.watermark()?;
+            report.indexed_messages_through = watermark.messages;
+            report.indexed_summaries_through = watermark.summaries;
+            report.recall = format!("this node's index through message {}", watermark.messages);
+            if let Err(error) = index.refresh().and_then(|()| index.probe()) {
+                report.problems.push(format!(
+                    "this node's recall index in {} cannot be read ({}); rebuild-index rebuilds it, searches read the database meanwhile",
+                    index.dir().display(),
+                    vilvona_core::error_chain(&error)
+                ));
+            }
+        }
         // Every message's JSON parses, as it did at ingest.
         let mut undecodable = 0u64;
         let mut first = None;
@@ -1502,15 +1619,23 @@ impl HistoryStore for PgStore {
     }
 
     async fn index_doc_count(&self) -> Result<u64> {
-        // Searches read the database; there is no separate index to count.
-        Ok(0)
+        self.follow().await?;
+        match self.follower() {
+            Some(follower) => {
+                follower.index().refresh()?;
+                Ok(follower.index().doc_count())
+            }
+            None => Ok(0),
+        }
     }
 
     async fn rebuild_index(&self) -> Result<u64> {
         self.writable()?;
-        Err(StoreError::NotOnPostgres(
-            "a recall index (searches read the database directly)",
-        ))
+        let follower = self.follower().ok_or(StoreError::NotOnPostgres(
+            "a recall index without a place for it",
+        ))?;
+        follower.clear().await?;
+        self.follow().await
     }
 
     fn disk_bytes(&self) -> u64 {

@@ -133,6 +133,16 @@ CREATE TABLE store_state (
     key TEXT PRIMARY KEY,
     value TEXT NOT NULL
 );
+-- Names this database for the nodes' local indexes (an index follows one database only).
+INSERT INTO store_state (key, value)
+    VALUES ('store_id', substr(md5(random()::TEXT || clock_timestamp()::TEXT), 1, 16));
+
+-- Rows whose index documents must be replaced or removed (forgotten, rewritten), in the
+-- order their transactions committed: every node's index applies them.
+CREATE TABLE index_changes (
+    seq BIGSERIAL PRIMARY KEY,
+    key BIGINT NOT NULL
+);
 "#];
 
 /// The schema version this build writes.

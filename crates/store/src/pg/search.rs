@@ -1,16 +1,19 @@
-//! Searches on PostgreSQL: rows are screened in SQL (their lowercased JSON must hold the
-//! query's ASCII terms), then matched with the same tokenizer, phrase rule, highlighter and
-//! regex engine as on SQLite, so what matches is the same on both backends. Text queries rank
-//! by the share of the query's words a row holds, newest first among equals.
+//! Searches on PostgreSQL, as on SQLite: this node's tantivy index answers text and phrase
+//! queries (BM25) for the rows it holds, and the rows beyond its watermark are read from the
+//! database, screened in SQL (their lowercased JSON must hold the query's ASCII terms) and
+//! matched with the same tokenizer and phrase rule, scored by the share of the query's words
+//! they hold relative to the best indexed hit. Regex reads the database. Without an index,
+//! the database answers alone.
 
 use regex::RegexBuilder;
 use tokio_postgres::GenericClient;
 
+use super::follow::Follower;
 use super::{MESSAGE_COLUMNS, SUMMARY_COLUMNS, at, message_row, summary_row, top_ancestor_row};
 use crate::blobs::{BLOB_ID_KEY, INDEXED_BLOB_BYTES};
 use crate::error::{Result, StoreError};
 use crate::highlight::{Marks, QueryWords, snippet};
-use crate::index::{IndexedRow, key_of};
+use crate::index::{IndexedRow, Watermark, key_of};
 use crate::search::{
     REGEX_BLOB_BYTES, REGEX_SIZE_LIMIT, check_bounds, match_share, message_hit, summary_hit,
 };
@@ -19,15 +22,28 @@ use crate::types::*;
 
 pub(crate) async fn run(
     client: &impl GenericClient,
+    index: Option<&Follower>,
     query: &SearchQuery,
 ) -> Result<Vec<SearchHit>> {
     check_bounds(query)?;
+    // The scope is the agent's: a conversation of another agent is never searched.
+    let mut query = query.clone();
+    query.conversations = client
+        .query(
+            "SELECT id FROM conversations WHERE id = ANY($1) AND agent_id = $2 ORDER BY id",
+            &[&ids(&query), &query.agent_id],
+        )
+        .await?
+        .iter()
+        .map(|row| at(row, 0).map(ConversationId))
+        .collect::<Result<_>>()?;
+    let query = &query;
     if query.conversations.is_empty() || query.limit == 0 {
         return Ok(Vec::new());
     }
     let mut hits = match query.mode {
         SearchMode::Regex => regex_search(client, query).await?,
-        SearchMode::Text | SearchMode::Phrase => word_search(client, query).await?,
+        SearchMode::Text | SearchMode::Phrase => word_search(client, index, query).await?,
     };
     for hit in &mut hits {
         let item = match &hit.source {
@@ -90,7 +106,13 @@ fn screen(query: &SearchQuery, terms: &[String]) -> Option<(Vec<String>, bool)> 
     usable.then_some((ascii, all))
 }
 
-async fn word_search(client: &impl GenericClient, query: &SearchQuery) -> Result<Vec<SearchHit>> {
+/// BM25 (or phrase) hits from this node's index, merged with the matches among the rows
+/// beyond its watermark, read from the database (as on SQLite).
+async fn word_search(
+    client: &impl GenericClient,
+    index: Option<&Follower>,
+    query: &SearchQuery,
+) -> Result<Vec<SearchHit>> {
     let query_words = words(&query.text);
     if query_words.is_empty() {
         return Ok(Vec::new());
@@ -101,11 +123,56 @@ async fn word_search(client: &impl GenericClient, query: &SearchQuery) -> Result
         .collect();
     let query_marks = QueryWords::new(&query.text, &query_words);
     let marks = Marks::Words(&query_marks);
+    let (through, indexed) = match index.map(|index| read_index(index, query)) {
+        Some(Ok(found)) => found,
+        // The index is disposable: when it cannot be read, the database answers alone.
+        Some(Err(error)) => {
+            tracing::warn!(%error, "this node's recall index could not be read; searching the database instead");
+            (Watermark::default(), Vec::new())
+        }
+        None => (Watermark::default(), Vec::new()),
+    };
+    let best = indexed
+        .iter()
+        .map(|(_, score)| *score)
+        .fold(1.0_f32, f32::max);
     let (patterns, all) = screen(query, &terms).unwrap_or((vec!["%".to_owned()], false));
     let quantifier = if all { "ALL" } else { "ANY" };
     let conversations = ids(query);
     let mut found: Vec<(u64, f32, SearchHit)> = Vec::new();
     let mut budget = REGEX_BLOB_BYTES;
+    for (row, score) in indexed {
+        let key = key_of(row);
+        let hit = match row {
+            IndexedRow::Message(id) => match super::message(client, MessageId(id)).await? {
+                Some(message) => {
+                    let text = message.text();
+                    let (snippet_text, file) = if marks.is_match(&text) {
+                        (text, None)
+                    } else {
+                        match blob_match(client, &message, query, &query_words, &mut budget).await?
+                        {
+                            (Some(_), content, file) => (content, file),
+                            (None, _, _) => (text, None),
+                        }
+                    };
+                    let snippet = snippet(&snippet_text, marks);
+                    Some(message_hit(message, score, snippet, file))
+                }
+                None => None,
+            },
+            IndexedRow::Summary(id) => super::summary(client, SummaryRowId(id))
+                .await?
+                .map(|summary| summary_hit(summary, score, marks)),
+        };
+        // The index is derived; the database decides. A row outside the scope is never
+        // returned.
+        if let Some(hit) = hit
+            && query.conversations.contains(&hit.conversation)
+        {
+            found.push((key, score, hit));
+        }
+    }
     if query.target != SearchTarget::Summaries {
         // JSON escapes no letter unless asked to: a row holding `\u` escapes, or a reference
         // to stored content, always goes on to be matched.
@@ -117,7 +184,8 @@ async fn word_search(client: &impl GenericClient, query: &SearchQuery) -> Result
                        AND ($3::BIGINT IS NULL OR m.created_at >= $3)
                        AND ($4::BIGINT IS NULL OR m.created_at < $4)
                        AND (strpos(m.json, '\\u') > 0 OR strpos(m.json, $5) > 0
-                            OR lower(m.json) LIKE {quantifier}($6))"
+                            OR lower(m.json) LIKE {quantifier}($6))
+                       AND m.id > $7"
                 ),
                 &[
                     &conversations,
@@ -126,6 +194,7 @@ async fn word_search(client: &impl GenericClient, query: &SearchQuery) -> Result
                     &query.before_ms,
                     &BLOB_ID_KEY,
                     &patterns,
+                    &through.messages,
                 ],
             )
             .await?;
@@ -142,7 +211,11 @@ async fn word_search(client: &impl GenericClient, query: &SearchQuery) -> Result
             if let Some(share) = share {
                 let key = key_of(IndexedRow::Message(message.id.0));
                 let snippet = snippet(&snippet_text, marks);
-                found.push((key, share, message_hit(message, share, snippet, file)));
+                found.push((
+                    key,
+                    best * share,
+                    message_hit(message, best * share, snippet, file),
+                ));
             }
         }
     }
@@ -154,7 +227,8 @@ async fn word_search(client: &impl GenericClient, query: &SearchQuery) -> Result
                      WHERE s.conversation_id = ANY($1) AND c.agent_id = $2
                        AND ($3::BIGINT IS NULL OR coalesce(s.latest_at, s.created_at) >= $3)
                        AND ($4::BIGINT IS NULL OR coalesce(s.latest_at, s.created_at) < $4)
-                       AND lower(s.content) LIKE {quantifier}($5)"
+                       AND lower(s.content) LIKE {quantifier}($5)
+                       AND s.id > $6"
                 ),
                 &[
                     &conversations,
@@ -162,6 +236,7 @@ async fn word_search(client: &impl GenericClient, query: &SearchQuery) -> Result
                     &query.since_ms,
                     &query.before_ms,
                     &patterns,
+                    &through.summaries,
                 ],
             )
             .await?;
@@ -169,7 +244,7 @@ async fn word_search(client: &impl GenericClient, query: &SearchQuery) -> Result
             let summary = summary_row(&row, 0)?;
             if let Some(share) = match_share(query.mode, &summary.content, &query_words) {
                 let key = key_of(IndexedRow::Summary(summary.row_id.0));
-                found.push((key, share, summary_hit(summary, share, marks)));
+                found.push((key, best * share, summary_hit(summary, best * share, marks)));
             }
         }
     }
@@ -184,6 +259,17 @@ async fn word_search(client: &impl GenericClient, query: &SearchQuery) -> Result
         .take(query.limit)
         .map(|(_, _, hit)| hit)
         .collect())
+}
+
+/// The index's hits and the watermark its reader holds (read before searching).
+fn read_index(
+    index: &Follower,
+    query: &SearchQuery,
+) -> Result<(Watermark, Vec<(IndexedRow, f32)>)> {
+    crate::index::contained(|| {
+        let through = index.searched_through()?;
+        Ok((through, index.index().search(query)?))
+    })
 }
 
 /// A message whose own text does not match, matched through the stored files it references

@@ -22,7 +22,8 @@ use crate::support::*;
 /// Where the stores of one case live.
 pub(crate) enum Backend {
     Sqlite(TempDir),
-    Postgres(String),
+    /// A database, and the local index directories of the nodes opened on it.
+    Postgres(String, std::sync::Mutex<Vec<TempDir>>),
 }
 
 impl Backend {
@@ -65,22 +66,41 @@ impl Backend {
             .unwrap();
         drop(client);
         let _ = running.await;
-        Some(Backend::Postgres(format!("{base} dbname={name}")))
+        Some(Backend::Postgres(
+            format!("{base} dbname={name}"),
+            std::sync::Mutex::new(Vec::new()),
+        ))
     }
 
-    /// A store on this backend (each call: another node).
+    /// A store on this backend (each call: another node, with its own index).
     pub(crate) async fn open(&self) -> Arc<dyn HistoryStore> {
         match self {
             Backend::Sqlite(dir) => Arc::new(open(dir).await),
-            Backend::Postgres(url) => Arc::new(PgStore::open(url).await.unwrap()),
+            Backend::Postgres(url, nodes) => {
+                let node = TempDir::new().unwrap();
+                let store = PgStore::open(url, Some(node.path())).await.unwrap();
+                nodes.lock().unwrap().push(node);
+                Arc::new(store)
+            }
         }
     }
 
-    /// A store on this backend that only reads.
+    /// A store on this backend that only reads (beside the first node's index).
     pub(crate) async fn open_read_only(&self) -> Arc<dyn HistoryStore> {
         match self {
             Backend::Sqlite(dir) => Arc::new(Store::open_read_only(dir.path()).await.unwrap()),
-            Backend::Postgres(url) => Arc::new(PgStore::open_read_only(url).await.unwrap()),
+            Backend::Postgres(url, nodes) => {
+                let first = nodes
+                    .lock()
+                    .unwrap()
+                    .first()
+                    .map(|node| node.path().to_owned());
+                Arc::new(
+                    PgStore::open_read_only(url, first.as_deref())
+                        .await
+                        .unwrap(),
+                )
+            }
         }
     }
 }
@@ -120,6 +140,7 @@ on_both_backends!(
     a_read_only_store_refuses_writes,
     export_and_import_round_trip,
     forgetting_removes_rows_and_what_derives_from_them,
+    every_node_finds_what_another_wrote_and_loses_what_it_forgot,
 );
 
 fn turn_message(text: &str, key: &str, index: u32) -> NewMessage {
@@ -778,7 +799,7 @@ async fn export_and_import_round_trip(backend: &Backend) {
             Some(postgres) => postgres.open().await,
             None => sqlite.open().await,
         },
-        Backend::Postgres(_) => sqlite.open().await,
+        Backend::Postgres(..) => sqlite.open().await,
     };
     let (moved, report) = there.import(archive.clone()).await.unwrap();
     assert!(report.verified);
@@ -913,4 +934,109 @@ async fn forgetting_removes_rows_and_what_derives_from_them(backend: &Backend) {
         "ids are never reused"
     );
     store.reclaim_space().await.unwrap();
+}
+
+async fn every_node_finds_what_another_wrote_and_loses_what_it_forgot(backend: &Backend) {
+    let (a, b) = (backend.open().await, backend.open().await);
+    let id = a.conversation(&key("main", "s1")).await.unwrap().id;
+    let phrase = |text: &str| {
+        let mut query = query("main", vec![id], text);
+        query.mode = SearchMode::Phrase;
+        query
+    };
+    for round in 0..3 {
+        a.ingest(
+            id,
+            (0..20)
+                .map(|n| {
+                    new_message(
+                        &format!("round {round} note {n}: the heron gate code is HG-{round}{n}"),
+                        n,
+                        None,
+                    )
+                })
+                .collect(),
+            None,
+        )
+        .await
+        .unwrap();
+        // At once, whether or not b's index has caught up.
+        let found = b
+            .search(phrase(&format!("heron gate code is HG-{round}7")))
+            .await
+            .unwrap();
+        assert_eq!(named(&found), vec![format!("m{}", round * 20 + 7)]);
+    }
+    let context = a.context(id).await.unwrap();
+    let ReplaceOutcome::Replaced(leaf) = a
+        .replace(plan(
+            id,
+            &context,
+            0..5,
+            "Summary: the osprey ledger moved.",
+        ))
+        .await
+        .unwrap()
+    else {
+        panic!("published")
+    };
+    let found = b.search(phrase("osprey ledger")).await.unwrap();
+    assert!(
+        matches!(&found[..], [hit] if hit.source == HitSource::Summary {
+            row_id: leaf.row_id,
+            summary_id: leaf.summary_id.clone(),
+            depth: 0,
+            kind: SummaryKind::Leaf,
+        })
+    );
+    // A rewritten summary is found by its new text only, from either node.
+    assert!(
+        a.update_summary(SummaryUpdate {
+            row_id: leaf.row_id,
+            expected_level: SummaryLevel::Normal,
+            content: "Summary: the kestrel ledger moved.".to_owned(),
+            tokens: 8,
+            level: SummaryLevel::Normal,
+            summarizer: "test/v2".to_owned(),
+        })
+        .await
+        .unwrap()
+    );
+    for store in [&a, &b] {
+        assert!(
+            store
+                .search(phrase("osprey ledger"))
+                .await
+                .unwrap()
+                .is_empty()
+        );
+        assert_eq!(
+            store.search(phrase("kestrel ledger")).await.unwrap().len(),
+            1
+        );
+    }
+    // Forgotten on one node: gone from every node's searches.
+    a.forget(ForgetPlan::whole(id)).await.unwrap().unwrap();
+    for store in [&a, &b] {
+        assert!(
+            store
+                .search(phrase("heron gate code"))
+                .await
+                .unwrap()
+                .is_empty()
+        );
+        assert!(
+            store
+                .search(phrase("kestrel ledger"))
+                .await
+                .unwrap()
+                .is_empty()
+        );
+    }
+    let other = a.conversation(&key("main", "s2")).await.unwrap().id;
+    a.ingest(other, vec![new_message("kept", 1, None)], None)
+        .await
+        .unwrap();
+    assert_eq!(a.rebuild_index().await.unwrap(), 1);
+    assert_eq!(a.index_doc_count().await.unwrap(), 1);
 }

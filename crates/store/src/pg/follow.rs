@@ -1,0 +1,352 @@
+//! Each node's own recall index over the shared database: a tantivy index (the same schema,
+//! tokenizer and queries as on SQLite) that follows the database by id watermark.
+//!
+//! - Rows are indexed in id order. Ids are allocated in commit order (every transaction that
+//!   takes one holds [`ROW_ORDER_LOCK`] until it commits), so once the follower has seen id
+//!   N, every row below N is committed or never will be: the watermark never passes a row
+//!   that is still to come.
+//! - What changes rows that are already indexed (forgetting, rewriting a summary) appends
+//!   their keys to `index_changes` in the same transaction; the follower removes each
+//!   document and adds it again when the row still exists. The change log follows the same
+//!   ordering rule, with its own watermark.
+//! - The process holding the index directory's writer lock follows: on open, every half
+//!   second in the background, and before each of its searches. Every other process reads
+//!   the index as last committed, and searches find the rows beyond it in the database.
+
+use std::path::Path;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use tokio_postgres::GenericClient;
+
+use super::at;
+use crate::blobs::{BLOB_ID_KEY, INDEXED_BLOB_BYTES};
+use crate::error::{Result, StoreError};
+use crate::index::{IndexDoc, IndexSink, IndexedRow, RecallIndex, Watermark};
+
+/// Taken (for the rest of the transaction) before a transaction allocates a row id or a
+/// change-log entry: ids become visible in the order they were allocated.
+pub(crate) const ROW_ORDER_LOCK: i64 = 0x0076_696c_766f_6e62;
+
+/// Rows read from the database per batch while following.
+const BATCH: i64 = 1024;
+
+/// A document read from the database, owned until it is indexed.
+struct Doc {
+    row: IndexedRow,
+    conversation: i64,
+    agent: String,
+    role: String,
+    time_ms: i64,
+    text: String,
+}
+
+impl Doc {
+    fn as_index_doc(&self) -> IndexDoc<'_> {
+        IndexDoc {
+            row: self.row,
+            conversation: self.conversation,
+            agent: &self.agent,
+            role: &self.role,
+            time_ms: self.time_ms,
+            text: &self.text,
+        }
+    }
+}
+
+/// A node's index and, while this process holds its lock, its writer.
+pub(crate) struct Follower {
+    index: RecallIndex,
+    sink: Mutex<Option<IndexSink>>,
+    /// Serializes following (the background task and searches may both ask).
+    following: tokio::sync::Mutex<()>,
+}
+
+impl std::fmt::Debug for Follower {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Follower")
+            .field("dir", &self.index.dir())
+            .finish()
+    }
+}
+
+impl Follower {
+    /// Opens (or creates) the index in `dir` and takes its writer lock if it is free.
+    pub(crate) fn open(dir: &Path) -> Result<Follower> {
+        let (index, _) = RecallIndex::open(dir)?;
+        let sink = index.try_writer()?;
+        if sink.is_none() {
+            tracing::info!(dir = %dir.display(), "another process maintains this node's recall index; this one reads it");
+        }
+        Ok(Follower {
+            index,
+            sink: Mutex::new(sink),
+            following: tokio::sync::Mutex::new(()),
+        })
+    }
+
+    /// Opens an existing index for reading only; `None` when there is none.
+    pub(crate) fn open_existing(dir: &Path) -> Result<Option<Follower>> {
+        Ok(RecallIndex::open_existing(dir)?.map(|index| Follower {
+            index,
+            sink: Mutex::new(None),
+            following: tokio::sync::Mutex::new(()),
+        }))
+    }
+
+    pub(crate) fn index(&self) -> &RecallIndex {
+        &self.index
+    }
+
+    fn sink(&self) -> std::sync::MutexGuard<'_, Option<IndexSink>> {
+        self.sink.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// True while this process maintains the index.
+    pub(crate) fn maintains(&self) -> bool {
+        self.sink().is_some()
+    }
+
+    /// Indexes what the database holds beyond the watermark and applies the change log, then
+    /// commits; returns the documents added. Nothing when another process maintains it.
+    pub(crate) async fn follow(self: &Arc<Self>, client: &impl GenericClient) -> Result<u64> {
+        let _following = self.following.lock().await;
+        let Some(mut watermark) = self.sink().as_ref().map(IndexSink::watermark) else {
+            return Ok(0);
+        };
+        let mut added = 0u64;
+        loop {
+            let docs = messages_after(client, watermark.messages).await?;
+            let Some(last) = docs.last().map(|doc| doc.row) else {
+                break;
+            };
+            if let IndexedRow::Message(id) = last {
+                watermark.messages = id;
+            }
+            added += docs.len() as u64;
+            self.add(docs, Vec::new(), None).await?;
+        }
+        loop {
+            let docs = summaries_after(client, watermark.summaries).await?;
+            let Some(last) = docs.last().map(|doc| doc.row) else {
+                break;
+            };
+            if let IndexedRow::Summary(id) = last {
+                watermark.summaries = id;
+            }
+            added += docs.len() as u64;
+            self.add(docs, Vec::new(), None).await?;
+        }
+        loop {
+            let changes = client
+                .query(
+                    "SELECT seq, key FROM index_changes WHERE seq > $1 ORDER BY seq LIMIT $2",
+                    &[&watermark.changes, &BATCH],
+                )
+                .await?;
+            let Some(last) = changes.last() else {
+                break;
+            };
+            let last: i64 = at(last, 0)?;
+            let mut removed = Vec::with_capacity(changes.len());
+            let mut again = Vec::new();
+            for change in &changes {
+                let row = crate::forget::task_row(at(change, 1)?);
+                removed.push(row);
+                if let Some(doc) = doc_of(client, row).await? {
+                    again.push(doc);
+                }
+            }
+            watermark.changes = last;
+            self.add(again, removed, Some(last)).await?;
+        }
+        // Also what an interrupted pass added: its documents are pending in the writer.
+        if self.sink().as_ref().is_some_and(|sink| sink.pending() > 0) {
+            let follower = self.clone();
+            tokio::task::spawn_blocking(move || -> Result<()> {
+                if let Some(sink) = follower.sink().as_mut() {
+                    sink.commit()?;
+                }
+                follower.index.reload()
+            })
+            .await
+            .map_err(StoreError::TaskFailed)??;
+        }
+        Ok(added)
+    }
+
+    /// Removes then adds documents on a blocking thread (tantivy's writer may wait on its
+    /// indexing threads).
+    async fn add(
+        self: &Arc<Self>,
+        docs: Vec<Doc>,
+        removed: Vec<IndexedRow>,
+        changes_through: Option<i64>,
+    ) -> Result<()> {
+        let follower = self.clone();
+        tokio::task::spawn_blocking(move || -> Result<()> {
+            let mut sink = follower.sink();
+            let Some(sink) = sink.as_mut() else {
+                return Ok(());
+            };
+            for row in removed {
+                sink.remove(row);
+            }
+            for doc in &docs {
+                sink.add(doc.as_index_doc())?;
+            }
+            if let Some(seq) = changes_through {
+                sink.pass_changes(seq);
+            }
+            Ok(())
+        })
+        .await
+        .map_err(StoreError::TaskFailed)?
+    }
+
+    /// Drops every document; the next [`Follower::follow`] indexes everything again.
+    pub(crate) async fn clear(self: &Arc<Self>) -> Result<()> {
+        let _following = self.following.lock().await;
+        let follower = self.clone();
+        tokio::task::spawn_blocking(move || -> Result<()> {
+            let mut sink = follower.sink();
+            let sink = sink
+                .as_mut()
+                .ok_or_else(|| StoreError::IndexBusy(follower.index.dir().to_owned()))?;
+            sink.clear()?;
+            sink.commit()?;
+            follower.index.reload()
+        })
+        .await
+        .map_err(StoreError::TaskFailed)?
+    }
+
+    /// The rows the index's reader holds (searches find those beyond it in the database).
+    pub(crate) fn searched_through(&self) -> Result<Watermark> {
+        if !self.maintains() {
+            self.index.refresh()?;
+        }
+        Ok(self.index.searched_through())
+    }
+}
+
+/// A message's indexed text: its own, then (bounded) the text of the files it references.
+async fn message_doc(client: &impl GenericClient, row: &tokio_postgres::Row) -> Result<Doc> {
+    let id: i64 = at(row, 0)?;
+    let json: &str = at(row, 4)?;
+    let mut text = serde_json::from_str::<vilvona_core::AgentMessage>(json)
+        .map(|message| message.plain_text())
+        .unwrap_or_default();
+    if json.contains(BLOB_ID_KEY) {
+        for blob in client
+            .query(
+                "SELECT b.content FROM blob_references r JOIN blobs b ON b.blob_id = r.blob_id
+                 WHERE r.message_id = $1 ORDER BY r.blob_id COLLATE \"C\"",
+                &[&id],
+            )
+            .await?
+        {
+            let content: &str = at(&blob, 0)?;
+            text.push('\n');
+            text.push_str(&content[..crate::search::floor_boundary(content, INDEXED_BLOB_BYTES)]);
+        }
+    }
+    Ok(Doc {
+        row: IndexedRow::Message(id),
+        conversation: at(row, 1)?,
+        agent: at(row, 2)?,
+        role: at(row, 3)?,
+        time_ms: at(row, 5)?,
+        text,
+    })
+}
+
+const MESSAGE_DOC: &str = "SELECT m.id, m.conversation_id, c.agent_id, m.role, m.json, m.created_at
+     FROM messages m JOIN conversations c ON c.id = m.conversation_id";
+const SUMMARY_DOC: &str = "SELECT s.id, s.conversation_id, c.agent_id, s.content,
+            coalesce(s.latest_at, s.created_at)
+     FROM summaries s JOIN conversations c ON c.id = s.conversation_id";
+
+fn summary_doc(row: &tokio_postgres::Row) -> Result<Doc> {
+    Ok(Doc {
+        row: IndexedRow::Summary(at(row, 0)?),
+        conversation: at(row, 1)?,
+        agent: at(row, 2)?,
+        role: "summary".to_owned(),
+        time_ms: at(row, 4)?,
+        text: at(row, 3)?,
+    })
+}
+
+async fn messages_after(client: &impl GenericClient, after: i64) -> Result<Vec<Doc>> {
+    let rows = client
+        .query(
+            &format!("{MESSAGE_DOC} WHERE m.id > $1 ORDER BY m.id LIMIT $2"),
+            &[&after, &BATCH],
+        )
+        .await?;
+    let mut docs = Vec::with_capacity(rows.len());
+    for row in &rows {
+        docs.push(message_doc(client, row).await?);
+    }
+    Ok(docs)
+}
+
+async fn summaries_after(client: &impl GenericClient, after: i64) -> Result<Vec<Doc>> {
+    client
+        .query(
+            &format!("{SUMMARY_DOC} WHERE s.id > $1 ORDER BY s.id LIMIT $2"),
+            &[&after, &BATCH],
+        )
+        .await?
+        .iter()
+        .map(summary_doc)
+        .collect()
+}
+
+/// A row's document as the database holds it now; `None` when it is gone.
+async fn doc_of(client: &impl GenericClient, row: IndexedRow) -> Result<Option<Doc>> {
+    match row {
+        IndexedRow::Message(id) => {
+            match client
+                .query_opt(&format!("{MESSAGE_DOC} WHERE m.id = $1"), &[&id])
+                .await?
+            {
+                Some(found) => Ok(Some(message_doc(client, &found).await?)),
+                None => Ok(None),
+            }
+        }
+        IndexedRow::Summary(id) => client
+            .query_opt(&format!("{SUMMARY_DOC} WHERE s.id = $1"), &[&id])
+            .await?
+            .map(|found| summary_doc(&found))
+            .transpose(),
+    }
+}
+
+/// Appends rows whose documents must be replaced (or removed) to the change log, in the
+/// caller's transaction.
+pub(crate) async fn log_changes(client: &impl GenericClient, rows: &[IndexedRow]) -> Result<()> {
+    if rows.is_empty() {
+        return Ok(());
+    }
+    order_rows(client).await?;
+    let keys: Vec<i64> = rows
+        .iter()
+        .map(|row| crate::forget::task_key(*row))
+        .collect();
+    client
+        .execute(
+            "INSERT INTO index_changes (key) SELECT unnest($1::BIGINT[])",
+            &[&keys],
+        )
+        .await?;
+    Ok(())
+}
+
+/// Takes [`ROW_ORDER_LOCK`] for the rest of the caller's transaction.
+pub(crate) async fn order_rows(client: &impl GenericClient) -> Result<()> {
+    client
+        .execute("SELECT pg_advisory_xact_lock($1)", &[&ROW_ORDER_LOCK])
+        .await?;
+    Ok(())
+}
