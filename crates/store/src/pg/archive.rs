@@ -483,15 +483,7 @@ pub(crate) async fn import(
             )
             .await?;
         let id: i64 = at(&row, 0)?;
-        for (ordinal, (message, child)) in children.into_iter().enumerate() {
-            client
-                .execute(
-                    "INSERT INTO summary_edges (parent_id, ordinal, child_message_id, child_summary_id)
-                     VALUES ($1, $2, $3, $4)",
-                    &[&id, &(ordinal as i64), &message, &child],
-                )
-                .await?;
-        }
+        super::insert_edges(client, id, &children).await?;
         summaries.insert(summary.summary_id.clone(), id);
         report.summaries += 1;
     }

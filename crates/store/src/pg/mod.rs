@@ -22,6 +22,7 @@ mod forget;
 mod schema;
 mod search;
 
+use std::collections::HashMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -534,48 +535,70 @@ pub(crate) async fn summaries_above(
         .collect()
 }
 
-/// Time and seq range covered by a planned run of items.
+/// Time and seq range covered by a planned run of items, in one read.
 async fn span_of(
     client: &impl GenericClient,
     items: &[(i64, ItemRef)],
     kind: SummaryKind,
 ) -> Result<(Option<i64>, Option<i64>, i64, i64)> {
-    let (mut earliest, mut latest): (Option<i64>, Option<i64>) = (None, None);
-    let (mut first, mut last) = (i64::MAX, i64::MIN);
+    let mut ids = Vec::with_capacity(items.len());
     for (_, item) in items {
-        let row = match (item, kind) {
-            (ItemRef::Message(id), SummaryKind::Leaf) => client
-                .query_one(
-                    "SELECT created_at, created_at, seq, seq FROM messages WHERE id = $1",
-                    &[&id.0],
-                )
-                .await?,
-            (ItemRef::Summary(id), SummaryKind::Condensed) => client
-                .query_one(
-                    "SELECT earliest_at, latest_at, first_seq, last_seq FROM summaries WHERE id = $1",
-                    &[&id.0],
-                )
-                .await?,
+        match (item, kind) {
+            (ItemRef::Message(id), SummaryKind::Leaf) => ids.push(id.0),
+            (ItemRef::Summary(id), SummaryKind::Condensed) => ids.push(id.0),
             (item, kind) => {
                 return Err(StoreError::InvalidMessage(format!(
                     "a {} summary cannot cover {item:?}",
                     kind_str(kind)
                 )));
             }
-        };
-        let (from, to): (Option<i64>, Option<i64>) = (at(&row, 0)?, at(&row, 1)?);
-        earliest = match (earliest, from) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
-        latest = match (latest, to) {
-            (Some(a), Some(b)) => Some(a.max(b)),
-            (a, b) => a.or(b),
-        };
-        first = first.min(at(&row, 2)?);
-        last = last.max(at(&row, 3)?);
+        }
     }
-    Ok((earliest, latest, first, last))
+    let sql = match kind {
+        SummaryKind::Leaf => {
+            "SELECT min(created_at), max(created_at), min(seq), max(seq), count(*)
+             FROM messages WHERE id = ANY($1)"
+        }
+        SummaryKind::Condensed => {
+            "SELECT min(earliest_at), max(latest_at), min(first_seq), max(last_seq), count(*)
+             FROM summaries WHERE id = ANY($1)"
+        }
+    };
+    let row = client.query_one(sql, &[&ids]).await?;
+    let mut unique = ids.clone();
+    unique.sort_unstable();
+    unique.dedup();
+    if count(&row, 4)? != unique.len() as u64 {
+        return Err(StoreError::NotFound {
+            what: "context item",
+            id: format!("one of {items:?}"),
+        });
+    }
+    Ok((
+        at(&row, 0)?,
+        at(&row, 1)?,
+        at::<Option<i64>>(&row, 2)?.unwrap_or(i64::MAX),
+        at::<Option<i64>>(&row, 3)?.unwrap_or(i64::MIN),
+    ))
+}
+
+/// Writes a summary's ordered children.
+async fn insert_edges(
+    client: &impl GenericClient,
+    parent: i64,
+    children: &[(Option<i64>, Option<i64>)],
+) -> Result<()> {
+    let (messages, summaries): (Vec<Option<i64>>, Vec<Option<i64>>) =
+        children.iter().copied().unzip();
+    client
+        .execute(
+            "INSERT INTO summary_edges (parent_id, ordinal, child_message_id, child_summary_id)
+             SELECT $1, ordinal - 1, message, summary
+             FROM unnest($2::BIGINT[], $3::BIGINT[]) WITH ORDINALITY AS t(message, summary, ordinal)",
+            &[&parent, &messages, &summaries],
+        )
+        .await?;
+    Ok(())
 }
 
 #[async_trait]
@@ -669,106 +692,147 @@ impl HistoryStore for PgStore {
         follow::order_rows(&*transaction).await?;
         let (mut next_seq, mut next_position, archived): (i64, i64, bool) =
             (at(&row, 0)?, at(&row, 1)?, at(&row, 2)?);
-        let find = transaction
-            .prepare_cached(
-                "SELECT id, seq FROM messages WHERE conversation_id = $1 AND ingest_key = $2",
-            )
-            .await?;
-        let at_place = transaction
-            .prepare_cached(
-                "SELECT id, seq, json FROM messages WHERE conversation_id = $1 AND seq = $2",
-            )
-            .await?;
-        let insert = transaction
-            .prepare_cached(
-                "INSERT INTO messages (id, conversation_id, seq, role, json, tokens, ingest_key, created_at)
-                 VALUES (nextval('message_ids'), $1, $2, $3, $4, $5, $6, $7) RETURNING id",
-            )
-            .await?;
-        let append = transaction
-            .prepare_cached(
-                "INSERT INTO context_items (conversation_id, position, message_id, tokens)
-                 VALUES ($1, $2, $3, $4)",
-            )
-            .await?;
-        let mut results = Vec::with_capacity(messages.len());
-        let mut added_tokens: i64 = 0;
-        for message in messages {
-            let mut existing: Option<(i64, i64)> = match &message.ingest_key {
-                Some(key) => transaction
-                    .query_opt(&find, &[&conversation.0, &&key[..]])
-                    .await?
-                    .map(|row| Ok::<_, StoreError>((at(&row, 0)?, at(&row, 1)?)))
-                    .transpose()?,
+
+        // What is stored already, in two reads (under the lock, nobody adds to it): the
+        // messages with these keys, and those at these places.
+        let keys: Vec<&[u8]> = messages
+            .iter()
+            .filter_map(|message| message.ingest_key.as_ref().map(|key| &key[..]))
+            .collect();
+        let mut by_key: HashMap<Vec<u8>, (i64, i64)> = HashMap::new();
+        if !keys.is_empty() {
+            for row in transaction
+                .query(
+                    "SELECT ingest_key, id, seq FROM messages
+                     WHERE conversation_id = $1 AND ingest_key = ANY($2)",
+                    &[&conversation.0, &keys],
+                )
+                .await?
+            {
+                by_key.insert(at(&row, 0)?, (at(&row, 1)?, at(&row, 2)?));
+            }
+        }
+        let places: Vec<i64> = messages
+            .iter()
+            .filter_map(|message| message.place.and_then(|place| i64::try_from(place).ok()))
+            .collect();
+        let mut by_place: HashMap<i64, (i64, String)> = HashMap::new();
+        if !places.is_empty() {
+            for row in transaction
+                .query(
+                    "SELECT seq, id, json FROM messages WHERE conversation_id = $1 AND seq = ANY($2)",
+                    &[&conversation.0, &places],
+                )
+                .await?
+            {
+                by_place.insert(at(&row, 0)?, (at(&row, 1)?, at(&row, 2)?));
+            }
+        }
+
+        /// What becomes of one message: stored before, or the n-th new row of this call.
+        enum Fate {
+            Stored(i64, i64),
+            New(usize),
+        }
+        let mut fates = Vec::with_capacity(messages.len());
+        let mut new_rows: Vec<usize> = Vec::new();
+        let mut new_by_key: HashMap<[u8; 16], usize> = HashMap::new();
+        let mut new_by_seq: HashMap<i64, usize> = HashMap::new();
+        for (index, message) in messages.iter().enumerate() {
+            let known = match &message.ingest_key {
+                Some(key) => match (by_key.get(&key[..]), new_by_key.get(key)) {
+                    (Some((id, seq)), _) => Some(Fate::Stored(*id, *seq)),
+                    (None, Some(slot)) => Some(Fate::New(*slot)),
+                    (None, None) => None,
+                },
                 None => None,
             };
-            if existing.is_none()
-                && let Some(place) = message.place
-                && let Ok(place) = i64::try_from(place)
-                && let Some(row) = transaction
-                    .query_opt(&at_place, &[&conversation.0, &place])
-                    .await?
-                && at::<&str>(&row, 2)? == message.json
-            {
-                existing = Some((at(&row, 0)?, at(&row, 1)?));
-            }
-            if let Some((id, seq)) = existing {
-                results.push(Ingested {
-                    message_id: MessageId(id),
-                    seq: seq as u64,
-                    ingested: false,
-                });
-                continue;
-            }
-            let ingest_key = message
-                .ingest_key
-                .unwrap_or_else(|| crate::writer::sequence_key(conversation, next_seq));
-            let row = transaction
-                .query_one(
-                    &insert,
-                    &[
-                        &conversation.0,
-                        &next_seq,
-                        &message.role,
-                        &message.json,
-                        &(message.tokens as i64),
-                        &&ingest_key[..],
-                        &message.created_at_ms,
-                    ],
+            let known = known.or_else(|| {
+                let place = i64::try_from(message.place?).ok()?;
+                match (by_place.get(&place), new_by_seq.get(&place)) {
+                    (Some((id, json)), _) if *json == message.json => {
+                        Some(Fate::Stored(*id, place))
+                    }
+                    (None, Some(slot)) if messages[new_rows[*slot]].json == message.json => {
+                        Some(Fate::New(*slot))
+                    }
+                    _ => None,
+                }
+            });
+            let fate = known.unwrap_or_else(|| {
+                let slot = new_rows.len();
+                new_rows.push(index);
+                if let Some(key) = message.ingest_key {
+                    new_by_key.insert(key, slot);
+                }
+                new_by_seq.insert(next_seq + slot as i64, slot);
+                Fate::New(slot)
+            });
+            fates.push(fate);
+        }
+
+        let mut ids: Vec<i64> = Vec::new();
+        if !new_rows.is_empty() {
+            ids = transaction
+                .query(
+                    "SELECT nextval('message_ids') FROM generate_series(1, $1::BIGINT)",
+                    &[&(new_rows.len() as i64)],
                 )
-                .await?;
-            let id: i64 = at(&row, 0)?;
-            for blob in &message.blobs {
-                transaction
-                    .execute(
-                        "INSERT INTO blob_references (blob_id, message_id, conversation_id)
-                         SELECT $1, $2, $3 WHERE EXISTS (SELECT 1 FROM blobs WHERE blob_id = $1)
-                         ON CONFLICT DO NOTHING",
-                        &[blob, &id, &conversation.0],
-                    )
-                    .await?;
+                .await?
+                .iter()
+                .map(|row| at(row, 0))
+                .collect::<Result<_>>()?;
+            ids.sort_unstable();
+            let (mut seqs, mut roles, mut jsons, mut tokens, mut keys, mut times, mut positions) =
+                (vec![], vec![], vec![], vec![], vec![], vec![], vec![]);
+            for (slot, index) in new_rows.iter().enumerate() {
+                let message = &messages[*index];
+                let seq = next_seq + slot as i64;
+                seqs.push(seq);
+                roles.push(message.role.as_str());
+                jsons.push(message.json.as_str());
+                tokens.push(message.tokens as i64);
+                keys.push(
+                    message
+                        .ingest_key
+                        .unwrap_or_else(|| crate::writer::sequence_key(conversation, seq))
+                        .to_vec(),
+                );
+                times.push(message.created_at_ms);
+                positions.push(next_position + slot as i64 * POSITION_STEP);
             }
             transaction
                 .execute(
-                    &append,
-                    &[
-                        &conversation.0,
-                        &next_position,
-                        &id,
-                        &(message.tokens as i64),
-                    ],
+                    "INSERT INTO messages (id, conversation_id, seq, role, json, tokens, ingest_key, created_at)
+                     SELECT id, $1, seq, role, json, tokens, key, at
+                     FROM unnest($2::BIGINT[], $3::BIGINT[], $4::TEXT[], $5::TEXT[], $6::BIGINT[],
+                                 $7::BYTEA[], $8::BIGINT[]) AS t(id, seq, role, json, tokens, key, at)",
+                    &[&conversation.0, &ids, &seqs, &roles, &jsons, &tokens, &keys, &times],
                 )
                 .await?;
-            results.push(Ingested {
-                message_id: MessageId(id),
-                seq: next_seq as u64,
-                ingested: true,
-            });
-            added_tokens += message.tokens as i64;
-            next_seq += 1;
-            next_position += POSITION_STEP;
-        }
-        if results.iter().any(|result| result.ingested) {
+            transaction
+                .execute(
+                    "INSERT INTO context_items (conversation_id, position, message_id, tokens)
+                     SELECT $1, position, id, tokens
+                     FROM unnest($2::BIGINT[], $3::BIGINT[], $4::BIGINT[]) AS t(position, id, tokens)",
+                    &[&conversation.0, &positions, &ids, &tokens],
+                )
+                .await?;
+            for (slot, index) in new_rows.iter().enumerate() {
+                for blob in &messages[*index].blobs {
+                    transaction
+                        .execute(
+                            "INSERT INTO blob_references (blob_id, message_id, conversation_id)
+                             SELECT $1, $2, $3 WHERE EXISTS (SELECT 1 FROM blobs WHERE blob_id = $1)
+                             ON CONFLICT DO NOTHING",
+                            &[blob, &ids[slot], &conversation.0],
+                        )
+                        .await?;
+                }
+            }
+            let added_tokens: i64 = tokens.iter().sum();
+            next_seq += new_rows.len() as i64;
+            next_position += new_rows.len() as i64 * POSITION_STEP;
             transaction
                 .execute(
                     // A session resumed after retention archived it is live again.
@@ -787,7 +851,26 @@ impl HistoryStore for PgStore {
                 .await?;
         }
         transaction.commit().await?;
-        Ok(IngestOutcome::Stored(results))
+        let first_new_seq = next_seq - new_rows.len() as i64;
+        let mut reported = vec![false; new_rows.len()];
+        Ok(IngestOutcome::Stored(
+            fates
+                .into_iter()
+                .map(|fate| match fate {
+                    Fate::Stored(id, seq) => Ingested {
+                        message_id: MessageId(id),
+                        seq: seq as u64,
+                        ingested: false,
+                    },
+                    // The first mention stores it; a repeat in the same call was stored by it.
+                    Fate::New(slot) => Ingested {
+                        message_id: MessageId(ids[slot]),
+                        seq: (first_new_seq + slot as i64) as u64,
+                        ingested: !std::mem::replace(&mut reported[slot], true),
+                    },
+                })
+                .collect(),
+        ))
     }
 
     async fn context(&self, conversation: ConversationId) -> Result<Vec<ContextItem>> {
@@ -873,16 +956,12 @@ impl HistoryStore for PgStore {
             )
             .await?;
         let row_id: i64 = at(&row, 0)?;
-        for (ordinal, (_, item)) in plan.items.iter().enumerate() {
-            let (message, child) = columns_of(*item);
-            transaction
-                .execute(
-                    "INSERT INTO summary_edges (parent_id, ordinal, child_message_id, child_summary_id)
-                     VALUES ($1, $2, $3, $4)",
-                    &[&row_id, &(ordinal as i64), &message, &child],
-                )
-                .await?;
-        }
+        let children: Vec<_> = plan
+            .items
+            .iter()
+            .map(|(_, item)| columns_of(*item))
+            .collect();
+        insert_edges(&*transaction, row_id, &children).await?;
         transaction
             .execute(
                 "DELETE FROM context_items WHERE conversation_id = $1 AND position BETWEEN $2 AND $3",

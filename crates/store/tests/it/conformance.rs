@@ -177,6 +177,17 @@ async fn ingest_stores_each_message_once(backend: &Backend) {
     let again = stored(store.ingest(id, entry, None).await.unwrap());
     assert!(first[0].ingested && !again[0].ingested);
     assert_eq!(first[0].message_id, again[0].message_id);
+    // Twice in one call: stored once.
+    let twice = vec![
+        new_message("twice", 3, Some("e2")),
+        new_message("twice", 3, Some("e2")),
+    ];
+    let twice = stored(store.ingest(id, twice, None).await.unwrap());
+    assert_eq!(
+        twice.iter().map(|r| r.ingested).collect::<Vec<_>>(),
+        vec![true, false]
+    );
+    assert_eq!(twice[0].message_id, twice[1].message_id);
     // A durable turn happens once per advancement key.
     let turn = vec![
         turn_message("turn a", "k1", 0),
@@ -216,12 +227,12 @@ async fn ingest_stores_each_message_once(backend: &Backend) {
             .iter()
             .map(|r| (r.seq, r.ingested))
             .collect::<Vec<_>>(),
-        vec![(0, false), (9, true)]
+        vec![(0, false), (10, true)]
     );
     let conversation = store.conversation_by_id(id).await.unwrap().unwrap();
-    assert_eq!(conversation.stored_messages, 10);
+    assert_eq!(conversation.stored_messages, 11);
     let context = store.context(id).await.unwrap();
-    assert_eq!(context.len(), 10);
+    assert_eq!(context.len(), 11);
     assert_eq!(
         conversation.context_tokens,
         context.iter().map(|item| item.tokens).sum::<u64>()
@@ -231,6 +242,7 @@ async fn ingest_stores_each_message_once(backend: &Backend) {
         messages.iter().map(|m| m.seq).collect::<Vec<_>>(),
         vec![6, 7, 8]
     );
+    assert_eq!(messages[1].text(), "twice");
     assert_eq!(
         store.message(messages[0].id).await.unwrap().unwrap(),
         messages[0]
