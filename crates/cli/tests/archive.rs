@@ -131,3 +131,109 @@ fn a_session_moves_between_state_directories() {
         "the file is read whole before any store is opened"
     );
 }
+
+/// SQLite → PostgreSQL → SQLite through the binary: the file that comes back is the file that
+/// went out, and the session is recalled alike on the way.
+#[test]
+fn a_session_moves_to_postgresql_and_back() {
+    let Some(url) = common::postgres_database("archive") else {
+        return;
+    };
+    let (from_dir, via_dir, back_dir) = (
+        TempDir::new().unwrap(),
+        TempDir::new().unwrap(),
+        TempDir::new().unwrap(),
+    );
+    let (from, via, back) = (state(&from_dir), state(&via_dir), state(&back_dir));
+    let fixture = format!(
+        "{}/../../fixtures/gen-session-15.jsonl",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    ok_json(&vilvona(
+        from,
+        &["replay", &fixture, "--context-window", "12000", "--json"],
+    ));
+    let out = from.join("out.vilvona");
+    ok_json(&vilvona(
+        from,
+        &[
+            "export",
+            "--session",
+            SESSION,
+            "--out",
+            out.to_str().unwrap(),
+            "--json",
+        ],
+    ));
+    let on_postgres = |args: &[&str]| {
+        let mut all = vec!["--store-url", url.as_str()];
+        all.extend_from_slice(args);
+        vilvona(via, &all)
+    };
+    let imported = ok_json(&on_postgres(&["import", out.to_str().unwrap(), "--json"]));
+    assert_eq!(imported["verified"], true, "{imported}");
+    // The same hits (their order is the ranking's, which may weigh rows an index has not
+    // taken yet differently).
+    let sorted = |hits: Value| -> Vec<String> {
+        let mut hits: Vec<String> = hits
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|hit| hit.as_str().unwrap().to_owned())
+            .collect();
+        hits.sort();
+        hits
+    };
+    let grep = |output: Output| -> Vec<String> {
+        sorted(
+            ok_json(&output)["results"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|hit| hit["snippet"].clone())
+                .collect(),
+        )
+    };
+    let query = [
+        "grep",
+        "password rotation",
+        "--session",
+        SESSION,
+        "--mode",
+        "phrase",
+        "--json",
+    ];
+    assert_eq!(
+        grep(on_postgres(&query)),
+        sorted(recall(from, "password rotation"))
+    );
+    let returned = via.join("returned.vilvona");
+    ok_json(&on_postgres(&[
+        "export",
+        "--session",
+        SESSION,
+        "--out",
+        returned.to_str().unwrap(),
+        "--json",
+    ]));
+    ok_json(&vilvona(
+        back,
+        &["import", returned.to_str().unwrap(), "--json"],
+    ));
+    assert_eq!(
+        sorted(recall(back, "password rotation")),
+        sorted(recall(from, "password rotation"))
+    );
+    // The same records, line for line, but for the header's export time.
+    let records = |path: &Path| -> Vec<String> {
+        std::fs::read_to_string(path)
+            .unwrap()
+            .lines()
+            .skip(1)
+            .map(str::to_owned)
+            .collect()
+    };
+    let (sent, came_back) = (records(&out), records(&returned));
+    assert_eq!(sent.len(), came_back.len());
+    assert_eq!(sent[..sent.len() - 1], came_back[..came_back.len() - 1]);
+}

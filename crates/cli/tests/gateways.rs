@@ -7,6 +7,8 @@
 //! one); without it the test says so and passes, except in CI, where it fails.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod common;
+
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
 use std::process::{Child, ChildStdin, Command, Stdio};
@@ -17,43 +19,6 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use tempfile::TempDir;
-
-/// A database of its own on the test server.
-fn database() -> Option<String> {
-    let base = match std::env::var("VILVONA_TEST_POSTGRES_URL") {
-        Ok(base) => base,
-        Err(_)
-            if std::env::var_os("CI").is_some()
-                || std::env::var_os("VILVONA_REQUIRE_POSTGRES").is_some() =>
-        {
-            panic!("CI has no PostgreSQL server: VILVONA_TEST_POSTGRES_URL is unset")
-        }
-        Err(_) => {
-            eprintln!(
-                "SKIPPED: VILVONA_TEST_POSTGRES_URL is unset (scripts/postgres-test-server.sh starts a server)"
-            );
-            return None;
-        }
-    };
-    let name = format!("vilvona_gateways_{}", std::process::id());
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    runtime.block_on(async {
-        let (client, connection) = tokio_postgres::connect(&base, tokio_postgres::NoTls)
-            .await
-            .unwrap();
-        let running = tokio::spawn(connection);
-        client
-            .batch_execute(&format!("CREATE DATABASE {name}"))
-            .await
-            .unwrap();
-        drop(client);
-        let _ = running.await;
-    });
-    Some(format!("{base} dbname={name}"))
-}
 
 struct Gateway {
     child: Child,
@@ -156,7 +121,9 @@ fn turn(n: u64) -> Value {
 
 #[test]
 fn two_gateways_keep_one_history() {
-    let Some(url) = database() else { return };
+    let Some(url) = common::postgres_database("gateways") else {
+        return;
+    };
     let (one, two, three) = (
         TempDir::new().unwrap(),
         TempDir::new().unwrap(),

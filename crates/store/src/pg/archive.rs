@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use tokio_postgres::GenericClient;
+use super::Sql;
 use vilvona_core::archive::{
     ArchivedBlob, ArchivedItem, ArchivedMessage, ArchivedRef, ArchivedSession, ArchivedSummary,
     ArchivedTurn, ImportReport, SessionArchive, SessionName,
@@ -16,12 +16,12 @@ use crate::types::{ConversationId, parse_kind, parse_level};
 
 /// Reads a conversation's whole history (run it inside one repeatable-read transaction).
 pub(crate) async fn export(
-    client: &impl GenericClient,
+    client: &impl Sql,
     conversation: ConversationId,
 ) -> Result<SessionArchive> {
     let id = conversation.0;
     let row = client
-        .query_opt(
+        .row_opt(
             "SELECT agent_id, session_id, session_key, archived_at, created_at, next_seq,
                     next_position, forgotten_messages
              FROM conversations WHERE id = $1",
@@ -45,7 +45,7 @@ pub(crate) async fn export(
     let mut seq_of: HashMap<i64, u64> = HashMap::new();
     let mut messages = Vec::new();
     for row in client
-        .query(
+        .rows(
             "SELECT m.id, m.seq, m.role, m.json, m.tokens, m.ingest_key, m.created_at,
                     coalesce((SELECT array_agg(r.blob_id ORDER BY r.blob_id COLLATE \"C\") FROM blob_references r
                               WHERE r.message_id = m.id), '{}')
@@ -69,7 +69,7 @@ pub(crate) async fn export(
     let mut summary_ids: HashMap<i64, String> = HashMap::new();
     let mut summaries = Vec::new();
     for row in client
-        .query(
+        .rows(
             "SELECT id, summary_id, depth, kind, content, tokens, earliest_at, latest_at,
                     first_seq, last_seq, level, summarizer, created_at
              FROM summaries WHERE conversation_id = $1 ORDER BY id",
@@ -110,7 +110,7 @@ pub(crate) async fn export(
                 });
             }
             let row = client
-                .query_opt(
+                .row_opt(
                     "SELECT c.agent_id, c.session_id, m.seq FROM messages m
                      JOIN conversations c ON c.id = m.conversation_id WHERE m.id = $1",
                     &[&message],
@@ -138,7 +138,7 @@ pub(crate) async fn export(
             });
         }
         let row = client
-            .query_opt(
+            .row_opt(
                 "SELECT summary_id FROM summaries WHERE id = $1",
                 &[&summary],
             )
@@ -154,7 +154,7 @@ pub(crate) async fn export(
     };
     for (row_id, summary) in &mut summaries {
         for row in client
-            .query(
+            .rows(
                 "SELECT child_message_id, child_summary_id FROM summary_edges
                  WHERE parent_id = $1 ORDER BY ordinal",
                 &[&*row_id],
@@ -168,7 +168,7 @@ pub(crate) async fn export(
     }
     let mut context = Vec::new();
     for row in client
-        .query(
+        .rows(
             "SELECT position, message_id, summary_id, tokens FROM context_items
              WHERE conversation_id = $1 ORDER BY position",
             &[&id],
@@ -182,7 +182,7 @@ pub(crate) async fn export(
         });
     }
     let blobs = client
-        .query(
+        .rows(
             "SELECT blob_id, kind, bytes, lines, description, content, created_at FROM blobs
              WHERE conversation_id = $1
                 OR blob_id IN (SELECT blob_id FROM blob_references WHERE conversation_id = $1)
@@ -204,7 +204,7 @@ pub(crate) async fn export(
         })
         .collect::<Result<Vec<_>>>()?;
     let turns = client
-        .query(
+        .rows(
             "SELECT advancement_key, committed_at FROM turn_commits
              WHERE conversation_id = $1 ORDER BY committed_at, advancement_key COLLATE \"C\"",
             &[&id],
@@ -219,7 +219,7 @@ pub(crate) async fn export(
         })
         .collect::<Result<Vec<_>>>()?;
     let state = client
-        .query(
+        .rows(
             "SELECT key, value FROM conversation_state WHERE conversation_id = $1",
             &[&id],
         )
@@ -240,7 +240,7 @@ pub(crate) async fn export(
 
 /// The row a reference names: the archive's own rows first, then the store's.
 async fn resolve(
-    client: &impl GenericClient,
+    client: &impl Sql,
     conversation: ConversationId,
     messages: &HashMap<u64, i64>,
     summaries: &HashMap<String, i64>,
@@ -258,7 +258,7 @@ async fn resolve(
             seq,
             from: Some(session),
         } => match client
-            .query_opt(
+            .row_opt(
                 "SELECT m.id FROM messages m JOIN conversations c ON c.id = m.conversation_id
                  WHERE c.agent_id = $1 AND c.session_id = $2 AND m.seq = $3 AND c.id <> $4",
                 &[
@@ -281,7 +281,7 @@ async fn resolve(
                 return Ok((None, Some(*id)));
             }
             match client
-                .query_opt(
+                .row_opt(
                     "SELECT id FROM summaries WHERE summary_id = $1",
                     &[summary_id],
                 )
@@ -299,12 +299,12 @@ async fn resolve(
 /// Stores an archive as a new conversation inside the caller's transaction and checks it
 /// reads back equal; the caller commits only on success.
 pub(crate) async fn import(
-    client: &impl GenericClient,
+    client: &impl Sql,
     archive: &SessionArchive,
 ) -> Result<(ConversationId, ImportReport)> {
     let session = &archive.session;
     let existing = client
-        .query_opt(
+        .row_opt(
             "SELECT c.id,
                     (SELECT count(*) FROM messages WHERE conversation_id = c.id),
                     (SELECT count(*) FROM summaries WHERE conversation_id = c.id)
@@ -337,12 +337,12 @@ pub(crate) async fn import(
                 "DELETE FROM conversation_state WHERE conversation_id = $1",
                 "DELETE FROM turn_commits WHERE conversation_id = $1",
             ] {
-                client.execute(sql, &[&id]).await?;
+                client.run(sql, &[&id]).await?;
             }
             let mut params = counters.to_vec();
             params.push(&id);
             client
-                .execute(
+                .run(
                     "UPDATE conversations SET session_key = $1, archived_at = $2, created_at = $3,
                          next_seq = $4, next_position = $5, forgotten_messages = $6
                      WHERE id = $7",
@@ -356,7 +356,7 @@ pub(crate) async fn import(
             params.push(&session.agent_id);
             params.push(&session.session_id);
             let row = client
-                .query_one(
+                .row(
                     "INSERT INTO conversations (session_key, archived_at, created_at, next_seq,
                          next_position, forgotten_messages, agent_id, session_id)
                      VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING id",
@@ -373,7 +373,7 @@ pub(crate) async fn import(
     super::follow::order_rows(client).await?;
     for blob in &archive.blobs {
         report.blobs += client
-            .execute(
+            .run(
                 "INSERT INTO blobs (blob_id, conversation_id, kind, bytes, lines, description, content, created_at)
                  VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT DO NOTHING",
                 &[
@@ -404,7 +404,7 @@ pub(crate) async fn import(
             )));
         }
         let row = client
-            .query_one(
+            .row(
                 "INSERT INTO messages (id, conversation_id, seq, role, json, tokens, ingest_key, created_at)
                  VALUES (nextval('message_ids'), $1, $2, $3, $4, $5, $6, $7) RETURNING id",
                 &[
@@ -417,18 +417,14 @@ pub(crate) async fn import(
                     &message.created_at_ms,
                 ],
             )
-            .await
-            .map_err(|error| match error.code() {
-                Some(&tokio_postgres::error::SqlState::UNIQUE_VIOLATION) => {
-                    refused(format!("message {} appears twice", message.seq))
-                }
-                _ => error.into(),
-            })?;
+            .await?;
         let id: i64 = at(&row, 0)?;
-        messages.insert(message.seq, id);
+        if messages.insert(message.seq, id).is_some() {
+            return Err(refused(format!("message {} appears twice", message.seq)));
+        }
         for blob in &message.blobs {
             client
-                .execute(
+                .run(
                     "INSERT INTO blob_references (message_id, blob_id, conversation_id) VALUES ($1, $2, $3)",
                     &[&id, blob, &conversation.0],
                 )
@@ -444,7 +440,7 @@ pub(crate) async fn import(
         parse_level(&summary.level)
             .map_err(|_| refused(format!("{owner}: level {:?}", summary.level)))?;
         let taken = client
-            .query_opt(
+            .row_opt(
                 "SELECT 1 FROM summaries WHERE summary_id = $1",
                 &[&summary.summary_id],
             )
@@ -460,7 +456,7 @@ pub(crate) async fn import(
                 .push(resolve(client, conversation, &messages, &summaries, child, &owner).await?);
         }
         let row = client
-            .query_one(
+            .row(
                 "INSERT INTO summaries (id, summary_id, conversation_id, depth, kind, content, tokens,
                      earliest_at, latest_at, first_seq, last_seq, level, summarizer, created_at)
                  VALUES (nextval('summary_ids'), $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
@@ -506,7 +502,7 @@ pub(crate) async fn import(
         )
         .await?;
         client
-            .execute(
+            .run(
                 "INSERT INTO context_items (conversation_id, position, message_id, summary_id, tokens)
                  VALUES ($1, $2, $3, $4, $5)",
                 &[
@@ -522,14 +518,14 @@ pub(crate) async fn import(
         report.context_items += 1;
     }
     client
-        .execute(
+        .run(
             "UPDATE conversations SET context_tokens = $2 WHERE id = $1",
             &[&conversation.0, &tokens],
         )
         .await?;
     for turn in &archive.turns {
         client
-            .execute(
+            .run(
                 "INSERT INTO turn_commits (conversation_id, advancement_key, committed_at) VALUES ($1, $2, $3)",
                 &[&conversation.0, &turn.advancement_key, &turn.committed_at_ms],
             )
@@ -537,7 +533,7 @@ pub(crate) async fn import(
     }
     for (key, value) in &archive.state {
         client
-            .execute(
+            .run(
                 "INSERT INTO conversation_state (conversation_id, key, value) VALUES ($1, $2, $3)",
                 &[&conversation.0, key, value],
             )

@@ -16,7 +16,7 @@
 use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use tokio_postgres::GenericClient;
+use super::Sql;
 
 use super::at;
 use crate::blobs::{BLOB_ID_KEY, INDEXED_BLOB_BYTES};
@@ -108,7 +108,7 @@ impl Follower {
 
     /// Indexes what the database holds beyond the watermark and applies the change log, then
     /// commits; returns the documents added. Nothing when another process maintains it.
-    pub(crate) async fn follow(self: &Arc<Self>, client: &impl GenericClient) -> Result<u64> {
+    pub(crate) async fn follow(self: &Arc<Self>, client: &impl Sql) -> Result<u64> {
         let _following = self.following.lock().await;
         let Some(mut watermark) = self.sink().as_ref().map(IndexSink::watermark) else {
             return Ok(0);
@@ -138,7 +138,7 @@ impl Follower {
         }
         loop {
             let changes = client
-                .query(
+                .rows(
                     "SELECT seq, key FROM index_changes WHERE seq > $1 ORDER BY seq LIMIT $2",
                     &[&watermark.changes, &BATCH],
                 )
@@ -230,7 +230,7 @@ impl Follower {
 }
 
 /// A message's indexed text: its own, then (bounded) the text of the files it references.
-async fn message_doc(client: &impl GenericClient, row: &tokio_postgres::Row) -> Result<Doc> {
+async fn message_doc(client: &impl Sql, row: &tokio_postgres::Row) -> Result<Doc> {
     let id: i64 = at(row, 0)?;
     let json: &str = at(row, 4)?;
     let mut text = serde_json::from_str::<vilvona_core::AgentMessage>(json)
@@ -238,7 +238,7 @@ async fn message_doc(client: &impl GenericClient, row: &tokio_postgres::Row) -> 
         .unwrap_or_default();
     if json.contains(BLOB_ID_KEY) {
         for blob in client
-            .query(
+            .rows(
                 "SELECT b.content FROM blob_references r JOIN blobs b ON b.blob_id = r.blob_id
                  WHERE r.message_id = $1 ORDER BY r.blob_id COLLATE \"C\"",
                 &[&id],
@@ -277,9 +277,9 @@ fn summary_doc(row: &tokio_postgres::Row) -> Result<Doc> {
     })
 }
 
-async fn messages_after(client: &impl GenericClient, after: i64) -> Result<Vec<Doc>> {
+async fn messages_after(client: &impl Sql, after: i64) -> Result<Vec<Doc>> {
     let rows = client
-        .query(
+        .rows(
             &format!("{MESSAGE_DOC} WHERE m.id > $1 ORDER BY m.id LIMIT $2"),
             &[&after, &BATCH],
         )
@@ -291,9 +291,9 @@ async fn messages_after(client: &impl GenericClient, after: i64) -> Result<Vec<D
     Ok(docs)
 }
 
-async fn summaries_after(client: &impl GenericClient, after: i64) -> Result<Vec<Doc>> {
+async fn summaries_after(client: &impl Sql, after: i64) -> Result<Vec<Doc>> {
     client
-        .query(
+        .rows(
             &format!("{SUMMARY_DOC} WHERE s.id > $1 ORDER BY s.id LIMIT $2"),
             &[&after, &BATCH],
         )
@@ -304,11 +304,11 @@ async fn summaries_after(client: &impl GenericClient, after: i64) -> Result<Vec<
 }
 
 /// A row's document as the database holds it now; `None` when it is gone.
-async fn doc_of(client: &impl GenericClient, row: IndexedRow) -> Result<Option<Doc>> {
+async fn doc_of(client: &impl Sql, row: IndexedRow) -> Result<Option<Doc>> {
     match row {
         IndexedRow::Message(id) => {
             match client
-                .query_opt(&format!("{MESSAGE_DOC} WHERE m.id = $1"), &[&id])
+                .row_opt(&format!("{MESSAGE_DOC} WHERE m.id = $1"), &[&id])
                 .await?
             {
                 Some(found) => Ok(Some(message_doc(client, &found).await?)),
@@ -316,7 +316,7 @@ async fn doc_of(client: &impl GenericClient, row: IndexedRow) -> Result<Option<D
             }
         }
         IndexedRow::Summary(id) => client
-            .query_opt(&format!("{SUMMARY_DOC} WHERE s.id = $1"), &[&id])
+            .row_opt(&format!("{SUMMARY_DOC} WHERE s.id = $1"), &[&id])
             .await?
             .map(|found| summary_doc(&found))
             .transpose(),
@@ -325,7 +325,7 @@ async fn doc_of(client: &impl GenericClient, row: IndexedRow) -> Result<Option<D
 
 /// Appends rows whose documents must be replaced (or removed) to the change log, in the
 /// caller's transaction.
-pub(crate) async fn log_changes(client: &impl GenericClient, rows: &[IndexedRow]) -> Result<()> {
+pub(crate) async fn log_changes(client: &impl Sql, rows: &[IndexedRow]) -> Result<()> {
     if rows.is_empty() {
         return Ok(());
     }
@@ -335,7 +335,7 @@ pub(crate) async fn log_changes(client: &impl GenericClient, rows: &[IndexedRow]
         .map(|row| crate::forget::task_key(*row))
         .collect();
     client
-        .execute(
+        .run(
             "INSERT INTO index_changes (key) SELECT unnest($1::BIGINT[])",
             &[&keys],
         )
@@ -344,9 +344,9 @@ pub(crate) async fn log_changes(client: &impl GenericClient, rows: &[IndexedRow]
 }
 
 /// Takes [`ROW_ORDER_LOCK`] for the rest of the caller's transaction.
-pub(crate) async fn order_rows(client: &impl GenericClient) -> Result<()> {
+pub(crate) async fn order_rows(client: &impl Sql) -> Result<()> {
     client
-        .execute("SELECT pg_advisory_xact_lock($1)", &[&ROW_ORDER_LOCK])
+        .run("SELECT pg_advisory_xact_lock($1)", &[&ROW_ORDER_LOCK])
         .await?;
     Ok(())
 }

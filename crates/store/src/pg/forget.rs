@@ -4,16 +4,16 @@
 
 use std::collections::HashSet;
 
-use tokio_postgres::GenericClient;
+use super::Sql;
 
 use super::{at, lock_conversation, span_of, summaries_above};
 use crate::error::Result;
 use crate::index::IndexedRow;
 use crate::types::*;
 
-async fn ids(client: &impl GenericClient, sql: &str, conversation: i64) -> Result<Vec<i64>> {
+async fn ids(client: &impl Sql, sql: &str, conversation: i64) -> Result<Vec<i64>> {
     client
-        .query(sql, &[&conversation])
+        .rows(sql, &[&conversation])
         .await?
         .iter()
         .map(|row| at(row, 0))
@@ -21,13 +21,10 @@ async fn ids(client: &impl GenericClient, sql: &str, conversation: i64) -> Resul
 }
 
 /// Applies a plan in the caller's transaction; `None` when it is stale.
-pub(crate) async fn apply(
-    client: &impl GenericClient,
-    plan: &ForgetPlan,
-) -> Result<Option<ForgetReport>> {
+pub(crate) async fn apply(client: &impl Sql, plan: &ForgetPlan) -> Result<Option<ForgetReport>> {
     let conversation = plan.conversation;
     if client
-        .query_opt(
+        .row_opt(
             "SELECT 1 FROM conversations WHERE id = $1",
             &[&conversation.0],
         )
@@ -76,7 +73,7 @@ pub(crate) async fn apply(
                 return Ok(None);
             }
             let messages = client
-                .query(
+                .rows(
                     "SELECT id FROM messages WHERE conversation_id = $1 AND created_at < $2",
                     &[&conversation.0, &before_ms],
                 )
@@ -92,7 +89,7 @@ pub(crate) async fn apply(
     let mut touched: HashSet<i64> = HashSet::new();
     for (column, rows) in [("message_id", &messages), ("summary_id", &summaries)] {
         let held = client
-            .query(
+            .rows(
                 &format!(
                     "DELETE FROM context_items WHERE {column} = ANY($1)
                      RETURNING conversation_id, tokens"
@@ -105,7 +102,7 @@ pub(crate) async fn apply(
             let holder: i64 = at(&row, 0)?;
             touched.insert(holder);
             client
-                .execute(
+                .run(
                     "UPDATE conversations SET context_tokens = context_tokens - $2 WHERE id = $1",
                     &[&holder, &at::<i64>(&row, 1)?],
                 )
@@ -115,7 +112,7 @@ pub(crate) async fn apply(
 
     for rewrite in &plan.rewritten {
         client
-            .execute(
+            .run(
                 "DELETE FROM summary_edges WHERE parent_id = $1
                  AND (child_message_id IN (SELECT id FROM messages WHERE conversation_id = $2
                           AND ($3::BIGINT IS NULL OR created_at < $3))
@@ -124,7 +121,7 @@ pub(crate) async fn apply(
             )
             .await?;
         let remaining = client
-            .query(
+            .rows(
                 "SELECT ordinal, child_message_id, child_summary_id FROM summary_edges
                  WHERE parent_id = $1 ORDER BY ordinal",
                 &[&rewrite.row_id.0],
@@ -134,7 +131,7 @@ pub(crate) async fn apply(
             .map(|row| Ok((at(row, 0)?, super::item_of(at(row, 1)?, at(row, 2)?))))
             .collect::<Result<Vec<(i64, ItemRef)>>>()?;
         let current = client
-            .query_one(
+            .row(
                 "SELECT kind, tokens FROM summaries WHERE id = $1",
                 &[&rewrite.row_id.0],
             )
@@ -143,7 +140,7 @@ pub(crate) async fn apply(
         let old_tokens: i64 = at(&current, 1)?;
         let (earliest, latest, first_seq, last_seq) = span_of(client, &remaining, kind).await?;
         client
-            .execute(
+            .run(
                 "UPDATE summaries SET content = $2, tokens = $3, summarizer = $4,
                      earliest_at = $5, latest_at = $6, first_seq = $7, last_seq = $8
                  WHERE id = $1",
@@ -160,14 +157,14 @@ pub(crate) async fn apply(
             )
             .await?;
         let holders = client
-            .query(
+            .rows(
                 "UPDATE context_items SET tokens = $2 WHERE summary_id = $1 RETURNING conversation_id",
                 &[&rewrite.row_id.0, &(rewrite.tokens as i64)],
             )
             .await?;
         for row in holders {
             client
-                .execute(
+                .run(
                     "UPDATE conversations SET context_tokens = context_tokens + $2 WHERE id = $1",
                     &[&at::<i64>(&row, 0)?, &(rewrite.tokens as i64 - old_tokens)],
                 )
@@ -178,19 +175,19 @@ pub(crate) async fn apply(
 
     // Removed summaries: their edges (as parent and as child), then the rows.
     client
-        .execute(
+        .run(
             "DELETE FROM summary_edges WHERE parent_id = ANY($1) OR child_summary_id = ANY($1)",
             &[&summaries],
         )
         .await?;
     report.summaries_removed += client
-        .execute("DELETE FROM summaries WHERE id = ANY($1)", &[&summaries])
+        .run("DELETE FROM summaries WHERE id = ANY($1)", &[&summaries])
         .await?;
 
     // Messages: their edges, blob references, then the rows; blobs nothing references any
     // more go with them.
     let mut blobs: HashSet<String> = client
-        .query(
+        .rows(
             "DELETE FROM blob_references WHERE message_id = ANY($1) RETURNING blob_id",
             &[&messages],
         )
@@ -199,17 +196,17 @@ pub(crate) async fn apply(
         .map(|row| at(row, 0))
         .collect::<Result<_>>()?;
     client
-        .execute(
+        .run(
             "DELETE FROM summary_edges WHERE child_message_id = ANY($1)",
             &[&messages],
         )
         .await?;
     report.messages += client
-        .execute("DELETE FROM messages WHERE id = ANY($1)", &[&messages])
+        .run("DELETE FROM messages WHERE id = ANY($1)", &[&messages])
         .await?;
     if report.messages > 0 && plan.scope != ForgetScope::Conversation {
         client
-            .execute(
+            .run(
                 "UPDATE conversations SET forgotten_messages = forgotten_messages + $2 WHERE id = $1",
                 &[&conversation.0, &(report.messages as i64)],
             )
@@ -217,7 +214,7 @@ pub(crate) async fn apply(
     }
     if plan.scope == ForgetScope::Conversation {
         for row in client
-            .query(
+            .rows(
                 "SELECT blob_id FROM blobs WHERE conversation_id = $1",
                 &[&conversation.0],
             )
@@ -228,7 +225,7 @@ pub(crate) async fn apply(
     }
     for blob in &blobs {
         let reader = client
-            .query_opt(
+            .row_opt(
                 "SELECT conversation_id FROM blob_references WHERE blob_id = $1 LIMIT 1",
                 &[blob],
             )
@@ -237,7 +234,7 @@ pub(crate) async fn apply(
             // Still referenced: it belongs to a conversation that references it.
             Some(row) => {
                 client
-                    .execute(
+                    .run(
                         "UPDATE blobs SET conversation_id = $2 WHERE blob_id = $1 AND conversation_id = $3",
                         &[blob, &at::<i64>(&row, 0)?, &conversation.0],
                     )
@@ -245,7 +242,7 @@ pub(crate) async fn apply(
             }
             None => {
                 report.blobs += client
-                    .execute("DELETE FROM blobs WHERE blob_id = $1", &[blob])
+                    .run("DELETE FROM blobs WHERE blob_id = $1", &[blob])
                     .await?;
             }
         }
@@ -258,7 +255,7 @@ pub(crate) async fn apply(
             "DELETE FROM conversation_state WHERE conversation_id = $1",
             "DELETE FROM conversations WHERE id = $1",
         ] {
-            client.execute(sql, &[&conversation.0]).await?;
+            client.run(sql, &[&conversation.0]).await?;
         }
         touched.remove(&conversation.0);
     }

@@ -31,7 +31,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod};
 use tokio_postgres::types::FromSql;
-use tokio_postgres::{GenericClient, NoTls, Row};
+use tokio_postgres::types::ToSql;
+use tokio_postgres::{NoTls, Row};
 use vilvona_core::archive::{ImportReport, SessionArchive};
 use vilvona_core::clock::now_ms;
 use vilvona_core::summarize::SummaryKind;
@@ -90,6 +91,33 @@ fn display_name(config: &tokio_postgres::Config) -> String {
         config.get_dbname().unwrap_or("")
     )
 }
+
+/// Statements as this backend runs them: each prepared once per pooled connection (the pool
+/// keeps every connection's cache), so a statement is one round trip instead of two.
+#[async_trait]
+pub(crate) trait Sql: deadpool_postgres::GenericClient + Sync {
+    async fn rows(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<Vec<Row>> {
+        let statement = self.prepare_cached(sql).await?;
+        Ok(self.query(&statement, params).await?)
+    }
+
+    async fn row(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<Row> {
+        let statement = self.prepare_cached(sql).await?;
+        Ok(self.query_one(&statement, params).await?)
+    }
+
+    async fn row_opt(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<Option<Row>> {
+        let statement = self.prepare_cached(sql).await?;
+        Ok(self.query_opt(&statement, params).await?)
+    }
+
+    async fn run(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<u64> {
+        let statement = self.prepare_cached(sql).await?;
+        Ok(self.execute(&statement, params).await?)
+    }
+}
+
+impl<T: deadpool_postgres::GenericClient + Sync> Sql for T {}
 
 /// A column, typed; a mismatch is an error, never a panic.
 fn at<'a, T: FromSql<'a>>(row: &'a Row, index: usize) -> Result<T> {
@@ -162,7 +190,7 @@ impl PgStore {
     async fn store_id(&self) -> Result<String> {
         let client = self.client().await?;
         client
-            .query_opt("SELECT value FROM store_state WHERE key = 'store_id'", &[])
+            .row_opt("SELECT value FROM store_state WHERE key = 'store_id'", &[])
             .await?
             .map(|row| at::<String>(&row, 0))
             .transpose()?
@@ -181,7 +209,7 @@ impl PgStore {
         match self.follower() {
             Some(follower) if follower.maintains() => {
                 let client = self.client().await?;
-                follower.follow(&**client).await
+                follower.follow(&client).await
             }
             _ => Ok(0),
         }
@@ -268,7 +296,7 @@ impl PgStore {
         // The store's own tables with their indexes and TOAST: the database's size would add
         // the catalogs of an empty database (several MB) to every figure.
         let row = client
-            .query_one(
+            .row(
                 "SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0)::BIGINT
                  FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
                  WHERE n.nspname = current_schema() AND c.relkind = 'r'",
@@ -357,11 +385,11 @@ fn columns_of(item: ItemRef) -> (Option<i64>, Option<i64>) {
 }
 
 async fn conversation_by_key(
-    client: &impl GenericClient,
+    client: &impl Sql,
     key: &ConversationKey,
 ) -> Result<Option<Conversation>> {
     client
-        .query_opt(
+        .row_opt(
             &format!(
                 "SELECT {CONVERSATION_COLUMNS} FROM conversations c
                  WHERE c.agent_id = $1 AND c.session_id = $2"
@@ -375,12 +403,12 @@ async fn conversation_by_key(
 }
 
 async fn conversations_where(
-    client: &impl GenericClient,
+    client: &impl Sql,
     condition: &str,
     params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
 ) -> Result<Vec<Conversation>> {
     client
-        .query(
+        .rows(
             &format!(
                 "SELECT {CONVERSATION_COLUMNS} FROM conversations c WHERE {condition} ORDER BY c.id"
             ),
@@ -392,12 +420,9 @@ async fn conversations_where(
         .collect()
 }
 
-pub(crate) async fn message(
-    client: &impl GenericClient,
-    id: MessageId,
-) -> Result<Option<StoredMessage>> {
+pub(crate) async fn message(client: &impl Sql, id: MessageId) -> Result<Option<StoredMessage>> {
     client
-        .query_opt(
+        .row_opt(
             &format!("SELECT {MESSAGE_COLUMNS} FROM messages m WHERE m.id = $1"),
             &[&id.0],
         )
@@ -407,11 +432,11 @@ pub(crate) async fn message(
 }
 
 pub(crate) async fn summary(
-    client: &impl GenericClient,
+    client: &impl Sql,
     row_id: SummaryRowId,
 ) -> Result<Option<StoredSummary>> {
     client
-        .query_opt(
+        .row_opt(
             &format!("SELECT {SUMMARY_COLUMNS} FROM summaries s WHERE s.id = $1"),
             &[&row_id.0],
         )
@@ -420,7 +445,7 @@ pub(crate) async fn summary(
         .transpose()
 }
 
-async fn parent_row(client: &impl GenericClient, item: ItemRef) -> Result<Option<SummaryRowId>> {
+async fn parent_row(client: &impl Sql, item: ItemRef) -> Result<Option<SummaryRowId>> {
     let (sql, id) = match item {
         ItemRef::Message(id) => (
             "SELECT parent_id FROM summary_edges WHERE child_message_id = $1",
@@ -432,33 +457,44 @@ async fn parent_row(client: &impl GenericClient, item: ItemRef) -> Result<Option
         ),
     };
     client
-        .query_opt(sql, &[&id])
+        .row_opt(sql, &[&id])
         .await?
         .map(|row| at(&row, 0).map(SummaryRowId))
         .transpose()
 }
 
+/// The topmost summary above an item, in one read (the walk up the edges runs in the
+/// database).
 pub(crate) async fn top_ancestor_row(
-    client: &impl GenericClient,
+    client: &impl Sql,
     item: ItemRef,
 ) -> Result<Option<SummaryRowId>> {
-    let mut current = item;
-    let mut top = None;
-    while let Some(parent) = parent_row(client, current).await? {
-        current = ItemRef::Summary(parent);
-        top = Some(parent);
-    }
-    Ok(top)
+    let (message, summary) = columns_of(item);
+    client
+        .row_opt(
+            "WITH RECURSIVE up(id, depth) AS (
+                 SELECT parent_id, 1 FROM summary_edges
+                 WHERE child_message_id = $1 OR child_summary_id = $2
+                 UNION ALL
+                 SELECT e.parent_id, up.depth + 1 FROM summary_edges e JOIN up ON e.child_summary_id = up.id
+                 WHERE up.depth < 10000 -- a damaged DAG's cycle ends here
+             )
+             SELECT id FROM up ORDER BY depth DESC LIMIT 1",
+            &[&message, &summary],
+        )
+        .await?
+        .map(|row| at(&row, 0).map(SummaryRowId))
+        .transpose()
 }
 
 async fn items_in_range(
-    client: &impl GenericClient,
+    client: &impl Sql,
     conversation: ConversationId,
     first: i64,
     last: i64,
 ) -> Result<Vec<(i64, ItemRef, u64)>> {
     client
-        .query(
+        .rows(
             "SELECT position, message_id, summary_id, tokens FROM context_items
              WHERE conversation_id = $1 AND position BETWEEN $2 AND $3 ORDER BY position",
             &[&conversation.0, &first, &last],
@@ -475,12 +511,12 @@ async fn items_in_range(
         .collect()
 }
 
-async fn tokens_of(client: &impl GenericClient, item: ItemRef) -> Result<i64> {
+async fn tokens_of(client: &impl Sql, item: ItemRef) -> Result<i64> {
     let (sql, id) = match item {
         ItemRef::Message(id) => ("SELECT tokens FROM messages WHERE id = $1", id.0),
         ItemRef::Summary(id) => ("SELECT tokens FROM summaries WHERE id = $1", id.0),
     };
-    match client.query_opt(sql, &[&id]).await? {
+    match client.row_opt(sql, &[&id]).await? {
         Some(row) => at(&row, 0),
         None => Err(StoreError::NotFound {
             what: "context item",
@@ -491,12 +527,9 @@ async fn tokens_of(client: &impl GenericClient, item: ItemRef) -> Result<i64> {
 
 /// Locks a conversation's row for the rest of the transaction: writes to one conversation's
 /// context take turns, across every process and machine.
-async fn lock_conversation(
-    client: &impl GenericClient,
-    conversation: ConversationId,
-) -> Result<Row> {
+async fn lock_conversation(client: &impl Sql, conversation: ConversationId) -> Result<Row> {
     client
-        .query_opt(
+        .row_opt(
             "SELECT next_seq, next_position, archived_at IS NOT NULL FROM conversations
              WHERE id = $1 FOR UPDATE",
             &[&conversation.0],
@@ -510,12 +543,12 @@ async fn lock_conversation(
 
 /// The summaries above a conversation's messages (those before a time), lowest depth first.
 pub(crate) async fn summaries_above(
-    client: &impl GenericClient,
+    client: &impl Sql,
     conversation: ConversationId,
     before_ms: Option<i64>,
 ) -> Result<Vec<StoredSummary>> {
     client
-        .query(
+        .rows(
             &format!(
                 "WITH RECURSIVE up(id) AS (
                      SELECT e.parent_id FROM summary_edges e
@@ -537,7 +570,7 @@ pub(crate) async fn summaries_above(
 
 /// Time and seq range covered by a planned run of items, in one read.
 async fn span_of(
-    client: &impl GenericClient,
+    client: &impl Sql,
     items: &[(i64, ItemRef)],
     kind: SummaryKind,
 ) -> Result<(Option<i64>, Option<i64>, i64, i64)> {
@@ -564,7 +597,7 @@ async fn span_of(
              FROM summaries WHERE id = ANY($1)"
         }
     };
-    let row = client.query_one(sql, &[&ids]).await?;
+    let row = client.row(sql, &[&ids]).await?;
     let mut unique = ids.clone();
     unique.sort_unstable();
     unique.dedup();
@@ -584,14 +617,14 @@ async fn span_of(
 
 /// Writes a summary's ordered children.
 async fn insert_edges(
-    client: &impl GenericClient,
+    client: &impl Sql,
     parent: i64,
     children: &[(Option<i64>, Option<i64>)],
 ) -> Result<()> {
     let (messages, summaries): (Vec<Option<i64>>, Vec<Option<i64>>) =
         children.iter().copied().unzip();
     client
-        .execute(
+        .run(
             "INSERT INTO summary_edges (parent_id, ordinal, child_message_id, child_summary_id)
              SELECT $1, ordinal - 1, message, summary
              FROM unnest($2::BIGINT[], $3::BIGINT[]) WITH ORDINALITY AS t(message, summary, ordinal)",
@@ -605,7 +638,7 @@ async fn insert_edges(
 impl HistoryStore for PgStore {
     async fn conversation(&self, key: &ConversationKey) -> Result<Conversation> {
         let client = self.client().await?;
-        if let Some(found) = conversation_by_key(&**client, key).await? {
+        if let Some(found) = conversation_by_key(&client, key).await? {
             return Ok(found);
         }
         if self.inner.read_only {
@@ -616,13 +649,13 @@ impl HistoryStore for PgStore {
         }
         // Another node may create it meanwhile: theirs is the one.
         client
-            .execute(
+            .run(
                 "INSERT INTO conversations (agent_id, session_id, session_key, created_at)
                  VALUES ($1, $2, $3, $4) ON CONFLICT (agent_id, session_id) DO NOTHING",
                 &[&key.agent_id, &key.session_id, &key.session_key, &now_ms()],
             )
             .await?;
-        conversation_by_key(&**client, key)
+        conversation_by_key(&client, key)
             .await?
             .ok_or_else(|| StoreError::NotFound {
                 what: "conversation",
@@ -632,7 +665,7 @@ impl HistoryStore for PgStore {
 
     async fn conversation_by_id(&self, id: ConversationId) -> Result<Option<Conversation>> {
         let client = self.client().await?;
-        Ok(conversations_where(&**client, "c.id = $1", &[&id.0])
+        Ok(conversations_where(&client, "c.id = $1", &[&id.0])
             .await?
             .into_iter()
             .next())
@@ -640,12 +673,7 @@ impl HistoryStore for PgStore {
 
     async fn conversations(&self, agent_id: Option<&str>) -> Result<Vec<Conversation>> {
         let client = self.client().await?;
-        conversations_where(
-            &**client,
-            "$1::TEXT IS NULL OR c.agent_id = $1",
-            &[&agent_id],
-        )
-        .await
+        conversations_where(&client, "$1::TEXT IS NULL OR c.agent_id = $1", &[&agent_id]).await
     }
 
     async fn conversations_by_session_key(
@@ -655,7 +683,7 @@ impl HistoryStore for PgStore {
     ) -> Result<Vec<Conversation>> {
         let client = self.client().await?;
         conversations_where(
-            &**client,
+            &client,
             "c.agent_id = $1 AND c.session_key = $2",
             &[&agent_id, &session_key],
         )
@@ -678,7 +706,7 @@ impl HistoryStore for PgStore {
         if let Some(key) = &advancement_key {
             // A node committing the same key meanwhile makes this wait, then find it.
             let inserted = transaction
-                .execute(
+                .run(
                     "INSERT INTO turn_commits (conversation_id, advancement_key, committed_at)
                      VALUES ($1, $2, $3) ON CONFLICT DO NOTHING",
                     &[&conversation.0, key, &now_ms()],
@@ -688,8 +716,8 @@ impl HistoryStore for PgStore {
                 return Ok(IngestOutcome::DuplicateTurn);
             }
         }
-        let row = lock_conversation(&*transaction, conversation).await?;
-        follow::order_rows(&*transaction).await?;
+        let row = lock_conversation(&transaction, conversation).await?;
+        follow::order_rows(&transaction).await?;
         let (mut next_seq, mut next_position, archived): (i64, i64, bool) =
             (at(&row, 0)?, at(&row, 1)?, at(&row, 2)?);
 
@@ -702,7 +730,7 @@ impl HistoryStore for PgStore {
         let mut by_key: HashMap<Vec<u8>, (i64, i64)> = HashMap::new();
         if !keys.is_empty() {
             for row in transaction
-                .query(
+                .rows(
                     "SELECT ingest_key, id, seq FROM messages
                      WHERE conversation_id = $1 AND ingest_key = ANY($2)",
                     &[&conversation.0, &keys],
@@ -719,7 +747,7 @@ impl HistoryStore for PgStore {
         let mut by_place: HashMap<i64, (i64, String)> = HashMap::new();
         if !places.is_empty() {
             for row in transaction
-                .query(
+                .rows(
                     "SELECT seq, id, json FROM messages WHERE conversation_id = $1 AND seq = ANY($2)",
                     &[&conversation.0, &places],
                 )
@@ -774,7 +802,7 @@ impl HistoryStore for PgStore {
         let mut ids: Vec<i64> = Vec::new();
         if !new_rows.is_empty() {
             ids = transaction
-                .query(
+                .rows(
                     "SELECT nextval('message_ids') FROM generate_series(1, $1::BIGINT)",
                     &[&(new_rows.len() as i64)],
                 )
@@ -802,7 +830,7 @@ impl HistoryStore for PgStore {
                 positions.push(next_position + slot as i64 * POSITION_STEP);
             }
             transaction
-                .execute(
+                .run(
                     "INSERT INTO messages (id, conversation_id, seq, role, json, tokens, ingest_key, created_at)
                      SELECT id, $1, seq, role, json, tokens, key, at
                      FROM unnest($2::BIGINT[], $3::BIGINT[], $4::TEXT[], $5::TEXT[], $6::BIGINT[],
@@ -811,7 +839,7 @@ impl HistoryStore for PgStore {
                 )
                 .await?;
             transaction
-                .execute(
+                .run(
                     "INSERT INTO context_items (conversation_id, position, message_id, tokens)
                      SELECT $1, position, id, tokens
                      FROM unnest($2::BIGINT[], $3::BIGINT[], $4::BIGINT[]) AS t(position, id, tokens)",
@@ -821,7 +849,7 @@ impl HistoryStore for PgStore {
             for (slot, index) in new_rows.iter().enumerate() {
                 for blob in &messages[*index].blobs {
                     transaction
-                        .execute(
+                        .run(
                             "INSERT INTO blob_references (blob_id, message_id, conversation_id)
                              SELECT $1, $2, $3 WHERE EXISTS (SELECT 1 FROM blobs WHERE blob_id = $1)
                              ON CONFLICT DO NOTHING",
@@ -834,7 +862,7 @@ impl HistoryStore for PgStore {
             next_seq += new_rows.len() as i64;
             next_position += new_rows.len() as i64 * POSITION_STEP;
             transaction
-                .execute(
+                .run(
                     // A session resumed after retention archived it is live again.
                     "UPDATE conversations
                      SET next_seq = $2, next_position = $3, context_tokens = context_tokens + $4,
@@ -876,7 +904,7 @@ impl HistoryStore for PgStore {
     async fn context(&self, conversation: ConversationId) -> Result<Vec<ContextItem>> {
         let client = self.client().await?;
         let rows = client
-            .query(
+            .rows(
                 &format!(
                     "SELECT ci.position, ci.tokens, ci.message_id, {MESSAGE_COLUMNS}, {SUMMARY_COLUMNS}
                      FROM context_items ci
@@ -911,10 +939,10 @@ impl HistoryStore for PgStore {
         let (first_position, last_position) = (first.0, last.0);
         let mut client = self.client().await?;
         let transaction = client.transaction().await?;
-        lock_conversation(&*transaction, plan.conversation).await?;
-        follow::order_rows(&*transaction).await?;
+        lock_conversation(&transaction, plan.conversation).await?;
+        follow::order_rows(&transaction).await?;
         let current = items_in_range(
-            &*transaction,
+            &transaction,
             plan.conversation,
             first_position,
             last_position,
@@ -929,11 +957,11 @@ impl HistoryStore for PgStore {
         }
         let removed_tokens: i64 = current.iter().map(|(_, _, tokens)| *tokens as i64).sum();
         let (earliest, latest, first_seq, last_seq) =
-            span_of(&*transaction, &plan.items, plan.summary.kind).await?;
+            span_of(&transaction, &plan.items, plan.summary.kind).await?;
         let summary_id = summary_id(plan.conversation, &plan.summary, &plan.items);
         let created_at = now_ms();
         let row = transaction
-            .query_one(
+            .row(
                 "INSERT INTO summaries (id, summary_id, conversation_id, depth, kind, content, tokens,
                      earliest_at, latest_at, first_seq, last_seq, level, summarizer, created_at)
                  VALUES (nextval('summary_ids'), $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
@@ -961,15 +989,15 @@ impl HistoryStore for PgStore {
             .iter()
             .map(|(_, item)| columns_of(*item))
             .collect();
-        insert_edges(&*transaction, row_id, &children).await?;
+        insert_edges(&transaction, row_id, &children).await?;
         transaction
-            .execute(
+            .run(
                 "DELETE FROM context_items WHERE conversation_id = $1 AND position BETWEEN $2 AND $3",
                 &[&plan.conversation.0, &first_position, &last_position],
             )
             .await?;
         transaction
-            .execute(
+            .run(
                 "INSERT INTO context_items (conversation_id, position, summary_id, tokens)
                  VALUES ($1, $2, $3, $4)",
                 &[
@@ -981,7 +1009,7 @@ impl HistoryStore for PgStore {
             )
             .await?;
         transaction
-            .execute(
+            .run(
                 "UPDATE conversations SET context_tokens = context_tokens - $2 + $3 WHERE id = $1",
                 &[
                     &plan.conversation.0,
@@ -1013,14 +1041,14 @@ impl HistoryStore for PgStore {
         self.writable()?;
         let mut client = self.client().await?;
         let transaction = client.transaction().await?;
-        let row = lock_conversation(&*transaction, conversation).await?;
+        let row = lock_conversation(&transaction, conversation).await?;
         let mut next_position: i64 = at(&row, 1)?;
         let mut added: i64 = 0;
         for item in items {
-            let tokens = tokens_of(&*transaction, item).await?;
+            let tokens = tokens_of(&transaction, item).await?;
             let (message, summary) = columns_of(item);
             transaction
-                .execute(
+                .run(
                     "INSERT INTO context_items (conversation_id, position, message_id, summary_id, tokens)
                      VALUES ($1, $2, $3, $4, $5)",
                     &[&conversation.0, &next_position, &message, &summary, &tokens],
@@ -1030,7 +1058,7 @@ impl HistoryStore for PgStore {
             added += tokens;
         }
         transaction
-            .execute(
+            .run(
                 "UPDATE conversations SET next_position = $2, context_tokens = context_tokens + $3
                  WHERE id = $1",
                 &[&conversation.0, &next_position, &added],
@@ -1044,15 +1072,15 @@ impl HistoryStore for PgStore {
         self.writable()?;
         let mut client = self.client().await?;
         let transaction = client.transaction().await?;
-        lock_conversation(&*transaction, conversation).await?;
+        lock_conversation(&transaction, conversation).await?;
         let removed = transaction
-            .execute(
+            .run(
                 "DELETE FROM context_items WHERE conversation_id = $1",
                 &[&conversation.0],
             )
             .await?;
         transaction
-            .execute(
+            .run(
                 "UPDATE conversations SET context_tokens = 0 WHERE id = $1",
                 &[&conversation.0],
             )
@@ -1066,7 +1094,7 @@ impl HistoryStore for PgStore {
         let mut client = self.client().await?;
         let transaction = client.transaction().await?;
         let Some(current) = transaction
-            .query_opt(
+            .row_opt(
                 &format!("SELECT {SUMMARY_COLUMNS} FROM summaries s WHERE s.id = $1 FOR UPDATE"),
                 &[&update.row_id.0],
             )
@@ -1080,7 +1108,7 @@ impl HistoryStore for PgStore {
             return Ok(false);
         }
         transaction
-            .execute(
+            .run(
                 "UPDATE summaries SET content = $2, tokens = $3, level = $4, summarizer = $5 WHERE id = $1",
                 &[
                     &update.row_id.0,
@@ -1093,27 +1121,27 @@ impl HistoryStore for PgStore {
             .await?;
         let delta = update.tokens as i64 - current.tokens as i64;
         let changed = transaction
-            .execute(
+            .run(
                 "UPDATE context_items SET tokens = $2 WHERE summary_id = $1",
                 &[&update.row_id.0, &(update.tokens as i64)],
             )
             .await?;
         if changed > 0 {
             transaction
-                .execute(
+                .run(
                     "UPDATE conversations SET context_tokens = context_tokens + $2 WHERE id = $1",
                     &[&current.conversation.0, &(delta * changed as i64)],
                 )
                 .await?;
         }
         // Every node's index replaces the summary's document.
-        follow::log_changes(&*transaction, &[IndexedRow::Summary(update.row_id.0)]).await?;
+        follow::log_changes(&transaction, &[IndexedRow::Summary(update.row_id.0)]).await?;
         transaction.commit().await?;
         Ok(true)
     }
 
     async fn message(&self, id: MessageId) -> Result<Option<StoredMessage>> {
-        message(&**self.client().await?, id).await
+        message(&self.client().await?, id).await
     }
 
     async fn messages_in_seq_range(
@@ -1124,7 +1152,7 @@ impl HistoryStore for PgStore {
     ) -> Result<Vec<StoredMessage>> {
         let client = self.client().await?;
         client
-            .query(
+            .rows(
                 &format!(
                     "SELECT {MESSAGE_COLUMNS} FROM messages m
                      WHERE m.conversation_id = $1 AND m.seq BETWEEN $2 AND $3 ORDER BY m.seq"
@@ -1142,13 +1170,13 @@ impl HistoryStore for PgStore {
     }
 
     async fn summary(&self, row_id: SummaryRowId) -> Result<Option<StoredSummary>> {
-        summary(&**self.client().await?, row_id).await
+        summary(&self.client().await?, row_id).await
     }
 
     async fn summary_by_id(&self, summary_id: &str) -> Result<Option<StoredSummary>> {
         let client = self.client().await?;
         client
-            .query_opt(
+            .row_opt(
                 &format!("SELECT {SUMMARY_COLUMNS} FROM summaries s WHERE s.summary_id = $1"),
                 &[&summary_id],
             )
@@ -1160,7 +1188,7 @@ impl HistoryStore for PgStore {
     async fn children(&self, parent: SummaryRowId) -> Result<Vec<ItemContent>> {
         let client = self.client().await?;
         client
-            .query(
+            .rows(
                 &format!(
                     "SELECT e.child_message_id, {MESSAGE_COLUMNS}, {SUMMARY_COLUMNS}
                      FROM summary_edges e
@@ -1184,16 +1212,16 @@ impl HistoryStore for PgStore {
 
     async fn parent_of(&self, item: ItemRef) -> Result<Option<StoredSummary>> {
         let client = self.client().await?;
-        match parent_row(&**client, item).await? {
-            Some(row_id) => summary(&**client, row_id).await,
+        match parent_row(&client, item).await? {
+            Some(row_id) => summary(&client, row_id).await,
             None => Ok(None),
         }
     }
 
     async fn top_ancestor(&self, item: ItemRef) -> Result<Option<StoredSummary>> {
         let client = self.client().await?;
-        match top_ancestor_row(&**client, item).await? {
-            Some(row_id) => summary(&**client, row_id).await,
+        match top_ancestor_row(&client, item).await? {
+            Some(row_id) => summary(&client, row_id).await,
             None => Ok(None),
         }
     }
@@ -1201,7 +1229,7 @@ impl HistoryStore for PgStore {
     async fn context_refs(&self, conversation: ConversationId) -> Result<Vec<ContextRef>> {
         let client = self.client().await?;
         client
-            .query(
+            .rows(
                 "SELECT ci.position, ci.message_id, ci.summary_id, ci.tokens, m.role = $2,
                         s.depth, s.level
                  FROM context_items ci LEFT JOIN messages m ON m.id = ci.message_id
@@ -1233,19 +1261,55 @@ impl HistoryStore for PgStore {
     }
 
     async fn items(&self, refs: Vec<ItemRef>) -> Result<Vec<ItemContent>> {
+        // Two reads, whatever the number of items.
         let client = self.client().await?;
-        let mut out = Vec::with_capacity(refs.len());
-        for item in refs {
-            let content = match item {
-                ItemRef::Message(id) => message(&**client, id).await?.map(ItemContent::Message),
-                ItemRef::Summary(id) => summary(&**client, id).await?.map(ItemContent::Summary),
-            };
-            out.push(content.ok_or_else(|| StoreError::NotFound {
-                what: "context item",
-                id: format!("{item:?}"),
-            })?);
+        let (mut messages, mut summaries) = (Vec::new(), Vec::new());
+        for item in &refs {
+            match item {
+                ItemRef::Message(id) => messages.push(id.0),
+                ItemRef::Summary(id) => summaries.push(id.0),
+            }
         }
-        Ok(out)
+        let mut found: HashMap<ItemRef, ItemContent> = HashMap::with_capacity(refs.len());
+        if !messages.is_empty() {
+            for row in client
+                .rows(
+                    &format!("SELECT {MESSAGE_COLUMNS} FROM messages m WHERE m.id = ANY($1)"),
+                    &[&messages],
+                )
+                .await?
+            {
+                let message = message_row(&row, 0)?;
+                found.insert(ItemRef::Message(message.id), ItemContent::Message(message));
+            }
+        }
+        if !summaries.is_empty() {
+            for row in client
+                .rows(
+                    &format!("SELECT {SUMMARY_COLUMNS} FROM summaries s WHERE s.id = ANY($1)"),
+                    &[&summaries],
+                )
+                .await?
+            {
+                let summary = summary_row(&row, 0)?;
+                found.insert(
+                    ItemRef::Summary(summary.row_id),
+                    ItemContent::Summary(summary),
+                );
+            }
+        }
+        refs.iter()
+            .map(|item| {
+                // The same item twice is read once and returned twice.
+                found
+                    .get(item)
+                    .cloned()
+                    .ok_or_else(|| StoreError::NotFound {
+                        what: "context item",
+                        id: format!("{item:?}"),
+                    })
+            })
+            .collect()
     }
 
     async fn search(&self, query: SearchQuery) -> Result<Vec<SearchHit>> {
@@ -1257,7 +1321,7 @@ impl HistoryStore for PgStore {
             tracing::warn!(%error, "this node's recall index could not follow the database; searching it as it is");
         }
         let client = self.client().await?;
-        search::run(&**client, self.follower().map(Arc::as_ref), &query).await
+        search::run(&client, self.follower().map(Arc::as_ref), &query).await
     }
 
     async fn put_blob(&self, blob: NewBlob) -> Result<BlobInfo> {
@@ -1268,7 +1332,7 @@ impl HistoryStore for PgStore {
         );
         let client = self.client().await?;
         client
-            .execute(
+            .run(
                 "INSERT INTO blobs (blob_id, conversation_id, kind, bytes, lines, description, content, created_at)
                  VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT DO NOTHING",
                 &[
@@ -1295,7 +1359,7 @@ impl HistoryStore for PgStore {
     async fn blob_info(&self, blob_id: &str) -> Result<Option<BlobInfo>> {
         let client = self.client().await?;
         client
-            .query_opt(
+            .row_opt(
                 "SELECT blob_id, conversation_id, kind, bytes, lines, description, created_at
                  FROM blobs WHERE blob_id = $1",
                 &[&blob_id],
@@ -1316,13 +1380,13 @@ impl HistoryStore for PgStore {
     }
 
     async fn blob_content(&self, blob_id: &str) -> Result<Option<String>> {
-        search::blob_content(&**self.client().await?, blob_id).await
+        search::blob_content(&self.client().await?, blob_id).await
     }
 
     async fn blob_readers(&self, blob_id: &str) -> Result<Vec<ConversationId>> {
         let client = self.client().await?;
         client
-            .query(
+            .rows(
                 "SELECT conversation_id FROM blobs WHERE blob_id = $1
                  UNION SELECT conversation_id FROM blob_references WHERE blob_id = $1
                  ORDER BY 1",
@@ -1338,7 +1402,7 @@ impl HistoryStore for PgStore {
         self.writable()?;
         let client = self.client().await?;
         let row = client
-            .query_one(
+            .row(
                 "INSERT INTO grants (grantee, conversation_id, expires_at, token_cap, created_at)
                  VALUES ($1, $2, $3, $4, $5) RETURNING id",
                 &[
@@ -1364,7 +1428,7 @@ impl HistoryStore for PgStore {
         self.writable()?;
         let client = self.client().await?;
         Ok(client
-            .execute(
+            .run(
                 "UPDATE grants SET revoked_at = $2 WHERE grantee = $1 AND revoked_at IS NULL",
                 &[&grantee, &now_ms()],
             )
@@ -1375,7 +1439,7 @@ impl HistoryStore for PgStore {
         self.writable()?;
         let client = self.client().await?;
         client
-            .execute("DELETE FROM grants WHERE id = $1", &[&id])
+            .run("DELETE FROM grants WHERE id = $1", &[&id])
             .await?;
         Ok(())
     }
@@ -1383,7 +1447,7 @@ impl HistoryStore for PgStore {
     async fn grants(&self, grantee: &str) -> Result<Vec<Grant>> {
         let client = self.client().await?;
         client
-            .query(
+            .rows(
                 "SELECT id, grantee, conversation_id, expires_at, token_cap, revoked_at
                  FROM grants WHERE grantee = $1 ORDER BY id",
                 &[&grantee],
@@ -1406,7 +1470,7 @@ impl HistoryStore for PgStore {
     async fn state(&self, conversation: ConversationId, key: &str) -> Result<Option<String>> {
         let client = self.client().await?;
         client
-            .query_opt(
+            .row_opt(
                 "SELECT value FROM conversation_state WHERE conversation_id = $1 AND key = $2",
                 &[&conversation.0, &key],
             )
@@ -1419,7 +1483,7 @@ impl HistoryStore for PgStore {
         self.writable()?;
         let client = self.client().await?;
         client
-            .execute(
+            .run(
                 "INSERT INTO conversation_state (conversation_id, key, value) VALUES ($1, $2, $3)
                  ON CONFLICT (conversation_id, key) DO UPDATE SET value = excluded.value",
                 &[&conversation.0, &key, &value],
@@ -1438,7 +1502,7 @@ impl HistoryStore for PgStore {
             .start()
             .await?;
         let counts = transaction
-            .query_one(
+            .row(
                 "SELECT (SELECT count(*) FROM messages), (SELECT count(*) FROM summaries),
                         (SELECT count(*) FROM context_items)",
                 &[],
@@ -1469,7 +1533,7 @@ impl HistoryStore for PgStore {
         let mut undecodable = 0u64;
         let mut first = None;
         for row in transaction
-            .query("SELECT id, json FROM messages", &[])
+            .rows("SELECT id, json FROM messages", &[])
             .await?
         {
             if serde_json::from_str::<vilvona_core::AgentMessage>(at(&row, 1)?).is_err() {
@@ -1483,7 +1547,7 @@ impl HistoryStore for PgStore {
             ));
         }
         let drifted = transaction
-            .query(
+            .rows(
                 "SELECT c.session_id FROM conversations c
                  WHERE c.context_tokens <> coalesce((SELECT sum(tokens) FROM context_items ci
                                                      WHERE ci.conversation_id = c.id), 0)",
@@ -1499,10 +1563,10 @@ impl HistoryStore for PgStore {
         }
         let ids =
             |rows: Vec<Row>| -> Result<Vec<i64>> { rows.iter().map(|row| at(row, 0)).collect() };
-        let messages = ids(transaction.query("SELECT id FROM messages", &[]).await?)?;
-        let summaries = ids(transaction.query("SELECT id FROM summaries", &[]).await?)?;
+        let messages = ids(transaction.rows("SELECT id FROM messages", &[]).await?)?;
+        let summaries = ids(transaction.rows("SELECT id FROM summaries", &[]).await?)?;
         let edges = transaction
-            .query(
+            .rows(
                 "SELECT parent_id, child_message_id, child_summary_id FROM summary_edges",
                 &[],
             )
@@ -1511,7 +1575,7 @@ impl HistoryStore for PgStore {
             .map(|row| Ok((at(row, 0)?, at(row, 1)?, at(row, 2)?)))
             .collect::<Result<Vec<_>>>()?;
         let roots = transaction
-            .query("SELECT message_id, summary_id FROM context_items", &[])
+            .rows("SELECT message_id, summary_id FROM context_items", &[])
             .await?
             .iter()
             .map(|row| Ok((at(row, 0)?, at(row, 1)?)))
@@ -1530,14 +1594,14 @@ impl HistoryStore for PgStore {
         conversation: ConversationId,
         before_ms: Option<i64>,
     ) -> Result<Vec<StoredSummary>> {
-        summaries_above(&**self.client().await?, conversation, before_ms).await
+        summaries_above(&self.client().await?, conversation, before_ms).await
     }
 
     async fn forget(&self, plan: ForgetPlan) -> Result<Option<ForgetReport>> {
         self.writable()?;
         let mut client = self.client().await?;
         let transaction = client.transaction().await?;
-        let report = forget::apply(&*transaction, &plan).await?;
+        let report = forget::apply(&transaction, &plan).await?;
         if report.is_some() {
             transaction.commit().await?;
         }
@@ -1548,7 +1612,7 @@ impl HistoryStore for PgStore {
         self.writable()?;
         let client = self.client().await?;
         let changed = client
-            .execute(
+            .run(
                 "UPDATE conversations SET archived_at = CASE WHEN $2 THEN $3::BIGINT ELSE NULL END
                  WHERE id = $1 AND (archived_at IS NOT NULL) <> $2",
                 &[&conversation.0, &archived, &now_ms()],
@@ -1560,7 +1624,7 @@ impl HistoryStore for PgStore {
     async fn conversation_bytes(&self, conversation: ConversationId) -> Result<u64> {
         let client = self.client().await?;
         let row = client
-            .query_one(
+            .row(
                 "SELECT ((SELECT coalesce(sum(pg_column_size(json)), 0) FROM messages WHERE conversation_id = $1)
                        + (SELECT coalesce(sum(octet_length(content)), 0) FROM summaries WHERE conversation_id = $1)
                        + (SELECT coalesce(sum(bytes), 0) FROM blobs WHERE conversation_id = $1))::BIGINT",
@@ -1588,7 +1652,7 @@ impl HistoryStore for PgStore {
     async fn fallback_summaries(&self, conversation: ConversationId) -> Result<Vec<StoredSummary>> {
         let client = self.client().await?;
         client
-            .query(
+            .rows(
                 &format!(
                     "SELECT {SUMMARY_COLUMNS} FROM summaries s
                      WHERE s.conversation_id = $1 AND s.level = 'fallback'
@@ -1607,7 +1671,7 @@ impl HistoryStore for PgStore {
         let client = self.client().await?;
         let mut view = DagView::default();
         for row in client
-            .query(
+            .rows(
                 "SELECT s.id, s.summary_id, s.depth, s.kind, s.tokens,
                         EXISTS (SELECT 1 FROM context_items ci WHERE ci.summary_id = s.id),
                         (SELECT count(*) FROM summary_edges e WHERE e.parent_id = s.id
@@ -1628,7 +1692,7 @@ impl HistoryStore for PgStore {
                 tokens: count(&row, 4)?,
                 in_context: at(&row, 5)?,
                 child_summaries: client
-                    .query(
+                    .rows(
                         "SELECT child_summary_id FROM summary_edges
                          WHERE parent_id = $1 AND child_summary_id IS NOT NULL ORDER BY ordinal",
                         &[&row_id],
@@ -1642,7 +1706,7 @@ impl HistoryStore for PgStore {
             });
         }
         let row = client
-            .query_one(
+            .row(
                 "SELECT count(*), coalesce(sum(tokens), 0)::BIGINT FROM context_items
                  WHERE conversation_id = $1 AND message_id IS NOT NULL",
                 &[&conversation.0],
@@ -1656,7 +1720,7 @@ impl HistoryStore for PgStore {
     async fn store_state(&self, key: &str) -> Result<Option<String>> {
         let client = self.client().await?;
         client
-            .query_opt("SELECT value FROM store_state WHERE key = $1", &[&key])
+            .row_opt("SELECT value FROM store_state WHERE key = $1", &[&key])
             .await?
             .map(|row| at(&row, 0))
             .transpose()
@@ -1666,7 +1730,7 @@ impl HistoryStore for PgStore {
         self.writable()?;
         let client = self.client().await?;
         client
-            .execute(
+            .run(
                 "INSERT INTO store_state (key, value) VALUES ($1, $2)
                  ON CONFLICT (key) DO UPDATE SET value = excluded.value",
                 &[&key, &value],
@@ -1683,7 +1747,7 @@ impl HistoryStore for PgStore {
             .read_only(true)
             .start()
             .await?;
-        let archive = archive::export(&*transaction, conversation).await?;
+        let archive = archive::export(&transaction, conversation).await?;
         transaction.commit().await?;
         Ok(archive)
     }
@@ -1692,8 +1756,11 @@ impl HistoryStore for PgStore {
         self.writable()?;
         let mut client = self.client().await?;
         let transaction = client.transaction().await?;
-        let imported = archive::import(&*transaction, &archive).await?;
+        let imported = archive::import(&transaction, &archive).await?;
         transaction.commit().await?;
+        drop(client);
+        // A bulk of new rows: this node's index takes them now, not on its next tick.
+        self.follow().await?;
         Ok(imported)
     }
 

@@ -5,8 +5,8 @@
 //! they hold relative to the best indexed hit. Regex reads the database. Without an index,
 //! the database answers alone.
 
+use super::Sql;
 use regex::RegexBuilder;
-use tokio_postgres::GenericClient;
 
 use super::follow::Follower;
 use super::{MESSAGE_COLUMNS, SUMMARY_COLUMNS, at, message_row, summary_row, top_ancestor_row};
@@ -21,7 +21,7 @@ use crate::tokenize::words;
 use crate::types::*;
 
 pub(crate) async fn run(
-    client: &impl GenericClient,
+    client: &impl Sql,
     index: Option<&Follower>,
     query: &SearchQuery,
 ) -> Result<Vec<SearchHit>> {
@@ -29,7 +29,7 @@ pub(crate) async fn run(
     // The scope is the agent's: a conversation of another agent is never searched.
     let mut query = query.clone();
     query.conversations = client
-        .query(
+        .rows(
             "SELECT id FROM conversations WHERE id = ANY($1) AND agent_id = $2 ORDER BY id",
             &[&ids(&query), &query.agent_id],
         )
@@ -52,7 +52,7 @@ pub(crate) async fn run(
         };
         hit.covered_by = match top_ancestor_row(client, item).await? {
             Some(row) => client
-                .query_opt("SELECT summary_id FROM summaries WHERE id = $1", &[&row.0])
+                .row_opt("SELECT summary_id FROM summaries WHERE id = $1", &[&row.0])
                 .await?
                 .map(|row| at(&row, 0))
                 .transpose()?,
@@ -62,20 +62,17 @@ pub(crate) async fn run(
     Ok(hits)
 }
 
-pub(crate) async fn blob_content(
-    client: &impl GenericClient,
-    blob_id: &str,
-) -> Result<Option<String>> {
+pub(crate) async fn blob_content(client: &impl Sql, blob_id: &str) -> Result<Option<String>> {
     client
-        .query_opt("SELECT content FROM blobs WHERE blob_id = $1", &[&blob_id])
+        .row_opt("SELECT content FROM blobs WHERE blob_id = $1", &[&blob_id])
         .await?
         .map(|row| at(&row, 0))
         .transpose()
 }
 
-async fn blobs_of(client: &impl GenericClient, message: i64) -> Result<Vec<String>> {
+async fn blobs_of(client: &impl Sql, message: i64) -> Result<Vec<String>> {
     client
-        .query(
+        .rows(
             "SELECT blob_id FROM blob_references WHERE message_id = $1 ORDER BY blob_id",
             &[&message],
         )
@@ -109,7 +106,7 @@ fn screen(query: &SearchQuery, terms: &[String]) -> Option<(Vec<String>, bool)> 
 /// BM25 (or phrase) hits from this node's index, merged with the matches among the rows
 /// beyond its watermark, read from the database (as on SQLite).
 async fn word_search(
-    client: &impl GenericClient,
+    client: &impl Sql,
     index: Option<&Follower>,
     query: &SearchQuery,
 ) -> Result<Vec<SearchHit>> {
@@ -177,7 +174,7 @@ async fn word_search(
         // JSON escapes no letter unless asked to: a row holding `\u` escapes, or a reference
         // to stored content, always goes on to be matched.
         let rows = client
-            .query(
+            .rows(
                 &format!(
                     "SELECT {MESSAGE_COLUMNS} FROM messages m JOIN conversations c ON c.id = m.conversation_id
                      WHERE m.conversation_id = ANY($1) AND c.agent_id = $2
@@ -221,7 +218,7 @@ async fn word_search(
     }
     if query.target != SearchTarget::Messages {
         let rows = client
-            .query(
+            .rows(
                 &format!(
                     "SELECT {SUMMARY_COLUMNS} FROM summaries s JOIN conversations c ON c.id = s.conversation_id
                      WHERE s.conversation_id = ANY($1) AND c.agent_id = $2
@@ -276,7 +273,7 @@ fn read_index(
 /// (as the index holds their words under it): the share, the text to cut the snippet from,
 /// and the file.
 async fn blob_match(
-    client: &impl GenericClient,
+    client: &impl Sql,
     message: &StoredMessage,
     query: &SearchQuery,
     query_words: &[crate::tokenize::Word],
@@ -300,7 +297,7 @@ async fn blob_match(
     Ok((None, String::new(), None))
 }
 
-async fn regex_search(client: &impl GenericClient, query: &SearchQuery) -> Result<Vec<SearchHit>> {
+async fn regex_search(client: &impl Sql, query: &SearchQuery) -> Result<Vec<SearchHit>> {
     let pattern = RegexBuilder::new(&query.text)
         .size_limit(REGEX_SIZE_LIMIT)
         .build()
@@ -314,7 +311,7 @@ async fn regex_search(client: &impl GenericClient, query: &SearchQuery) -> Resul
     for conversation in &query.conversations {
         if query.target != SearchTarget::Summaries {
             let rows = client
-                .query(
+                .rows(
                     &format!(
                         "SELECT {MESSAGE_COLUMNS} FROM messages m JOIN conversations c ON c.id = m.conversation_id
                          WHERE m.conversation_id = $1 AND c.agent_id = $2
@@ -357,7 +354,7 @@ async fn regex_search(client: &impl GenericClient, query: &SearchQuery) -> Resul
         }
         if query.target != SearchTarget::Messages && hits.len() < query.limit {
             let rows = client
-                .query(
+                .rows(
                     &format!(
                         "SELECT {SUMMARY_COLUMNS} FROM summaries s JOIN conversations c ON c.id = s.conversation_id
                          WHERE s.conversation_id = $1 AND c.agent_id = $2
