@@ -731,8 +731,12 @@ impl HistoryStore for PgStore {
         if !keys.is_empty() {
             for row in transaction
                 .rows(
-                    "SELECT ingest_key, id, seq FROM messages
-                     WHERE conversation_id = $1 AND ingest_key = ANY($2)",
+                    // One probe of the unique index per key, whatever plan the prepared
+                    // statement settled on while the table was small.
+                    "SELECT k.key, m.id, m.seq FROM unnest($2::BYTEA[]) AS k(key)
+                     CROSS JOIN LATERAL (SELECT id, seq FROM messages
+                                         WHERE conversation_id = $1 AND ingest_key = k.key
+                                         LIMIT 1) AS m",
                     &[&conversation.0, &keys],
                 )
                 .await?
@@ -748,7 +752,10 @@ impl HistoryStore for PgStore {
         if !places.is_empty() {
             for row in transaction
                 .rows(
-                    "SELECT seq, id, json FROM messages WHERE conversation_id = $1 AND seq = ANY($2)",
+                    "SELECT p.seq, m.id, m.json FROM unnest($2::BIGINT[]) AS p(seq)
+                     CROSS JOIN LATERAL (SELECT id, json FROM messages
+                                         WHERE conversation_id = $1 AND seq = p.seq
+                                         LIMIT 1) AS m",
                     &[&conversation.0, &places],
                 )
                 .await?

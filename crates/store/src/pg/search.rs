@@ -170,7 +170,17 @@ async fn word_search(
             found.push((key, score, hit));
         }
     }
-    if query.target != SearchTarget::Summaries {
+    // Whether any row lies beyond the watermark (two probes of the primary keys): usually
+    // none, right after the index followed.
+    let newest = client
+        .row(
+            "SELECT (SELECT coalesce(max(id), 0) FROM messages),
+                    (SELECT coalesce(max(id), 0) FROM summaries)",
+            &[],
+        )
+        .await?;
+    let (newest_message, newest_summary): (i64, i64) = (at(&newest, 0)?, at(&newest, 1)?);
+    if query.target != SearchTarget::Summaries && newest_message > through.messages {
         // JSON escapes no letter unless asked to: a row holding `\u` escapes, or a reference
         // to stored content, always goes on to be matched.
         let rows = client
@@ -216,7 +226,7 @@ async fn word_search(
             }
         }
     }
-    if query.target != SearchTarget::Messages {
+    if query.target != SearchTarget::Messages && newest_summary > through.summaries {
         let rows = client
             .rows(
                 &format!(
