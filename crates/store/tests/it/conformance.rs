@@ -805,14 +805,12 @@ async fn export_and_import_round_trip(backend: &Backend) {
     assert_eq!((archive.messages.len(), archive.summaries.len()), (6, 1));
 
     // Onto the other backend's store and back: the history is the same everywhere.
-    let sqlite = Backend::sqlite();
-    let there = match backend {
-        Backend::Sqlite(_) => match Backend::postgres().await {
-            Some(postgres) => postgres.open().await,
-            None => sqlite.open().await,
-        },
-        Backend::Postgres(..) => sqlite.open().await,
+    // (The other backend lives as long as its store: its nodes' index directories with it.)
+    let other = match backend {
+        Backend::Sqlite(_) => Backend::postgres().await.unwrap_or_else(Backend::sqlite),
+        Backend::Postgres(..) => Backend::sqlite(),
     };
+    let there = other.open().await;
     let (moved, report) = there.import(archive.clone()).await.unwrap();
     assert!(report.verified);
     assert_eq!(there.export(moved).await.unwrap(), archive);
