@@ -124,13 +124,19 @@ impl std::fmt::Display for PostgresError {
 
 impl std::error::Error for PostgresError {}
 
+impl PostgresError {
+    /// What the server said (its severity, SQLSTATE and message), else the driver's chain.
+    pub(crate) fn describe(error: &tokio_postgres::Error) -> String {
+        match error.as_db_error() {
+            Some(db) => format!("{} {}: {}", db.severity(), db.code().code(), db.message()),
+            None => vilvona_core::error_chain(error),
+        }
+    }
+}
+
 impl From<tokio_postgres::Error> for StoreError {
     fn from(error: tokio_postgres::Error) -> StoreError {
-        let detail = match error.as_db_error() {
-            Some(db) => format!("{} {}: {}", db.severity(), db.code().code(), db.message()),
-            None => vilvona_core::error_chain(&error),
-        };
-        StoreError::Postgres(PostgresError(detail))
+        StoreError::Postgres(PostgresError(PostgresError::describe(&error)))
     }
 }
 

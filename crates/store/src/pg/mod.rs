@@ -272,14 +272,9 @@ impl PgStore {
 
     async fn client(&self) -> Result<Object> {
         self.inner.pool.get().await.map_err(|error| match error {
-            deadpool_postgres::PoolError::Backend(error) => {
-                let detail = StoreError::from(error);
-                StoreError::Postgres(PostgresError(format!(
-                    "{}: {}",
-                    self.inner.name,
-                    vilvona_core::error_chain(&detail)
-                )))
-            }
+            deadpool_postgres::PoolError::Backend(error) => StoreError::Postgres(PostgresError(
+                format!("{}: {}", self.inner.name, PostgresError::describe(&error)),
+            )),
             other => other.into(),
         })
     }
@@ -1788,7 +1783,9 @@ impl HistoryStore for PgStore {
             "a recall index without a place for it",
         ))?;
         follower.clear().await?;
-        self.follow().await
+        // The background follower may take some of the rows first: count what is there.
+        self.follow().await?;
+        Ok(follower.index().doc_count())
     }
 
     fn disk_bytes(&self) -> u64 {
