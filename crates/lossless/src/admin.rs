@@ -132,20 +132,8 @@ impl EngineAdmin for LosslessEngine {
     }
 
     async fn export_session(&self, session_id: &str) -> Result<SessionArchive, EngineError> {
-        let store = self.store();
-        let conversation = store
-            .conversations(Some(&self.config().agent_id))
-            .await
-            .map_err(|error| store_error("listing conversations", error))?
-            .into_iter()
-            .find(|conversation| conversation.session_id == session_id)
-            .ok_or_else(|| {
-                EngineError::refused(format!(
-                    "agent {:?} has no stored session {session_id:?}",
-                    self.config().agent_id
-                ))
-            })?;
-        store
+        let conversation = self.stored_conversation(session_id).await?;
+        self.store()
             .export(conversation.id)
             .await
             .map_err(|error| store_error("exporting a session", error))

@@ -61,7 +61,10 @@ pub use vilvona_core::admin::{Forgotten, RetentionAction, RetentionKind};
 
 impl LosslessEngine {
     /// The stored conversation of a session of this agent, without creating one.
-    async fn stored_conversation(&self, session_id: &str) -> Result<Conversation, EngineError> {
+    pub(crate) async fn stored_conversation(
+        &self,
+        session_id: &str,
+    ) -> Result<Conversation, EngineError> {
         self.store()
             .conversations(Some(&self.config().agent_id))
             .await
