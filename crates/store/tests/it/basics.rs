@@ -3,7 +3,18 @@
 use tempfile::TempDir;
 use vilvona_store::*;
 
+use crate::conformance::{Backend, on_both_backends};
 use crate::support::*;
+
+on_both_backends!(
+    message_identity_keeps_repeats_and_drops_redeliveries,
+    the_message_json_is_kept_exactly,
+    replace_publishes_a_summary_only_if_the_plan_is_current,
+    an_advancement_key_commits_a_turn_once,
+    blobs_grants_and_state,
+    bad_input_is_a_clear_error_and_loses_nothing,
+    a_summary_is_rewritten_in_place_and_a_context_can_be_emptied,
+);
 
 #[tokio::test]
 async fn a_new_store_migrates_and_reopens() {
@@ -103,10 +114,8 @@ async fn ingest_is_idempotent_across_reopen() {
 }
 
 /// One identity rule, whichever path a message arrives by.
-#[tokio::test]
-async fn message_identity_keeps_repeats_and_drops_redeliveries() {
-    let dir = TempDir::new().unwrap();
-    let store = open(&dir).await;
+async fn message_identity_keeps_repeats_and_drops_redeliveries(backend: &Backend) {
+    let store = backend.open().await;
     let conversation = store.conversation(&key("main", "ids")).await.unwrap().id;
     let ingested = |outcome: IngestOutcome| -> Vec<bool> {
         stored(outcome).iter().map(|r| r.ingested).collect()
@@ -166,10 +175,8 @@ async fn message_identity_keeps_repeats_and_drops_redeliveries() {
     );
 }
 
-#[tokio::test]
-async fn the_message_json_is_kept_exactly() {
-    let dir = TempDir::new().unwrap();
-    let store = open(&dir).await;
+async fn the_message_json_is_kept_exactly(backend: &Backend) {
+    let store = backend.open().await;
     let conversation = store.conversation(&key("main", "s1")).await.unwrap().id;
     let line = r#"{"role":"assistant","content":[{"type":"thinking","thinking":"hmm","thinkingSignature":"sig"},{"type":"mystery","x":1}],"usage":{"input":3,"cost":{"total":0.1}},"timestamp":5,"vendorField":[1,2]}"#;
     let message = NewMessage::from_json(line, Some("e1".to_owned()), 7).unwrap();
@@ -188,10 +195,8 @@ async fn the_message_json_is_kept_exactly() {
     assert_eq!(back.created_at_ms, 5);
 }
 
-#[tokio::test]
-async fn replace_publishes_a_summary_only_if_the_plan_is_current() {
-    let dir = TempDir::new().unwrap();
-    let store = open(&dir).await;
+async fn replace_publishes_a_summary_only_if_the_plan_is_current(backend: &Backend) {
+    let store = backend.open().await;
     let conversation = store.conversation(&key("main", "s1")).await.unwrap().id;
     let batch = (0..6)
         .map(|i| {
@@ -270,10 +275,8 @@ async fn replace_publishes_a_summary_only_if_the_plan_is_current() {
     assert!(store.integrity_check().await.unwrap().is_healthy());
 }
 
-#[tokio::test]
-async fn an_advancement_key_commits_a_turn_once() {
-    let dir = TempDir::new().unwrap();
-    let store = open(&dir).await;
+async fn an_advancement_key_commits_a_turn_once(backend: &Backend) {
+    let store = backend.open().await;
     let conversation = store.conversation(&key("main", "s1")).await.unwrap().id;
     let turn = || {
         vec![
@@ -293,10 +296,8 @@ async fn an_advancement_key_commits_a_turn_once() {
     assert_eq!(second, IngestOutcome::DuplicateTurn);
 }
 
-#[tokio::test]
-async fn blobs_grants_and_state() {
-    let dir = TempDir::new().unwrap();
-    let store = open(&dir).await;
+async fn blobs_grants_and_state(backend: &Backend) {
+    let store = backend.open().await;
     let conversation = store.conversation(&key("main", "s1")).await.unwrap().id;
     let blob = NewBlob {
         conversation,
@@ -353,10 +354,8 @@ async fn blobs_grants_and_state() {
     );
 }
 
-#[tokio::test]
-async fn bad_input_is_a_clear_error_and_loses_nothing() {
-    let dir = TempDir::new().unwrap();
-    let store = open(&dir).await;
+async fn bad_input_is_a_clear_error_and_loses_nothing(backend: &Backend) {
+    let store = backend.open().await;
     let conversation = store.conversation(&key("main", "s1")).await.unwrap().id;
     store
         .ingest(conversation, vec![new_message("kept", 1, Some("e1"))], None)
@@ -394,11 +393,9 @@ async fn bad_input_is_a_clear_error_and_loses_nothing() {
     assert_eq!(context.len(), 1);
 }
 
-#[tokio::test]
-async fn a_summary_is_rewritten_in_place_and_a_context_can_be_emptied() {
+async fn a_summary_is_rewritten_in_place_and_a_context_can_be_emptied(backend: &Backend) {
     use vilvona_core::summarize::SummaryLevel;
-    let dir = TempDir::new().unwrap();
-    let store = open(&dir).await;
+    let store = backend.open().await;
     let conversation = store.conversation(&key("main", "s1")).await.unwrap().id;
     let batch = (0..4)
         .map(|i| new_message(&format!("raw {i}"), i, Some(&format!("e{i}"))))

@@ -129,6 +129,8 @@ macro_rules! on_both_backends {
     };
 }
 
+pub(crate) use on_both_backends;
+
 on_both_backends!(
     ingest_stores_each_message_once,
     replace_is_compare_and_swap,

@@ -3,19 +3,29 @@
 use tempfile::TempDir;
 use vilvona_store::*;
 
+use crate::conformance::{Backend, on_both_backends};
 use crate::support::*;
 
+on_both_backends!(
+    terms_rank_by_bm25_and_snippets_highlight,
+    phrases_need_adjacent_terms,
+    regex_is_linear_and_bounded_by_the_limit,
+    time_ranges_and_recency_order,
+    scope_is_always_agent_and_conversations,
+    summaries_are_searchable_with_their_ids,
+    cjk_words_are_found_inside_runs,
+    oversize_queries_are_refused_with_one_line,
+);
+
 struct Fixture {
-    _dir: TempDir,
-    store: Store,
+    store: std::sync::Arc<dyn HistoryStore>,
     main: ConversationId,
     earlier: ConversationId,
     other_agent: ConversationId,
 }
 
-async fn fixture() -> Fixture {
-    let dir = TempDir::new().unwrap();
-    let store = open(&dir).await;
+async fn fixture(backend: &Backend) -> Fixture {
+    let store = backend.open().await;
     let main = store.conversation(&key("main", "s2")).await.unwrap().id;
     let earlier = store.conversation(&key("main", "s1")).await.unwrap().id;
     let other_agent = store.conversation(&key("ops", "s1")).await.unwrap().id;
@@ -62,7 +72,6 @@ async fn fixture() -> Fixture {
             .unwrap();
     }
     Fixture {
-        _dir: dir,
         store,
         main,
         earlier,
@@ -74,9 +83,8 @@ fn texts(hits: &[SearchHit]) -> Vec<String> {
     hits.iter().map(|hit| hit.snippet.clone()).collect()
 }
 
-#[tokio::test]
-async fn terms_rank_by_bm25_and_snippets_highlight() {
-    let f = fixture().await;
+async fn terms_rank_by_bm25_and_snippets_highlight(backend: &Backend) {
+    let f = fixture(backend).await;
     let hits = f
         .store
         .search(query(
@@ -95,9 +103,8 @@ async fn terms_rank_by_bm25_and_snippets_highlight() {
     assert!(matches!(hits[0].source, HitSource::Message { seq: 0, .. }));
 }
 
-#[tokio::test]
-async fn phrases_need_adjacent_terms() {
-    let f = fixture().await;
+async fn phrases_need_adjacent_terms(backend: &Backend) {
+    let f = fixture(backend).await;
     let mut phrase = query("main", vec![f.main], "password rotation");
     phrase.mode = SearchMode::Phrase;
     let hits = f.store.search(phrase).await.unwrap();
@@ -107,9 +114,8 @@ async fn phrases_need_adjacent_terms() {
     assert_eq!(f.store.search(identifier).await.unwrap().len(), 1);
 }
 
-#[tokio::test]
-async fn regex_is_linear_and_bounded_by_the_limit() {
-    let f = fixture().await;
+async fn regex_is_linear_and_bounded_by_the_limit(backend: &Backend) {
+    let f = fixture(backend).await;
     let mut regex = query("main", vec![f.main], r"crates/\w+/src/\w+\.rs line \d+");
     regex.mode = SearchMode::Regex;
     let hits = f.store.search(regex.clone()).await.unwrap();
@@ -128,9 +134,8 @@ async fn regex_is_linear_and_bounded_by_the_limit() {
     assert_eq!(f.store.search(regex).await.unwrap().len(), 2);
 }
 
-#[tokio::test]
-async fn time_ranges_and_recency_order() {
-    let f = fixture().await;
+async fn time_ranges_and_recency_order(backend: &Backend) {
+    let f = fixture(backend).await;
     let mut ranged = query("main", vec![f.main], "database password");
     ranged.since_ms = Some(2_000);
     let hits = f.store.search(ranged.clone()).await.unwrap();
@@ -148,9 +153,8 @@ async fn time_ranges_and_recency_order() {
     );
 }
 
-#[tokio::test]
-async fn scope_is_always_agent_and_conversations() {
-    let f = fixture().await;
+async fn scope_is_always_agent_and_conversations(backend: &Backend) {
+    let f = fixture(backend).await;
     // The main agent's scope never returns the ops agent's row, even naming its conversation.
     let mut identifier = query("main", vec![f.main, f.earlier, f.other_agent], "OPS-99999");
     identifier.mode = SearchMode::Phrase;
@@ -180,9 +184,8 @@ async fn scope_is_always_agent_and_conversations() {
     assert!(f.store.search(regex).await.unwrap().is_empty());
 }
 
-#[tokio::test]
-async fn summaries_are_searchable_with_their_ids() {
-    let f = fixture().await;
+async fn summaries_are_searchable_with_their_ids(backend: &Backend) {
+    let f = fixture(backend).await;
     let context = f.store.context(f.main).await.unwrap();
     let ReplaceOutcome::Replaced(summary) = f
         .store
@@ -216,10 +219,8 @@ async fn summaries_are_searchable_with_their_ids() {
 
 /// Facts in Chinese, Japanese and Korean, each found by a word inside its run (text and
 /// phrase), with the word highlighted in the snippet.
-#[tokio::test]
-async fn cjk_words_are_found_inside_runs() {
-    let dir = TempDir::new().unwrap();
-    let store = open(&dir).await;
+async fn cjk_words_are_found_inside_runs(backend: &Backend) {
+    let store = backend.open().await;
     let main = store.conversation(&key("main", "cjk")).await.unwrap().id;
     let facts = [
         "我们把告警阈值改成了百分之八十五，明天上线。",
@@ -277,9 +278,8 @@ async fn cjk_words_are_found_inside_runs() {
     }
 }
 
-#[tokio::test]
-async fn oversize_queries_are_refused_with_one_line() {
-    let f = fixture().await;
+async fn oversize_queries_are_refused_with_one_line(backend: &Backend) {
+    let f = fixture(backend).await;
     let long = "word ".repeat(1_000);
     let error = f
         .store
