@@ -12,9 +12,10 @@
 //!   replace compares the run it planned with the run under the lock: one of two compactions
 //!   of the same run wins, the other is `Stale` and re-plans.
 //! - **Ids** come from sequences, never reused.
-//! - **Recall** reads the database (`search`): the same tokenizer and matching as SQLite's
-//!   scan of unindexed rows, screened in SQL first, so phrase, CJK and regex answer the same;
-//!   ranking is by the share of the query's words a row holds (not BM25).
+//! - **Recall**: each node keeps a tantivy index that follows the database (`follow`), so
+//!   BM25, phrases, CJK and regex answer exactly as on SQLite (the same index code); rows the
+//!   index has not taken yet are found in the database (`search`). PostgreSQL's own
+//!   full-text search was not used: its parsers neither split CJK runs nor rank by BM25.
 
 mod archive;
 mod follow;
