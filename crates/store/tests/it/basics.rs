@@ -7,6 +7,7 @@ use crate::conformance::{Backend, on_both_backends};
 use crate::support::*;
 
 on_both_backends!(
+    ingest_is_idempotent_across_reopen,
     message_identity_keeps_repeats_and_drops_redeliveries,
     the_message_json_is_kept_exactly,
     replace_publishes_a_summary_only_if_the_plan_is_current,
@@ -51,12 +52,10 @@ async fn a_database_from_a_newer_version_is_refused() {
     );
 }
 
-#[tokio::test]
-async fn ingest_is_idempotent_across_reopen() {
-    let dir = TempDir::new().unwrap();
+async fn ingest_is_idempotent_across_reopen(backend: &Backend) {
     let first_ids;
     {
-        let store = open(&dir).await;
+        let store = backend.open().await;
         let conversation = store.conversation(&key("main", "s1")).await.unwrap().id;
         let results = stored(
             store
@@ -73,9 +72,8 @@ async fn ingest_is_idempotent_across_reopen() {
         );
         assert!(results.iter().all(|r| r.ingested));
         first_ids = results.iter().map(|r| r.message_id).collect::<Vec<_>>();
-        store.close().await.unwrap();
     }
-    let store = open(&dir).await;
+    let store = backend.open().await;
     let conversation = store.conversation(&key("main", "s1")).await.unwrap().id;
     let again = stored(
         store

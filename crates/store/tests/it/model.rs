@@ -1,10 +1,10 @@
 //! Random sequences of ingest / replace / reopen checked against a simple in-memory model.
 
 use proptest::prelude::*;
-use tempfile::TempDir;
 use vilvona_core::summarize::{SummaryKind, SummaryLevel};
 use vilvona_store::*;
 
+use crate::conformance::Backend;
 use crate::support::*;
 
 #[derive(Clone, Debug)]
@@ -49,9 +49,8 @@ fn observed(context: &[ContextItem]) -> Vec<ModelItem> {
         .collect()
 }
 
-async fn run(ops: Vec<Op>) {
-    let dir = TempDir::new().unwrap();
-    let mut store = open(&dir).await;
+async fn run(backend: &Backend, ops: Vec<Op>) {
+    let mut store = backend.open().await;
     let conversation = store.conversation(&key("main", "model")).await.unwrap().id;
     let mut model: Vec<ModelItem> = Vec::new();
     let mut stored_entries: Vec<String> = Vec::new();
@@ -133,9 +132,9 @@ async fn run(ops: Vec<Op>) {
                 assert_eq!(store.replace(plan).await.unwrap(), ReplaceOutcome::Stale);
             }
             Op::Reopen => {
-                store.close().await.unwrap();
+                // (On PostgreSQL, another node: the model holds whichever node reads.)
                 drop(store);
-                store = open(&dir).await;
+                store = backend.open().await;
             }
         }
         let context = store.context(conversation).await.unwrap();
@@ -165,6 +164,20 @@ proptest! {
             .enable_all()
             .build()
             .unwrap();
-        runtime.block_on(run(ops));
+        runtime.block_on(run(&Backend::sqlite(), ops));
+    }
+
+    #[test]
+    fn the_postgresql_store_behaves_like_the_model(ops in prop::collection::vec(op(), 1..24)) {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            if let Some(backend) = Backend::postgres().await {
+                run(&backend, ops).await;
+            }
+        });
     }
 }
