@@ -47,15 +47,16 @@ pub(crate) fn run(
 ) -> Result<Vec<SearchHit>> {
     check_bounds(query)?;
     // The scope is the agent's: a conversation of another agent is never searched.
-    let mut query = query.clone();
-    query.conversations.retain(|conversation| {
-        read::agent_of(connection, *conversation)
-            .ok()
-            .flatten()
-            .as_deref()
-            == Some(query.agent_id.as_str())
-    });
-    let query = &query;
+    let mut scope = Vec::with_capacity(query.conversations.len());
+    for conversation in &query.conversations {
+        if read::agent_of(connection, *conversation)?.as_deref() == Some(query.agent_id.as_str()) {
+            scope.push(*conversation);
+        }
+    }
+    let query = &SearchQuery {
+        conversations: scope,
+        ..query.clone()
+    };
     if query.conversations.is_empty() || query.limit == 0 {
         return Ok(Vec::new());
     }
