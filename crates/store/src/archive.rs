@@ -272,6 +272,52 @@ fn foreign_summary(connection: &Connection, summary: i64) -> Result<ArchivedRef>
         })
 }
 
+/// Everything about an archive that can be checked without a store, before any row is
+/// written (both backends): returns the messages' ingest keys, decoded, in order.
+pub(crate) fn check(archive: &SessionArchive) -> Result<Vec<Vec<u8>>> {
+    let session = &archive.session;
+    let mut seqs = std::collections::HashSet::new();
+    let mut keys = Vec::with_capacity(archive.messages.len());
+    for message in &archive.messages {
+        let Some(key) = unhex(&message.ingest_key) else {
+            return Err(refused(format!(
+                "message {}: its ingest key {:?} is not hex",
+                message.seq, message.ingest_key
+            )));
+        };
+        if message.seq >= session.next_seq {
+            return Err(refused(format!(
+                "message {} is numbered past the session's next seq {}",
+                message.seq, session.next_seq
+            )));
+        }
+        if !seqs.insert(message.seq) {
+            return Err(refused(format!("message {} appears twice", message.seq)));
+        }
+        keys.push(key);
+    }
+    let mut summary_ids = std::collections::HashSet::new();
+    for summary in &archive.summaries {
+        let owner = format!("summary {}", summary.summary_id);
+        parse_kind(&summary.kind)
+            .map_err(|_| refused(format!("{owner}: kind {:?}", summary.kind)))?;
+        parse_level(&summary.level)
+            .map_err(|_| refused(format!("{owner}: level {:?}", summary.level)))?;
+        if !summary_ids.insert(summary.summary_id.as_str()) {
+            return Err(refused(format!("{owner} appears twice")));
+        }
+    }
+    for (at, item) in archive.context.iter().enumerate() {
+        if item.position >= session.next_position {
+            return Err(refused(format!(
+                "context item {at} sits at position {}, past the session's next position {}",
+                item.position, session.next_position
+            )));
+        }
+    }
+    Ok(keys)
+}
+
 /// Rows an import resolves references against: its own, then the store's.
 struct Resolver<'a> {
     connection: &'a Connection,
@@ -339,6 +385,7 @@ pub(crate) fn import(
     transaction: &WriteTx<'_>,
     archive: &SessionArchive,
 ) -> Result<(ConversationId, ImportReport)> {
+    let keys = check(archive)?;
     let reader = transaction.reader();
     let session = &archive.session;
     let existing: Option<(i64, i64, i64)> = reader
@@ -446,27 +493,9 @@ pub(crate) fn import(
         let mut reference = transaction.prepare_cached(
             "INSERT INTO blob_references (message_id, blob_id, conversation_id) VALUES (?1, ?2, ?3)",
         )?;
-        for message in &archive.messages {
-            let Some(ingest_key) = unhex(&message.ingest_key) else {
-                return Err(refused(format!(
-                    "message {}: its ingest key {:?} is not hex",
-                    message.seq, message.ingest_key
-                )));
-            };
-            if message.seq >= session.next_seq {
-                return Err(refused(format!(
-                    "message {} is numbered past the session's next seq {}",
-                    message.seq, session.next_seq
-                )));
-            }
+        for (message, ingest_key) in archive.messages.iter().zip(keys) {
             next_message += 1;
-            if resolver
-                .messages
-                .insert(message.seq, next_message)
-                .is_some()
-            {
-                return Err(refused(format!("message {} appears twice", message.seq)));
-            }
+            resolver.messages.insert(message.seq, next_message);
             insert.execute(params![
                 next_message,
                 conversation.0,
@@ -496,13 +525,7 @@ pub(crate) fn import(
         let mut taken = reader.prepare_cached("SELECT 1 FROM summaries WHERE summary_id = ?1")?;
         for summary in &archive.summaries {
             let owner = format!("summary {}", summary.summary_id);
-            parse_kind(&summary.kind)
-                .map_err(|_| refused(format!("{owner}: kind {:?}", summary.kind)))?;
-            parse_level(&summary.level)
-                .map_err(|_| refused(format!("{owner}: level {:?}", summary.level)))?;
-            if resolver.summaries.contains_key(&summary.summary_id)
-                || taken.exists([&summary.summary_id])?
-            {
+            if taken.exists([&summary.summary_id])? {
                 return Err(refused(format!(
                     "{owner} is already stored; a session's summaries are stored once per store"
                 )));
@@ -545,12 +568,6 @@ pub(crate) fn import(
         )?;
         let mut tokens: i64 = 0;
         for (at, item) in archive.context.iter().enumerate() {
-            if item.position >= session.next_position {
-                return Err(refused(format!(
-                    "context item {at} sits at position {}, past the session's next position {}",
-                    item.position, session.next_position
-                )));
-            }
             let (message, summary) = resolver.resolve(&item.item, &format!("context item {at}"))?;
             insert.execute(params![
                 conversation.0,

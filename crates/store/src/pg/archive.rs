@@ -10,9 +10,9 @@ use vilvona_core::archive::{
 };
 
 use super::{at, count};
-use crate::archive::{first_difference, hex, refused, unhex};
+use crate::archive::{check, first_difference, hex, refused};
 use crate::error::{Result, StoreError};
-use crate::types::{ConversationId, parse_kind, parse_level};
+use crate::types::ConversationId;
 
 /// Reads a conversation's whole history (run it inside one repeatable-read transaction).
 pub(crate) async fn export(
@@ -302,6 +302,7 @@ pub(crate) async fn import(
     client: &impl Sql,
     archive: &SessionArchive,
 ) -> Result<(ConversationId, ImportReport)> {
+    let keys = check(archive)?;
     let session = &archive.session;
     let existing = client
         .row_opt(
@@ -390,19 +391,7 @@ pub(crate) async fn import(
             .await?;
     }
     let mut messages: HashMap<u64, i64> = HashMap::new();
-    for message in &archive.messages {
-        let Some(ingest_key) = unhex(&message.ingest_key) else {
-            return Err(refused(format!(
-                "message {}: its ingest key {:?} is not hex",
-                message.seq, message.ingest_key
-            )));
-        };
-        if message.seq >= session.next_seq {
-            return Err(refused(format!(
-                "message {} is numbered past the session's next seq {}",
-                message.seq, session.next_seq
-            )));
-        }
+    for (message, ingest_key) in archive.messages.iter().zip(keys) {
         let row = client
             .row(
                 "INSERT INTO messages (id, conversation_id, seq, role, json, tokens, ingest_key, created_at)
@@ -419,9 +408,7 @@ pub(crate) async fn import(
             )
             .await?;
         let id: i64 = at(&row, 0)?;
-        if messages.insert(message.seq, id).is_some() {
-            return Err(refused(format!("message {} appears twice", message.seq)));
-        }
+        messages.insert(message.seq, id);
         for blob in &message.blobs {
             client
                 .run(
@@ -435,17 +422,13 @@ pub(crate) async fn import(
     let mut summaries: HashMap<String, i64> = HashMap::new();
     for summary in &archive.summaries {
         let owner = format!("summary {}", summary.summary_id);
-        parse_kind(&summary.kind)
-            .map_err(|_| refused(format!("{owner}: kind {:?}", summary.kind)))?;
-        parse_level(&summary.level)
-            .map_err(|_| refused(format!("{owner}: level {:?}", summary.level)))?;
         let taken = client
             .row_opt(
                 "SELECT 1 FROM summaries WHERE summary_id = $1",
                 &[&summary.summary_id],
             )
             .await?;
-        if summaries.contains_key(&summary.summary_id) || taken.is_some() {
+        if taken.is_some() {
             return Err(refused(format!(
                 "{owner} is already stored; a session's summaries are stored once per store"
             )));
@@ -485,12 +468,6 @@ pub(crate) async fn import(
     }
     let mut tokens: i64 = 0;
     for (index, item) in archive.context.iter().enumerate() {
-        if item.position >= session.next_position {
-            return Err(refused(format!(
-                "context item {index} sits at position {}, past the session's next position {}",
-                item.position, session.next_position
-            )));
-        }
         let owner = format!("context item {index}");
         let (message, summary) = resolve(
             client,
