@@ -193,6 +193,33 @@ pub(crate) struct IndexDoc<'a> {
     pub(crate) text: &'a str,
 }
 
+/// A row to index, with its text extracted (owned: read from either database).
+pub(crate) struct IndexRow {
+    pub(crate) row: IndexedRow,
+    pub(crate) conversation: i64,
+    pub(crate) agent: String,
+    pub(crate) role: String,
+    pub(crate) time_ms: i64,
+    pub(crate) text: String,
+}
+
+impl IndexRow {
+    pub(crate) fn conversation(&self) -> i64 {
+        self.conversation
+    }
+
+    pub(crate) fn doc(&self) -> IndexDoc<'_> {
+        IndexDoc {
+            row: self.row,
+            conversation: self.conversation,
+            agent: &self.agent,
+            role: &self.role,
+            time_ms: self.time_ms,
+            text: &self.text,
+        }
+    }
+}
+
 /// The index and a reader over it; shared by the writer thread and searchers. Whichever
 /// process holds the index's writer lock maintains it; every other process (a second writer, a
 /// read-only command) only reads it, reloading before each search.

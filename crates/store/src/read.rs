@@ -6,7 +6,7 @@ use vilvona_core::message::AgentMessage;
 use vilvona_core::summarize::SummaryKind;
 
 use crate::error::{Result, StoreError};
-use crate::index::{IndexDoc, IndexedRow};
+use crate::index::IndexedRow;
 use crate::types::*;
 
 const CONVERSATION_COLUMNS: &str = "c.id, c.agent_id, c.session_id, c.session_key, c.active,
@@ -637,32 +637,7 @@ pub(crate) fn state(
         .optional()?)
 }
 
-/// A row to index, with its text extracted.
-pub(crate) struct IndexRow {
-    row: IndexedRow,
-    conversation: i64,
-    agent: String,
-    role: String,
-    time_ms: i64,
-    text: String,
-}
-
-impl IndexRow {
-    pub(crate) fn conversation(&self) -> i64 {
-        self.conversation
-    }
-
-    pub(crate) fn doc(&self) -> IndexDoc<'_> {
-        IndexDoc {
-            row: self.row,
-            conversation: self.conversation,
-            agent: &self.agent,
-            role: &self.role,
-            time_ms: self.time_ms,
-            text: &self.text,
-        }
-    }
-}
+pub(crate) use crate::index::IndexRow;
 
 /// Streams messages with `id > after`, in id order, with their text; returns the ids of rows
 /// that could not be decoded (skipped).

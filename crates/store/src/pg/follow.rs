@@ -21,7 +21,7 @@ use super::Sql;
 use super::at;
 use crate::blobs::{BLOB_ID_KEY, INDEXED_BLOB_BYTES};
 use crate::error::{Result, StoreError};
-use crate::index::{IndexDoc, IndexSink, IndexedRow, RecallIndex, Watermark};
+use crate::index::{IndexRow, IndexSink, IndexedRow, RecallIndex, Watermark};
 
 /// Taken (for the rest of the transaction) before a transaction allocates a row id or a
 /// change-log entry: ids become visible in the order they were allocated.
@@ -29,29 +29,6 @@ pub(crate) const ROW_ORDER_LOCK: i64 = 0x0076_696c_766f_6e62;
 
 /// Rows read from the database per batch while following.
 const BATCH: i64 = 1024;
-
-/// A document read from the database, owned until it is indexed.
-struct Doc {
-    row: IndexedRow,
-    conversation: i64,
-    agent: String,
-    role: String,
-    time_ms: i64,
-    text: String,
-}
-
-impl Doc {
-    fn as_index_doc(&self) -> IndexDoc<'_> {
-        IndexDoc {
-            row: self.row,
-            conversation: self.conversation,
-            agent: &self.agent,
-            role: &self.role,
-            time_ms: self.time_ms,
-            text: &self.text,
-        }
-    }
-}
 
 /// A node's index and, while this process holds its lock, its writer.
 pub(crate) struct Follower {
@@ -178,7 +155,7 @@ impl Follower {
     /// indexing threads).
     async fn add(
         self: &Arc<Self>,
-        docs: Vec<Doc>,
+        docs: Vec<IndexRow>,
         removed: Vec<IndexedRow>,
         changes_through: Option<i64>,
     ) -> Result<()> {
@@ -192,7 +169,7 @@ impl Follower {
                 sink.remove(row);
             }
             for doc in &docs {
-                sink.add(doc.as_index_doc())?;
+                sink.add(doc.doc())?;
             }
             if let Some(seq) = changes_through {
                 sink.pass_changes(seq);
@@ -230,7 +207,7 @@ impl Follower {
 }
 
 /// A message's indexed text: its own, then (bounded) the text of the files it references.
-async fn message_doc(client: &impl Sql, row: &tokio_postgres::Row) -> Result<Doc> {
+async fn message_doc(client: &impl Sql, row: &tokio_postgres::Row) -> Result<IndexRow> {
     let id: i64 = at(row, 0)?;
     let json: &str = at(row, 4)?;
     let mut text = serde_json::from_str::<vilvona_core::AgentMessage>(json)
@@ -250,7 +227,7 @@ async fn message_doc(client: &impl Sql, row: &tokio_postgres::Row) -> Result<Doc
             text.push_str(&content[..crate::search::floor_boundary(content, INDEXED_BLOB_BYTES)]);
         }
     }
-    Ok(Doc {
+    Ok(IndexRow {
         row: IndexedRow::Message(id),
         conversation: at(row, 1)?,
         agent: at(row, 2)?,
@@ -266,8 +243,8 @@ const SUMMARY_DOC: &str = "SELECT s.id, s.conversation_id, c.agent_id, s.content
             coalesce(s.latest_at, s.created_at)
      FROM summaries s JOIN conversations c ON c.id = s.conversation_id";
 
-fn summary_doc(row: &tokio_postgres::Row) -> Result<Doc> {
-    Ok(Doc {
+fn summary_doc(row: &tokio_postgres::Row) -> Result<IndexRow> {
+    Ok(IndexRow {
         row: IndexedRow::Summary(at(row, 0)?),
         conversation: at(row, 1)?,
         agent: at(row, 2)?,
@@ -277,7 +254,7 @@ fn summary_doc(row: &tokio_postgres::Row) -> Result<Doc> {
     })
 }
 
-async fn messages_after(client: &impl Sql, after: i64) -> Result<Vec<Doc>> {
+async fn messages_after(client: &impl Sql, after: i64) -> Result<Vec<IndexRow>> {
     let rows = client
         .rows(
             &format!("{MESSAGE_DOC} WHERE m.id > $1 ORDER BY m.id LIMIT $2"),
@@ -291,7 +268,7 @@ async fn messages_after(client: &impl Sql, after: i64) -> Result<Vec<Doc>> {
     Ok(docs)
 }
 
-async fn summaries_after(client: &impl Sql, after: i64) -> Result<Vec<Doc>> {
+async fn summaries_after(client: &impl Sql, after: i64) -> Result<Vec<IndexRow>> {
     client
         .rows(
             &format!("{SUMMARY_DOC} WHERE s.id > $1 ORDER BY s.id LIMIT $2"),
@@ -304,7 +281,7 @@ async fn summaries_after(client: &impl Sql, after: i64) -> Result<Vec<Doc>> {
 }
 
 /// A row's document as the database holds it now; `None` when it is gone.
-async fn doc_of(client: &impl Sql, row: IndexedRow) -> Result<Option<Doc>> {
+async fn doc_of(client: &impl Sql, row: IndexedRow) -> Result<Option<IndexRow>> {
     match row {
         IndexedRow::Message(id) => {
             match client
