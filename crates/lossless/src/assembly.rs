@@ -15,19 +15,104 @@ use crate::render::{
 use crate::engine::{LosslessEngine, lock_map, store_error};
 use crate::units::unit_end;
 
-/// Most rendered items kept for assembly (a few contexts' worth).
-const RENDERED_CACHE_ITEMS: usize = 16_384;
+/// Bytes the rendered items may take together, estimated from their tokens (a few contexts'
+/// worth; two generations of half each).
+const RENDERED_BYTES: usize = 16 << 20;
 
-/// Most context items the kept assemblies hold together (a gateway with thousands of sessions
-/// keeps the recently active ones; the others are rebuilt from the store).
-const ASSEMBLED_ITEMS: usize = 32_768;
+/// Bytes the kept assemblies may take together, estimated from their tokens (a gateway with
+/// thousands of sessions keeps the recently active ones; the others are rebuilt from the
+/// store).
+const ASSEMBLED_BYTES: usize = 16 << 20;
+
+/// What an item held in memory costs, estimated from its tokens: about four bytes of text a
+/// token, and the message's structure around it.
+pub(crate) fn estimated_bytes(tokens: u64) -> usize {
+    usize::try_from(tokens)
+        .unwrap_or(usize::MAX / 8)
+        .saturating_mul(4)
+        .saturating_add(256)
+}
+
+/// Rendered context items, so assembly and compaction parse only what is new. Items are
+/// immutable, so an entry never goes stale; one that left the context is dropped. Bounded by
+/// estimated bytes in two generations: when the young one fills, the old one is dropped whole
+/// and the young one takes its place; an old entry used again becomes young.
+#[derive(Default)]
+pub(crate) struct RenderedItems {
+    young: HashMap<ItemRef, (Arc<AgentMessage>, usize)>,
+    old: HashMap<ItemRef, (Arc<AgentMessage>, usize)>,
+    young_bytes: usize,
+    old_bytes: usize,
+}
+
+impl RenderedItems {
+    pub(crate) fn get(&mut self, item: &ItemRef) -> Option<Arc<AgentMessage>> {
+        if let Some((message, _)) = self.young.get(item) {
+            return Some(Arc::clone(message));
+        }
+        let (message, bytes) = self.old.remove(item)?;
+        self.old_bytes -= bytes;
+        self.insert(*item, Arc::clone(&message), bytes);
+        Some(message)
+    }
+
+    pub(crate) fn keep(&mut self, item: ItemRef, message: Arc<AgentMessage>, tokens: u64) {
+        self.insert(item, message, estimated_bytes(tokens));
+    }
+
+    fn insert(&mut self, item: ItemRef, message: Arc<AgentMessage>, bytes: usize) {
+        self.young_bytes += bytes;
+        if let Some((_, replaced)) = self.young.insert(item, (message, bytes)) {
+            self.young_bytes -= replaced;
+        }
+        if let Some((_, stale)) = self.old.remove(&item) {
+            self.old_bytes -= stale;
+        }
+        if self.young_bytes > RENDERED_BYTES / 2 {
+            self.old = std::mem::take(&mut self.young);
+            self.old_bytes = std::mem::take(&mut self.young_bytes);
+        }
+    }
+
+    /// Drops items that left the context (a summary took their place).
+    pub(crate) fn forget(&mut self, items: impl IntoIterator<Item = ItemRef>) {
+        for item in items {
+            if let Some((_, bytes)) = self.young.remove(&item) {
+                self.young_bytes -= bytes;
+            }
+            if let Some((_, bytes)) = self.old.remove(&item) {
+                self.old_bytes -= bytes;
+            }
+        }
+    }
+
+    pub(crate) fn clear(&mut self) {
+        *self = RenderedItems::default();
+    }
+
+    /// Items kept, and their estimated bytes.
+    pub(crate) fn size(&self) -> (usize, usize) {
+        (
+            self.young.len() + self.old.len(),
+            self.young_bytes + self.old_bytes,
+        )
+    }
+}
 
 /// The last assembly of recently assembled conversations, least recently used evicted first.
 #[derive(Default)]
 pub(crate) struct Assemblies {
-    entries: HashMap<ConversationId, (u64, Vec<ItemRef>, Messages)>,
+    entries: HashMap<ConversationId, KeptAssembly>,
     items: usize,
+    bytes: usize,
     clock: u64,
+}
+
+struct KeptAssembly {
+    used: u64,
+    items: Vec<ItemRef>,
+    messages: Messages,
+    bytes: usize,
 }
 
 impl Assemblies {
@@ -35,30 +120,37 @@ impl Assemblies {
         &mut self,
         conversation: ConversationId,
     ) -> Option<(Vec<ItemRef>, Messages)> {
-        let (_, items, messages) = self.entries.remove(&conversation)?;
-        self.items -= items.len();
-        Some((items, messages))
+        let kept = self.entries.remove(&conversation)?;
+        self.items -= kept.items.len();
+        self.bytes -= kept.bytes;
+        Some((kept.items, kept.messages))
     }
 
+    /// Keeps a conversation's assembly of `tokens` tokens.
     pub(crate) fn keep(
         &mut self,
         conversation: ConversationId,
         items: Vec<ItemRef>,
         messages: Messages,
+        tokens: u64,
     ) {
+        self.take(conversation);
         self.clock += 1;
+        let bytes = estimated_bytes(tokens).saturating_add(items.len() * 256);
         self.items += items.len();
-        if let Some((_, old, _)) = self
-            .entries
-            .insert(conversation, (self.clock, items, messages))
-        {
-            self.items -= old.len();
-        }
-        while self.items > ASSEMBLED_ITEMS && self.entries.len() > 1 {
+        self.bytes += bytes;
+        let kept = KeptAssembly {
+            used: self.clock,
+            items,
+            messages,
+            bytes,
+        };
+        self.entries.insert(conversation, kept);
+        while self.bytes > ASSEMBLED_BYTES && self.entries.len() > 1 {
             let Some(oldest) = self
                 .entries
                 .iter()
-                .min_by_key(|(_, (used, _, _))| *used)
+                .min_by_key(|(_, kept)| kept.used)
                 .map(|(id, _)| *id)
             else {
                 break;
@@ -67,9 +159,9 @@ impl Assemblies {
         }
     }
 
-    /// Context items the kept assemblies hold together.
-    pub(crate) fn items(&self) -> usize {
-        self.items
+    /// Context items the kept assemblies hold together, and their estimated bytes.
+    pub(crate) fn size(&self) -> (usize, usize) {
+        (self.items, self.bytes)
     }
 
     pub(crate) fn len(&self) -> usize {
@@ -78,18 +170,15 @@ impl Assemblies {
 }
 
 impl LosslessEngine {
-    /// Keeps rendered items for later assemblies: past the cache's bound it starts over (one
-    /// context larger than the bound is kept whole until the next call).
+    /// Keeps rendered items, with their tokens, for later assemblies and compactions.
     pub(crate) fn remember_rendered(
         &self,
-        items: impl IntoIterator<Item = (ItemRef, Arc<AgentMessage>)>,
+        items: impl IntoIterator<Item = (ItemRef, Arc<AgentMessage>, u64)>,
     ) {
-        let items: Vec<(ItemRef, Arc<AgentMessage>)> = items.into_iter().collect();
         let mut rendered = lock_map(&self.inner.rendered);
-        if rendered.len() + items.len() > RENDERED_CACHE_ITEMS {
-            rendered.clear();
+        for (item, message, tokens) in items {
+            rendered.keep(item, message, tokens);
         }
-        rendered.extend(items);
     }
 
     /// The context as the model sees it, within `budget` when the fresh tail fits. Reads the
@@ -121,6 +210,7 @@ impl LosslessEngine {
             authority = PromptAuthority::PreassemblyMayOverflow;
         }
         let visible: Vec<ItemRef> = refs[start..].iter().map(|entry| entry.item).collect();
+        let tokens: Vec<u64> = refs[start..].iter().map(|entry| entry.tokens).collect();
         let estimated_tokens = refs[start..].iter().map(|entry| entry.tokens).sum();
         // The previous assembly of this conversation, if the new one extends it.
         let previous = lock_map(&self.inner.assembled).take(conversation);
@@ -130,18 +220,19 @@ impl LosslessEngine {
         };
         // What is rendered already, taken at once: another call may empty the cache meanwhile.
         let mut rendered: Vec<Option<Arc<AgentMessage>>> = {
-            let cache = lock_map(&self.inner.rendered);
+            let mut cache = lock_map(&self.inner.rendered);
             visible[reused..]
                 .iter()
-                .map(|item| cache.get(item).cloned())
+                .map(|item| cache.get(item))
                 .collect()
         };
-        let missing: Vec<ItemRef> = visible[reused..]
+        let (missing, missing_tokens): (Vec<ItemRef>, Vec<u64>) = visible[reused..]
             .iter()
+            .zip(&tokens[reused..])
             .zip(&rendered)
             .filter(|(_, known)| known.is_none())
-            .map(|(item, _)| *item)
-            .collect();
+            .map(|((item, tokens), _)| (*item, *tokens))
+            .unzip();
         if !missing.is_empty() {
             let contents = self
                 .inner
@@ -150,17 +241,17 @@ impl LosslessEngine {
                 .await
                 .map_err(|error| store_error("reading context items", error))?;
             let mut fresh = Vec::with_capacity(missing.len());
-            for (item, content) in missing.into_iter().zip(contents) {
+            for ((item, content), tokens) in missing.into_iter().zip(contents).zip(missing_tokens) {
                 let message = match &content {
                     ItemContent::Summary(summary) => summary_message(summary),
                     ItemContent::Message(message) => message
                         .message()
                         .map_err(|error| store_error("reading a message", error))?,
                 };
-                fresh.push((item, Arc::new(message)));
+                fresh.push((item, Arc::new(message), tokens));
             }
             let mut unknown = rendered.iter_mut().filter(|known| known.is_none());
-            for (_, message) in &fresh {
+            for (_, message, _) in &fresh {
                 if let Some(slot) = unknown.next() {
                     *slot = Some(Arc::clone(message));
                 }
@@ -183,7 +274,12 @@ impl LosslessEngine {
                 Some(AssembledSummary { index, depth })
             })
             .collect();
-        lock_map(&self.inner.assembled).keep(conversation, visible, messages.clone());
+        lock_map(&self.inner.assembled).keep(
+            conversation,
+            visible,
+            messages.clone(),
+            estimated_tokens,
+        );
         Ok(AssembleResult {
             messages,
             estimated_tokens,
@@ -259,5 +355,37 @@ impl LosslessEngine {
             result.system_prompt_addition = Some(addition.join("\n\n"));
         }
         Ok(result)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rendered_items_stay_within_their_bytes_and_keep_what_is_used() {
+        let mut rendered = RenderedItems::default();
+        let message = Arc::new(AgentMessage::user_text("x"));
+        // 1,000 tokens an item: about 4 KB each, so 16 MiB holds about 4,000 (at least half
+        // of that in the young generation).
+        let tokens = 1_000;
+        rendered.keep(ItemRef::Message(MessageId(0)), Arc::clone(&message), tokens);
+        for id in 1..100_000 {
+            rendered.keep(
+                ItemRef::Message(MessageId(id)),
+                Arc::clone(&message),
+                tokens,
+            );
+            // The first item is used all along: it is never let go.
+            assert!(rendered.get(&ItemRef::Message(MessageId(0))).is_some());
+            let (_, bytes) = rendered.size();
+            assert!(bytes <= RENDERED_BYTES, "{bytes} at {id}");
+        }
+        let (items, _) = rendered.size();
+        assert!(items > 1_900, "{items}");
+        assert!(rendered.get(&ItemRef::Message(MessageId(10))).is_none());
+        rendered.forget([ItemRef::Message(MessageId(99_999))]);
+        assert!(rendered.get(&ItemRef::Message(MessageId(99_999))).is_none());
+        assert_eq!(rendered.size().0, items - 1);
     }
 }

@@ -312,10 +312,10 @@ impl LosslessEngine {
     /// ingested here) is not parsed again.
     fn sources(&self, run: &[ContextItem]) -> Vec<SourceItem> {
         let rendered: Vec<Option<Arc<AgentMessage>>> = {
-            let cache = lock_map(&self.inner.rendered);
+            let mut cache = lock_map(&self.inner.rendered);
             run.iter()
                 .map(|item| match item.content {
-                    ItemContent::Message(_) => cache.get(&item.item_ref()).cloned(),
+                    ItemContent::Message(_) => cache.get(&item.item_ref()),
                     ItemContent::Summary(_) => None,
                 })
                 .collect()
@@ -466,8 +466,13 @@ impl LosslessEngine {
             return Ok(Published::NoProgress);
         };
         let fallback = plan.summary.level == SummaryLevel::Fallback;
+        let replaced: Vec<ItemRef> = plan.items.iter().map(|(_, item)| *item).collect();
         match self.inner.store.replace(plan).await {
-            Ok(ReplaceOutcome::Replaced(_)) => Ok(Published::Replaced { fallback }),
+            Ok(ReplaceOutcome::Replaced(_)) => {
+                // What left the context need not be kept rendered.
+                lock_map(&self.inner.rendered).forget(replaced);
+                Ok(Published::Replaced { fallback })
+            }
             Ok(ReplaceOutcome::Stale) => Ok(Published::Stale),
             Err(error) => Err(store_error("publishing a summary", error)),
         }

@@ -12,13 +12,12 @@ use vilvona_core::admin::{EngineAdmin, ToolCaller, ToolDefinition};
 use vilvona_core::clock::{Clock, SystemClock};
 use vilvona_core::engine::*;
 use vilvona_core::host::{Capability, HostRequirement, Operation};
-use vilvona_core::message::AgentMessage;
 use vilvona_core::summarize::{SourceItem, Summarizer};
 use vilvona_core::tokens::TokenEstimator;
 use vilvona_store::*;
 use vilvona_summarize::source_item;
 
-use crate::assembly::Assemblies;
+use crate::assembly::{Assemblies, RenderedItems};
 use crate::config::LosslessConfig;
 use crate::tools::tool_definitions;
 
@@ -41,11 +40,11 @@ pub(crate) struct Inner {
     pub(crate) conversations: StdMutex<HashMap<String, Conversation>>,
     /// Serializes compaction per conversation (after_turn, compact, commit_turn can race).
     pub(crate) compaction_locks: StdMutex<HashMap<ConversationId, Arc<tokio::sync::Mutex<()>>>>,
-    /// Rendered context items, so assembly parses only what is new. Items are immutable, so
-    /// entries never go stale; the cache is emptied when it grows past its bound.
-    pub(crate) rendered: StdMutex<HashMap<ItemRef, Arc<AgentMessage>>>,
+    /// Rendered context items, so assembly and compaction parse only what is new (bounded by
+    /// their estimated bytes).
+    pub(crate) rendered: StdMutex<RenderedItems>,
     /// The last assembly per conversation (its items and messages), extended when the context
-    /// only grew; the least recently assembled go first past [`ASSEMBLED_ITEMS`].
+    /// only grew; the least recently assembled go first past their bound in bytes.
     pub(crate) assembled: StdMutex<Assemblies>,
     /// The prompt budget the host last gave per conversation (mirrors the store's state).
     pub(crate) budgets: StdMutex<HashMap<ConversationId, u64>>,
@@ -81,6 +80,12 @@ pub struct CachedSessions {
     pub assemblies: usize,
     /// Context items those assemblies hold together.
     pub assembled_items: usize,
+    /// Their estimated bytes (bounded).
+    pub assembled_bytes: usize,
+    /// Rendered items kept for assembly and compaction.
+    pub rendered_items: usize,
+    /// Their estimated bytes (bounded).
+    pub rendered_bytes: usize,
     /// Budgets kept (the host's last, per conversation).
     pub budgets: usize,
     /// Compaction locks kept.
@@ -147,7 +152,7 @@ impl LosslessEngine {
                 background: StdMutex::new(Vec::new()),
                 conversations: StdMutex::new(HashMap::new()),
                 compaction_locks: StdMutex::new(HashMap::new()),
-                rendered: StdMutex::new(HashMap::new()),
+                rendered: StdMutex::new(RenderedItems::default()),
                 assembled: StdMutex::new(Assemblies::default()),
                 budgets: StdMutex::new(HashMap::new()),
             }),
@@ -321,10 +326,11 @@ impl LosslessEngine {
     /// is read from the store again when they return.
     pub fn cached_sessions(&self) -> CachedSessions {
         // One lock at a time (a guard in a struct literal lives to the end of the statement).
-        let (assemblies, assembled_items) = {
+        let (assemblies, (assembled_items, assembled_bytes)) = {
             let assembled = lock_map(&self.inner.assembled);
-            (assembled.len(), assembled.items())
+            (assembled.len(), assembled.size())
         };
+        let (rendered_items, rendered_bytes) = lock_map(&self.inner.rendered).size();
         let conversations = lock_map(&self.inner.conversations).len();
         let budgets = lock_map(&self.inner.budgets).len();
         let compaction_locks = lock_map(&self.inner.compaction_locks).len();
@@ -332,6 +338,9 @@ impl LosslessEngine {
             conversations,
             assemblies,
             assembled_items,
+            assembled_bytes,
+            rendered_items,
+            rendered_bytes,
             budgets,
             compaction_locks,
         }

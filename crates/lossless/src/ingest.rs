@@ -108,10 +108,10 @@ impl LosslessEngine {
         let prepared = self.prepare(conversation.id, messages, identity).await?;
         // A turn's messages, as stored, are what the next assembly renders: kept now, they
         // need not be read back and parsed then. (A bulk import is not worth the copies.)
-        let rendered: Vec<Arc<AgentMessage>> = if prepared.len() <= RENDER_ON_INGEST {
+        let rendered: Vec<(Arc<AgentMessage>, u64)> = if prepared.len() <= RENDER_ON_INGEST {
             prepared
                 .iter()
-                .map(|new| Arc::new(new.message.clone()))
+                .map(|new| (Arc::new(new.message.clone()), new.tokens))
                 .collect()
         } else {
             Vec::new()
@@ -129,7 +129,9 @@ impl LosslessEngine {
                     .iter()
                     .zip(rendered)
                     .filter(|(result, _)| result.ingested)
-                    .map(|(result, message)| (ItemRef::Message(result.message_id), message)),
+                    .map(|(result, (message, tokens))| {
+                        (ItemRef::Message(result.message_id), message, tokens)
+                    }),
             );
         }
         Ok(outcome)

@@ -98,6 +98,32 @@ async fn compaction_keeps_the_context_under_budget_and_everything_reachable() {
     assert!(max_estimate > budget / 2);
 }
 
+/// What a summary replaced leaves the engine's memory too: every rendered item it keeps is in
+/// the context.
+#[tokio::test]
+async fn rendered_items_leave_memory_with_the_context() {
+    let dir = TempDir::new().unwrap();
+    let engine = engine(&dir).await;
+    for round in 0..6 {
+        drive(&engine, "s1", round * 5..round * 5 + 5, 4_000).await;
+        assemble(&engine, "s1", 4_000, &[]).await;
+    }
+    let conversation = engine.conversation("s1", None).await.unwrap();
+    let items = engine.store().context(conversation.id).await.unwrap();
+    let cached = engine.cached_sessions();
+    assert!(
+        items.len() < 120,
+        "the run compacted: {} items",
+        items.len()
+    );
+    assert!(cached.rendered_items > 0, "{cached:?}");
+    assert!(
+        cached.rendered_items <= items.len(),
+        "{cached:?} for {} items in the context",
+        items.len()
+    );
+}
+
 #[tokio::test]
 async fn an_unchanged_context_assembles_byte_identically_and_offers_recall_guidance() {
     let dir = TempDir::new().unwrap();
@@ -523,9 +549,9 @@ async fn a_question_is_answered_from_history_with_citations() {
     );
 }
 
-/// A long-running engine that sees many sessions keeps a bounded amount of their state: the
-/// least recently assembled contexts go first, and a session whose state went is rebuilt from
-/// the store, whole.
+/// A long-running engine that sees many sessions keeps a bounded amount of their state (by
+/// estimated bytes): the least recently assembled contexts go first, and a session whose state
+/// went is rebuilt from the store, whole.
 #[tokio::test]
 async fn per_session_state_stays_bounded_across_many_sessions() {
     let dir = TempDir::new().unwrap();
@@ -539,9 +565,11 @@ async fn per_session_state_stays_bounded_across_many_sessions() {
     )
     .await;
     let session = |n: usize| format!("s{n}");
+    // Each session's context is about 200 × 500 tokens: 200 of them hold ~100 MB of text.
+    let filler = "lorem ipsum ".repeat(160);
     for n in 0..200 {
         let messages = (0..200)
-            .map(|i| message(json!({"role": "user", "content": format!("session {n} note {i}"), "timestamp": i})))
+            .map(|i| message(json!({"role": "user", "content": format!("session {n} note {i} {filler}"), "timestamp": i})))
             .collect();
         engine
             .ingest_batch(&IngestBatchParams {
@@ -555,7 +583,8 @@ async fn per_session_state_stays_bounded_across_many_sessions() {
         assert_eq!(assembled.messages.len(), 200);
     }
     let cached = engine.cached_sessions();
-    assert!(cached.assembled_items <= 32_768, "{cached:?}");
+    assert!(cached.assembled_bytes <= 16 << 20, "{cached:?}");
+    assert!(cached.rendered_bytes <= 16 << 20, "{cached:?}");
     assert!(cached.assemblies < 200, "{cached:?}");
     // The first session's assembly was let go; it is rebuilt from the store.
     let again = assemble(&engine, &session(0), 1_000_000, &[]).await;
