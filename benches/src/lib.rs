@@ -287,6 +287,16 @@ impl Instructions {
         }
     }
 
+    /// Before a counted window: the index merged into one segment, so that no background
+    /// merge lands in the window (with the index committing by document count only, as
+    /// `benches/instructions.sh` sets it, too few segments follow to start one).
+    async fn settle(&self, engine: &LosslessEngine) -> Result<()> {
+        if self.enabled {
+            engine.store().reclaim_space().await?;
+        }
+        Ok(())
+    }
+
     /// Writes what was counted since the last dump as `name calls`, and starts over.
     fn dump(&self, name: &str, calls: usize) {
         #[cfg(feature = "instructions")]
@@ -460,6 +470,9 @@ pub async fn run(options: &RunOptions) -> Result<Figures> {
             .map(|(message, id)| (message.clone(), Some(id.clone())))
             .unzip();
         let phase = counting.turn_phase(index);
+        if index == COUNTED_TURNS.start || index == COUNTED_TURNS.end {
+            counting.settle(&engine).await?;
+        }
         if phase == Some("ingest") {
             counting.start();
         }
@@ -518,6 +531,7 @@ pub async fn run(options: &RunOptions) -> Result<Figures> {
     }
     let turn_count = index;
     if counting.enabled {
+        counting.settle(&engine).await?;
         counting.start();
         for _ in 0..100 {
             engine.assemble_context(conversation.id, BUDGET).await?;
@@ -537,6 +551,7 @@ pub async fn run(options: &RunOptions) -> Result<Figures> {
     // Grep in steady state: the index commits on a short timer in real use (rows beyond it are
     // searched in SQLite); commit what waits before timing, as a turn later would find it.
     engine.store().index_doc_count().await?;
+    counting.settle(&engine).await?;
     let mut grep = Vec::with_capacity(needles.len() * GREP_ROUNDS);
     let mut found = 0;
     for needle in &needles {
