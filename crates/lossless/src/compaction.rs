@@ -78,9 +78,40 @@ pub struct CompactionReport {
 const PARALLEL_LEAVES: usize = 4;
 
 enum Published {
-    Replaced { fallback: bool },
+    Replaced {
+        fallback: bool,
+        summary: StoredSummary,
+    },
     Stale,
     NoProgress,
+}
+
+/// The context after summaries took the place of runs, as the store writes it (a summary at
+/// the position of the first item it replaced, costing its tokens): what the next pass plans
+/// from, without reading the references again. `replaced` is in the order of the runs.
+fn with_replacements(
+    items: &[ContextRef],
+    replaced: &[(std::ops::Range<usize>, StoredSummary)],
+) -> Vec<ContextRef> {
+    let mut next = Vec::with_capacity(items.len());
+    let mut from = 0;
+    for (range, summary) in replaced {
+        debug_assert!(from <= range.start, "runs in order, apart");
+        next.extend_from_slice(&items[from..range.start]);
+        next.push(ContextRef {
+            position: items[range.start].position,
+            item: ItemRef::Summary(summary.row_id),
+            tokens: summary.tokens,
+            continues_unit: false,
+            summary: Some(SummaryShape {
+                depth: summary.depth,
+                level: summary.level,
+            }),
+        });
+        from = range.end;
+    }
+    next.extend_from_slice(&items[from..]);
+    next
 }
 
 /// `(earliest, latest, first seq, last seq)` of a run of items.
@@ -261,16 +292,23 @@ impl LosslessEngine {
             report.passes += 1;
             attempts += batch.len();
             let mut stalled = false;
-            for published in self
-                .summarize_batch(conversation, &items, batch, custom_instructions)
-                .await?
-            {
+            let mut stale = false;
+            let ranges: Vec<std::ops::Range<usize>> = batch
+                .iter()
+                .map(|candidate| candidate.range.clone())
+                .collect();
+            let mut replaced = Vec::with_capacity(ranges.len());
+            for (range, published) in ranges.into_iter().zip(
+                self.summarize_batch(conversation, &items, batch, custom_instructions)
+                    .await?,
+            ) {
                 match published {
-                    Published::Replaced { fallback } => {
+                    Published::Replaced { fallback, summary } => {
                         report.summaries_created += 1;
                         report.fallbacks += u32::from(fallback);
+                        replaced.push((range, summary));
                     }
-                    Published::Stale => {}
+                    Published::Stale => stale = true,
                     Published::NoProgress => stalled = true,
                 }
             }
@@ -284,7 +322,9 @@ impl LosslessEngine {
                 total = items.iter().map(|item| item.tokens).sum();
                 break;
             }
-            items = self.context_refs(conversation).await?;
+            items = self
+                .context_after(conversation, &items, &replaced, stale)
+                .await?;
             let new_total: u64 = items.iter().map(|item| item.tokens).sum();
             if new_total >= total && report.summaries_created == 0 {
                 report.reason = Some(CompactReason::NoProgress);
@@ -295,6 +335,33 @@ impl LosslessEngine {
         }
         report.tokens_after = total;
         Ok(report)
+    }
+
+    /// The context after a pass: derived from what the pass read and published when the
+    /// store's running total agrees with it (one row read instead of the whole context), else
+    /// read again (another writer appended or replaced meanwhile, or a publish was stale).
+    async fn context_after(
+        &self,
+        conversation: ConversationId,
+        items: &[ContextRef],
+        replaced: &[(std::ops::Range<usize>, StoredSummary)],
+        stale: bool,
+    ) -> Result<Vec<ContextRef>, EngineError> {
+        if !stale {
+            let derived = with_replacements(items, replaced);
+            let derived_total: u64 = derived.iter().map(|item| item.tokens).sum();
+            let stored_total = self
+                .inner
+                .store
+                .conversation_by_id(conversation)
+                .await
+                .map_err(|error| store_error("reading the conversation", error))?
+                .map(|row| row.context_tokens);
+            if stored_total == Some(derived_total) {
+                return Ok(derived);
+            }
+        }
+        self.context_refs(conversation).await
     }
 
     pub(crate) async fn context_refs(
@@ -468,10 +535,10 @@ impl LosslessEngine {
         let fallback = plan.summary.level == SummaryLevel::Fallback;
         let replaced: Vec<ItemRef> = plan.items.iter().map(|(_, item)| *item).collect();
         match self.inner.store.replace(plan).await {
-            Ok(ReplaceOutcome::Replaced(_)) => {
+            Ok(ReplaceOutcome::Replaced(summary)) => {
                 // What left the context need not be kept rendered.
                 lock_map(&self.inner.rendered).forget(replaced);
-                Ok(Published::Replaced { fallback })
+                Ok(Published::Replaced { fallback, summary })
             }
             Ok(ReplaceOutcome::Stale) => Ok(Published::Stale),
             Err(error) => Err(store_error("publishing a summary", error)),
@@ -663,5 +730,72 @@ impl LosslessEngine {
             rewritten_entries: rewritten,
             reason: (!reasons.is_empty()).then(|| reasons.join("; ")),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn message(position: i64, id: i64, tokens: u64, continues_unit: bool) -> ContextRef {
+        ContextRef {
+            position,
+            item: ItemRef::Message(MessageId(id)),
+            tokens,
+            continues_unit,
+            summary: None,
+        }
+    }
+
+    fn summary(row_id: i64, depth: u32, tokens: u64) -> StoredSummary {
+        StoredSummary {
+            row_id: SummaryRowId(row_id),
+            summary_id: format!("sum_{row_id:016x}"),
+            conversation: ConversationId(1),
+            depth,
+            kind: SummaryKind::Leaf,
+            content: String::new(),
+            tokens,
+            earliest_at_ms: None,
+            latest_at_ms: None,
+            first_seq: 0,
+            last_seq: 0,
+            level: SummaryLevel::Normal,
+            summarizer: "test".to_owned(),
+            created_at_ms: 0,
+        }
+    }
+
+    #[test]
+    fn replacements_take_the_first_position_of_their_runs() {
+        let items: Vec<ContextRef> = (0..8)
+            .map(|i| message(i * 1024, i, 100, i % 2 == 1))
+            .collect();
+        let next = with_replacements(
+            &items,
+            &[(1..3, summary(7, 0, 30)), (5..8, summary(9, 0, 40))],
+        );
+        let shape: Vec<(i64, ItemRef, u64, bool)> = next
+            .iter()
+            .map(|item| (item.position, item.item, item.tokens, item.continues_unit))
+            .collect();
+        assert_eq!(
+            shape,
+            vec![
+                (0, ItemRef::Message(MessageId(0)), 100, false),
+                (1024, ItemRef::Summary(SummaryRowId(7)), 30, false),
+                (3072, ItemRef::Message(MessageId(3)), 100, true),
+                (4096, ItemRef::Message(MessageId(4)), 100, false),
+                (5120, ItemRef::Summary(SummaryRowId(9)), 40, false),
+            ]
+        );
+        assert_eq!(
+            next[1].summary,
+            Some(SummaryShape {
+                depth: 0,
+                level: SummaryLevel::Normal
+            })
+        );
+        assert_eq!(with_replacements(&items, &[]).len(), items.len());
     }
 }
