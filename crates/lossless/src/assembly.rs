@@ -33,39 +33,70 @@ pub(crate) fn estimated_bytes(tokens: u64) -> usize {
         .saturating_add(256)
 }
 
-/// Rendered context items, so assembly and compaction parse only what is new. Items are
-/// immutable, so an entry never goes stale; one that left the context is dropped. Bounded by
-/// estimated bytes in two generations: when the young one fills, the old one is dropped whole
-/// and the young one takes its place; an old entry used again becomes young.
+/// One rendering of a context item. A message never changes; a summary is rewritten in place
+/// (re-summarized, or narrowed by forgetting; here or by another process), which changes its
+/// tokens, level or span: a rendering of the old text is then not this one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct Rendition {
+    pub(crate) item: ItemRef,
+    summary: Option<(u64, SummaryShape)>,
+}
+
+impl Rendition {
+    pub(crate) fn of(entry: &ContextRef) -> Rendition {
+        Rendition {
+            item: entry.item,
+            summary: entry.summary.map(|shape| (entry.tokens, shape)),
+        }
+    }
+
+    pub(crate) fn message(id: MessageId) -> Rendition {
+        Rendition {
+            item: ItemRef::Message(id),
+            summary: None,
+        }
+    }
+}
+
+type RenderedEntry = (Rendition, Arc<AgentMessage>, usize);
+
+/// Rendered context items, so assembly and compaction parse only what is new. An entry is used
+/// only for the same rendition; one that left the context is dropped. Bounded by estimated
+/// bytes in two generations: when the young one fills, the old one is dropped whole and the
+/// young one takes its place; an old entry used again becomes young.
 #[derive(Default)]
 pub(crate) struct RenderedItems {
-    young: HashMap<ItemRef, (Arc<AgentMessage>, usize)>,
-    old: HashMap<ItemRef, (Arc<AgentMessage>, usize)>,
+    young: HashMap<ItemRef, RenderedEntry>,
+    old: HashMap<ItemRef, RenderedEntry>,
     young_bytes: usize,
     old_bytes: usize,
 }
 
 impl RenderedItems {
-    pub(crate) fn get(&mut self, item: &ItemRef) -> Option<Arc<AgentMessage>> {
-        if let Some((message, _)) = self.young.get(item) {
-            return Some(Arc::clone(message));
+    pub(crate) fn get(&mut self, rendition: &Rendition) -> Option<Arc<AgentMessage>> {
+        if let Some((kept, message, _)) = self.young.get(&rendition.item) {
+            return (kept == rendition).then(|| Arc::clone(message));
         }
-        let (message, bytes) = self.old.remove(item)?;
+        let (kept, message, bytes) = self.old.remove(&rendition.item)?;
         self.old_bytes -= bytes;
-        self.insert(*item, Arc::clone(&message), bytes);
+        if kept != *rendition {
+            return None;
+        }
+        self.insert(kept, Arc::clone(&message), bytes);
         Some(message)
     }
 
-    pub(crate) fn keep(&mut self, item: ItemRef, message: Arc<AgentMessage>, tokens: u64) {
-        self.insert(item, message, estimated_bytes(tokens));
+    pub(crate) fn keep(&mut self, rendition: Rendition, message: Arc<AgentMessage>, tokens: u64) {
+        self.insert(rendition, message, estimated_bytes(tokens));
     }
 
-    fn insert(&mut self, item: ItemRef, message: Arc<AgentMessage>, bytes: usize) {
+    fn insert(&mut self, rendition: Rendition, message: Arc<AgentMessage>, bytes: usize) {
+        let item = rendition.item;
         self.young_bytes += bytes;
-        if let Some((_, replaced)) = self.young.insert(item, (message, bytes)) {
+        if let Some((_, _, replaced)) = self.young.insert(item, (rendition, message, bytes)) {
             self.young_bytes -= replaced;
         }
-        if let Some((_, stale)) = self.old.remove(&item) {
+        if let Some((_, _, stale)) = self.old.remove(&item) {
             self.old_bytes -= stale;
         }
         if self.young_bytes > RENDERED_BYTES / 2 {
@@ -77,10 +108,10 @@ impl RenderedItems {
     /// Drops items that left the context (a summary took their place).
     pub(crate) fn forget(&mut self, items: impl IntoIterator<Item = ItemRef>) {
         for item in items {
-            if let Some((_, bytes)) = self.young.remove(&item) {
+            if let Some((_, _, bytes)) = self.young.remove(&item) {
                 self.young_bytes -= bytes;
             }
-            if let Some((_, bytes)) = self.old.remove(&item) {
+            if let Some((_, _, bytes)) = self.old.remove(&item) {
                 self.old_bytes -= bytes;
             }
         }
@@ -110,7 +141,7 @@ pub(crate) struct Assemblies {
 
 struct KeptAssembly {
     used: u64,
-    items: Vec<ItemRef>,
+    items: Vec<Rendition>,
     messages: Messages,
     bytes: usize,
 }
@@ -119,7 +150,7 @@ impl Assemblies {
     pub(crate) fn take(
         &mut self,
         conversation: ConversationId,
-    ) -> Option<(Vec<ItemRef>, Messages)> {
+    ) -> Option<(Vec<Rendition>, Messages)> {
         let kept = self.entries.remove(&conversation)?;
         self.items -= kept.items.len();
         self.bytes -= kept.bytes;
@@ -130,7 +161,7 @@ impl Assemblies {
     pub(crate) fn keep(
         &mut self,
         conversation: ConversationId,
-        items: Vec<ItemRef>,
+        items: Vec<Rendition>,
         messages: Messages,
         tokens: u64,
     ) {
@@ -173,11 +204,11 @@ impl LosslessEngine {
     /// Keeps rendered items, with their tokens, for later assemblies and compactions.
     pub(crate) fn remember_rendered(
         &self,
-        items: impl IntoIterator<Item = (ItemRef, Arc<AgentMessage>, u64)>,
+        items: impl IntoIterator<Item = (Rendition, Arc<AgentMessage>, u64)>,
     ) {
         let mut rendered = lock_map(&self.inner.rendered);
-        for (item, message, tokens) in items {
-            rendered.keep(item, message, tokens);
+        for (rendition, message, tokens) in items {
+            rendered.keep(rendition, message, tokens);
         }
     }
 
@@ -209,7 +240,7 @@ impl LosslessEngine {
             }
             authority = PromptAuthority::PreassemblyMayOverflow;
         }
-        let visible: Vec<ItemRef> = refs[start..].iter().map(|entry| entry.item).collect();
+        let visible: Vec<Rendition> = refs[start..].iter().map(Rendition::of).collect();
         let tokens: Vec<u64> = refs[start..].iter().map(|entry| entry.tokens).collect();
         let estimated_tokens = refs[start..].iter().map(|entry| entry.tokens).sum();
         // The previous assembly of this conversation, if the new one extends it.
@@ -226,18 +257,18 @@ impl LosslessEngine {
                 .map(|item| cache.get(item))
                 .collect()
         };
-        let (missing, missing_tokens): (Vec<ItemRef>, Vec<u64>) = visible[reused..]
+        let (missing, missing_tokens): (Vec<Rendition>, Vec<u64>) = visible[reused..]
             .iter()
             .zip(&tokens[reused..])
             .zip(&rendered)
             .filter(|(_, known)| known.is_none())
-            .map(|((item, tokens), _)| (*item, *tokens))
+            .map(|((rendition, tokens), _)| (*rendition, *tokens))
             .unzip();
         if !missing.is_empty() {
             let contents = self
                 .inner
                 .store
-                .items(missing.clone())
+                .items(missing.iter().map(|rendition| rendition.item).collect())
                 .await
                 .map_err(|error| store_error("reading context items", error))?;
             let mut fresh = Vec::with_capacity(missing.len());
@@ -268,7 +299,7 @@ impl LosslessEngine {
         let summaries = visible
             .iter()
             .enumerate()
-            .filter(|(_, item)| matches!(item, ItemRef::Summary(_)))
+            .filter(|(_, rendition)| matches!(rendition.item, ItemRef::Summary(_)))
             .filter_map(|(index, _)| {
                 let depth = summary_depth(&messages[index])?;
                 Some(AssembledSummary { index, depth })
@@ -361,6 +392,7 @@ impl LosslessEngine {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use vilvona_core::summarize::SummaryLevel;
 
     #[test]
     fn rendered_items_stay_within_their_bytes_and_keep_what_is_used() {
@@ -369,23 +401,57 @@ mod tests {
         // 1,000 tokens an item: about 4 KB each, so 16 MiB holds about 4,000 (at least half
         // of that in the young generation).
         let tokens = 1_000;
-        rendered.keep(ItemRef::Message(MessageId(0)), Arc::clone(&message), tokens);
+        rendered.keep(
+            Rendition::message(MessageId(0)),
+            Arc::clone(&message),
+            tokens,
+        );
         for id in 1..100_000 {
             rendered.keep(
-                ItemRef::Message(MessageId(id)),
+                Rendition::message(MessageId(id)),
                 Arc::clone(&message),
                 tokens,
             );
             // The first item is used all along: it is never let go.
-            assert!(rendered.get(&ItemRef::Message(MessageId(0))).is_some());
+            assert!(rendered.get(&Rendition::message(MessageId(0))).is_some());
             let (_, bytes) = rendered.size();
             assert!(bytes <= RENDERED_BYTES, "{bytes} at {id}");
         }
         let (items, _) = rendered.size();
         assert!(items > 1_900, "{items}");
-        assert!(rendered.get(&ItemRef::Message(MessageId(10))).is_none());
+        assert!(rendered.get(&Rendition::message(MessageId(10))).is_none());
         rendered.forget([ItemRef::Message(MessageId(99_999))]);
-        assert!(rendered.get(&ItemRef::Message(MessageId(99_999))).is_none());
+        assert!(
+            rendered
+                .get(&Rendition::message(MessageId(99_999)))
+                .is_none()
+        );
         assert_eq!(rendered.size().0, items - 1);
+    }
+
+    #[test]
+    fn a_summary_rewritten_in_place_is_not_its_old_rendering() {
+        let mut rendered = RenderedItems::default();
+        let entry = |tokens, level| ContextRef {
+            position: 0,
+            item: ItemRef::Summary(SummaryRowId(3)),
+            tokens,
+            continues_unit: false,
+            summary: Some(SummaryShape {
+                depth: 0,
+                level,
+                first_seq: 0,
+                last_seq: 9,
+            }),
+        };
+        let fallback = Rendition::of(&entry(120, SummaryLevel::Fallback));
+        rendered.keep(
+            fallback,
+            Arc::new(AgentMessage::user_text("truncated")),
+            120,
+        );
+        assert!(rendered.get(&fallback).is_some());
+        let rewritten = Rendition::of(&entry(40, SummaryLevel::Normal));
+        assert!(rendered.get(&rewritten).is_none());
     }
 }

@@ -14,6 +14,7 @@ use vilvona_core::summarize::{
 use vilvona_store::*;
 use vilvona_summarize::{source_item, truncate};
 
+use crate::assembly::Rendition;
 use crate::render::{SummaryHeader, summary_tokens};
 use crate::units::{
     Candidate, condense_candidate, fresh_tail_start, leaf_candidate, leaf_candidate_from,
@@ -106,6 +107,8 @@ fn with_replacements(
             summary: Some(SummaryShape {
                 depth: summary.depth,
                 level: summary.level,
+                first_seq: summary.first_seq,
+                last_seq: summary.last_seq,
             }),
         });
         from = range.end;
@@ -382,7 +385,7 @@ impl LosslessEngine {
             let mut cache = lock_map(&self.inner.rendered);
             run.iter()
                 .map(|item| match item.content {
-                    ItemContent::Message(_) => cache.get(&item.item_ref()),
+                    ItemContent::Message(ref message) => cache.get(&Rendition::message(message.id)),
                     ItemContent::Summary(_) => None,
                 })
                 .collect()
@@ -793,7 +796,9 @@ mod tests {
             next[1].summary,
             Some(SummaryShape {
                 depth: 0,
-                level: SummaryLevel::Normal
+                level: SummaryLevel::Normal,
+                first_seq: 0,
+                last_seq: 0,
             })
         );
         assert_eq!(with_replacements(&items, &[]).len(), items.len());

@@ -10,6 +10,7 @@ use vilvona_store::*;
 
 use crate::render::{describe_content, large_content_reference};
 
+use crate::assembly::Rendition;
 use crate::compaction::CompactionRequest;
 use crate::engine::{LosslessEngine, store_error};
 
@@ -130,7 +131,7 @@ impl LosslessEngine {
                     .zip(rendered)
                     .filter(|(result, _)| result.ingested)
                     .map(|(result, (message, tokens))| {
-                        (ItemRef::Message(result.message_id), message, tokens)
+                        (Rendition::message(result.message_id), message, tokens)
                     }),
             );
         }

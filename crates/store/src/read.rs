@@ -219,7 +219,7 @@ pub(crate) fn context_refs(
 ) -> Result<Vec<ContextRef>> {
     let mut statement = connection.prepare_cached(
         "SELECT ci.position, ci.message_id, ci.summary_id, ci.tokens, m.role = ?2, s.depth,
-                s.level
+                s.level, s.first_seq, s.last_seq
          FROM context_items ci LEFT JOIN messages m ON m.id = ci.message_id
               LEFT JOIN summaries s ON s.id = ci.summary_id
          WHERE ci.conversation_id = ?1 ORDER BY ci.position",
@@ -240,6 +240,8 @@ pub(crate) fn context_refs(
             (Some(depth), Some(level)) => Some(SummaryShape {
                 depth,
                 level: parse_level(&level)?,
+                first_seq: row.get::<_, i64>(7)?.max(0) as u64,
+                last_seq: row.get::<_, i64>(8)?.max(0) as u64,
             }),
             _ => None,
         };

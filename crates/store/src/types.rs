@@ -331,13 +331,18 @@ pub struct ContextRef {
     pub summary: Option<SummaryShape>,
 }
 
-/// A context summary's depth and level, without its text.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// A context summary's depth, level and span, without its text.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct SummaryShape {
     /// Its depth in the DAG.
     pub depth: u32,
     /// How it was made (a fallback summary is never rolled up).
     pub level: SummaryLevel,
+    /// The seq range of the messages below it. With its level and tokens, this tells a summary
+    /// rewritten in place (re-summarized, or narrowed by forgetting) from the one read before.
+    pub first_seq: u64,
+    /// See `first_seq`.
+    pub last_seq: u64,
 }
 
 /// A summary to publish in place of a planned run of context items.

@@ -150,6 +150,131 @@ async fn maintain_resummarizes_fallback_nodes_once_the_summarizer_works() {
     check_nothing_lost(&engine, 64).await;
 }
 
+/// A summarizer that fails until it is switched on.
+#[derive(Debug, Default)]
+struct Recovering(std::sync::atomic::AtomicBool);
+
+#[async_trait]
+impl Summarizer for Recovering {
+    fn id(&self) -> &str {
+        "recovering"
+    }
+
+    async fn summarize(&self, request: &SummaryRequest) -> Result<Summary, SummarizeError> {
+        if !self.0.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(SummarizeError::Transient(
+                "503 from the provider".to_owned(),
+            ));
+        }
+        Ok(Summary {
+            text: format!("recovered summary at depth {}", request.depth),
+            level: request.level,
+        })
+    }
+}
+
+/// A fallback summary rewritten in place is shown rewritten by the same engine's next
+/// assembly (its rendered form and the kept assembly held the old text).
+#[tokio::test]
+async fn an_assembly_after_resummarizing_shows_the_new_text() {
+    let dir = TempDir::new().unwrap();
+    let summarizer = Arc::new(Recovering::default());
+    let engine = engine_in(&dir, small_config(), summarizer.clone()).await;
+    drive(&engine, 0..16).await;
+    let assemble = || async {
+        engine
+            .assemble(&AssembleParams {
+                session_id: "s1".to_owned(),
+                token_budget: Some(4_000),
+                ..AssembleParams::default()
+            })
+            .await
+            .unwrap()
+    };
+    let before = assemble().await;
+    assert!(!before.summaries.is_empty());
+    summarizer
+        .0
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let result = engine
+        .maintain(&MaintainParams {
+            session_id: "s1".to_owned(),
+            ..MaintainParams::default()
+        })
+        .await
+        .unwrap();
+    assert!(result.rewritten_entries > 0);
+    let after = assemble().await;
+    let conversation = engine.conversation("s1", None).await.unwrap();
+    let stored: Vec<String> = engine
+        .store()
+        .context(conversation.id)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter_map(|item| match item.content {
+            ItemContent::Summary(summary) => Some(summary.content),
+            ItemContent::Message(_) => None,
+        })
+        .collect();
+    let shown: Vec<String> = after
+        .summaries
+        .iter()
+        .map(|summary| after.messages[summary.index].plain_text())
+        .collect();
+    assert_eq!(shown.len(), stored.len());
+    for (shown, stored) in shown.iter().zip(&stored) {
+        assert!(
+            shown.contains(stored.as_str()),
+            "shown {shown:?}, stored {stored:?}"
+        );
+    }
+}
+
+/// The same when another engine on the store (another process, in use) re-summarized.
+#[tokio::test]
+async fn an_assembly_after_another_engine_resummarized_shows_the_new_text() {
+    let dir = TempDir::new().unwrap();
+    let gateway = engine_in(&dir, small_config(), Arc::new(Recovering::default())).await;
+    drive(&gateway, 0..16).await;
+    let assemble = || async {
+        gateway
+            .assemble(&AssembleParams {
+                session_id: "s1".to_owned(),
+                token_budget: Some(4_000),
+                ..AssembleParams::default()
+            })
+            .await
+            .unwrap()
+    };
+    assert!(!assemble().await.summaries.is_empty());
+    let working = Recovering::default();
+    working.0.store(true, std::sync::atomic::Ordering::SeqCst);
+    let operator = engine_in(&dir, small_config(), Arc::new(working)).await;
+    let result = operator
+        .maintain(&MaintainParams {
+            session_id: "s1".to_owned(),
+            ..MaintainParams::default()
+        })
+        .await
+        .unwrap();
+    assert!(result.rewritten_entries > 0);
+    let after = assemble().await;
+    let shown: Vec<String> = after
+        .summaries
+        .iter()
+        .map(|summary| after.messages[summary.index].plain_text())
+        .collect();
+    assert!(
+        shown.iter().all(|text| !text.contains("[fallback summary")),
+        "{shown:?}"
+    );
+    assert!(
+        shown.iter().any(|text| text.contains("recovered summary")),
+        "{shown:?}"
+    );
+}
+
 #[tokio::test]
 async fn a_slow_summarizer_stops_at_the_deadline() {
     let dir = TempDir::new().unwrap();

@@ -406,3 +406,42 @@ async fn maintain_applies_retention_at_most_once_a_day() {
         2
     );
 }
+
+/// A gateway that assembled a session before an operator's engine (another process, in use)
+/// forgot its early part shows none of the forgotten text afterwards, although its summaries
+/// kept their references.
+#[tokio::test]
+async fn a_gateway_shows_no_forgotten_text_after_another_engine_forgot() {
+    let dir = TempDir::new().unwrap();
+    let gateway = engine(&dir).await;
+    let start = 1_772_442_000_000;
+    let early = "Please remember: the staging password is hunter-4471 and Lena Fischer owns it.";
+    session(&gateway, "s", 40, early, 2, start).await;
+    let assemble = || async {
+        let assembled = gateway
+            .assemble(&AssembleParams {
+                session_id: "s".to_owned(),
+                session_key: Some("s".to_owned()),
+                token_budget: Some(4_000),
+                ..AssembleParams::default()
+            })
+            .await
+            .unwrap();
+        assembled
+            .messages
+            .iter()
+            .map(|message| message.plain_text())
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    assert!(assemble().await.contains("hunter-4471"));
+    let operator = engine(&dir).await;
+    let forgotten = operator
+        .forget_before("s", start + 10 * 60_000)
+        .await
+        .unwrap();
+    assert!(forgotten.report.summaries_rewritten > 0, "{forgotten:?}");
+    let shown = assemble().await;
+    assert!(!shown.contains("hunter-4471"), "{shown}");
+    assert!(!shown.contains("Turn 3:"), "{shown}");
+}

@@ -1234,7 +1234,7 @@ impl HistoryStore for PgStore {
         client
             .rows(
                 "SELECT ci.position, ci.message_id, ci.summary_id, ci.tokens, m.role = $2,
-                        s.depth, s.level
+                        s.depth, s.level, s.first_seq, s.last_seq
                  FROM context_items ci LEFT JOIN messages m ON m.id = ci.message_id
                       LEFT JOIN summaries s ON s.id = ci.summary_id
                  WHERE ci.conversation_id = $1 ORDER BY ci.position",
@@ -1249,6 +1249,8 @@ impl HistoryStore for PgStore {
                     (Some(depth), Some(level)) => Some(SummaryShape {
                         depth: depth as u32,
                         level: parse_level(&level)?,
+                        first_seq: count(row, 7)?,
+                        last_seq: count(row, 8)?,
                     }),
                     _ => None,
                 };

@@ -305,7 +305,9 @@ async fn replace_is_compare_and_swap(backend: &Backend) {
         refs[0].summary,
         Some(SummaryShape {
             depth: 0,
-            level: SummaryLevel::Normal
+            level: SummaryLevel::Normal,
+            first_seq: leaf.first_seq,
+            last_seq: leaf.last_seq,
         })
     );
     assert_eq!(
