@@ -242,7 +242,7 @@ impl LosslessEngine {
         }
         let visible: Vec<Rendition> = refs[start..].iter().map(Rendition::of).collect();
         let tokens: Vec<u64> = refs[start..].iter().map(|entry| entry.tokens).collect();
-        let estimated_tokens = refs[start..].iter().map(|entry| entry.tokens).sum();
+        let estimated_tokens = tokens.iter().sum();
         // The previous assembly of this conversation, if the new one extends it.
         let previous = lock_map(&self.inner.assembled).take(conversation);
         let (reused, mut messages) = match previous {
