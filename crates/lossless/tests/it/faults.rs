@@ -134,13 +134,7 @@ async fn maintain_resummarizes_fallback_nodes_once_the_summarizer_works() {
             })
             .collect::<Vec<_>>()
     );
-    let result = engine
-        .maintain(&MaintainParams {
-            session_id: "s1".to_owned(),
-            ..MaintainParams::default()
-        })
-        .await
-        .unwrap();
+    let result = maintain_s1(&engine).await;
     assert!(result.changed);
     assert_eq!(result.rewritten_entries as usize, before);
     assert_eq!(
@@ -173,6 +167,36 @@ impl Summarizer for Recovering {
     }
 }
 
+async fn assemble_s1(engine: &LosslessEngine) -> AssembleResult {
+    engine
+        .assemble(&AssembleParams {
+            session_id: "s1".to_owned(),
+            token_budget: Some(4_000),
+            ..AssembleParams::default()
+        })
+        .await
+        .unwrap()
+}
+
+async fn maintain_s1(engine: &LosslessEngine) -> MaintainResult {
+    engine
+        .maintain(&MaintainParams {
+            session_id: "s1".to_owned(),
+            ..MaintainParams::default()
+        })
+        .await
+        .unwrap()
+}
+
+/// The text of the summaries an assembly shows, in order.
+fn shown_summaries(assembled: &AssembleResult) -> Vec<String> {
+    assembled
+        .summaries
+        .iter()
+        .map(|summary| assembled.messages[summary.index].plain_text())
+        .collect()
+}
+
 /// A fallback summary rewritten in place is shown rewritten by the same engine's next
 /// assembly (its rendered form and the kept assembly held the old text).
 #[tokio::test]
@@ -181,30 +205,12 @@ async fn an_assembly_after_resummarizing_shows_the_new_text() {
     let summarizer = Arc::new(Recovering::default());
     let engine = engine_in(&dir, small_config(), summarizer.clone()).await;
     drive(&engine, 0..16).await;
-    let assemble = || async {
-        engine
-            .assemble(&AssembleParams {
-                session_id: "s1".to_owned(),
-                token_budget: Some(4_000),
-                ..AssembleParams::default()
-            })
-            .await
-            .unwrap()
-    };
-    let before = assemble().await;
-    assert!(!before.summaries.is_empty());
+    assert!(!assemble_s1(&engine).await.summaries.is_empty());
     summarizer
         .0
         .store(true, std::sync::atomic::Ordering::SeqCst);
-    let result = engine
-        .maintain(&MaintainParams {
-            session_id: "s1".to_owned(),
-            ..MaintainParams::default()
-        })
-        .await
-        .unwrap();
-    assert!(result.rewritten_entries > 0);
-    let after = assemble().await;
+    assert!(maintain_s1(&engine).await.rewritten_entries > 0);
+    let shown = shown_summaries(&assemble_s1(&engine).await);
     let conversation = engine.conversation("s1", None).await.unwrap();
     let stored: Vec<String> = engine
         .store()
@@ -216,11 +222,6 @@ async fn an_assembly_after_resummarizing_shows_the_new_text() {
             ItemContent::Summary(summary) => Some(summary.content),
             ItemContent::Message(_) => None,
         })
-        .collect();
-    let shown: Vec<String> = after
-        .summaries
-        .iter()
-        .map(|summary| after.messages[summary.index].plain_text())
         .collect();
     assert_eq!(shown.len(), stored.len());
     for (shown, stored) in shown.iter().zip(&stored) {
@@ -237,34 +238,12 @@ async fn an_assembly_after_another_engine_resummarized_shows_the_new_text() {
     let dir = TempDir::new().unwrap();
     let gateway = engine_in(&dir, small_config(), Arc::new(Recovering::default())).await;
     drive(&gateway, 0..16).await;
-    let assemble = || async {
-        gateway
-            .assemble(&AssembleParams {
-                session_id: "s1".to_owned(),
-                token_budget: Some(4_000),
-                ..AssembleParams::default()
-            })
-            .await
-            .unwrap()
-    };
-    assert!(!assemble().await.summaries.is_empty());
+    assert!(!assemble_s1(&gateway).await.summaries.is_empty());
     let working = Recovering::default();
     working.0.store(true, std::sync::atomic::Ordering::SeqCst);
     let operator = engine_in(&dir, small_config(), Arc::new(working)).await;
-    let result = operator
-        .maintain(&MaintainParams {
-            session_id: "s1".to_owned(),
-            ..MaintainParams::default()
-        })
-        .await
-        .unwrap();
-    assert!(result.rewritten_entries > 0);
-    let after = assemble().await;
-    let shown: Vec<String> = after
-        .summaries
-        .iter()
-        .map(|summary| after.messages[summary.index].plain_text())
-        .collect();
+    assert!(maintain_s1(&operator).await.rewritten_entries > 0);
+    let shown = shown_summaries(&assemble_s1(&gateway).await);
     assert!(
         shown.iter().all(|text| !text.contains("[fallback summary")),
         "{shown:?}"
