@@ -784,7 +784,7 @@ impl IndexSink {
     /// Returns whether a document was added.
     pub(crate) fn add_unless_archived(
         &mut self,
-        row: &crate::read::IndexRow,
+        row: &IndexRow,
         archived: &std::collections::HashSet<i64>,
     ) -> Result<bool> {
         if archived.contains(&row.conversation()) {

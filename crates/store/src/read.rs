@@ -6,7 +6,7 @@ use vilvona_core::message::AgentMessage;
 use vilvona_core::summarize::SummaryKind;
 
 use crate::error::{Result, StoreError};
-use crate::index::IndexedRow;
+use crate::index::{IndexRow, IndexedRow};
 use crate::types::*;
 
 const CONVERSATION_COLUMNS: &str = "c.id, c.agent_id, c.session_id, c.session_key, c.active,
@@ -638,8 +638,6 @@ pub(crate) fn state(
         .query_row(params![conversation.0, key], |row| row.get(0))
         .optional()?)
 }
-
-pub(crate) use crate::index::IndexRow;
 
 /// Streams messages with `id > after`, in id order, with their text; returns the ids of rows
 /// that could not be decoded (skipped).

@@ -7,7 +7,7 @@ use rusqlite::Connection;
 use crate::blobs::{self, BLOB_ID_KEY};
 use crate::error::{Result, StoreError};
 use crate::highlight::{Marks, QueryWords, snippet};
-use crate::index::{IndexedRow, RecallIndex, Watermark, key_of};
+use crate::index::{IndexRow, IndexedRow, RecallIndex, Watermark, key_of};
 use crate::read;
 use crate::tokenize::{Terms, Word, words};
 use crate::types::*;
@@ -170,7 +170,7 @@ fn unindexed_matches(
             && query.since_ms.is_none_or(|since| time_ms >= since)
             && query.before_ms.is_none_or(|before| time_ms < before)
     };
-    let mut consider = |row: read::IndexRow| -> Result<()> {
+    let mut consider = |row: IndexRow| -> Result<()> {
         let doc = row.doc();
         if doc.agent != query.agent_id || !in_scope(doc.conversation, doc.time_ms) {
             return Ok(());

@@ -17,7 +17,7 @@ use crate::archive;
 use crate::blobs;
 use crate::error::{Result, StoreError};
 use crate::forget;
-use crate::index::{IndexDoc, IndexSink, IndexSlot, IndexedRow};
+use crate::index::{IndexDoc, IndexRow, IndexSink, IndexSlot, IndexedRow};
 use crate::read;
 use crate::types::*;
 use crate::write::{FaultPlan, WriteCounter, WriteTx};
@@ -206,7 +206,7 @@ impl Writer {
         let mut added = 0;
         let connection = &self.connection;
         let archived = read::archived_conversations(connection)?;
-        let mut add = |row: read::IndexRow| -> Result<()> {
+        let mut add = |row: IndexRow| -> Result<()> {
             added += u64::from(sink.add_unless_archived(&row, &archived)?);
             Ok(())
         };
@@ -973,7 +973,7 @@ impl Writer {
         let ((added, undecodable), sink) = self.index.rebuild_beside(
             |sink| {
                 let mut added = 0;
-                let mut add = |row: read::IndexRow| -> Result<()> {
+                let mut add = |row: IndexRow| -> Result<()> {
                     added += u64::from(sink.add_unless_archived(&row, &archived)?);
                     Ok(())
                 };
