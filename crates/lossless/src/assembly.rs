@@ -24,13 +24,13 @@ const RENDERED_BYTES: usize = 16 << 20;
 /// store).
 const ASSEMBLED_BYTES: usize = 16 << 20;
 
-/// What an item held in memory costs, estimated from its tokens: about four bytes of text a
-/// token, and the message's structure around it.
-pub(crate) fn estimated_bytes(tokens: u64) -> usize {
+/// What `items` items of `tokens` tokens together cost held in memory: about four bytes of
+/// text a token, and each message's structure around it.
+fn estimated_bytes(tokens: u64, items: usize) -> usize {
     usize::try_from(tokens)
         .unwrap_or(usize::MAX / 8)
         .saturating_mul(4)
-        .saturating_add(256)
+        .saturating_add(items.saturating_mul(256))
 }
 
 /// One rendering of a context item. A message never changes; a summary is rewritten in place
@@ -87,7 +87,7 @@ impl RenderedItems {
     }
 
     pub(crate) fn keep(&mut self, rendition: Rendition, message: Arc<AgentMessage>, tokens: u64) {
-        self.insert(rendition, message, estimated_bytes(tokens));
+        self.insert(rendition, message, estimated_bytes(tokens, 1));
     }
 
     fn insert(&mut self, rendition: Rendition, message: Arc<AgentMessage>, bytes: usize) {
@@ -167,7 +167,7 @@ impl Assemblies {
     ) {
         self.take(conversation);
         self.clock += 1;
-        let bytes = estimated_bytes(tokens).saturating_add(items.len() * 256);
+        let bytes = estimated_bytes(tokens, items.len());
         self.items += items.len();
         self.bytes += bytes;
         let kept = KeptAssembly {
@@ -240,9 +240,9 @@ impl LosslessEngine {
             }
             authority = PromptAuthority::PreassemblyMayOverflow;
         }
-        let visible: Vec<Rendition> = refs[start..].iter().map(Rendition::of).collect();
-        let tokens: Vec<u64> = refs[start..].iter().map(|entry| entry.tokens).collect();
-        let estimated_tokens = tokens.iter().sum();
+        let shown = &refs[start..];
+        let visible: Vec<Rendition> = shown.iter().map(Rendition::of).collect();
+        let estimated_tokens = shown.iter().map(|entry| entry.tokens).sum();
         // The previous assembly of this conversation, if the new one extends it.
         let previous = lock_map(&self.inner.assembled).take(conversation);
         let (reused, mut messages) = match previous {
@@ -259,10 +259,10 @@ impl LosslessEngine {
         };
         let (missing, missing_tokens): (Vec<Rendition>, Vec<u64>) = visible[reused..]
             .iter()
-            .zip(&tokens[reused..])
+            .zip(&shown[reused..])
             .zip(&rendered)
             .filter(|(_, known)| known.is_none())
-            .map(|((rendition, tokens), _)| (*rendition, *tokens))
+            .map(|((rendition, entry), _)| (*rendition, entry.tokens))
             .unzip();
         if !missing.is_empty() {
             let contents = self
