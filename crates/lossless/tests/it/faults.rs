@@ -211,17 +211,10 @@ async fn an_assembly_after_resummarizing_shows_the_new_text() {
         .store(true, std::sync::atomic::Ordering::SeqCst);
     assert!(maintain_s1(&engine).await.rewritten_entries > 0);
     let shown = shown_summaries(&assemble_s1(&engine).await);
-    let conversation = engine.conversation("s1", None).await.unwrap();
-    let stored: Vec<String> = engine
-        .store()
-        .context(conversation.id)
+    let stored: Vec<String> = context_summaries(&engine, "s1", None)
         .await
-        .unwrap()
         .into_iter()
-        .filter_map(|item| match item.content {
-            ItemContent::Summary(summary) => Some(summary.content),
-            ItemContent::Message(_) => None,
-        })
+        .map(|summary| summary.content)
         .collect();
     assert_eq!(shown.len(), stored.len());
     for (shown, stored) in shown.iter().zip(&stored) {

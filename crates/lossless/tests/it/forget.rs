@@ -70,18 +70,7 @@ async fn grep(engine: &LosslessEngine, session: &str, query: &str) -> Vec<Value>
 
 /// Every summary of a conversation's DAG, from its context down.
 async fn all_summaries(engine: &LosslessEngine, session: &str) -> Vec<StoredSummary> {
-    let conversation = engine.conversation(session, Some(session)).await.unwrap();
-    let mut below: Vec<StoredSummary> = engine
-        .store()
-        .context(conversation.id)
-        .await
-        .unwrap()
-        .into_iter()
-        .filter_map(|item| match item.content {
-            ItemContent::Summary(summary) => Some(summary),
-            ItemContent::Message(_) => None,
-        })
-        .collect();
+    let mut below = context_summaries(engine, session, Some(session)).await;
     let mut all = Vec::new();
     while let Some(summary) = below.pop() {
         for child in engine.store().children(summary.row_id).await.unwrap() {

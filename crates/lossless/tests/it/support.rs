@@ -70,3 +70,23 @@ pub(crate) fn turn(index: usize) -> Vec<AgentMessage> {
         ),
     ]
 }
+
+/// The summaries in a session's context, in order.
+pub(crate) async fn context_summaries(
+    engine: &LosslessEngine,
+    session: &str,
+    session_key: Option<&str>,
+) -> Vec<vilvona_store::StoredSummary> {
+    let conversation = engine.conversation(session, session_key).await.unwrap();
+    engine
+        .store()
+        .context(conversation.id)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter_map(|item| match item.content {
+            vilvona_store::ItemContent::Summary(summary) => Some(summary),
+            vilvona_store::ItemContent::Message(_) => None,
+        })
+        .collect()
+}
