@@ -50,18 +50,23 @@ fn recall(state: &Path, query: &str) -> Value {
         .collect()
 }
 
-#[test]
-fn a_session_moves_between_state_directories() {
-    let (from_dir, to_dir) = (TempDir::new().unwrap(), TempDir::new().unwrap());
-    let (from, to) = (state(&from_dir), state(&to_dir));
+/// Replays the 15-turn fixture session into a state directory.
+fn replay_fixture(state: &Path) {
     let fixture = format!(
         "{}/../../fixtures/gen-session-15.jsonl",
         env!("CARGO_MANIFEST_DIR")
     );
     ok_json(&vilvona(
-        from,
+        state,
         &["replay", &fixture, "--context-window", "12000", "--json"],
     ));
+}
+
+#[test]
+fn a_session_moves_between_state_directories() {
+    let (from_dir, to_dir) = (TempDir::new().unwrap(), TempDir::new().unwrap());
+    let (from, to) = (state(&from_dir), state(&to_dir));
+    replay_fixture(from);
     let file = from.join("s.vilvona");
     let exported = ok_json(&vilvona(
         from,
@@ -145,14 +150,7 @@ fn a_session_moves_to_postgresql_and_back() {
         TempDir::new().unwrap(),
     );
     let (from, via, back) = (state(&from_dir), state(&via_dir), state(&back_dir));
-    let fixture = format!(
-        "{}/../../fixtures/gen-session-15.jsonl",
-        env!("CARGO_MANIFEST_DIR")
-    );
-    ok_json(&vilvona(
-        from,
-        &["replay", &fixture, "--context-window", "12000", "--json"],
-    ));
+    replay_fixture(from);
     let out = from.join("out.vilvona");
     ok_json(&vilvona(
         from,
