@@ -110,13 +110,34 @@ fn stored(state: &Path, session: &str) -> Vec<Value> {
         .query_map([session], |row| row.get::<_, Vec<u8>>(0))
         .unwrap()
         .map(|bytes| {
-            let bytes = bytes.unwrap();
-            // lz4, size-prefixed (as the store writes it).
-            let size = u32::from_le_bytes(bytes[..4].try_into().unwrap()) as usize;
-            let json = lz4_decompress(&bytes[4..], size);
+            let json = decode(&connection, &bytes.unwrap());
             serde_json::from_slice(&json).unwrap()
         })
         .collect()
+}
+
+/// A stored message's JSON, decoded as the store writes it: a zstd frame against the
+/// dictionary the frame names, or lz4 with its size prefixed.
+fn decode(connection: &rusqlite::Connection, bytes: &[u8]) -> Vec<u8> {
+    if bytes.starts_with(&[0x28, 0xB5, 0x2F, 0xFD]) {
+        let id = zstd::zstd_safe::get_dict_id_from_frame(bytes).unwrap();
+        let dictionary: Vec<u8> = connection
+            .query_row(
+                "SELECT dictionary FROM compression_dictionaries WHERE id = ?1",
+                [i64::from(id.get())],
+                |row| row.get(0),
+            )
+            .unwrap();
+        let size = zstd::zstd_safe::get_frame_content_size(bytes)
+            .unwrap()
+            .unwrap();
+        return zstd::bulk::Decompressor::with_dictionary(&dictionary)
+            .unwrap()
+            .decompress(bytes, size as usize)
+            .unwrap();
+    }
+    let size = u32::from_le_bytes(bytes[..4].try_into().unwrap()) as usize;
+    lz4_decompress(&bytes[4..], size)
 }
 
 /// A minimal LZ4 block decoder (the format is small and fixed), so the test reads the store

@@ -14,6 +14,7 @@ use vilvona_core::archive::{
     ArchivedTurn, ImportReport, SessionArchive, SessionName,
 };
 
+use crate::codec::{self, Encoder};
 use crate::error::{Result, StoreError};
 use crate::read;
 use crate::types::{ConversationId, parse_kind, parse_level};
@@ -90,7 +91,7 @@ pub(crate) fn export(
             messages.push(ArchivedMessage {
                 seq,
                 role: row.get(2)?,
-                json: read::decode_json(&row.get::<_, Vec<u8>>(3)?)?,
+                json: codec::decode(connection, &row.get::<_, Vec<u8>>(3)?)?,
                 tokens: row.get::<_, i64>(4)? as u64,
                 ingest_key: hex(&row.get::<_, Vec<u8>>(5)?),
                 created_at_ms: row.get(6)?,
@@ -380,10 +381,11 @@ impl Resolver<'_> {
 }
 
 /// Stores an archive as a new conversation in the writer's transaction and checks it reads
-/// back equal. The caller commits only on success.
+/// back equal. The caller commits only on success. Messages are compressed with `encoder`.
 pub(crate) fn import(
     transaction: &WriteTx<'_>,
     archive: &SessionArchive,
+    encoder: Option<&Encoder>,
 ) -> Result<(ConversationId, ImportReport)> {
     let keys = check(archive)?;
     let reader = transaction.reader();
@@ -501,7 +503,7 @@ pub(crate) fn import(
                 conversation.0,
                 message.seq as i64,
                 message.role,
-                lz4_flex::compress_prepend_size(message.json.as_bytes()),
+                codec::encode(&message.json, encoder),
                 message.tokens as i64,
                 ingest_key,
                 message.created_at_ms

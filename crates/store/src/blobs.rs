@@ -118,7 +118,7 @@ pub(crate) fn backfill_references(connection: &Connection) -> Result<()> {
     while let Some(row) = rows.next()? {
         let Ok(json) = row
             .get::<_, Vec<u8>>(2)
-            .and_then(|bytes| crate::read::decode_json(&bytes))
+            .and_then(|bytes| crate::codec::decode(connection, &bytes))
         else {
             continue;
         };

@@ -16,6 +16,7 @@
 
 mod archive;
 mod blobs;
+mod codec;
 mod dag;
 mod error;
 mod forget;
@@ -237,6 +238,8 @@ struct Inner {
     /// Why a read-only store has no index although one is there (doctor reports it).
     index_problem: Option<String>,
     read_only: bool,
+    /// The dictionary new messages are compressed with (see `codec`).
+    encoder: Arc<codec::EncoderSlot>,
 }
 
 impl Drop for Inner {
@@ -306,7 +309,17 @@ impl Store {
         let faults = config.faults;
         #[cfg(not(feature = "fault-injection"))]
         let faults = write::FaultPlan::default();
-        let mut writer = Writer::new(connection, index.clone(), faults, config.index_commit_delay)?;
+        let encoder = Arc::new(codec::EncoderSlot::default());
+        if let Some(stored) = codec::stored_encoder(&connection)? {
+            encoder.set(stored);
+        }
+        let mut writer = Writer::new(
+            connection,
+            index.clone(),
+            faults,
+            config.index_commit_delay,
+            encoder.clone(),
+        )?;
         writer.catch_up_index()?;
         let (sender, receiver) = std::sync::mpsc::channel();
         let thread = std::thread::Builder::new()
@@ -323,6 +336,7 @@ impl Store {
                 index: Some(index),
                 index_problem: None,
                 read_only: false,
+                encoder,
             }),
         })
     }
@@ -361,6 +375,7 @@ impl Store {
                     index,
                     index_problem,
                     read_only: true,
+                    encoder: Arc::default(),
                 }),
             })
         })
@@ -544,7 +559,7 @@ fn prepare(message: NewMessage) -> Result<PreparedMessage> {
         (None, None) => None,
     };
     Ok(PreparedMessage {
-        compressed: lz4_flex::compress_prepend_size(json.as_bytes()),
+        compressed: Vec::new(),
         blobs: blobs::referenced_blobs(&message.message),
         role: message.message.role().to_owned(),
         text: message.message.plain_text(),
@@ -612,9 +627,14 @@ impl HistoryStore for Store {
     ) -> Result<IngestOutcome> {
         // Serialized, keyed and compressed here, on the caller's thread: the writer thread
         // (the one that cannot be parallel) only stores.
+        let encoder = self.inner.encoder.get();
         let messages = messages
             .into_iter()
-            .map(prepare)
+            .map(|message| {
+                let mut prepared = prepare(message)?;
+                prepared.compressed = codec::encode(&prepared.json, encoder.as_deref());
+                Ok(prepared)
+            })
             .collect::<Result<Vec<_>>>()?;
         self.call(|reply| Command::Ingest {
             conversation,

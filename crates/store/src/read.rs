@@ -5,6 +5,7 @@ use rusqlite::{Connection, OptionalExtension, Row, params};
 use vilvona_core::message::AgentMessage;
 use vilvona_core::summarize::SummaryKind;
 
+use crate::codec;
 use crate::error::{Result, StoreError};
 use crate::index::{IndexRow, IndexedRow};
 use crate::types::*;
@@ -95,23 +96,17 @@ pub(crate) fn conversations_by_session_key(
 const MESSAGE_COLUMNS: &str =
     "m.id, m.conversation_id, m.seq, m.role, m.json, m.tokens, m.created_at";
 
-/// The stored message JSON: lz4 with its size prefixed.
-pub(crate) fn decode_json(bytes: &[u8]) -> rusqlite::Result<String> {
-    let conversion = |error: Box<dyn std::error::Error + Send + Sync>| {
-        rusqlite::Error::FromSqlConversionFailure(0, rusqlite::types::Type::Blob, error)
-    };
-    let raw =
-        lz4_flex::decompress_size_prepended(bytes).map_err(|error| conversion(Box::new(error)))?;
-    String::from_utf8(raw).map_err(|error| conversion(Box::new(error)))
-}
-
-fn message_row(row: &Row<'_>, offset: usize) -> rusqlite::Result<StoredMessage> {
+fn message_row(
+    connection: &Connection,
+    row: &Row<'_>,
+    offset: usize,
+) -> rusqlite::Result<StoredMessage> {
     Ok(StoredMessage {
         id: MessageId(row.get(offset)?),
         conversation: ConversationId(row.get(offset + 1)?),
         seq: row.get::<_, i64>(offset + 2)? as u64,
         role: row.get(offset + 3)?,
-        json: decode_json(&row.get::<_, Vec<u8>>(offset + 4)?)?,
+        json: codec::decode(connection, &row.get::<_, Vec<u8>>(offset + 4)?)?,
         tokens: row.get::<_, i64>(offset + 5)? as u64,
         created_at_ms: row.get(offset + 6)?,
     })
@@ -199,7 +194,7 @@ pub(crate) fn context(
         let tokens = row.get::<_, i64>(1)? as u64;
         let is_message = row.get::<_, Option<i64>>(2)?.is_some();
         let content = if is_message {
-            ItemContent::Message(message_row(row, 3)?)
+            ItemContent::Message(message_row(connection, row, 3)?)
         } else {
             ItemContent::Summary(summary_columns(row, 10)?.into_summary()?)
         };
@@ -404,7 +399,7 @@ pub(crate) fn message(connection: &Connection, id: MessageId) -> Result<Option<S
         .prepare_cached(&format!(
             "SELECT {MESSAGE_COLUMNS} FROM messages m WHERE m.id = ?1"
         ))?
-        .query_row([id.0], |row| message_row(row, 0))
+        .query_row([id.0], |row| message_row(connection, row, 0))
         .optional()?)
 }
 
@@ -420,7 +415,7 @@ pub(crate) fn messages_in_seq_range(
     ))?;
     let rows = statement.query_map(
         params![conversation.0, first_seq as i64, last_seq as i64],
-        |row| message_row(row, 0),
+        |row| message_row(connection, row, 0),
     )?;
     Ok(rows.collect::<rusqlite::Result<_>>()?)
 }
@@ -466,7 +461,7 @@ pub(crate) fn children(connection: &Connection, parent: SummaryRowId) -> Result<
     let mut children = Vec::new();
     while let Some(row) = rows.next()? {
         if row.get::<_, Option<i64>>(0)?.is_some() {
-            children.push(ItemContent::Message(message_row(row, 1)?));
+            children.push(ItemContent::Message(message_row(connection, row, 1)?));
         } else {
             children.push(ItemContent::Summary(
                 summary_columns(row, 8)?.into_summary()?,
@@ -696,8 +691,11 @@ fn for_each_message_between(
     /// A row's text and the blobs it references (`None`: screened out), or why it cannot be
     /// decoded.
     type Parsed = rusqlite::Result<Option<(String, Vec<String>)>>;
-    let parse = |raw: &Raw| -> Parsed {
-        let json = decode_json(&raw.5)?;
+    // Dictionaries are looked up on this thread (the only one with the connection) and the
+    // rows decoded with them off it.
+    type Dictionary = rusqlite::Result<Option<codec::Decoder>>;
+    let parse = |(raw, dictionary): (&Raw, Dictionary)| -> Parsed {
+        let json = codec::decode_with(&raw.5, dictionary?.as_deref())?;
         if !keep(&json) {
             return Ok(None);
         }
@@ -732,10 +730,14 @@ fn for_each_message_between(
                 continue;
             }
         }
+        let dictionaries: Vec<Dictionary> = batch
+            .iter()
+            .map(|raw| codec::dictionary_of(connection, &raw.5))
+            .collect();
         let parsed: Vec<Parsed> = if batch.len() >= PARALLEL_MIN {
-            batch.par_iter().map(parse).collect()
+            batch.par_iter().zip(dictionaries).map(parse).collect()
         } else {
-            batch.iter().map(parse).collect()
+            batch.iter().zip(dictionaries).map(parse).collect()
         };
         for ((id, conversation, agent, role, time_ms, _), parsed) in
             std::mem::take(&mut batch).into_iter().zip(parsed)
@@ -915,7 +917,7 @@ pub(crate) fn for_each_message_in(
          ORDER BY m.seq DESC"
     );
     for_each_in_range(connection, &sql, conversation, query, |row| {
-        f(message_row(row, 0)?)
+        f(message_row(connection, row, 0)?)
     })
 }
 

@@ -168,6 +168,21 @@ CREATE INDEX messages_by_time ON messages (conversation_id, created_at);
 CREATE INDEX summaries_fallback ON summaries (conversation_id) WHERE level = 'fallback';
 "#,
     },
+    // 3: zstd dictionaries for message JSON (see `codec`). Builds before this one cannot read
+    // rows compressed against them, and refuse the newer schema.
+    Migration {
+        rewrites_data: false,
+        backfill: None,
+        sql: r#"
+-- Written once, in the transaction that first uses it; never changed or deleted. `id` is the
+-- dictionary id the zstd frames carry.
+CREATE TABLE compression_dictionaries (
+    id INTEGER PRIMARY KEY,
+    dictionary BLOB NOT NULL,
+    created_at INTEGER NOT NULL
+);
+"#,
+    },
 ];
 
 /// The schema version this build writes (`PRAGMA user_version`).

@@ -15,6 +15,7 @@ use tokio::sync::oneshot;
 
 use crate::archive;
 use crate::blobs;
+use crate::codec::{self, EncoderSlot};
 use crate::error::{Result, StoreError};
 use crate::forget;
 use crate::index::{IndexDoc, IndexRow, IndexSink, IndexSlot, IndexedRow};
@@ -43,7 +44,8 @@ pub(crate) type Reply<T> = oneshot::Sender<Result<T>>;
 #[derive(Debug)]
 pub(crate) struct PreparedMessage {
     pub(crate) json: String,
-    /// `json`, compressed as stored (done before the writer thread, across cores).
+    /// `json`, compressed as SQLite stores it (done before the writer thread, across cores;
+    /// empty for PostgreSQL).
     pub(crate) compressed: Vec<u8>,
     pub(crate) role: String,
     pub(crate) text: String,
@@ -165,6 +167,12 @@ pub(crate) struct Writer {
     /// wrote (holding it).
     next_index_check: Instant,
     commit_delay: Duration,
+    /// The dictionary new messages are compressed with, shared with the callers that prepare
+    /// them; `None` until the store holds enough messages to train one.
+    encoder: Arc<EncoderSlot>,
+    /// The message id past which, without a dictionary, one is trained (grows when training
+    /// finds too little to learn from).
+    train_dictionary_after: Option<i64>,
 }
 
 /// How often a writer without the index lock tries to take it over.
@@ -178,6 +186,7 @@ impl Writer {
         index: Arc<IndexSlot>,
         faults: FaultPlan,
         commit_delay: Option<Duration>,
+        encoder: Arc<EncoderSlot>,
     ) -> Result<Writer> {
         let sink = index.current().try_writer()?;
         if sink.is_none() {
@@ -192,6 +201,8 @@ impl Writer {
             counter: WriteCounter::new(faults),
             next_index_check: Instant::now() + LOCK_RETRY,
             commit_delay: commit_delay.unwrap_or(INDEX_COMMIT_DELAY),
+            train_dictionary_after: encoder.get().is_none().then_some(codec::DICTIONARY_AFTER),
+            encoder,
         })
     }
 
@@ -363,7 +374,21 @@ impl Writer {
                 advancement_key,
                 reply,
             } => {
-                let _ = reply.send(self.ingest(conversation, messages, advancement_key));
+                let ingested = self.ingest(conversation, messages, advancement_key);
+                let newest = match &ingested {
+                    Ok(IngestOutcome::Stored(results)) => results
+                        .iter()
+                        .filter(|result| result.ingested)
+                        .map(|result| result.message_id.0)
+                        .max(),
+                    _ => None,
+                };
+                if let (Some(newest), Some(after)) = (newest, self.train_dictionary_after)
+                    && newest >= after
+                {
+                    self.train_dictionary_logged();
+                }
+                let _ = reply.send(ingested);
             }
             Command::Replace { plan, reply } => {
                 let _ = reply.send(self.replace(plan));
@@ -436,6 +461,63 @@ impl Writer {
     }
 
     /// Opens the write transaction every write statement of a command goes through.
+    /// Trains the store's dictionary, or adopts the one another process stored, once the store
+    /// holds enough messages. It runs before the reply to the call that crossed the line, so
+    /// that the caller's next messages are compressed against it. A failure leaves messages
+    /// lz4, which is always readable.
+    fn train_dictionary_logged(&mut self) {
+        if let Err(error) = self.train_dictionary() {
+            tracing::warn!(error = %vilvona_core::error_chain(&error), "could not train the store's compression dictionary; messages stay lz4");
+            self.train_dictionary_after = self.train_dictionary_after.map(|after| after * 2);
+        }
+    }
+
+    fn train_dictionary(&mut self) -> Result<()> {
+        if let Some(stored) = codec::stored_encoder(&self.connection)? {
+            self.encoder.set(stored);
+            self.train_dictionary_after = None;
+            return Ok(());
+        }
+        let Some(trained) = codec::train(&self.connection)? else {
+            tracing::debug!("too little to train a compression dictionary on yet");
+            self.train_dictionary_after = self.train_dictionary_after.map(|after| after * 2);
+            return Ok(());
+        };
+        let transaction = self.transaction()?;
+        // Another process may have stored one since the look above: theirs is the one.
+        let raced = transaction
+            .prepare_cached("SELECT count(*) FROM compression_dictionaries")?
+            .query_row([], |row| row.get::<_, i64>(0))?
+            > 0;
+        if !raced {
+            transaction
+                .prepare_cached(
+                    "INSERT INTO compression_dictionaries (id, dictionary, created_at)
+                     VALUES (?1, ?2, ?3)",
+                )?
+                .execute(params![i64::from(trained.id), trained.bytes, now_ms()])?;
+            // The messages it learned from are compressed again with it (message JSON never
+            // changes once stored, so what was read before the transaction still holds).
+            let mut rewrite =
+                transaction.prepare_cached("UPDATE messages SET json = ?2 WHERE id = ?1")?;
+            for (id, json) in &trained.samples {
+                rewrite.execute(params![id, codec::encode(json, Some(&trained.encoder))])?;
+            }
+        }
+        transaction.commit()?;
+        if raced {
+            return self.train_dictionary();
+        }
+        tracing::debug!(
+            dictionary = trained.id,
+            samples = trained.samples.len(),
+            "trained the store's compression dictionary"
+        );
+        self.encoder.set(trained.encoder);
+        self.train_dictionary_after = None;
+        Ok(())
+    }
+
     fn transaction(&mut self) -> Result<WriteTx<'_>> {
         let transaction = self
             .connection
@@ -550,8 +632,8 @@ impl Writer {
                         })
                         .optional()?;
                     if let Some((id, seq, compressed)) = found
-                        && lz4_flex::decompress_size_prepended(&compressed)
-                            .is_ok_and(|json| json == message.json.as_bytes())
+                        && codec::decode(transaction.reader(), &compressed)
+                            .is_ok_and(|json| json == message.json)
                     {
                         existing = Some((id, seq));
                     }
@@ -1023,8 +1105,9 @@ impl Writer {
 
     /// Imports an archive in one transaction (see `archive::import`), then indexes its rows.
     fn import(&mut self, archive: &SessionArchive) -> Result<(ConversationId, ImportReport)> {
+        let encoder = self.encoder.get();
         let transaction = self.transaction()?;
-        let imported = archive::import(&transaction, archive)?;
+        let imported = archive::import(&transaction, archive, encoder.as_deref())?;
         transaction.commit()?;
         self.catch_up_index()?;
         Ok(imported)

@@ -153,3 +153,108 @@ async fn fresh_opens_racing_the_migration_all_succeed() {
     }
     assert_eq!(stores[0].conversations(None).await.unwrap().len(), 8);
 }
+
+/// How each stored message row is compressed, in id order: `true` for a zstd frame.
+fn zstd_rows(dir: &TempDir) -> Vec<bool> {
+    let connection = rusqlite::Connection::open(dir.path().join(DATABASE_FILE)).unwrap();
+    let mut statement = connection
+        .prepare("SELECT json FROM messages ORDER BY id")
+        .unwrap();
+    statement
+        .query_map([], |row| row.get::<_, Vec<u8>>(0))
+        .unwrap()
+        .map(|bytes| bytes.unwrap().starts_with(&[0x28, 0xB5, 0x2F, 0xFD]))
+        .collect()
+}
+
+fn dictionaries(dir: &TempDir) -> i64 {
+    rusqlite::Connection::open(dir.path().join(DATABASE_FILE))
+        .unwrap()
+        .query_row("SELECT count(*) FROM compression_dictionaries", [], |row| {
+            row.get(0)
+        })
+        .unwrap()
+}
+
+fn line(index: usize) -> String {
+    format!(
+        "step {index}: the deploy of service {} to region {} finished in {} seconds",
+        index % 13,
+        index % 5,
+        index * 7 % 300
+    )
+}
+
+async fn texts(store: &Store, conversation: ConversationId, count: u64) -> Vec<String> {
+    store
+        .messages_in_seq_range(conversation, 0, count - 1)
+        .await
+        .unwrap()
+        .iter()
+        .map(|message| {
+            let message: vilvona_core::message::AgentMessage =
+                serde_json::from_str(&message.json).unwrap();
+            message.plain_text()
+        })
+        .collect()
+}
+
+/// One writer trains the store's compression dictionary once the store holds enough messages
+/// and compresses what it learned from again; a second writer that opened before reads those
+/// rows, adopts the same dictionary instead of training its own, and every handle opened later
+/// reads everything back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_dictionary_is_trained_and_every_writer_and_reader_uses_it() {
+    let dir = TempDir::new().unwrap();
+    let first = Store::open(slow_commits(&dir)).await.unwrap();
+    let second = Store::open(slow_commits(&dir)).await.unwrap();
+    let a = first.conversation(&key("main", "a")).await.unwrap().id;
+    let b = second.conversation(&key("main", "b")).await.unwrap().id;
+    let lines: Vec<String> = (0..1_100).map(line).collect();
+    for (batch, chunk) in lines.chunks(50).enumerate() {
+        let messages = chunk
+            .iter()
+            .enumerate()
+            .map(|(index, text)| new_message(text, (batch * 50 + index) as i64, None))
+            .collect();
+        first.ingest(a, messages, None).await.unwrap();
+    }
+    assert_eq!(dictionaries(&dir), 1);
+    assert_eq!(zstd_rows(&dir), vec![true; 1_100]);
+    assert_eq!(texts(&second, a, 1_100).await, lines);
+
+    // The second writer still compresses with lz4, until it crosses the line itself and finds
+    // the dictionary stored.
+    second
+        .ingest(b, vec![new_message("before adopting", 1, None)], None)
+        .await
+        .unwrap();
+    second
+        .ingest(b, vec![new_message("after adopting", 2, None)], None)
+        .await
+        .unwrap();
+    assert_eq!(zstd_rows(&dir)[1_100..], [false, true]);
+    assert_eq!(dictionaries(&dir), 1);
+    assert_eq!(
+        texts(&first, b, 2).await,
+        ["before adopting", "after adopting"]
+    );
+
+    first.close().await.unwrap();
+    second.close().await.unwrap();
+    let reopened = Store::open(slow_commits(&dir)).await.unwrap();
+    reopened
+        .ingest(b, vec![new_message("after reopening", 3, None)], None)
+        .await
+        .unwrap();
+    assert_eq!(zstd_rows(&dir)[1_102..], [true]);
+    let reader = Store::open_read_only(dir.path()).await.unwrap();
+    assert_eq!(texts(&reader, a, 1_100).await, lines);
+    assert_eq!(texts(&reader, b, 3).await.len(), 3);
+    let hits = reader
+        .search(query("main", vec![a], "region"))
+        .await
+        .unwrap();
+    assert!(!hits.is_empty());
+    assert!(reader.integrity_check().await.unwrap().is_healthy());
+}

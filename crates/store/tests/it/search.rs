@@ -372,7 +372,8 @@ async fn blob_words_are_found_and_references_scope_the_blob() {
     let connection = rusqlite::Connection::open(dir.path().join(DATABASE_FILE)).unwrap();
     connection
         .execute_batch(
-            "DROP TABLE blob_references; DROP TABLE index_tasks; DROP INDEX messages_by_time;
+            "DROP TABLE compression_dictionaries;
+             DROP TABLE blob_references; DROP TABLE index_tasks; DROP INDEX messages_by_time;
              ALTER TABLE conversations DROP COLUMN forgotten_messages;
              DROP INDEX summaries_fallback;
              PRAGMA user_version = 1;",
