@@ -109,20 +109,8 @@ pub(crate) fn apply(connection: &WriteTx<'_>, plan: &ForgetPlan) -> Result<Optio
         ),
         ForgetScope::Before(before_ms) => {
             // The plan covers exactly the summaries above the forgotten messages now.
-            let mut above: Vec<SummaryRowId> =
-                summaries_above(connection.reader(), conversation, before)?
-                    .into_iter()
-                    .map(|summary| summary.row_id)
-                    .collect();
-            above.sort();
-            let mut planned: Vec<SummaryRowId> = plan
-                .removed
-                .iter()
-                .copied()
-                .chain(plan.rewritten.iter().map(|rewrite| rewrite.row_id))
-                .collect();
-            planned.sort();
-            if above != planned {
+            let above = summaries_above(connection.reader(), conversation, before)?;
+            if !plan.covers_exactly(above.iter().map(|summary| summary.row_id)) {
                 return Ok(None);
             }
             let mut statement = connection.prepare_cached(

@@ -1,7 +1,7 @@
 //! Searches: BM25 and phrase queries through the index, linear-time regex over SQLite, and
 //! snippets built from the SQLite text.
 
-use regex::RegexBuilder;
+use regex::{Regex, RegexBuilder};
 use rusqlite::Connection;
 
 use crate::blobs::{self, BLOB_ID_KEY};
@@ -315,14 +315,19 @@ pub(crate) fn message_hit(
     }
 }
 
-fn regex_search(connection: &Connection, query: &SearchQuery) -> Result<Vec<SearchHit>> {
-    let pattern = RegexBuilder::new(&query.text)
+/// The query's regex, compiled within [`REGEX_SIZE_LIMIT`].
+pub(crate) fn query_regex(query: &SearchQuery) -> Result<Regex> {
+    RegexBuilder::new(&query.text)
         .size_limit(REGEX_SIZE_LIMIT)
         .build()
         .map_err(|error| StoreError::InvalidRegex {
             pattern: query.text.clone(),
             detail: error.to_string(),
-        })?;
+        })
+}
+
+fn regex_search(connection: &Connection, query: &SearchQuery) -> Result<Vec<SearchHit>> {
+    let pattern = query_regex(query)?;
     let mut hits = Vec::new();
     let mut budget = REGEX_BLOB_BYTES;
     let want_messages = query.target != SearchTarget::Summaries;

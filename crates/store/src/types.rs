@@ -447,6 +447,21 @@ impl ForgetPlan {
             rewritten: Vec::new(),
         }
     }
+
+    /// Whether the plan removes or rewrites exactly these summaries, in any order (the ones
+    /// above its messages now; else it is stale).
+    pub(crate) fn covers_exactly(&self, above: impl IntoIterator<Item = SummaryRowId>) -> bool {
+        let mut above: Vec<SummaryRowId> = above.into_iter().collect();
+        let mut planned: Vec<SummaryRowId> = self
+            .removed
+            .iter()
+            .copied()
+            .chain(self.rewritten.iter().map(|rewrite| rewrite.row_id))
+            .collect();
+        above.sort();
+        planned.sort();
+        above == planned
+    }
 }
 
 pub use vilvona_core::admin::{ForgetReport, ReclaimReport};

@@ -56,20 +56,8 @@ pub(crate) async fn apply(client: &impl Sql, plan: &ForgetPlan) -> Result<Option
         ),
         ForgetScope::Before(before_ms) => {
             // The plan covers exactly the summaries above the forgotten messages now.
-            let mut above: Vec<SummaryRowId> = summaries_above(client, conversation, before)
-                .await?
-                .into_iter()
-                .map(|summary| summary.row_id)
-                .collect();
-            above.sort();
-            let mut planned: Vec<SummaryRowId> = plan
-                .removed
-                .iter()
-                .copied()
-                .chain(plan.rewritten.iter().map(|rewrite| rewrite.row_id))
-                .collect();
-            planned.sort();
-            if above != planned {
+            let above = summaries_above(client, conversation, before).await?;
+            if !plan.covers_exactly(above.iter().map(|summary| summary.row_id)) {
                 return Ok(None);
             }
             let messages = client

@@ -6,16 +6,15 @@
 //! the database answers alone.
 
 use super::Sql;
-use regex::RegexBuilder;
 
 use super::follow::Follower;
 use super::{MESSAGE_COLUMNS, SUMMARY_COLUMNS, at, message_row, summary_row, top_ancestor_row};
 use crate::blobs::{BLOB_ID_KEY, INDEXED_BLOB_BYTES};
-use crate::error::{Result, StoreError};
+use crate::error::Result;
 use crate::highlight::{Marks, QueryWords, snippet};
 use crate::index::{IndexedRow, Watermark, key_of};
 use crate::search::{
-    REGEX_BLOB_BYTES, REGEX_SIZE_LIMIT, check_bounds, match_share, message_hit, summary_hit,
+    REGEX_BLOB_BYTES, check_bounds, match_share, message_hit, query_regex, summary_hit,
 };
 use crate::tokenize::words;
 use crate::types::*;
@@ -308,13 +307,7 @@ async fn blob_match(
 }
 
 async fn regex_search(client: &impl Sql, query: &SearchQuery) -> Result<Vec<SearchHit>> {
-    let pattern = RegexBuilder::new(&query.text)
-        .size_limit(REGEX_SIZE_LIMIT)
-        .build()
-        .map_err(|error| StoreError::InvalidRegex {
-            pattern: query.text.clone(),
-            detail: error.to_string(),
-        })?;
+    let pattern = query_regex(query)?;
     let marks = Marks::Pattern(&pattern);
     let mut hits = Vec::new();
     let mut budget = REGEX_BLOB_BYTES;
