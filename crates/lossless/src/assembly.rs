@@ -58,7 +58,8 @@ impl Rendition {
     }
 }
 
-type RenderedEntry = (Rendition, Arc<AgentMessage>, usize);
+/// A rendered item: the rendition, the message, a message's seq, and its estimated bytes.
+type RenderedEntry = (Rendition, Arc<AgentMessage>, Option<u64>, usize);
 
 /// Rendered context items, so assembly and compaction parse only what is new. An entry is used
 /// only for the same rendition; one that left the context is dropped. Bounded by estimated
@@ -74,29 +75,44 @@ pub(crate) struct RenderedItems {
 
 impl RenderedItems {
     pub(crate) fn get(&mut self, rendition: &Rendition) -> Option<Arc<AgentMessage>> {
-        if let Some((kept, message, _)) = self.young.get(&rendition.item) {
-            return (kept == rendition).then(|| Arc::clone(message));
+        self.get_with_seq(rendition).map(|(message, _)| message)
+    }
+
+    /// The rendering, and for a message its seq.
+    pub(crate) fn get_with_seq(
+        &mut self,
+        rendition: &Rendition,
+    ) -> Option<(Arc<AgentMessage>, Option<u64>)> {
+        if let Some((kept, message, seq, _)) = self.young.get(&rendition.item) {
+            return (kept == rendition).then(|| (Arc::clone(message), *seq));
         }
-        let (kept, message, bytes) = self.old.remove(&rendition.item)?;
+        let (kept, message, seq, bytes) = self.old.remove(&rendition.item)?;
         self.old_bytes -= bytes;
         if kept != *rendition {
             return None;
         }
-        self.insert(kept, Arc::clone(&message), bytes);
-        Some(message)
+        self.insert((kept, Arc::clone(&message), seq, bytes));
+        Some((message, seq))
     }
 
-    pub(crate) fn keep(&mut self, rendition: Rendition, message: Arc<AgentMessage>, tokens: u64) {
-        self.insert(rendition, message, estimated_bytes(tokens, 1));
+    /// Keeps a rendering of `tokens` tokens; `seq` for a message.
+    pub(crate) fn keep(
+        &mut self,
+        rendition: Rendition,
+        message: Arc<AgentMessage>,
+        seq: Option<u64>,
+        tokens: u64,
+    ) {
+        self.insert((rendition, message, seq, estimated_bytes(tokens, 1)));
     }
 
-    fn insert(&mut self, rendition: Rendition, message: Arc<AgentMessage>, bytes: usize) {
-        let item = rendition.item;
-        self.young_bytes += bytes;
-        if let Some((_, _, replaced)) = self.young.insert(item, (rendition, message, bytes)) {
+    fn insert(&mut self, entry: RenderedEntry) {
+        let item = entry.0.item;
+        self.young_bytes += entry.3;
+        if let Some((_, _, _, replaced)) = self.young.insert(item, entry) {
             self.young_bytes -= replaced;
         }
-        if let Some((_, _, stale)) = self.old.remove(&item) {
+        if let Some((_, _, _, stale)) = self.old.remove(&item) {
             self.old_bytes -= stale;
         }
         if self.young_bytes > RENDERED_BYTES / 2 {
@@ -108,10 +124,10 @@ impl RenderedItems {
     /// Drops items that left the context (a summary took their place).
     pub(crate) fn forget(&mut self, items: impl IntoIterator<Item = ItemRef>) {
         for item in items {
-            if let Some((_, _, bytes)) = self.young.remove(&item) {
+            if let Some((_, _, _, bytes)) = self.young.remove(&item) {
                 self.young_bytes -= bytes;
             }
-            if let Some((_, _, bytes)) = self.old.remove(&item) {
+            if let Some((_, _, _, bytes)) = self.old.remove(&item) {
                 self.old_bytes -= bytes;
             }
         }
@@ -201,14 +217,15 @@ impl Assemblies {
 }
 
 impl LosslessEngine {
-    /// Keeps rendered items, with their tokens, for later assemblies and compactions.
+    /// Keeps rendered items, with a message's seq and their tokens, for later assemblies and
+    /// compactions.
     pub(crate) fn remember_rendered(
         &self,
-        items: impl IntoIterator<Item = (Rendition, Arc<AgentMessage>, u64)>,
+        items: impl IntoIterator<Item = (Rendition, Arc<AgentMessage>, Option<u64>, u64)>,
     ) {
         let mut rendered = lock_map(&self.inner.rendered);
-        for (rendition, message, tokens) in items {
-            rendered.keep(rendition, message, tokens);
+        for (rendition, message, seq, tokens) in items {
+            rendered.keep(rendition, message, seq, tokens);
         }
     }
 
@@ -273,16 +290,19 @@ impl LosslessEngine {
                 .map_err(|error| store_error("reading context items", error))?;
             let mut fresh = Vec::with_capacity(missing.len());
             for ((item, content), tokens) in missing.into_iter().zip(contents).zip(missing_tokens) {
-                let message = match &content {
-                    ItemContent::Summary(summary) => summary_message(summary),
-                    ItemContent::Message(message) => message
-                        .message()
-                        .map_err(|error| store_error("reading a message", error))?,
+                let (message, seq) = match &content {
+                    ItemContent::Summary(summary) => (summary_message(summary), None),
+                    ItemContent::Message(message) => (
+                        message
+                            .message()
+                            .map_err(|error| store_error("reading a message", error))?,
+                        Some(message.seq),
+                    ),
                 };
-                fresh.push((item, Arc::new(message), tokens));
+                fresh.push((item, Arc::new(message), seq, tokens));
             }
             let mut unknown = rendered.iter_mut().filter(|known| known.is_none());
-            for (_, message, _) in &fresh {
+            for (_, message, _, _) in &fresh {
                 if let Some(slot) = unknown.next() {
                     *slot = Some(Arc::clone(message));
                 }
@@ -404,12 +424,14 @@ mod tests {
         rendered.keep(
             Rendition::message(MessageId(0)),
             Arc::clone(&message),
+            Some(0),
             tokens,
         );
         for id in 1..100_000 {
             rendered.keep(
                 Rendition::message(MessageId(id)),
                 Arc::clone(&message),
+                Some(id as u64),
                 tokens,
             );
             // The first item is used all along: it is never let go.
@@ -448,6 +470,7 @@ mod tests {
         rendered.keep(
             fallback,
             Arc::new(AgentMessage::user_text("truncated")),
+            None,
             120,
         );
         assert!(rendered.get(&fallback).is_some());

@@ -117,14 +117,21 @@ fn with_replacements(
     next
 }
 
-/// `(earliest, latest, first seq, last seq)` of a run of items.
-fn span(run: &[ContextItem]) -> (Option<i64>, Option<i64>, u64, u64) {
-    let mut earliest: Option<i64> = None;
-    let mut latest: Option<i64> = None;
-    let mut first = u64::MAX;
-    let mut last = 0;
-    for item in run {
-        let (e, l, f, z) = match &item.content {
+/// `(earliest, latest, first seq, last seq)` of an item or a run of items.
+type Span = (Option<i64>, Option<i64>, u64, u64);
+
+/// An item of a run to summarize: what the summarizer reads of it, and what the summary's
+/// header says it covers.
+struct RunItem {
+    position: i64,
+    item: ItemRef,
+    source: SourceItem,
+    span: Span,
+}
+
+impl RunItem {
+    fn read(entry: &ContextRef, content: &ItemContent) -> RunItem {
+        let span = match content {
             ItemContent::Message(message) => (
                 Some(message.created_at_ms),
                 Some(message.created_at_ms),
@@ -138,6 +145,34 @@ fn span(run: &[ContextItem]) -> (Option<i64>, Option<i64>, u64, u64) {
                 summary.last_seq,
             ),
         };
+        RunItem {
+            position: entry.position,
+            item: entry.item,
+            source: content_source(content),
+            span,
+        }
+    }
+
+    /// A message this instance keeps rendered, when the rendering tells all a stored row would:
+    /// its seq is known, and its timestamp is what the store took as its time.
+    fn rendered(position: i64, id: MessageId, message: &AgentMessage, seq: u64) -> Option<RunItem> {
+        let time = message.timestamp_ms()?;
+        Some(RunItem {
+            position,
+            item: ItemRef::Message(id),
+            source: source_item(message),
+            span: (Some(time), Some(time), seq, seq),
+        })
+    }
+}
+
+fn span(run: &[RunItem]) -> Span {
+    let mut earliest: Option<i64> = None;
+    let mut latest: Option<i64> = None;
+    let mut first = u64::MAX;
+    let mut last = 0;
+    for item in run {
+        let (e, l, f, z) = item.span;
         earliest = match (earliest, e) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -378,64 +413,68 @@ impl LosslessEngine {
             .map_err(|error| store_error("reading the context", error))
     }
 
-    /// What the summarizer reads of a run. A message this instance keeps rendered (a turn
-    /// ingested here) is not parsed again.
-    fn sources(&self, run: &[ContextItem]) -> Vec<SourceItem> {
-        let rendered: Vec<Option<Arc<AgentMessage>>> = {
-            let mut cache = lock_map(&self.inner.rendered);
-            run.iter()
-                .map(|item| match item.content {
-                    ItemContent::Message(ref message) => cache.get(&Rendition::message(message.id)),
-                    ItemContent::Summary(_) => None,
-                })
-                .collect()
-        };
-        run.iter()
-            .zip(rendered)
-            .map(|(item, rendered)| match rendered {
-                Some(message) => source_item(&message),
-                None => content_source(&item.content),
-            })
-            .collect()
-    }
-
-    /// A candidate's run with bodies, and the text of the summary before it (the previous
-    /// context a summarizer continues from), in one read.
+    /// A candidate's run, and the text of the summary before it (the previous context a
+    /// summarizer continues from). A message this instance keeps rendered (a turn ingested or
+    /// assembled here) is neither read nor parsed again; the rest is read in one call.
     async fn read_run(
         &self,
         items: &[ContextRef],
         candidate: &Candidate,
-    ) -> Result<(Vec<ContextItem>, Option<String>), EngineError> {
+    ) -> Result<(Vec<RunItem>, Option<String>), EngineError> {
         let planned = &items[candidate.range.clone()];
         let previous = items[..candidate.range.start]
             .iter()
             .rev()
             .find(|item| matches!(item.item, ItemRef::Summary(_)));
+        let mut known: Vec<Option<RunItem>> = {
+            let mut cache = lock_map(&self.inner.rendered);
+            planned
+                .iter()
+                .map(|entry| {
+                    let ItemRef::Message(id) = entry.item else {
+                        return None;
+                    };
+                    let (message, seq) = cache.get_with_seq(&Rendition::message(id))?;
+                    RunItem::rendered(entry.position, id, &message, seq?)
+                })
+                .collect()
+        };
         let wanted: Vec<ItemRef> = previous
             .into_iter()
-            .chain(planned)
-            .map(|item| item.item)
+            .chain(
+                planned
+                    .iter()
+                    .zip(&known)
+                    .filter(|(_, known)| known.is_none())
+                    .map(|(entry, _)| entry),
+            )
+            .map(|entry| entry.item)
             .collect();
-        let mut contents = self
-            .inner
-            .store
-            .items(wanted)
-            .await
-            .map_err(|error| store_error("reading the items to summarize", error))?
-            .into_iter();
+        let mut contents = if wanted.is_empty() {
+            Vec::new().into_iter()
+        } else {
+            self.inner
+                .store
+                .items(wanted)
+                .await
+                .map_err(|error| store_error("reading the items to summarize", error))?
+                .into_iter()
+        };
         let previous_context = match previous.and_then(|_| contents.next()) {
             Some(ItemContent::Summary(summary)) => Some(summary.content),
             _ => None,
         };
         let run = planned
             .iter()
-            .zip(contents)
-            .map(|(item, content)| ContextItem {
-                position: item.position,
-                tokens: item.tokens,
-                content,
+            .zip(known.iter_mut())
+            .map(|(entry, known)| match known.take() {
+                Some(item) => Ok(item),
+                None => contents
+                    .next()
+                    .map(|content| RunItem::read(entry, &content))
+                    .ok_or_else(|| EngineError::failed("lossless compaction: an item vanished")),
             })
-            .collect();
+            .collect::<Result<Vec<_>, _>>()?;
         Ok((run, previous_context))
     }
 
@@ -461,7 +500,7 @@ impl LosslessEngine {
         };
         // A summary keeps at most a third of its source: every pass shrinks the context.
         let target = target.min(candidate.tokens / 3).max(16);
-        let source = self.sources(run);
+        let source = run.iter().map(|item| item.source.clone()).collect();
         let header_span = span(run);
         let mut request = SummaryRequest {
             previous_context,
@@ -515,10 +554,7 @@ impl LosslessEngine {
         }
         Ok(Some(ReplacePlan {
             conversation,
-            items: run
-                .iter()
-                .map(|item| (item.position, item.item_ref()))
-                .collect(),
+            items: run.iter().map(|item| (item.position, item.item)).collect(),
             summary: NewSummary {
                 kind,
                 depth,

@@ -131,7 +131,12 @@ impl LosslessEngine {
                     .zip(rendered)
                     .filter(|(result, _)| result.ingested)
                     .map(|(result, (message, tokens))| {
-                        (Rendition::message(result.message_id), message, tokens)
+                        (
+                            Rendition::message(result.message_id),
+                            message,
+                            Some(result.seq),
+                            tokens,
+                        )
                     }),
             );
         }

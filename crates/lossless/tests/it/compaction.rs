@@ -98,6 +98,48 @@ async fn compaction_keeps_the_context_under_budget_and_everything_reachable() {
     assert!(max_estimate > budget / 2);
 }
 
+/// Compaction takes a run's messages from what the engine keeps rendered when it can, and from
+/// the store otherwise: both give the same summaries. One engine ingested the turns (all of
+/// them rendered); the other was opened afterwards on a copy (nothing rendered).
+#[tokio::test]
+async fn a_run_read_from_memory_is_summarized_as_one_read_from_the_store() {
+    let (warm_dir, cold_dir) = (TempDir::new().unwrap(), TempDir::new().unwrap());
+    let warm = engine(&warm_dir).await;
+    let cold = engine(&cold_dir).await;
+    // A budget nothing exceeds: the turns are stored, not compacted.
+    drive(&warm, "s1", 0..24, 1_000_000).await;
+    drive(&cold, "s1", 0..24, 1_000_000).await;
+    drop(cold);
+    let cold = engine(&cold_dir).await;
+    let mut summaries = Vec::new();
+    for engine in [&warm, &cold] {
+        let conversation = engine.conversation("s1", None).await.unwrap();
+        let report = engine
+            .compact_conversation(conversation.id, CompactionRequest::forced(4_000))
+            .await
+            .unwrap();
+        assert!(report.summaries_created > 0, "{report:?}");
+        summaries.push(
+            context_summaries(engine, "s1", None)
+                .await
+                .into_iter()
+                .map(|summary| {
+                    (
+                        summary.content,
+                        summary.tokens,
+                        summary.earliest_at_ms,
+                        summary.latest_at_ms,
+                        summary.first_seq,
+                        summary.last_seq,
+                    )
+                })
+                .collect::<Vec<_>>(),
+        );
+    }
+    assert!(warm.cached_sessions().rendered_items > 0);
+    assert_eq!(summaries[0], summaries[1]);
+}
+
 /// What a summary replaced leaves the engine's memory too: every rendered item it keeps is in
 /// the context.
 #[tokio::test]
