@@ -26,8 +26,8 @@ const SAMPLE_ROWS: i64 = 1_000;
 const SAMPLE_BYTES: usize = 8 << 20;
 /// The dictionary's size: larger ones compressed the reference workload no better.
 const DICTIONARY_BYTES: usize = 16 << 10;
-/// zstd's default level: on messages of about a kilobyte it costs little more than level 1.
-const LEVEL: i32 = 3;
+/// Level 1: on the reference workload level 3 made messages 7% smaller and ingest 10% slower.
+const LEVEL: i32 = 1;
 const ZSTD_MAGIC: [u8; 4] = [0x28, 0xB5, 0x2F, 0xFD];
 /// A frame that claims more than this is damaged (large tool output lives in blobs).
 const MAX_JSON_BYTES: u64 = 1 << 30;
