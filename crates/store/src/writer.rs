@@ -460,7 +460,6 @@ impl Writer {
         }
     }
 
-    /// Opens the write transaction every write statement of a command goes through.
     /// Trains the store's dictionary, or adopts the one another process stored, once the store
     /// holds enough messages. It runs before the reply to the call that crossed the line, so
     /// that the caller's next messages are compressed against it. A failure leaves messages
@@ -518,6 +517,7 @@ impl Writer {
         Ok(())
     }
 
+    /// Opens the write transaction every write statement of a command goes through.
     fn transaction(&mut self) -> Result<WriteTx<'_>> {
         let transaction = self
             .connection
