@@ -255,6 +255,43 @@ pub struct StoredSummary {
     pub created_at_ms: i64,
 }
 
+/// Time and seq range covered by a planned run of items (the store reads it while publishing).
+pub(crate) struct Span {
+    pub(crate) earliest_ms: Option<i64>,
+    pub(crate) latest_ms: Option<i64>,
+    pub(crate) first_seq: i64,
+    pub(crate) last_seq: i64,
+}
+
+impl StoredSummary {
+    /// The summary a replacement published, as both backends answer it.
+    pub(crate) fn published(
+        row_id: i64,
+        summary_id: String,
+        conversation: ConversationId,
+        summary: NewSummary,
+        span: Span,
+        created_at_ms: i64,
+    ) -> StoredSummary {
+        StoredSummary {
+            row_id: SummaryRowId(row_id),
+            summary_id,
+            conversation,
+            depth: summary.depth,
+            kind: summary.kind,
+            content: summary.content,
+            tokens: summary.tokens,
+            earliest_at_ms: span.earliest_ms,
+            latest_at_ms: span.latest_ms,
+            first_seq: span.first_seq as u64,
+            last_seq: span.last_seq as u64,
+            level: summary.level,
+            summarizer: summary.summarizer,
+            created_at_ms,
+        }
+    }
+}
+
 /// What a context item points at.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ItemRef {

@@ -812,22 +812,14 @@ impl Writer {
                 plan.summary.tokens as i64
             ])?;
         transaction.commit()?;
-        let stored = StoredSummary {
-            row_id: SummaryRowId(row_id),
+        let stored = StoredSummary::published(
+            row_id,
             summary_id,
-            conversation: plan.conversation,
-            depth: plan.summary.depth,
-            kind: plan.summary.kind,
-            content: plan.summary.content,
-            tokens: plan.summary.tokens,
-            earliest_at_ms: span.earliest_ms,
-            latest_at_ms: span.latest_ms,
-            first_seq: span.first_seq as u64,
-            last_seq: span.last_seq as u64,
-            level: plan.summary.level,
-            summarizer: plan.summary.summarizer,
-            created_at_ms: created_at,
-        };
+            plan.conversation,
+            plan.summary,
+            span,
+            created_at,
+        );
         self.index_committed(&[IndexDoc {
             row: IndexedRow::Summary(row_id),
             conversation: plan.conversation.0,

@@ -126,7 +126,7 @@ pub(crate) async fn apply(client: &impl Sql, plan: &ForgetPlan) -> Result<Option
             .await?;
         let kind = parse_kind(at(&current, 0)?)?;
         let old_tokens: i64 = at(&current, 1)?;
-        let (earliest, latest, first_seq, last_seq) = span_of(client, &remaining, kind).await?;
+        let span = span_of(client, &remaining, kind).await?;
         client
             .run(
                 "UPDATE summaries SET content = $2, tokens = $3, summarizer = $4,
@@ -137,10 +137,10 @@ pub(crate) async fn apply(client: &impl Sql, plan: &ForgetPlan) -> Result<Option
                     &rewrite.content,
                     &(rewrite.tokens as i64),
                     &rewrite.summarizer,
-                    &earliest,
-                    &latest,
-                    &first_seq,
-                    &last_seq,
+                    &span.earliest_ms,
+                    &span.latest_ms,
+                    &span.first_seq,
+                    &span.last_seq,
                 ],
             )
             .await?;

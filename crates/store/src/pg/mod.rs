@@ -565,11 +565,7 @@ pub(crate) async fn summaries_above(
 }
 
 /// Time and seq range covered by a planned run of items, in one read.
-async fn span_of(
-    client: &impl Sql,
-    items: &[(i64, ItemRef)],
-    kind: SummaryKind,
-) -> Result<(Option<i64>, Option<i64>, i64, i64)> {
+async fn span_of(client: &impl Sql, items: &[(i64, ItemRef)], kind: SummaryKind) -> Result<Span> {
     let mut ids = Vec::with_capacity(items.len());
     for (_, item) in items {
         match (item, kind) {
@@ -603,12 +599,12 @@ async fn span_of(
             id: format!("one of {items:?}"),
         });
     }
-    Ok((
-        at(&row, 0)?,
-        at(&row, 1)?,
-        at::<Option<i64>>(&row, 2)?.unwrap_or(i64::MAX),
-        at::<Option<i64>>(&row, 3)?.unwrap_or(i64::MIN),
-    ))
+    Ok(Span {
+        earliest_ms: at(&row, 0)?,
+        latest_ms: at(&row, 1)?,
+        first_seq: at::<Option<i64>>(&row, 2)?.unwrap_or(i64::MAX),
+        last_seq: at::<Option<i64>>(&row, 3)?.unwrap_or(i64::MIN),
+    })
 }
 
 /// Writes a summary's ordered children.
@@ -959,8 +955,7 @@ impl HistoryStore for PgStore {
             return Ok(ReplaceOutcome::Stale);
         }
         let removed_tokens: i64 = current.iter().map(|(_, _, tokens)| *tokens as i64).sum();
-        let (earliest, latest, first_seq, last_seq) =
-            span_of(&transaction, &plan.items, plan.summary.kind).await?;
+        let span = span_of(&transaction, &plan.items, plan.summary.kind).await?;
         let summary_id = summary_id(plan.conversation, &plan.summary, &plan.items);
         let created_at = now_ms();
         let row = transaction
@@ -976,10 +971,10 @@ impl HistoryStore for PgStore {
                     &kind_str(plan.summary.kind),
                     &plan.summary.content,
                     &(plan.summary.tokens as i64),
-                    &earliest,
-                    &latest,
-                    &first_seq,
-                    &last_seq,
+                    &span.earliest_ms,
+                    &span.latest_ms,
+                    &span.first_seq,
+                    &span.last_seq,
                     &level_str(plan.summary.level),
                     &plan.summary.summarizer,
                     &created_at,
@@ -1022,22 +1017,14 @@ impl HistoryStore for PgStore {
             )
             .await?;
         transaction.commit().await?;
-        Ok(ReplaceOutcome::Replaced(StoredSummary {
-            row_id: SummaryRowId(row_id),
+        Ok(ReplaceOutcome::Replaced(StoredSummary::published(
+            row_id,
             summary_id,
-            conversation: plan.conversation,
-            depth: plan.summary.depth,
-            kind: plan.summary.kind,
-            content: plan.summary.content,
-            tokens: plan.summary.tokens,
-            earliest_at_ms: earliest,
-            latest_at_ms: latest,
-            first_seq: first_seq as u64,
-            last_seq: last_seq as u64,
-            level: plan.summary.level,
-            summarizer: plan.summary.summarizer,
-            created_at_ms: created_at,
-        }))
+            plan.conversation,
+            plan.summary,
+            span,
+            created_at,
+        )))
     }
 
     async fn append_items(&self, conversation: ConversationId, items: Vec<ItemRef>) -> Result<()> {
