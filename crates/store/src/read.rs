@@ -207,6 +207,26 @@ pub(crate) fn context(
     Ok(items)
 }
 
+/// Columns 5–8 of [`context_refs`]: `None` when the summary row is missing.
+fn summary_shape(row: &Row<'_>) -> Result<Option<SummaryShape>> {
+    let Some(depth) = row.get::<_, Option<u32>>(5)? else {
+        return Ok(None);
+    };
+    let Some(level) = row
+        .get_ref(6)?
+        .as_str_or_null()
+        .map_err(rusqlite::Error::from)?
+    else {
+        return Ok(None);
+    };
+    Ok(Some(SummaryShape {
+        depth,
+        level: parse_level(level)?,
+        first_seq: row.get::<_, i64>(7)?.max(0) as u64,
+        last_seq: row.get::<_, i64>(8)?.max(0) as u64,
+    }))
+}
+
 /// The context as references, tokens and unit flags only (no message JSON).
 pub(crate) fn context_refs(
     connection: &Connection,
@@ -222,23 +242,14 @@ pub(crate) fn context_refs(
     let mut rows = statement.query(params![conversation.0, TOOL_RESULT_ROLE])?;
     let mut refs = Vec::new();
     while let Some(row) = rows.next()? {
-        let message: Option<i64> = row.get(1)?;
-        let summary: Option<i64> = row.get(2)?;
-        let item = match (message, summary) {
-            (Some(id), _) => ItemRef::Message(MessageId(id)),
-            (None, Some(id)) => ItemRef::Summary(SummaryRowId(id)),
-            (None, None) => ItemRef::Message(MessageId(-1)),
-        };
-        let depth: Option<u32> = row.get(5)?;
-        let level: Option<String> = row.get(6)?;
-        let shape = match (depth, level) {
-            (Some(depth), Some(level)) => Some(SummaryShape {
-                depth,
-                level: parse_level(&level)?,
-                first_seq: row.get::<_, i64>(7)?.max(0) as u64,
-                last_seq: row.get::<_, i64>(8)?.max(0) as u64,
-            }),
-            _ => None,
+        // Most rows are messages: the summary columns are read only for a summary (every
+        // column read costs; this query is most of an assembly).
+        let (item, shape) = match row.get::<_, Option<i64>>(1)? {
+            Some(id) => (ItemRef::Message(MessageId(id)), None),
+            None => match row.get::<_, Option<i64>>(2)? {
+                Some(id) => (ItemRef::Summary(SummaryRowId(id)), summary_shape(row)?),
+                None => (ItemRef::Message(MessageId(-1)), None),
+            },
         };
         refs.push(ContextRef {
             position: row.get(0)?,
@@ -337,13 +348,6 @@ pub(crate) fn tokens_of(connection: &Connection, item: ItemRef) -> Result<i64> {
 }
 
 /// Time and seq range covered by a planned run of items.
-pub(crate) struct Span {
-    pub(crate) earliest_ms: Option<i64>,
-    pub(crate) latest_ms: Option<i64>,
-    pub(crate) first_seq: i64,
-    pub(crate) last_seq: i64,
-}
-
 pub(crate) fn span_of(
     connection: &Connection,
     items: &[(i64, ItemRef)],
