@@ -154,51 +154,6 @@ async fn fresh_opens_racing_the_migration_all_succeed() {
     assert_eq!(stores[0].conversations(None).await.unwrap().len(), 8);
 }
 
-/// How each stored message row is compressed, in id order: `true` for a zstd frame.
-fn zstd_rows(dir: &TempDir) -> Vec<bool> {
-    let connection = rusqlite::Connection::open(dir.path().join(DATABASE_FILE)).unwrap();
-    let mut statement = connection
-        .prepare("SELECT json FROM messages ORDER BY id")
-        .unwrap();
-    statement
-        .query_map([], |row| row.get::<_, Vec<u8>>(0))
-        .unwrap()
-        .map(|bytes| bytes.unwrap().starts_with(&[0x28, 0xB5, 0x2F, 0xFD]))
-        .collect()
-}
-
-fn dictionaries(dir: &TempDir) -> i64 {
-    rusqlite::Connection::open(dir.path().join(DATABASE_FILE))
-        .unwrap()
-        .query_row("SELECT count(*) FROM compression_dictionaries", [], |row| {
-            row.get(0)
-        })
-        .unwrap()
-}
-
-fn line(index: usize) -> String {
-    format!(
-        "step {index}: the deploy of service {} to region {} finished in {} seconds",
-        index % 13,
-        index % 5,
-        index * 7 % 300
-    )
-}
-
-async fn texts(store: &Store, conversation: ConversationId, count: u64) -> Vec<String> {
-    store
-        .messages_in_seq_range(conversation, 0, count - 1)
-        .await
-        .unwrap()
-        .iter()
-        .map(|message| {
-            let message: vilvona_core::message::AgentMessage =
-                serde_json::from_str(&message.json).unwrap();
-            message.plain_text()
-        })
-        .collect()
-}
-
 /// One writer trains the store's compression dictionary once the store holds enough messages
 /// and compresses what it learned from again; a second writer that opened before reads those
 /// rows, adopts the same dictionary instead of training its own, and every handle opened later

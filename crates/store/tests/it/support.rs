@@ -86,3 +86,51 @@ pub(crate) fn query(agent: &str, conversations: Vec<ConversationId>, text: &str)
         order: SearchOrder::Relevance,
     }
 }
+
+/// How each stored message row is compressed, in id order: `true` for a zstd frame.
+pub(crate) fn zstd_rows(dir: &TempDir) -> Vec<bool> {
+    let connection = rusqlite::Connection::open(dir.path().join(DATABASE_FILE)).unwrap();
+    let mut statement = connection
+        .prepare("SELECT json FROM messages ORDER BY id")
+        .unwrap();
+    statement
+        .query_map([], |row| row.get::<_, Vec<u8>>(0))
+        .unwrap()
+        .map(|bytes| bytes.unwrap().starts_with(&[0x28, 0xB5, 0x2F, 0xFD]))
+        .collect()
+}
+
+/// How many compression dictionaries the store holds.
+pub(crate) fn dictionaries(dir: &TempDir) -> i64 {
+    rusqlite::Connection::open(dir.path().join(DATABASE_FILE))
+        .unwrap()
+        .query_row("SELECT count(*) FROM compression_dictionaries", [], |row| {
+            row.get(0)
+        })
+        .unwrap()
+}
+
+/// The text of the `index`-th message of a long session (alike, as real messages are).
+pub(crate) fn line(index: usize) -> String {
+    format!(
+        "step {index}: the deploy of service {} to region {} finished in {} seconds",
+        index % 13,
+        index % 5,
+        index * 7 % 300
+    )
+}
+
+/// The text of a conversation's first `count` messages, as stored.
+pub(crate) async fn texts(store: &Store, conversation: ConversationId, count: u64) -> Vec<String> {
+    store
+        .messages_in_seq_range(conversation, 0, count - 1)
+        .await
+        .unwrap()
+        .iter()
+        .map(|message| {
+            let message: vilvona_core::message::AgentMessage =
+                serde_json::from_str(&message.json).unwrap();
+            message.plain_text()
+        })
+        .collect()
+}
