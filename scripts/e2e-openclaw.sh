@@ -91,7 +91,7 @@ cat >"$WORK/state/openclaw.json" <<JSON
       models: [{ id: "mock-1", name: "Mock 1", reasoning: false, input: ["text"],
         cost: { input: 0, output: 0, cacheRead: 0, cacheWrite: 0 }, contextWindow: $WINDOW, maxTokens: 4096 }] } } },
   agents: { defaults: { model: { primary: "mock/mock-1" }, workspace: "$WORK/workspace" } },
-  // The plugin is registered below by `openclaw plugins install -l`, with no settings at all:
+  // The plugin is registered below by "openclaw plugins install -l", with no settings at all:
   // no binary path (the platform package provides it), the default state directory, and the
   // engine's own defaults (no budget override: it learns OpenClaw's prompt budget from
   // assemble and compacts in commitTurn, which carries none).
