@@ -127,24 +127,27 @@ pub(crate) fn dictionary_of(
     let Some(id) = zstd::zstd_safe::get_dict_id_from_frame(bytes) else {
         return Ok(None);
     };
-    let key = (connection.path().unwrap_or_default().to_owned(), id.get());
+    let (path, id) = (connection.path().unwrap_or_default(), id.get());
     if let Some(found) = DECODERS
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
-        .get(&key)
+        .get(path)
+        .and_then(|decoders| decoders.get(&id))
     {
         return Ok(Some(found.clone()));
     }
     let stored: Option<Vec<u8>> = connection
         .prepare_cached("SELECT dictionary FROM compression_dictionaries WHERE id = ?1")?
-        .query_row([i64::from(id.get())], |row| row.get(0))
+        .query_row([i64::from(id)], |row| row.get(0))
         .optional()?;
-    let stored = stored.ok_or_else(|| conversion(CodecError::MissingDictionary(id.get())))?;
+    let stored = stored.ok_or_else(|| conversion(CodecError::MissingDictionary(id)))?;
     let dictionary = Arc::new(DDict::create(&stored));
     DECODERS
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
-        .insert(key, dictionary.clone());
+        .entry(path.to_owned())
+        .or_default()
+        .insert(id, dictionary.clone());
     Ok(Some(dictionary))
 }
 
@@ -152,7 +155,8 @@ pub(crate) fn dictionary_of(
 pub(crate) type Decoder = Arc<DDict<'static>>;
 
 /// Dictionaries met so far, by database path and id: a process keeps the few its stores use.
-static DECODERS: LazyLock<Mutex<HashMap<(String, u32), Decoder>>> = LazyLock::new(Mutex::default);
+static DECODERS: LazyLock<Mutex<HashMap<String, HashMap<u32, Decoder>>>> =
+    LazyLock::new(Mutex::default);
 
 /// The JSON of a stored row, loading its dictionary from `connection` when it has one.
 pub(crate) fn decode(connection: &Connection, bytes: &[u8]) -> rusqlite::Result<String> {
