@@ -166,6 +166,14 @@ impl RunItem {
     }
 }
 
+/// A run read for summarizing: what the summarizer reads, the context items the summary
+/// replaces, and what its header says it covers.
+struct Run {
+    sources: Vec<SourceItem>,
+    items: Vec<(i64, ItemRef)>,
+    span: Span,
+}
+
 fn span(run: &[RunItem]) -> Span {
     let mut earliest: Option<i64> = None;
     let mut latest: Option<i64> = None;
@@ -420,7 +428,7 @@ impl LosslessEngine {
         &self,
         items: &[ContextRef],
         candidate: &Candidate,
-    ) -> Result<(Vec<RunItem>, Option<String>), EngineError> {
+    ) -> Result<(Run, Option<String>), EngineError> {
         let planned = &items[candidate.range.clone()];
         let previous = items[..candidate.range.start]
             .iter()
@@ -475,6 +483,16 @@ impl LosslessEngine {
                     .ok_or_else(|| EngineError::failed("lossless compaction: an item vanished")),
             })
             .collect::<Result<Vec<_>, _>>()?;
+        let span = span(&run);
+        let (items, sources) = run
+            .into_iter()
+            .map(|item| ((item.position, item.item), item.source))
+            .unzip();
+        let run = Run {
+            sources,
+            items,
+            span,
+        };
         Ok((run, previous_context))
     }
 
@@ -489,7 +507,6 @@ impl LosslessEngine {
     ) -> Result<Option<ReplacePlan>, EngineError> {
         let config = &self.inner.config;
         let (run, previous_context) = self.read_run(items, candidate).await?;
-        let run = &run[..];
         let (kind, depth, target) = match candidate.condensing_depth {
             None => (SummaryKind::Leaf, 0, config.leaf_target_tokens),
             Some(depth) => (
@@ -500,12 +517,11 @@ impl LosslessEngine {
         };
         // A summary keeps at most a third of its source: every pass shrinks the context.
         let target = target.min(candidate.tokens / 3).max(16);
-        let source = run.iter().map(|item| item.source.clone()).collect();
-        let header_span = span(run);
+        let header_span = run.span;
         let mut request = SummaryRequest {
             previous_context,
             custom_instructions: custom_instructions.map(str::to_owned),
-            ..SummaryRequest::new(kind, depth, target, source)
+            ..SummaryRequest::new(kind, depth, target, run.sources)
         };
         let mut produced = None;
         for level in [SummaryLevel::Normal, SummaryLevel::Aggressive] {
@@ -554,7 +570,7 @@ impl LosslessEngine {
         }
         Ok(Some(ReplacePlan {
             conversation,
-            items: run.iter().map(|item| (item.position, item.item)).collect(),
+            items: run.items,
             summary: NewSummary {
                 kind,
                 depth,
