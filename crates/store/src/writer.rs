@@ -375,16 +375,12 @@ impl Writer {
                 reply,
             } => {
                 let ingested = self.ingest(conversation, messages, advancement_key);
-                let newest = match &ingested {
-                    Ok(IngestOutcome::Stored(results)) => results
+                // Only until the store has a dictionary: then there is nothing to look at.
+                if let (Some(after), Ok(IngestOutcome::Stored(results))) =
+                    (self.train_dictionary_after, &ingested)
+                    && results
                         .iter()
-                        .filter(|result| result.ingested)
-                        .map(|result| result.message_id.0)
-                        .max(),
-                    _ => None,
-                };
-                if let (Some(newest), Some(after)) = (newest, self.train_dictionary_after)
-                    && newest >= after
+                        .any(|result| result.ingested && result.message_id.0 >= after)
                 {
                     self.train_dictionary_logged();
                 }
