@@ -221,16 +221,12 @@ impl Summarizer for ModelSummarizer {
         if request.level == SummaryLevel::Fallback {
             return Ok(vilvona_summarize::truncate(request, &*self.estimator));
         }
-        let messages = vec![
-            json!({"role": "system", "content": system_prompt(request)}),
-            json!({"role": "user", "content": user_prompt(request)}),
-        ];
         let source_tokens: u64 = request
             .items
             .iter()
             .map(|item| self.estimator.text_tokens(&item.text))
             .sum();
-        let (model, text) = self.complete(messages).await?;
+        let (model, text) = self.complete(summary_prompts(request)).await?;
         let tokens = self.estimator.text_tokens(&text);
         if text.is_empty() {
             // Empty or reasoning-only: the caller escalates to the next level.
@@ -251,25 +247,24 @@ impl Summarizer for ModelSummarizer {
     }
 
     async fn answer(&self, request: &QuestionRequest) -> Result<Answer, SummarizeError> {
-        let (system, user) = answer_prompts(request);
-        let messages = vec![
-            json!({"role": "system", "content": system}),
-            json!({"role": "user", "content": user}),
-        ];
-        let (model, text) = self.complete(messages).await?;
+        let (model, text) = self.complete(answer_prompts(request)).await?;
         parse_answer(&text, request, &self.id)
             .ok_or_else(|| SummarizeError::BadOutput(format!("{model} returned no answer text")))
     }
 }
 
 impl ModelSummarizer {
-    /// One completion through the chain of models, each retried with backoff on transient
-    /// errors; refused credentials open the circuit. Returns the model that answered and its
-    /// text, reasoning stripped.
+    /// One completion of a system and a user prompt through the chain of models, each retried
+    /// with backoff on transient errors; refused credentials open the circuit. Returns the
+    /// model that answered and its text, reasoning stripped.
     async fn complete(
         &self,
-        messages: Vec<serde_json::Value>,
+        (system, user): (String, String),
     ) -> Result<(String, String), SummarizeError> {
+        let messages = vec![
+            json!({"role": "system", "content": system}),
+            json!({"role": "user", "content": user}),
+        ];
         if self.circuit_open() {
             return Err(SummarizeError::Auth(
                 "the summarizer's credentials were refused; waiting out the cooldown".to_owned(),

@@ -87,27 +87,20 @@ impl OpenAiClient {
         if let Some(key) = &self.api_key {
             request = request.bearer_auth(key);
         }
-        let response = request.send().await.map_err(|error| {
-            if error.is_timeout() {
-                ModelError::Transient(format!(
-                    "{url}: no answer within {} ms",
-                    self.timeout.as_millis()
-                ))
+        // A timeout says how long it waited; anything else is the transport's own words.
+        let transport = |error: reqwest::Error, doing: &str| {
+            ModelError::Transient(if error.is_timeout() {
+                format!("{url}: no answer within {} ms", self.timeout.as_millis())
             } else {
-                ModelError::Transient(format!("{url}: {error}"))
-            }
-        })?;
+                format!("{url}: {doing}{error}")
+            })
+        };
+        let response = request.send().await.map_err(|error| transport(error, ""))?;
         let status = response.status();
-        let text = response.text().await.map_err(|error| {
-            if error.is_timeout() {
-                ModelError::Transient(format!(
-                    "{url}: no answer within {} ms",
-                    self.timeout.as_millis()
-                ))
-            } else {
-                ModelError::Transient(format!("{url}: reading the body: {error}"))
-            }
-        })?;
+        let text = response
+            .text()
+            .await
+            .map_err(|error| transport(error, "reading the body: "))?;
         if !status.is_success() {
             let detail = format!(
                 "{url}: HTTP {}: {}",

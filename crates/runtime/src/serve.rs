@@ -477,38 +477,22 @@ impl Server {
             serde_json::to_value(value)
                 .map_err(|error| RpcError::new(ENGINE_ERROR, error_chain(&error)))
         }
+        // Parses the method's parameters as `$params` and calls the engine's `$member` with them.
+        macro_rules! engine_call {
+            ($member:ident, $params:ty) => {{
+                let params: $params = parse(method, params)?;
+                self.engine()
+                    .await?
+                    .$member(&params)
+                    .await
+                    .map_err(|e| engine_error(method, e))?
+            }};
+        }
         match method {
             "initialize" => self.initialize(params).await,
-            "bootstrap" => {
-                let params: BootstrapParams = parse(method, params)?;
-                reply(
-                    self.engine()
-                        .await?
-                        .bootstrap(&params)
-                        .await
-                        .map_err(|e| engine_error(method, e))?,
-                )
-            }
-            "ingest" => {
-                let params: IngestParams = parse(method, params)?;
-                reply(
-                    self.engine()
-                        .await?
-                        .ingest(&params)
-                        .await
-                        .map_err(|e| engine_error(method, e))?,
-                )
-            }
-            "ingestBatch" => {
-                let params: IngestBatchParams = parse(method, params)?;
-                reply(
-                    self.engine()
-                        .await?
-                        .ingest_batch(&params)
-                        .await
-                        .map_err(|e| engine_error(method, e))?,
-                )
-            }
+            "bootstrap" => reply(engine_call!(bootstrap, BootstrapParams)),
+            "ingest" => reply(engine_call!(ingest, IngestParams)),
+            "ingestBatch" => reply(engine_call!(ingest_batch, IngestBatchParams)),
             "assemble" => {
                 let held = params.get("assembledRevision").and_then(Value::as_u64);
                 let params: AssembleParams = parse(method, params)?;
@@ -536,42 +520,13 @@ impl Server {
                 reply(result.map_err(|e| engine_error(method, e))?)
             }
             "afterTurn" => {
-                let params: AfterTurnParams = parse(method, params)?;
-                self.engine()
-                    .await?
-                    .after_turn(&params)
-                    .await
-                    .map_err(|e| engine_error(method, e))?;
+                engine_call!(after_turn, AfterTurnParams);
                 Ok(json!({}))
             }
-            "commitTurn" => {
-                let params: CommitTurnParams = parse(method, params)?;
-                reply(
-                    self.engine()
-                        .await?
-                        .commit_turn(&params)
-                        .await
-                        .map_err(|e| engine_error(method, e))?,
-                )
-            }
-            "maintain" => {
-                let params: MaintainParams = parse(method, params)?;
-                reply(
-                    self.engine()
-                        .await?
-                        .maintain(&params)
-                        .await
-                        .map_err(|e| engine_error(method, e))?,
-                )
-            }
+            "commitTurn" => reply(engine_call!(commit_turn, CommitTurnParams)),
+            "maintain" => reply(engine_call!(maintain, MaintainParams)),
             "prepareSubagentSpawn" => {
-                let params: SubagentSpawnParams = parse(method, params)?;
-                let prepared = self
-                    .engine()
-                    .await?
-                    .prepare_subagent_spawn(&params)
-                    .await
-                    .map_err(|e| engine_error(method, e))?;
+                let prepared = engine_call!(prepare_subagent_spawn, SubagentSpawnParams);
                 Ok(match prepared {
                     None => json!({"rollbackHandle": null}),
                     Some(rollback) => {
@@ -603,12 +558,7 @@ impl Server {
                 Ok(json!({}))
             }
             "onSubagentEnded" => {
-                let params: SubagentEndedParams = parse(method, params)?;
-                self.engine()
-                    .await?
-                    .on_subagent_ended(&params)
-                    .await
-                    .map_err(|e| engine_error(method, e))?;
+                engine_call!(on_subagent_ended, SubagentEndedParams);
                 Ok(json!({}))
             }
             "dispose" => {
@@ -735,16 +685,12 @@ impl Summarizer for HostLlmSummarizer {
     }
 
     async fn summarize(&self, request: &SummaryRequest) -> Result<Summary, SummarizeError> {
-        let (system, user) = summary_prompts(request);
         let text = self
-            .complete(json!({
-                "purpose": "summarize",
-                "maxTokens": request.target_tokens.saturating_mul(2),
-                "messages": [
-                    {"role": "system", "content": system},
-                    {"role": "user", "content": user},
-                ],
-            }))
+            .complete(
+                "summarize",
+                request.target_tokens.saturating_mul(2),
+                summary_prompts(request),
+            )
             .await?;
         Ok(Summary {
             text,
@@ -753,16 +699,12 @@ impl Summarizer for HostLlmSummarizer {
     }
 
     async fn answer(&self, request: &QuestionRequest) -> Result<Answer, SummarizeError> {
-        let (system, user) = answer_prompts(request);
         let text = self
-            .complete(json!({
-                "purpose": "answer",
-                "maxTokens": request.max_answer_tokens.saturating_mul(2),
-                "messages": [
-                    {"role": "system", "content": system},
-                    {"role": "user", "content": user},
-                ],
-            }))
+            .complete(
+                "answer",
+                request.max_answer_tokens.saturating_mul(2),
+                answer_prompts(request),
+            )
             .await?;
         parse_answer(&text, request, self.id())
             .ok_or_else(|| SummarizeError::BadOutput("llm.complete returned no answer".to_owned()))
@@ -770,8 +712,22 @@ impl Summarizer for HostLlmSummarizer {
 }
 
 impl HostLlmSummarizer {
-    /// One `llm.complete` request to the client; its text, reasoning stripped.
-    async fn complete(&self, params: Value) -> Result<String, SummarizeError> {
+    /// One `llm.complete` request to the client: a system and a user prompt, for `purpose`,
+    /// answered in at most `max_tokens`. Its text, reasoning stripped.
+    async fn complete(
+        &self,
+        purpose: &str,
+        max_tokens: u64,
+        (system, user): (String, String),
+    ) -> Result<String, SummarizeError> {
+        let params = json!({
+            "purpose": purpose,
+            "maxTokens": max_tokens,
+            "messages": [
+                {"role": "system", "content": system},
+                {"role": "user", "content": user},
+            ],
+        });
         let server = self
             .server
             .upgrade()
