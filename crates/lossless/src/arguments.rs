@@ -194,7 +194,7 @@ pub(crate) fn millis(time: Option<Time>, key: &str) -> Result<Option<i64>, ToolE
 }
 
 /// `vilvona_grep`.
-#[derive(Debug, Deserialize, JsonSchema)]
+#[derive(Debug, Default, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 #[schemars(deny_unknown_fields)]
 pub(crate) struct Grep {

@@ -734,23 +734,18 @@ impl LosslessEngine {
             })),
             ..CompactDetails::default()
         };
-        Ok(
-            if report.summaries_created > 0 && report.tokens_after < report.tokens_before {
-                CompactResult {
-                    ok: true,
-                    compacted: true,
-                    reason: report.reason.or(Some(CompactReason::Compacted)),
-                    result: Some(details),
-                }
-            } else {
-                CompactResult {
-                    ok: true,
-                    compacted: false,
-                    reason: report.reason.or(Some(CompactReason::NoCandidate)),
-                    result: Some(details),
-                }
-            },
-        )
+        let compacted = report.summaries_created > 0 && report.tokens_after < report.tokens_before;
+        let reason = match report.reason {
+            Some(reason) => reason,
+            None if compacted => CompactReason::Compacted,
+            None => CompactReason::NoCandidate,
+        };
+        Ok(CompactResult {
+            ok: true,
+            compacted,
+            reason: Some(reason),
+            result: Some(details),
+        })
     }
 
     /// Re-summarizes fallback summaries, then compacts if the context is above the threshold

@@ -215,14 +215,32 @@ impl LosslessEngine {
             None,
         )
         .await?;
-        let conversation = self
-            .conversation(&params.session_id, params.session_key.as_deref())
-            .await?;
-        let budget = self.budget(conversation.id, params.budget()).await?;
-        if !params.is_heartbeat {
-            self.compact_conversation(conversation.id, CompactionRequest::routine(budget))
-                .await?;
+        self.compact_after_turn(
+            &params.session_id,
+            params.session_key.as_deref(),
+            params.budget(),
+            params.is_heartbeat,
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// Compacts a session after a turn, against the budget the turn carries or else the one the
+    /// host last gave. A heartbeat turn never compacts.
+    async fn compact_after_turn(
+        &self,
+        session_id: &str,
+        session_key: Option<&str>,
+        carried_budget: Option<u64>,
+        is_heartbeat: bool,
+    ) -> Result<(), EngineError> {
+        if is_heartbeat {
+            return Ok(());
         }
+        let conversation = self.conversation(session_id, session_key).await?;
+        let budget = self.budget(conversation.id, carried_budget).await?;
+        self.compact_conversation(conversation.id, CompactionRequest::routine(budget))
+            .await?;
         Ok(())
     }
 
@@ -253,14 +271,13 @@ impl LosslessEngine {
                 status: CommitStatus::Duplicate,
             });
         }
-        let conversation = self
-            .conversation(&params.session_id, params.session_key.as_deref())
-            .await?;
-        let budget = self.budget(conversation.id, params.budget()).await?;
-        if !params.is_heartbeat {
-            self.compact_conversation(conversation.id, CompactionRequest::routine(budget))
-                .await?;
-        }
+        self.compact_after_turn(
+            &params.session_id,
+            params.session_key.as_deref(),
+            params.budget(),
+            params.is_heartbeat,
+        )
+        .await?;
         Ok(CommitTurnResult {
             status: CommitStatus::Committed,
         })

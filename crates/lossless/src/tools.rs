@@ -19,7 +19,7 @@ use crate::engine::LosslessEngine;
 use crate::render::{DESCRIBE_TOOL, EXPAND_QUERY_TOOL, EXPAND_TOOL, GREP_TOOL};
 
 /// Hits of the query `vilvona_expand_query` reads evidence from.
-const QUESTION_HITS: usize = 8;
+const QUESTION_HITS: u64 = 8;
 /// Tokens an answer may take.
 const ANSWER_TOKENS: u64 = 400;
 
@@ -136,10 +136,16 @@ impl LosslessEngine {
         arguments: &Value,
     ) -> Result<Value, ToolError> {
         match name {
-            GREP_TOOL => self.grep_tool(caller, arguments).await,
-            DESCRIBE_TOOL => self.describe_tool(caller, arguments).await,
-            EXPAND_TOOL => self.expand_tool(caller, arguments).await,
-            EXPAND_QUERY_TOOL => self.expand_query_tool(caller, arguments).await,
+            GREP_TOOL => self.grep_tool(caller, arguments::parse(arguments)?).await,
+            DESCRIBE_TOOL => {
+                self.describe_tool(caller, arguments::parse(arguments)?)
+                    .await
+            }
+            EXPAND_TOOL => self.expand_tool(caller, arguments::parse(arguments)?).await,
+            EXPAND_QUERY_TOOL => {
+                self.expand_query_tool(caller, arguments::parse(arguments)?)
+                    .await
+            }
             other => Err(ToolError::UnknownTool(other.to_owned())),
         }
     }
@@ -222,8 +228,11 @@ impl LosslessEngine {
         Ok(self.store().top_ancestor(item).await?)
     }
 
-    async fn grep_tool(&self, caller: &ToolCaller, arguments: &Value) -> Result<Value, ToolError> {
-        let arguments: arguments::Grep = arguments::parse(arguments)?;
+    async fn grep_tool(
+        &self,
+        caller: &ToolCaller,
+        arguments: arguments::Grep,
+    ) -> Result<Value, ToolError> {
         let query = arguments::required(arguments.query, "query")?;
         let (mode, target, order) = (arguments.mode.0, arguments.scope.0, arguments.order.0);
         let limit = match arguments.limit {
@@ -313,9 +322,8 @@ impl LosslessEngine {
     async fn describe_tool(
         &self,
         caller: &ToolCaller,
-        arguments: &Value,
+        arguments: arguments::Describe,
     ) -> Result<Value, ToolError> {
-        let arguments: arguments::Describe = arguments::parse(arguments)?;
         let id = arguments::required(arguments.id, "id")?;
         let scope = self.scope(caller).await?;
         if id.starts_with("file_") {
@@ -439,9 +447,8 @@ impl LosslessEngine {
     async fn expand_tool(
         &self,
         caller: &ToolCaller,
-        arguments: &Value,
+        arguments: arguments::Expand,
     ) -> Result<Value, ToolError> {
-        let arguments: arguments::Expand = arguments::parse(arguments)?;
         let id = arguments::required(arguments.id, "id")?;
         let requested = arguments.token_cap;
         let cursor = arguments.cursor.unwrap_or(0) as usize;
@@ -507,9 +514,8 @@ impl LosslessEngine {
     async fn expand_query_tool(
         &self,
         caller: &ToolCaller,
-        arguments: &Value,
+        arguments: arguments::ExpandQuery,
     ) -> Result<Value, ToolError> {
-        let arguments: arguments::ExpandQuery = arguments::parse(arguments)?;
         let query = arguments::required(arguments.query, "query")?;
         let question = arguments::required(arguments.question, "question")?;
         let cap = match arguments.token_cap {
@@ -522,7 +528,14 @@ impl LosslessEngine {
             }
         };
         let found = self
-            .grep_tool(caller, &json!({"query": query, "limit": QUESTION_HITS}))
+            .grep_tool(
+                caller,
+                arguments::Grep {
+                    query: Some(query.clone()),
+                    limit: Some(QUESTION_HITS),
+                    ..arguments::Grep::default()
+                },
+            )
             .await?;
         let words: Vec<String> = query
             .split(|c: char| !c.is_alphanumeric())
