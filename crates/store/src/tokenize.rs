@@ -111,6 +111,19 @@ impl<'a> Terms<'a> {
             word: 0,
         }
     }
+
+    /// A run that is one term, the whole of the next word.
+    fn whole(&mut self, run: &Run, text: String) -> TermAt {
+        let word = self.word;
+        self.word += 1;
+        TermAt {
+            from: run.from,
+            to: run.to,
+            text,
+            word,
+            cjk: run.cjk,
+        }
+    }
 }
 
 impl Iterator for Terms<'_> {
@@ -145,27 +158,11 @@ impl Iterator for Terms<'_> {
                 let (_, first) = chars.next()?;
                 if written.len() == first.len_utf8() {
                     // A lone CJK character is a term of its own.
-                    let word = self.word;
-                    self.word += 1;
-                    return Some(TermAt {
-                        from: run.from,
-                        to: run.to,
-                        text: first.to_string(),
-                        word,
-                        cjk: true,
-                    });
+                    return Some(self.whole(&run, first.to_string()));
                 }
                 self.bigrams = Some((chars, run.from, (run.from, first)));
             } else if written.len() <= MAX_TERM_BYTES {
-                let word = self.word;
-                self.word += 1;
-                return Some(TermAt {
-                    from: run.from,
-                    to: run.to,
-                    text: written.to_lowercase(),
-                    word,
-                    cjk: false,
-                });
+                return Some(self.whole(&run, written.to_lowercase()));
             }
         }
     }

@@ -91,27 +91,22 @@ impl Follower {
             return Ok(0);
         };
         let mut added = 0u64;
-        loop {
-            let docs = messages_after(client, watermark.messages).await?;
-            let Some(last) = docs.last().map(|doc| doc.row) else {
-                break;
-            };
-            if let IndexedRow::Message(id) = last {
-                watermark.messages = id;
+        // Messages first, then summaries, a batch at a time.
+        for summaries in [false, true] {
+            loop {
+                let docs = if summaries {
+                    summaries_after(client, watermark.summaries).await?
+                } else {
+                    messages_after(client, watermark.messages).await?
+                };
+                match docs.last().map(|doc| doc.row) {
+                    None => break,
+                    Some(IndexedRow::Message(id)) => watermark.messages = id,
+                    Some(IndexedRow::Summary(id)) => watermark.summaries = id,
+                }
+                added += docs.len() as u64;
+                self.add(docs, Vec::new(), None).await?;
             }
-            added += docs.len() as u64;
-            self.add(docs, Vec::new(), None).await?;
-        }
-        loop {
-            let docs = summaries_after(client, watermark.summaries).await?;
-            let Some(last) = docs.last().map(|doc| doc.row) else {
-                break;
-            };
-            if let IndexedRow::Summary(id) = last {
-                watermark.summaries = id;
-            }
-            added += docs.len() as u64;
-            self.add(docs, Vec::new(), None).await?;
         }
         loop {
             let changes = client

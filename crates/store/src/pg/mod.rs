@@ -31,8 +31,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod};
-use tokio_postgres::types::FromSql;
 use tokio_postgres::types::ToSql;
+use tokio_postgres::types::{FromSql, FromSqlOwned};
 use tokio_postgres::{NoTls, Row};
 use vilvona_core::archive::{ImportReport, SessionArchive};
 use vilvona_core::clock::now_ms;
@@ -123,6 +123,30 @@ impl<T: deadpool_postgres::GenericClient + Sync> Sql for T {}
 /// A column, typed; a mismatch is an error, never a panic.
 fn at<'a, T: FromSql<'a>>(row: &'a Row, index: usize) -> Result<T> {
     Ok(row.try_get(index)?)
+}
+
+/// The rows `sql` finds for `probes` in a conversation (`$1` the conversation, `$2` the
+/// probes), by their first column; the second and third make the value. No probes, no query.
+async fn probe<P, K, A, B>(
+    client: &impl Sql,
+    sql: &str,
+    conversation: ConversationId,
+    probes: &[P],
+) -> Result<HashMap<K, (A, B)>>
+where
+    P: ToSql + Sync,
+    K: FromSqlOwned + Eq + std::hash::Hash,
+    A: FromSqlOwned,
+    B: FromSqlOwned,
+{
+    if probes.is_empty() {
+        return Ok(HashMap::new());
+    }
+    let mut found = HashMap::new();
+    for row in client.rows(sql, &[&conversation.0, &probes]).await? {
+        found.insert(at(&row, 0)?, (at(&row, 1)?, at(&row, 2)?));
+    }
+    Ok(found)
 }
 
 fn count(row: &Row, index: usize) -> Result<u64> {
@@ -719,42 +743,32 @@ impl HistoryStore for PgStore {
             .iter()
             .filter_map(|message| message.ingest_key.as_ref().map(|key| &key[..]))
             .collect();
-        let mut by_key: HashMap<Vec<u8>, (i64, i64)> = HashMap::new();
-        if !keys.is_empty() {
-            for row in transaction
-                .rows(
-                    // One probe of the unique index per key, whatever plan the prepared
-                    // statement settled on while the table was small.
-                    "SELECT k.key, m.id, m.seq FROM unnest($2::BYTEA[]) AS k(key)
-                     CROSS JOIN LATERAL (SELECT id, seq FROM messages
-                                         WHERE conversation_id = $1 AND ingest_key = k.key
-                                         LIMIT 1) AS m",
-                    &[&conversation.0, &keys],
-                )
-                .await?
-            {
-                by_key.insert(at(&row, 0)?, (at(&row, 1)?, at(&row, 2)?));
-            }
-        }
+        // One probe of the unique index per key, whatever plan the prepared statement settled
+        // on while the table was small.
+        let by_key: HashMap<Vec<u8>, (i64, i64)> = probe(
+            &transaction,
+            "SELECT k.key, m.id, m.seq FROM unnest($2::BYTEA[]) AS k(key)
+             CROSS JOIN LATERAL (SELECT id, seq FROM messages
+                                 WHERE conversation_id = $1 AND ingest_key = k.key
+                                 LIMIT 1) AS m",
+            conversation,
+            &keys,
+        )
+        .await?;
         let places: Vec<i64> = messages
             .iter()
             .filter_map(|message| message.place.and_then(|place| i64::try_from(place).ok()))
             .collect();
-        let mut by_place: HashMap<i64, (i64, String)> = HashMap::new();
-        if !places.is_empty() {
-            for row in transaction
-                .rows(
-                    "SELECT p.seq, m.id, m.json FROM unnest($2::BIGINT[]) AS p(seq)
-                     CROSS JOIN LATERAL (SELECT id, json FROM messages
-                                         WHERE conversation_id = $1 AND seq = p.seq
-                                         LIMIT 1) AS m",
-                    &[&conversation.0, &places],
-                )
-                .await?
-            {
-                by_place.insert(at(&row, 0)?, (at(&row, 1)?, at(&row, 2)?));
-            }
-        }
+        let by_place: HashMap<i64, (i64, String)> = probe(
+            &transaction,
+            "SELECT p.seq, m.id, m.json FROM unnest($2::BIGINT[]) AS p(seq)
+             CROSS JOIN LATERAL (SELECT id, json FROM messages
+                                 WHERE conversation_id = $1 AND seq = p.seq
+                                 LIMIT 1) AS m",
+            conversation,
+            &places,
+        )
+        .await?;
 
         /// What becomes of one message: stored before, or the n-th new row of this call.
         enum Fate {
