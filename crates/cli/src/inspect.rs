@@ -229,10 +229,7 @@ pub(crate) async fn describe(
     lines: Option<String>,
     json: bool,
 ) -> Result<ExitCode> {
-    let mut arguments = json!({"id": id});
-    if let Some(lines) = lines {
-        arguments["lines"] = json!(lines);
-    }
+    let arguments = json!({"id": id, "lines": lines});
     let result = call_recall_tool(global, session, "vilvona_describe", &arguments).await?;
     if json {
         print_json(&result)?;
@@ -256,13 +253,7 @@ pub(crate) async fn expand(
     cursor: Option<u64>,
     json: bool,
 ) -> Result<ExitCode> {
-    let mut arguments = json!({"id": id});
-    if let Some(cap) = token_cap {
-        arguments["tokenCap"] = json!(cap);
-    }
-    if let Some(cursor) = cursor {
-        arguments["cursor"] = json!(cursor);
-    }
+    let arguments = json!({"id": id, "tokenCap": token_cap, "cursor": cursor});
     let result = call_recall_tool(global, session, "vilvona_expand", &arguments).await?;
     if json {
         print_json(&result)?;

@@ -515,21 +515,17 @@ async fn run(command: Command, global: &Global) -> Result<ExitCode> {
             limit,
             json,
         } => {
-            // The tool's arguments, named as the tool names them.
+            // The tool's arguments, named as the tool names them (`null`: not given).
             let name = |value: &dyn ValueEnumName| value.name();
-            let mut arguments = serde_json::json!({
+            let arguments = serde_json::json!({
                 "query": query,
                 "mode": name(&mode),
                 "scope": name(&scope),
                 "order": name(&order),
                 "limit": limit,
+                "since": since,
+                "before": before,
             });
-            if let Some(since) = since {
-                arguments["since"] = since.into();
-            }
-            if let Some(before) = before {
-                arguments["before"] = before.into();
-            }
             inspect::grep(global, &session, &arguments, json).await
         }
         Command::Describe {
@@ -552,13 +548,11 @@ async fn run(command: Command, global: &Global) -> Result<ExitCode> {
             token_cap,
             json,
         } => {
-            let mut arguments = serde_json::json!({
+            let arguments = serde_json::json!({
                 "question": question,
                 "query": query.as_deref().unwrap_or(&question),
+                "tokenCap": token_cap,
             });
-            if let Some(cap) = token_cap {
-                arguments["tokenCap"] = cap.into();
-            }
             inspect::ask(global, &session, &arguments, json).await
         }
         Command::Stats { session, json } => inspect::stats(global, &session, json).await,

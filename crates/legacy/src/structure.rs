@@ -31,6 +31,54 @@ const MAX_BULLETS: usize = 12;
 /// Files kept per list.
 const MAX_FILES: usize = 60;
 
+/// Words that mark a user's sentence as a constraint to keep.
+const CONSTRAINT_WORDS: &[&str] = &[
+    "must",
+    "never",
+    "always",
+    "prefer",
+    "don't",
+    "do not",
+    "remember",
+    "note that",
+    "note:",
+    "make sure",
+];
+
+/// Words that mark an assistant's sentence as work done.
+const DONE_WORDS: &[&str] = &[
+    "fixed",
+    "done",
+    "passed",
+    "passes",
+    "implemented",
+    "added",
+    "completed",
+    "merged",
+];
+
+/// Words that mark an assistant's sentence as a decision.
+const DECISION_WORDS: &[&str] = &[
+    "decided",
+    "decision",
+    "chose",
+    "going with",
+    "we will",
+    "instead of",
+    "agreed",
+];
+
+/// Words that mark an assistant's sentence as a next step.
+const NEXT_WORDS: &[&str] = &[
+    "next,",
+    "next step",
+    "todo",
+    "remaining",
+    "follow-up",
+    "then i will",
+    "i will now",
+];
+
 const GOAL: &str = "Goal";
 const CONSTRAINTS: &str = "Constraints & Preferences";
 const DONE: &str = "Done";
@@ -123,21 +171,7 @@ pub(crate) fn build_summary(input: StructuredSummary<'_>) -> Built {
                     goal.push(clip(&first, 400));
                 }
                 for sentence in sentences(&text) {
-                    if matches_any(
-                        &sentence,
-                        &[
-                            "must",
-                            "never",
-                            "always",
-                            "prefer",
-                            "don't",
-                            "do not",
-                            "remember",
-                            "note that",
-                            "note:",
-                            "make sure",
-                        ],
-                    ) {
+                    if matches_any(&sentence, CONSTRAINT_WORDS) {
                         push_unique(&mut constraints, clip(&sentence, 400), MAX_BULLETS);
                     }
                 }
@@ -159,47 +193,13 @@ pub(crate) fn build_summary(input: StructuredSummary<'_>) -> Built {
                     {
                         continue;
                     }
-                    if matches_any(
-                        &sentence,
-                        &[
-                            "fixed",
-                            "done",
-                            "passed",
-                            "passes",
-                            "implemented",
-                            "added",
-                            "completed",
-                            "merged",
-                        ],
-                    ) {
+                    if matches_any(&sentence, DONE_WORDS) {
                         push_unique(&mut done, clip(&sentence, 300), MAX_BULLETS);
                     }
-                    if matches_any(
-                        &sentence,
-                        &[
-                            "decided",
-                            "decision",
-                            "chose",
-                            "going with",
-                            "we will",
-                            "instead of",
-                            "agreed",
-                        ],
-                    ) {
+                    if matches_any(&sentence, DECISION_WORDS) {
                         push_unique(&mut decisions, clip(&sentence, 300), MAX_BULLETS);
                     }
-                    if matches_any(
-                        &sentence,
-                        &[
-                            "next,",
-                            "next step",
-                            "todo",
-                            "remaining",
-                            "follow-up",
-                            "then i will",
-                            "i will now",
-                        ],
-                    ) {
+                    if matches_any(&sentence, NEXT_WORDS) {
                         push_unique(&mut next, clip(&sentence, 300), MAX_BULLETS);
                     }
                     last_sentence = Some(sentence);

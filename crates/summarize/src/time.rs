@@ -2,29 +2,47 @@
 
 /// `YYYY-MM-DD HH:MM` (UTC) for milliseconds since the epoch.
 pub fn format_utc_minutes(ms: i64) -> String {
-    let seconds = ms.div_euclid(1000);
-    let days = seconds.div_euclid(86_400);
-    let of_day = seconds.rem_euclid(86_400);
-    let (year, month, day) = civil_from_days(days);
-    format!(
-        "{year:04}-{month:02}-{day:02} {:02}:{:02}",
-        of_day / 3600,
-        (of_day % 3600) / 60
-    )
+    let time = UtcTime::of(ms);
+    format!("{} {:02}:{:02}", time.date(), time.hour, time.minute)
 }
 
 /// `YYYY-MM-DDTHH:MM:SSZ` (UTC) for milliseconds since the epoch.
 pub fn format_utc_rfc3339(ms: i64) -> String {
-    let seconds = ms.div_euclid(1000);
-    let days = seconds.div_euclid(86_400);
-    let of_day = seconds.rem_euclid(86_400);
-    let (year, month, day) = civil_from_days(days);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
-        of_day / 3600,
-        (of_day % 3600) / 60,
-        of_day % 60
-    )
+    let time = UtcTime::of(ms);
+    let (hour, minute, second) = (time.hour, time.minute, time.second);
+    format!("{}T{hour:02}:{minute:02}:{second:02}Z", time.date())
+}
+
+/// A moment's calendar date and time of day, in UTC.
+struct UtcTime {
+    year: i64,
+    month: u32,
+    day: u32,
+    hour: i64,
+    minute: i64,
+    second: i64,
+}
+
+impl UtcTime {
+    /// The UTC time of milliseconds since the epoch (before 1970 too).
+    fn of(ms: i64) -> Self {
+        let seconds = ms.div_euclid(1000);
+        let of_day = seconds.rem_euclid(86_400);
+        let (year, month, day) = civil_from_days(seconds.div_euclid(86_400));
+        UtcTime {
+            year,
+            month,
+            day,
+            hour: of_day / 3600,
+            minute: (of_day % 3600) / 60,
+            second: of_day % 60,
+        }
+    }
+
+    /// `YYYY-MM-DD`.
+    fn date(&self) -> String {
+        format!("{:04}-{:02}-{:02}", self.year, self.month, self.day)
+    }
 }
 
 /// Days since 1970-01-01 to (year, month, day), proleptic Gregorian (Hinnant's algorithm).
