@@ -221,8 +221,7 @@ impl LosslessEngine {
             params.budget(),
             params.is_heartbeat,
         )
-        .await?;
-        Ok(())
+        .await
     }
 
     /// Compacts a session after a turn, against the budget the turn carries or else the one the

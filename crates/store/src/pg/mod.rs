@@ -125,6 +125,18 @@ fn at<'a, T: FromSql<'a>>(row: &'a Row, index: usize) -> Result<T> {
     Ok(row.try_get(index)?)
 }
 
+/// A conversation's messages by ingest key (`$2`): the key, id and seq of each found. One
+/// probe of the unique index per key, whatever plan the prepared statement settled on while
+/// the table was small.
+const MESSAGES_BY_KEY: &str = "SELECT k.key, m.id, m.seq FROM unnest($2::BYTEA[]) AS k(key)
+     CROSS JOIN LATERAL (SELECT id, seq FROM messages
+                         WHERE conversation_id = $1 AND ingest_key = k.key LIMIT 1) AS m";
+
+/// A conversation's messages by place (`$2`, seqs): the seq, id and stored JSON of each found.
+const MESSAGES_BY_PLACE: &str = "SELECT p.seq, m.id, m.json FROM unnest($2::BIGINT[]) AS p(seq)
+     CROSS JOIN LATERAL (SELECT id, json FROM messages
+                         WHERE conversation_id = $1 AND seq = p.seq LIMIT 1) AS m";
+
 /// The rows `sql` finds for `probes` in a conversation (`$1` the conversation, `$2` the
 /// probes), by their first column; the second and third make the value. No probes, no query.
 async fn probe<P, K, A, B>(
@@ -743,32 +755,14 @@ impl HistoryStore for PgStore {
             .iter()
             .filter_map(|message| message.ingest_key.as_ref().map(|key| &key[..]))
             .collect();
-        // One probe of the unique index per key, whatever plan the prepared statement settled
-        // on while the table was small.
-        let by_key: HashMap<Vec<u8>, (i64, i64)> = probe(
-            &transaction,
-            "SELECT k.key, m.id, m.seq FROM unnest($2::BYTEA[]) AS k(key)
-             CROSS JOIN LATERAL (SELECT id, seq FROM messages
-                                 WHERE conversation_id = $1 AND ingest_key = k.key
-                                 LIMIT 1) AS m",
-            conversation,
-            &keys,
-        )
-        .await?;
+        let by_key: HashMap<Vec<u8>, (i64, i64)> =
+            probe(&transaction, MESSAGES_BY_KEY, conversation, &keys).await?;
         let places: Vec<i64> = messages
             .iter()
             .filter_map(|message| message.place.and_then(|place| i64::try_from(place).ok()))
             .collect();
-        let by_place: HashMap<i64, (i64, String)> = probe(
-            &transaction,
-            "SELECT p.seq, m.id, m.json FROM unnest($2::BIGINT[]) AS p(seq)
-             CROSS JOIN LATERAL (SELECT id, json FROM messages
-                                 WHERE conversation_id = $1 AND seq = p.seq
-                                 LIMIT 1) AS m",
-            conversation,
-            &places,
-        )
-        .await?;
+        let by_place: HashMap<i64, (i64, String)> =
+            probe(&transaction, MESSAGES_BY_PLACE, conversation, &places).await?;
 
         /// What becomes of one message: stored before, or the n-th new row of this call.
         enum Fate {
