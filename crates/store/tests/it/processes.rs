@@ -17,14 +17,20 @@ fn slow_commits(dir: &TempDir) -> StoreConfig {
     }
 }
 
+/// Two writers on one directory, opened in turn, each with a conversation of its own (`a` and
+/// `b`). The second cannot take the index lock; it opens anyway.
+async fn two_writers(dir: &TempDir) -> ((Store, ConversationId), (Store, ConversationId)) {
+    let first = Store::open(slow_commits(dir)).await.unwrap();
+    let second = Store::open(slow_commits(dir)).await.unwrap();
+    let a = first.conversation(&key("main", "a")).await.unwrap().id;
+    let b = second.conversation(&key("main", "b")).await.unwrap().id;
+    ((first, a), (second, b))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_writer_works_without_the_index_and_everything_is_found_at_once() {
     let dir = TempDir::new().unwrap();
-    let first = Store::open(slow_commits(&dir)).await.unwrap();
-    // The second cannot take the index lock; it opens anyway.
-    let second = Store::open(slow_commits(&dir)).await.unwrap();
-    let a = first.conversation(&key("main", "a")).await.unwrap().id;
-    let b = second.conversation(&key("main", "b")).await.unwrap().id;
+    let ((first, a), (second, b)) = two_writers(&dir).await;
     first
         .ingest(
             a,
@@ -161,10 +167,7 @@ async fn fresh_opens_racing_the_migration_all_succeed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_dictionary_is_trained_and_every_writer_and_reader_uses_it() {
     let dir = TempDir::new().unwrap();
-    let first = Store::open(slow_commits(&dir)).await.unwrap();
-    let second = Store::open(slow_commits(&dir)).await.unwrap();
-    let a = first.conversation(&key("main", "a")).await.unwrap().id;
-    let b = second.conversation(&key("main", "b")).await.unwrap().id;
+    let ((first, a), (second, b)) = two_writers(&dir).await;
     let lines: Vec<String> = (0..1_100).map(line).collect();
     for (batch, chunk) in lines.chunks(50).enumerate() {
         let messages = chunk
