@@ -117,8 +117,48 @@ fn with_replacements(
     next
 }
 
-/// `(earliest, latest, first seq, last seq)` of an item or a run of items.
-type Span = (Option<i64>, Option<i64>, u64, u64);
+/// The time and seq range an item, or a run of items, covers: what a summary's header says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Span {
+    earliest_ms: Option<i64>,
+    latest_ms: Option<i64>,
+    first_seq: u64,
+    last_seq: u64,
+}
+
+impl Span {
+    /// What nothing covers: joined with any span, that span.
+    const EMPTY: Span = Span {
+        earliest_ms: None,
+        latest_ms: None,
+        first_seq: u64::MAX,
+        last_seq: 0,
+    };
+
+    /// One message, stored at `time`.
+    fn message(time: i64, seq: u64) -> Span {
+        Span {
+            earliest_ms: Some(time),
+            latest_ms: Some(time),
+            first_seq: seq,
+            last_seq: seq,
+        }
+    }
+
+    /// What both cover (times that are unknown do not count).
+    fn join(self, other: Span) -> Span {
+        let bound = |a: Option<i64>, b: Option<i64>, pick: fn(i64, i64) -> i64| match (a, b) {
+            (Some(a), Some(b)) => Some(pick(a, b)),
+            (a, b) => a.or(b),
+        };
+        Span {
+            earliest_ms: bound(self.earliest_ms, other.earliest_ms, i64::min),
+            latest_ms: bound(self.latest_ms, other.latest_ms, i64::max),
+            first_seq: self.first_seq.min(other.first_seq),
+            last_seq: self.last_seq.max(other.last_seq),
+        }
+    }
+}
 
 /// An item of a run to summarize: what the summarizer reads of it, and what the summary's
 /// header says it covers.
@@ -132,18 +172,13 @@ struct RunItem {
 impl RunItem {
     fn read(entry: &ContextRef, content: &ItemContent) -> RunItem {
         let span = match content {
-            ItemContent::Message(message) => (
-                Some(message.created_at_ms),
-                Some(message.created_at_ms),
-                message.seq,
-                message.seq,
-            ),
-            ItemContent::Summary(summary) => (
-                summary.earliest_at_ms,
-                summary.latest_at_ms,
-                summary.first_seq,
-                summary.last_seq,
-            ),
+            ItemContent::Message(message) => Span::message(message.created_at_ms, message.seq),
+            ItemContent::Summary(summary) => Span {
+                earliest_ms: summary.earliest_at_ms,
+                latest_ms: summary.latest_at_ms,
+                first_seq: summary.first_seq,
+                last_seq: summary.last_seq,
+            },
         };
         RunItem {
             position: entry.position,
@@ -161,7 +196,7 @@ impl RunItem {
             position,
             item: ItemRef::Message(id),
             source: source_item(message),
-            span: (Some(time), Some(time), seq, seq),
+            span: Span::message(time, seq),
         })
     }
 }
@@ -172,27 +207,6 @@ struct Run {
     sources: Vec<SourceItem>,
     items: Vec<(i64, ItemRef)>,
     span: Span,
-}
-
-fn span(run: &[RunItem]) -> Span {
-    let mut earliest: Option<i64> = None;
-    let mut latest: Option<i64> = None;
-    let mut first = u64::MAX;
-    let mut last = 0;
-    for item in run {
-        let (e, l, f, z) = item.span;
-        earliest = match (earliest, e) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
-        latest = match (latest, l) {
-            (Some(a), Some(b)) => Some(a.max(b)),
-            (a, b) => a.or(b),
-        };
-        first = first.min(f);
-        last = last.max(z);
-    }
-    (earliest, latest, first, last)
 }
 
 impl LosslessEngine {
@@ -483,7 +497,9 @@ impl LosslessEngine {
                     .ok_or_else(|| EngineError::failed("lossless compaction: an item vanished")),
             })
             .collect::<Result<Vec<_>, _>>()?;
-        let span = span(&run);
+        let span = run
+            .iter()
+            .fold(Span::EMPTY, |span, item| span.join(item.span));
         let (items, sources) = run
             .into_iter()
             .map(|item| ((item.position, item.item), item.source))
@@ -559,10 +575,10 @@ impl LosslessEngine {
             summary_id: "sum_0000000000000000",
             depth,
             kind,
-            earliest_ms: header_span.0,
-            latest_ms: header_span.1,
-            first_seq: header_span.2,
-            last_seq: header_span.3,
+            earliest_ms: header_span.earliest_ms,
+            latest_ms: header_span.latest_ms,
+            first_seq: header_span.first_seq,
+            last_seq: header_span.last_seq,
         };
         let tokens = summary_tokens(&*self.inner.estimator, &header, &content);
         if tokens >= candidate.tokens {
