@@ -202,7 +202,7 @@ fn every_method_answers() {
         found["results"][0]["snippet"]
             .as_str()
             .unwrap()
-            .contains("«VAULT»-7788"),
+            .contains("«VAULT-7788»"),
         "{found}"
     );
     client.send(
@@ -438,15 +438,32 @@ fn a_client_that_disconnects_mid_call_loses_nothing() {
     drop(client.stdin.take());
     let status = client.child.wait().unwrap();
     assert!(status.success());
-    // Everything acknowledged is there.
-    let mut again = Client::start(dir.path());
-    initialize(&mut again, json!({}));
-    let assembled = again.call(
-        2,
-        "assemble",
-        json!({"sessionId": "h", "messages": [], "tokenBudget": 100000}),
-    );
-    assert_eq!(assembled["messages"].as_array().unwrap().len(), 12);
+    // Everything acknowledged is there (stored, and reachable: the integrity check follows
+    // every summary down to its messages), whatever the cancelled compaction had published.
+    let stats = std::process::Command::new(env!("CARGO_BIN_EXE_vilvona"))
+        .args([
+            "--state-dir",
+            dir.path().to_str().unwrap(),
+            "stats",
+            "--session",
+            "h",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    let stats: Value = serde_json::from_slice(&stats.stdout).unwrap();
+    assert_eq!(stats["messages"], 12, "{stats}");
+    let doctor = std::process::Command::new(env!("CARGO_BIN_EXE_vilvona"))
+        .args([
+            "--state-dir",
+            dir.path().to_str().unwrap(),
+            "doctor",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    let doctor: Value = serde_json::from_slice(&doctor.stdout).unwrap();
+    assert_eq!(doctor["checks"][0]["ok"], true, "{doctor}");
 }
 
 fn assistant(text: &str) -> Value {
@@ -543,9 +560,10 @@ fn commit_turn_compacts_against_the_budget_assemble_was_given() {
             "assemble",
             json!({"sessionId": "c", "messages": [], "runtimeSettings": {"limits": {"promptTokenBudget": 3000}}}),
         );
+        // Compacted when over the trigger (the default contextThreshold of the budget).
         let tokens = assembled["estimatedTokens"].as_u64().unwrap();
         assert!(
-            tokens <= 2250 && assembled["promptAuthority"] == "assembled",
+            tokens <= 2850 && assembled["promptAuthority"] == "assembled",
             "turn {turn}: {tokens} tokens ({})",
             assembled["promptAuthority"]
         );

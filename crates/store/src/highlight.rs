@@ -189,6 +189,15 @@ pub(crate) fn snippet(text: &str, marks: Marks) -> String {
     }
     let mut cursor = 0;
     for found in marks.find_iter(window) {
+        // A query word inside an identifier marks the identifier whole, so the snippet shows
+        // the value (`«BILLING_V2_KESTREL»`, not `«BILLING»_V2_KESTREL`).
+        let found = match marks {
+            Marks::Words(_) => identifier_around(window, found),
+            Marks::Pattern(_) => found,
+        };
+        if found.start < cursor {
+            continue;
+        }
         out.push_str(&window[cursor..found.start]);
         out.push('«');
         out.push_str(&window[found.clone()]);
@@ -200,6 +209,47 @@ pub(crate) fn snippet(text: &str, marks: Marks) -> String {
         out.push('…');
     }
     out.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// Whether `c` belongs to a word of an identifier (CJK runs are matched apart).
+fn identifier_char(c: char) -> bool {
+    (c.is_alphanumeric() || c == '_') && !vilvona_core::tokens::is_cjk(c)
+}
+
+/// Punctuation that joins the words of one identifier (`KEY-4471`, `release/2026.12-wren`,
+/// `a.b@c:80`) when a word follows it.
+fn joins_identifier(c: char) -> bool {
+    matches!(c, '-' | '.' | '/' | ':' | '@' | '#')
+}
+
+/// The identifier a match of alphanumeric words lies in: the match widened over word
+/// characters and joining punctuation that a word character follows.
+fn identifier_around(text: &str, found: Range<usize>) -> Range<usize> {
+    if !text[found.clone()].chars().all(identifier_char) {
+        return found;
+    }
+    let (mut start, mut end) = (found.start, found.end);
+    loop {
+        let mut after = text[end..].chars();
+        match (after.next(), after.next()) {
+            (Some(c), _) if identifier_char(c) => end += c.len_utf8(),
+            (Some(join), Some(next)) if joins_identifier(join) && identifier_char(next) => {
+                end += join.len_utf8() + next.len_utf8();
+            }
+            _ => break,
+        }
+    }
+    loop {
+        let mut before = text[..start].chars().rev();
+        match (before.next(), before.next()) {
+            (Some(c), _) if identifier_char(c) => start -= c.len_utf8(),
+            (Some(join), Some(prev)) if joins_identifier(join) && identifier_char(prev) => {
+                start -= join.len_utf8() + prev.len_utf8();
+            }
+            _ => break,
+        }
+    }
+    start..end
 }
 
 #[cfg(test)]
@@ -229,6 +279,37 @@ mod tests {
         ];
         for (query, text, expected) in cases {
             assert_eq!(marked(query, text), *expected, "{query:?} in {text:?}");
+        }
+    }
+
+    #[test]
+    fn a_word_inside_an_identifier_marks_the_identifier_whole() {
+        let cases: &[(&str, &str, &str)] = &[
+            (
+                "billing flag",
+                "the billing flag is BILLING_V2_KESTREL.",
+                "the «billing» «flag» is «BILLING_V2_KESTREL».",
+            ),
+            (
+                "key",
+                "The KEY-4471 and a keyring",
+                "The «KEY-4471» and a keyring",
+            ),
+            (
+                "release",
+                "branch release/2026.12-wren, cut today",
+                "branch «release/2026.12-wren», cut today",
+            ),
+            ("port", "port: 6543", "«port»: 6543"),
+            ("告警", "把告警阈值改", "把«告警»阈值改"),
+        ];
+        for (query, text, expected) in cases {
+            let query_words = QueryWords::new(query, &words(query));
+            assert_eq!(
+                snippet(text, Marks::Words(&query_words)),
+                *expected,
+                "{query:?}"
+            );
         }
     }
 

@@ -238,7 +238,7 @@ async fn recall_finds_a_compacted_fact_and_expansion_reaches_it() {
         .unwrap();
     let hit = &found["results"][0];
     assert!(
-        hit["snippet"].as_str().unwrap().contains("«KEY»-4471"),
+        hit["snippet"].as_str().unwrap().contains("«KEY-4471»"),
         "{found}"
     );
     let covered_by = hit["coveredBy"].as_str().unwrap().to_owned();
