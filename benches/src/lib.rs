@@ -7,6 +7,8 @@
 //! needle answers present verbatim in one final assembly. The summarizer's own time is measured
 //! and subtracted from compaction time.
 
+pub mod economics;
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -46,10 +48,7 @@ impl Summarizer for FakeSummarizer {
         let keep = 4 * (2_400.0_f64).min((0.35 * tokens).ceil()) as usize;
         let mut text = String::from("Summary: ");
         text.extend(source.chars().take(keep));
-        Ok(Summary {
-            text,
-            level: request.level,
-        })
+        Ok(Summary::new(text, request.level))
     }
 }
 

@@ -606,7 +606,9 @@ pub struct CompactParams {
     /// Compact even when under threshold (manual `/compact`).
     #[serde(default)]
     pub force: bool,
-    /// The host's count of the current context, when it has one.
+    /// The host's count of its whole prompt (its own system prompt and tools, and the
+    /// context), when it has one: OpenClaw sends it when it needs room now (preflight,
+    /// overflow recovery).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub current_token_count: Option<u64>,
     /// How far to go (the engine's default target when absent).
@@ -615,6 +617,9 @@ pub struct CompactParams {
     /// The operator's instructions for the summary (`/compact <instructions>`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub custom_instructions: Option<String>,
+    /// The host's per-run settings (its prompt budget), when it sends them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtime_settings: Option<RuntimeSettings>,
     /// Aborted by the host on run abort or timeout. Not on the wire (`$/cancel` carries it).
     #[serde(skip)]
     pub abort: Option<AbortSignal>,
@@ -645,6 +650,9 @@ pub enum CompactReason {
     Windowed,
     /// Compaction ran, but what it must keep (the recent tail) alone exceeds the budget.
     OverBudget,
+    /// Nothing to do: the context is already where compaction would bring it (the host's count
+    /// predates the engine's last compaction). OpenClaw treats this as a skip, not a failure.
+    AlreadyCompacted,
     /// A reason this contract does not name, kept as sent.
     #[serde(untagged)]
     Other(String),

@@ -86,6 +86,16 @@ pub struct Usage {
     pub extra: Extra,
 }
 
+impl Usage {
+    /// The prompt tokens the provider counted for the call: fresh input plus what was read
+    /// from or written to its prompt cache (providers that cache report the three apart).
+    /// `None` when the provider gave no input count.
+    pub fn prompt_tokens(&self) -> Option<u64> {
+        let input = self.input?;
+        Some(input + self.cache_read.unwrap_or(0) + self.cache_write.unwrap_or(0))
+    }
+}
+
 /// `role: "toolResult"`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]

@@ -100,6 +100,30 @@ pub struct Summary {
     pub text: String,
     /// The level that produced it (a summarizer may fall back internally).
     pub level: SummaryLevel,
+    /// Set when the summarizer asked could not write it and the one behind it did.
+    pub degraded: Option<Degraded>,
+}
+
+impl Summary {
+    /// A summary written by the summarizer asked.
+    pub fn new(text: String, level: SummaryLevel) -> Summary {
+        Summary {
+            text,
+            level,
+            degraded: None,
+        }
+    }
+}
+
+/// Who wrote a summary in place of the summarizer asked, and why: a host's model that could not
+/// be reached, its extractive fallback. Engines record the writer and report the count, so a
+/// fallback never passes for the model's work.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Degraded {
+    /// The id of the summarizer that wrote the summary.
+    pub written_by: String,
+    /// Why the one asked did not.
+    pub reason: String,
 }
 
 /// Why a summary could not be produced.

@@ -12,6 +12,7 @@ use crate::render::{
     DESCRIBE_TOOL, EXPAND_TOOL, GREP_TOOL, RECALL_GUIDANCE, summary_depth, summary_message,
 };
 
+use crate::budget::HostPrompt;
 use crate::engine::{LosslessEngine, lock_map, store_error};
 use crate::units::unit_end;
 
@@ -381,11 +382,28 @@ impl LosslessEngine {
             // not repeated on every later assembly.
             self.forget_conversation_row(&params.session_id);
         }
-        if let Some(budget) = params.budget().filter(|_| !read_only) {
-            self.remember_budget(conversation.id, budget).await?;
+        // The whole prompt is the budget: the call's budget, and what the host's own prompt
+        // was seen to take from its window.
+        let carried = params.budget();
+        let mut prompt = self.host_prompt(conversation.id).await?;
+        if !read_only {
+            if let Some(budget) = carried {
+                self.note_turn_budget(conversation.id, budget);
+            }
+            let before = prompt;
+            prompt.note_window(params.runtime_settings.as_ref(), params.token_budget);
+            if prompt != before {
+                self.keep_host_prompt(conversation.id, prompt).await?;
+            }
         }
-        let budget = self.budget(conversation.id, params.budget()).await?;
-        let mut result = self.assemble_context(conversation.id, budget).await?;
+        let limits = HostPrompt {
+            budget: carried.or(prompt.budget),
+            ..prompt
+        }
+        .limits(&self.inner.config);
+        let mut result = self
+            .assemble_context(conversation.id, limits.ceiling)
+            .await?;
         // What the store assembled from, it holds: the host need not send its history again.
         result.holds_history = !result.messages.is_empty();
         let offers_recall = [GREP_TOOL, DESCRIBE_TOOL, EXPAND_TOOL]

@@ -9,12 +9,13 @@ use serde_json::json;
 use vilvona_core::engine::*;
 use vilvona_core::message::AgentMessage;
 use vilvona_core::summarize::{
-    SourceItem, SummarizeError, SummaryKind, SummaryLevel, SummaryRequest,
+    Degraded, SourceItem, SummarizeError, SummaryKind, SummaryLevel, SummaryRequest,
 };
 use vilvona_store::*;
 use vilvona_summarize::{source_item, truncate};
 
 use crate::assembly::Rendition;
+use crate::budget::{HostPrompt, Limits};
 use crate::render::{SummaryHeader, summary_tokens};
 use crate::units::{
     Candidate, condense_candidate, fresh_tail_start, leaf_candidate, leaf_candidate_from,
@@ -26,16 +27,26 @@ use crate::engine::{LosslessEngine, content_source, lock_map, store_error};
 /// What one compaction call asks for.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct CompactionRequest<'a> {
-    /// The prompt budget the context must fit.
+    /// The room the host gives the context, when `limits` are not given: trigger, goal and
+    /// ceiling are the configured shares of it.
     pub budget: u64,
+    /// The limits to work to (the whole prompt's, from what the host said and observed).
+    pub limits: Option<Limits>,
     /// Compact even below the threshold (manual `/compact`, overflow recovery).
     pub force: bool,
-    /// How far down a forced compaction goes (the default: the configured target ratio).
+    /// What the host asks for: `Budget` is room it needs now (overflow, preflight).
     pub target: Option<CompactionTarget>,
+    /// The host's count of its whole prompt, when it gave one. A host that counted asks on its
+    /// latest request: a context already at the goal was compacted since (a stale count). One
+    /// that did not count gets the most room compaction can make.
+    pub current_token_count: Option<u64>,
     /// The operator's instructions for the summaries (`/compact <instructions>`).
     pub custom_instructions: Option<&'a str>,
     /// Checked between passes: the caller gave up.
     pub abort: Option<&'a AbortSignal>,
+    /// A routine pass that waits for the configured summarizer: what its fallback would write
+    /// is not published (unless room must be made), and the pass stops.
+    pub wait_for_summarizer: bool,
 }
 
 impl CompactionRequest<'_> {
@@ -43,6 +54,14 @@ impl CompactionRequest<'_> {
     pub fn routine(budget: u64) -> CompactionRequest<'static> {
         CompactionRequest {
             budget,
+            ..CompactionRequest::default()
+        }
+    }
+
+    /// The routine check against limits.
+    pub fn within(limits: Limits) -> CompactionRequest<'static> {
+        CompactionRequest {
+            limits: Some(limits),
             ..CompactionRequest::default()
         }
     }
@@ -64,27 +83,65 @@ pub struct CompactionReport {
     pub tokens_before: u64,
     /// Context tokens after it.
     pub tokens_after: u64,
+    /// The limits it worked to.
+    pub limits: Option<Limits>,
     /// Passes made: rounds of summarizing (one summary, or several independent leaves made
     /// together).
     pub passes: u32,
     /// Summaries published.
     pub summaries_created: u32,
-    /// Of those, truncation fallbacks (the summarizer failed at every level).
+    /// Of those, truncation fallbacks (the summarizer failed at every level, or room had to be
+    /// made by truncation).
     pub fallbacks: u32,
+    /// Of those, written by the summarizer behind the one configured (a host's model that
+    /// could not be reached: its extractive fallback).
+    pub degraded: u32,
+    /// Why the configured summarizer did not write them (the last reason).
+    pub degraded_reason: Option<String>,
     /// Why the call stopped.
     pub reason: Option<CompactReason>,
+    /// What the reason means here, when it needs saying.
+    pub detail: Option<String>,
+}
+
+impl CompactionReport {
+    /// Counts a published summary.
+    fn count(&mut self, summary: &StoredSummary, degraded: Option<Degraded>) {
+        self.summaries_created += 1;
+        self.fallbacks += u32::from(summary.level == SummaryLevel::Fallback);
+        if let Some(degraded) = degraded {
+            self.degraded += 1;
+            self.degraded_reason = Some(degraded.reason);
+        }
+    }
 }
 
 /// Most leaf summaries made at once when a backlog needs several.
 const PARALLEL_LEAVES: usize = 4;
 
+/// The id a summary's header is measured with before it has one (ids are content-addressed and
+/// always this long).
+const PLACEHOLDER_ID: &str = "sum_0000000000000000";
+
+/// The fewest tokens of text a summary is asked for.
+const MIN_SUMMARY_TEXT_TOKENS: u64 = 32;
+
+/// A summary's text is at most this share of the context's planned room (its share, or a
+/// quarter of its ceiling when the host plans very tight): at a small window, summaries stay
+/// small enough that several fit beside the fresh tail.
+const SUMMARY_SHARE: u64 = 8;
+
 enum Published {
     Replaced {
-        fallback: bool,
         summary: StoredSummary,
+        /// Written by the summarizer behind the one configured.
+        degraded: Option<Degraded>,
     },
     Stale,
     NoProgress,
+    /// Not published: the configured summarizer could not write it, and the caller waits for
+    /// it (why it could not).
+    Waiting(String),
 }
 
 /// The context after summaries took the place of runs, as the store writes it (a summary at
@@ -210,9 +267,13 @@ struct Run {
 }
 
 impl LosslessEngine {
-    /// Incremental compaction: above `threshold × budget` (or when forced), summarize the oldest
-    /// units outside the fresh tail and condense same-depth runs, just enough to get under
-    /// `target`, bounded by passes and a deadline. Every pass must shrink the context.
+    /// Incremental compaction: above the trigger (or when forced), summarize the oldest units
+    /// outside the fresh tail and condense same-depth runs down to the goal, bounded by passes
+    /// and a deadline. Every pass must shrink the context. When the host asked for room (a
+    /// forced call) or the context is above its ceiling and the passes cannot get it under, the
+    /// tail but its newest unit is summarized, then everything before the newest unit is folded
+    /// by deterministic truncation, which needs no summarizer: the call returns a context
+    /// within the ceiling whenever the newest unit leaves room for one summary.
     pub async fn compact_conversation(
         &self,
         conversation: ConversationId,
@@ -220,21 +281,23 @@ impl LosslessEngine {
     ) -> Result<CompactionReport, EngineError> {
         let CompactionRequest {
             budget,
+            limits,
             force,
             target,
+            current_token_count,
             custom_instructions,
             abort,
+            wait_for_summarizer,
         } = request;
         let lock = self.compaction_lock(conversation);
         let _guard = lock.lock().await;
         let config = &self.inner.config;
-        let threshold = (budget as f64 * config.context_threshold) as u64;
-        let goal = match target {
-            Some(CompactionTarget::Budget) => budget,
-            _ => (budget as f64 * config.target_ratio) as u64,
-        };
+        let limits = limits.unwrap_or_else(|| Limits::of_budget(budget, config));
         let deadline = Instant::now() + Duration::from_millis(config.deadline_ms);
-        let mut report = CompactionReport::default();
+        let mut report = CompactionReport {
+            limits: Some(limits),
+            ..CompactionReport::default()
+        };
         // The running total is one row read: the common below-threshold turn costs no more.
         let running_total = self
             .inner
@@ -243,14 +306,16 @@ impl LosslessEngine {
             .await
             .map_err(|error| store_error("reading the conversation", error))?
             .map_or(0, |row| row.context_tokens);
-        let trigger = match target {
-            Some(CompactionTarget::Budget) => threshold.max(budget),
-            _ => threshold,
-        };
-        if !force && running_total <= trigger {
-            report.tokens_before = running_total;
-            report.tokens_after = running_total;
+        report.tokens_before = running_total;
+        report.tokens_after = running_total;
+        if !force && running_total <= limits.trigger {
             report.reason = Some(CompactReason::BelowThreshold);
+            return Ok(report);
+        }
+        let room_now = force && target == Some(CompactionTarget::Budget);
+        // The host asks for room it already has: its count predates the last compaction.
+        if room_now && current_token_count.is_some() && running_total <= limits.goal {
+            report.reason = Some(CompactReason::AlreadyCompacted);
             return Ok(report);
         }
         // Passes plan over references (tokens, kinds, depths, the unit rule): only the runs
@@ -258,68 +323,70 @@ impl LosslessEngine {
         let mut items = self.context_refs(conversation).await?;
         let mut total: u64 = items.iter().map(|item| item.tokens).sum();
         report.tokens_before = total;
+        // Whether this call must make room whatever it takes: the host needs it now (overflow,
+        // preflight), or the context no longer fits what the host gives it.
+        let must_fit = room_now || total > limits.ceiling;
+        let min_run = self.min_summarized_run();
         let mut attempts = 0;
         loop {
             if abort.is_some_and(AbortSignal::is_aborted) {
                 return Err(EngineError::Cancelled);
             }
-            let forced_first_pass = force && report.passes == 0;
-            if total <= goal && !forced_first_pass {
-                report.reason = Some(if report.summaries_created > 0 {
-                    CompactReason::Compacted
-                } else {
-                    CompactReason::BelowThreshold
-                });
+            // A manual /compact, or a host that needs room without saying how much, gets at
+            // least one pass; every other call stops at the goal.
+            let forced_first_pass =
+                force && report.passes == 0 && (!room_now || current_token_count.is_none());
+            if total <= limits.goal && !forced_first_pass {
                 break;
             }
-            if attempts >= config.max_passes_per_turn as usize {
-                report.reason = Some(if report.summaries_created > 0 {
-                    CompactReason::Compacted
-                } else {
-                    CompactReason::NoProgress
-                });
+            if attempts >= config.max_passes_per_turn as usize
+                || (report.passes > 0 && Instant::now() >= deadline)
+            {
+                if attempts < config.max_passes_per_turn as usize {
+                    report.reason = Some(CompactReason::Deadline);
+                }
                 break;
             }
-            if report.passes > 0 && Instant::now() >= deadline {
-                report.reason = Some(CompactReason::Deadline);
-                break;
-            }
-            let tail_start = fresh_tail_start(&items, config, goal.max(1));
+            let tail_start = fresh_tail_start(&items, config, limits.share);
             let summary_prefix: u64 = items[..tail_start]
                 .iter()
                 .filter(|item| matches!(item.item, ItemRef::Summary(_)))
                 .map(|item| item.tokens)
                 .sum();
-            let needed = total.saturating_sub(goal).max(1);
-            let leaf = leaf_candidate(&items, tail_start, config.leaf_chunk_tokens, needed);
+            let needed = total.saturating_sub(limits.goal).max(1);
+            let mut leaf = leaf_candidate(
+                &items,
+                tail_start,
+                config.leaf_chunk_tokens,
+                needed,
+                min_run,
+            );
             let mut condense =
                 condense_candidate(&items, tail_start, config, config.condensed_min_fanout);
-            let mut leaf = leaf;
-            if leaf.is_none() && condense.is_none() && force {
-                // Forced (manual /compact, overflow recovery): fold any two same-depth summaries
-                // rather than report that nothing can be done. Overflow recovery (the budget
-                // target) may then summarize the fresh tail too, all but its newest unit: a
-                // provider that refused the prompt is better served by a summary than by a
-                // protected tail.
+            if leaf.is_none() && condense.is_none() && (force || must_fit) {
+                // Forced (manual /compact, overflow): fold any two same-depth summaries rather
+                // than report that nothing can be done; when room must be made, the fresh tail
+                // but its newest unit too.
                 condense = condense_candidate(&items, tail_start, config, 2);
-                if condense.is_none()
-                    && target == Some(CompactionTarget::Budget)
-                    && !items.is_empty()
-                {
+                if condense.is_none() && must_fit && !items.is_empty() {
                     let newest_unit = unit_start(&items, items.len() - 1);
-                    leaf = leaf_candidate(&items, newest_unit, config.leaf_chunk_tokens, needed);
+                    leaf = leaf_candidate(
+                        &items,
+                        newest_unit,
+                        config.leaf_chunk_tokens,
+                        needed,
+                        min_run,
+                    );
                 }
             }
             let candidate = match (leaf, condense) {
-                (Some(_), Some(condense)) if summary_prefix > budget / 4 => condense,
+                (Some(_), Some(condense)) if summary_prefix > limits.share / 4 => condense,
                 (Some(leaf), _) => leaf,
                 (None, Some(condense)) => condense,
                 (None, None) => {
-                    report.reason = Some(if report.summaries_created > 0 {
-                        CompactReason::Compacted
-                    } else {
-                        CompactReason::NoCandidate
-                    });
+                    if report.summaries_created == 0 {
+                        report.reason = Some(CompactReason::NoCandidate);
+                    }
                     break;
                 }
             };
@@ -340,6 +407,7 @@ impl LosslessEngine {
                         tail_start,
                         config.leaf_chunk_tokens,
                         needed - freed,
+                        min_run,
                     ) else {
                         break;
                     };
@@ -353,48 +421,177 @@ impl LosslessEngine {
             attempts += batch.len();
             let mut stalled = false;
             let mut stale = false;
+            let mut waiting = None;
             let ranges: Vec<std::ops::Range<usize>> = batch
                 .iter()
                 .map(|candidate| candidate.range.clone())
                 .collect();
             let mut replaced = Vec::with_capacity(ranges.len());
             for (range, published) in ranges.into_iter().zip(
-                self.summarize_batch(conversation, &items, batch, custom_instructions)
-                    .await?,
+                self.summarize_batch(
+                    conversation,
+                    &items,
+                    batch,
+                    limits,
+                    custom_instructions,
+                    wait_for_summarizer && !must_fit,
+                )
+                .await?,
             ) {
                 match published {
-                    Published::Replaced { fallback, summary } => {
-                        report.summaries_created += 1;
-                        report.fallbacks += u32::from(fallback);
+                    Published::Replaced { summary, degraded } => {
+                        report.count(&summary, degraded);
                         replaced.push((range, summary));
                     }
                     Published::Stale => stale = true,
                     Published::NoProgress => stalled = true,
+                    Published::Waiting(reason) => waiting = Some(reason),
                 }
             }
-            if stalled {
-                report.reason = Some(if report.summaries_created > 0 {
-                    CompactReason::Compacted
-                } else {
-                    CompactReason::NoProgress
-                });
-                items = self.context_refs(conversation).await?;
-                total = items.iter().map(|item| item.tokens).sum();
-                break;
-            }
             items = self
-                .context_after(conversation, &items, &replaced, stale)
+                .context_after(conversation, &items, &replaced, stale || stalled)
                 .await?;
             let new_total: u64 = items.iter().map(|item| item.tokens).sum();
-            if new_total >= total && report.summaries_created == 0 {
-                report.reason = Some(CompactReason::NoProgress);
-                total = new_total;
+            let progressed = new_total < total;
+            total = new_total;
+            if let Some(reason) = waiting {
+                if report.summaries_created == 0 {
+                    report.reason = Some(CompactReason::SummarizerUnavailable);
+                    report.detail = Some(reason);
+                }
                 break;
             }
-            total = new_total;
+            if stalled || !progressed {
+                if report.summaries_created == 0 {
+                    report.reason = Some(CompactReason::NoProgress);
+                }
+                break;
+            }
+        }
+        if must_fit && total > limits.ceiling {
+            // What passes could not do, truncation does: everything before the newest unit
+            // becomes one summary that fits beside it (no summarizer; nothing is lost from the
+            // store, and expansion still reaches every message).
+            let (folded, after) = self
+                .truncate_to_fit(conversation, items, limits.ceiling, &mut report)
+                .await?;
+            items = after;
+            total = items.iter().map(|item| item.tokens).sum();
+            if !folded && total > limits.ceiling {
+                report.reason = Some(CompactReason::NoProgress);
+                report.detail = Some(format!(
+                    "the newest unit alone ({} tokens) leaves no room for a summary within {} tokens",
+                    newest_unit_tokens(&items),
+                    limits.ceiling
+                ));
+            }
         }
         report.tokens_after = total;
+        let progressed = report.summaries_created > 0 && total < report.tokens_before;
+        if !progressed && room_now && total <= limits.ceiling {
+            // The host asked for room the context already leaves it: nothing was left that
+            // compaction could take, and what there is fits.
+            report.reason = Some(CompactReason::AlreadyCompacted);
+        } else if report.reason.is_none() {
+            report.reason = Some(if progressed {
+                CompactReason::Compacted
+            } else {
+                CompactReason::BelowThreshold
+            });
+        }
         Ok(report)
+    }
+
+    /// The smallest run worth a summary: one whose summary, header and all, can be a third of
+    /// it. A shorter run ("ok", a one-line answer) would come back larger than it went in.
+    fn min_summarized_run(&self) -> u64 {
+        let header = SummaryHeader {
+            summary_id: PLACEHOLDER_ID,
+            depth: 0,
+            kind: SummaryKind::Leaf,
+            earliest_ms: Some(0),
+            latest_ms: Some(0),
+            first_seq: 0,
+            last_seq: 0,
+        };
+        (summary_tokens(&*self.inner.estimator, &header, "") + MIN_SUMMARY_TEXT_TOKENS) * 3
+    }
+
+    /// Folds everything before the newest unit into summaries by deterministic truncation until
+    /// the context fits `ceiling`: each run of raw messages into a leaf, then every summary into
+    /// one node above the deepest. Published like any summary (compare-and-swap). Answers
+    /// whether anything was folded, and the context after.
+    async fn truncate_to_fit(
+        &self,
+        conversation: ConversationId,
+        mut items: Vec<ContextRef>,
+        ceiling: u64,
+        report: &mut CompactionReport,
+    ) -> Result<(bool, Vec<ContextRef>), EngineError> {
+        let mut folded = false;
+        // Each round folds one run; a context of n items needs at most n rounds (and a stale
+        // publish starts the round over from what the store holds).
+        for _ in 0..items.len().saturating_mul(2).max(4) {
+            let total: u64 = items.iter().map(|item| item.tokens).sum();
+            if total <= ceiling || items.is_empty() {
+                break;
+            }
+            let newest = unit_start(&items, items.len() - 1);
+            let newest_tokens: u64 = items[newest..].iter().map(|item| item.tokens).sum();
+            let Some(room) = ceiling.checked_sub(newest_tokens) else {
+                break;
+            };
+            // The oldest run of raw messages before the newest unit, else all the summaries.
+            let raw = items[..newest]
+                .iter()
+                .position(|item| item.summary.is_none());
+            let candidate = match raw {
+                Some(first) => {
+                    let end = items[first..newest]
+                        .iter()
+                        .position(|item| item.summary.is_some())
+                        .map_or(newest, |offset| first + offset);
+                    Candidate {
+                        tokens: items[first..end].iter().map(|item| item.tokens).sum(),
+                        range: first..end,
+                        condensing_depth: None,
+                    }
+                }
+                None if newest >= 2 || (newest == 1 && items[0].tokens > room) => Candidate {
+                    tokens: items[..newest].iter().map(|item| item.tokens).sum(),
+                    range: 0..newest,
+                    condensing_depth: items[..newest]
+                        .iter()
+                        .filter_map(|item| item.summary.map(|shape| shape.depth))
+                        .max(),
+                },
+                None => break,
+            };
+            // Everything before the newest unit shares the room; this run gets its part.
+            let others: u64 = items[..newest]
+                .iter()
+                .enumerate()
+                .filter(|(index, _)| !candidate.range.contains(index))
+                .map(|(_, item)| item.tokens)
+                .sum();
+            let fits = room.saturating_sub(others);
+            let plan = self
+                .truncated_plan(conversation, &items, &candidate, fits)
+                .await?;
+            let range = candidate.range.clone();
+            match self.publish(plan).await? {
+                Published::Replaced { summary, degraded } => {
+                    report.count(&summary, degraded);
+                    folded = true;
+                    items = self
+                        .context_after(conversation, &items, &[(range, summary)], false)
+                        .await?;
+                }
+                Published::Stale => items = self.context_refs(conversation).await?,
+                Published::NoProgress | Published::Waiting(_) => break,
+            }
+        }
+        Ok((folded, items))
     }
 
     /// The context after a pass: derived from what the pass read and published when the
@@ -519,8 +716,9 @@ impl LosslessEngine {
         conversation: ConversationId,
         items: &[ContextRef],
         candidate: &Candidate,
+        limits: Limits,
         custom_instructions: Option<&str>,
-    ) -> Result<Option<ReplacePlan>, EngineError> {
+    ) -> Result<Option<(ReplacePlan, Option<Degraded>)>, EngineError> {
         let config = &self.inner.config;
         let (run, previous_context) = self.read_run(items, candidate).await?;
         let (kind, depth, target) = match candidate.condensing_depth {
@@ -531,9 +729,21 @@ impl LosslessEngine {
                 config.condensed_target_tokens,
             ),
         };
-        // A summary keeps at most a third of its source: every pass shrinks the context.
-        let target = target.min(candidate.tokens / 3).max(16);
-        let header_span = run.span;
+        // A summary keeps at most a third of its source (every pass shrinks the context), and
+        // a small share of the context's room.
+        let target = target
+            .min(candidate.tokens / 3)
+            .min(limits.share.max(limits.ceiling / 4) / SUMMARY_SHARE)
+            .max(MIN_SUMMARY_TEXT_TOKENS);
+        let header = SummaryHeader {
+            summary_id: PLACEHOLDER_ID,
+            depth,
+            kind,
+            earliest_ms: run.span.earliest_ms,
+            latest_ms: run.span.latest_ms,
+            first_seq: run.span.first_seq,
+            last_seq: run.span.last_seq,
+        };
         let mut request = SummaryRequest {
             previous_context,
             custom_instructions: custom_instructions.map(str::to_owned),
@@ -546,7 +756,7 @@ impl LosslessEngine {
                 Ok(summary) if !summary.text.trim().is_empty() => {
                     let tokens = self.inner.estimator.text_tokens(&summary.text);
                     if tokens < candidate.tokens && tokens <= target.saturating_mul(3) {
-                        produced = Some((summary.text, summary.level));
+                        produced = Some(summary);
                         break;
                     }
                     tracing::debug!(
@@ -561,55 +771,106 @@ impl LosslessEngine {
                 Err(error) => tracing::warn!(%error, ?level, "summarizer failed; escalating"),
             }
         }
-        let (content, level) = match produced {
+        let summary = match produced {
             Some(produced) => produced,
             None => {
                 request.level = SummaryLevel::Fallback;
                 request.target_tokens = target.min(config.fallback_max_tokens);
-                let fallback = truncate(&request, &*self.inner.estimator);
-                (fallback.text, SummaryLevel::Fallback)
+                truncate(&request, &*self.inner.estimator)
             }
         };
-        // Ids are content-addressed and always this long; the placeholder counts the same.
-        let header = SummaryHeader {
-            summary_id: "sum_0000000000000000",
-            depth,
-            kind,
-            earliest_ms: header_span.earliest_ms,
-            latest_ms: header_span.latest_ms,
-            first_seq: header_span.first_seq,
-            last_seq: header_span.last_seq,
-        };
-        let tokens = summary_tokens(&*self.inner.estimator, &header, &content);
+        let tokens = summary_tokens(&*self.inner.estimator, &header, &summary.text);
         if tokens >= candidate.tokens {
             return Ok(None);
         }
-        Ok(Some(ReplacePlan {
+        let summarizer = match &summary.degraded {
+            Some(degraded) => degraded.written_by.clone(),
+            None => self.inner.summarizer.id().to_owned(),
+        };
+        let plan = ReplacePlan {
             conversation,
             items: run.items,
             summary: NewSummary {
                 kind,
                 depth,
-                content,
+                content: summary.text,
                 tokens,
-                level,
-                summarizer: self.inner.summarizer.id().to_owned(),
+                level: summary.level,
+                summarizer,
             },
-        }))
+        };
+        Ok(Some((plan, summary.degraded)))
+    }
+
+    /// A summary of `candidate` by deterministic truncation, at most `fits` tokens with its
+    /// wrapper; `None` when not even that fits.
+    async fn truncated_plan(
+        &self,
+        conversation: ConversationId,
+        items: &[ContextRef],
+        candidate: &Candidate,
+        fits: u64,
+    ) -> Result<Option<(ReplacePlan, Option<Degraded>)>, EngineError> {
+        let (run, _) = self.read_run(items, candidate).await?;
+        let (kind, depth) = match candidate.condensing_depth {
+            None => (SummaryKind::Leaf, 0),
+            Some(depth) => (SummaryKind::Condensed, depth + 1),
+        };
+        let header = SummaryHeader {
+            summary_id: PLACEHOLDER_ID,
+            depth,
+            kind,
+            earliest_ms: run.span.earliest_ms,
+            latest_ms: run.span.latest_ms,
+            first_seq: run.span.first_seq,
+            last_seq: run.span.last_seq,
+        };
+        let estimator = &*self.inner.estimator;
+        let bare = summary_tokens(estimator, &header, "");
+        let Some(room) = fits.checked_sub(bare).filter(|room| *room >= 8) else {
+            return Ok(None);
+        };
+        let mut request = SummaryRequest::new(
+            kind,
+            depth,
+            room.min(self.inner.config.fallback_max_tokens),
+            run.sources,
+        );
+        request.level = SummaryLevel::Fallback;
+        let summary = truncate(&request, estimator);
+        let tokens = summary_tokens(estimator, &header, &summary.text);
+        if tokens > fits {
+            return Ok(None);
+        }
+        let plan = ReplacePlan {
+            conversation,
+            items: run.items,
+            summary: NewSummary {
+                kind,
+                depth,
+                content: summary.text,
+                tokens,
+                level: SummaryLevel::Fallback,
+                summarizer: vilvona_summarize::TRUNCATION_ID.to_owned(),
+            },
+        };
+        Ok(Some((plan, None)))
     }
 
     /// Publishes a summary with the store's compare-and-swap.
-    async fn publish(&self, plan: Option<ReplacePlan>) -> Result<Published, EngineError> {
-        let Some(plan) = plan else {
+    async fn publish(
+        &self,
+        plan: Option<(ReplacePlan, Option<Degraded>)>,
+    ) -> Result<Published, EngineError> {
+        let Some((plan, degraded)) = plan else {
             return Ok(Published::NoProgress);
         };
-        let fallback = plan.summary.level == SummaryLevel::Fallback;
         let replaced: Vec<ItemRef> = plan.items.iter().map(|(_, item)| *item).collect();
         match self.inner.store.replace(plan).await {
             Ok(ReplaceOutcome::Replaced(summary)) => {
                 // What left the context need not be kept rendered.
                 lock_map(&self.inner.rendered).forget(replaced);
-                Ok(Published::Replaced { fallback, summary })
+                Ok(Published::Replaced { summary, degraded })
             }
             Ok(ReplaceOutcome::Stale) => Ok(Published::Stale),
             Err(error) => Err(store_error("publishing a summary", error)),
@@ -624,13 +885,15 @@ impl LosslessEngine {
         conversation: ConversationId,
         items: &[ContextRef],
         batch: Vec<Candidate>,
+        limits: Limits,
         custom_instructions: Option<&str>,
+        wait_for_summarizer: bool,
     ) -> Result<Vec<Published>, EngineError> {
         if let [candidate] = &batch[..] {
             let plan = self
-                .summarize_candidate(conversation, items, candidate, custom_instructions)
+                .summarize_candidate(conversation, items, candidate, limits, custom_instructions)
                 .await?;
-            return Ok(vec![self.publish(plan).await?]);
+            return Ok(vec![self.publish_or_wait(plan, wait_for_summarizer).await?]);
         }
         let items: Arc<[ContextRef]> = items.into();
         let mut tasks = tokio::task::JoinSet::new();
@@ -639,7 +902,13 @@ impl LosslessEngine {
             let instructions = custom_instructions.map(str::to_owned);
             tasks.spawn(async move {
                 let plan = engine
-                    .summarize_candidate(conversation, &items, &candidate, instructions.as_deref())
+                    .summarize_candidate(
+                        conversation,
+                        &items,
+                        &candidate,
+                        limits,
+                        instructions.as_deref(),
+                    )
                     .await;
                 (index, plan)
             });
@@ -654,9 +923,25 @@ impl LosslessEngine {
         plans.sort_by_key(|(index, _)| *index);
         let mut published = Vec::with_capacity(plans.len());
         for (_, plan) in plans {
-            published.push(self.publish(plan).await?);
+            published.push(self.publish_or_wait(plan, wait_for_summarizer).await?);
         }
         Ok(published)
+    }
+
+    /// Publishes a summary, unless the configured summarizer did not write it and the caller
+    /// would rather wait for it (a routine pass after a turn: the host's model may be in scope
+    /// at its next call, as OpenClaw offers it to `maintain` but not to `commitTurn`).
+    async fn publish_or_wait(
+        &self,
+        plan: Option<(ReplacePlan, Option<Degraded>)>,
+        wait_for_summarizer: bool,
+    ) -> Result<Published, EngineError> {
+        match plan {
+            Some((_, Some(degraded))) if wait_for_summarizer => {
+                Ok(Published::Waiting(degraded.reason))
+            }
+            plan => self.publish(plan).await,
+        }
     }
 
     /// Re-summarizes context summaries that the fallback produced, keeping their edges.
@@ -684,21 +969,29 @@ impl LosslessEngine {
                 .iter()
                 .map(|s| self.inner.estimator.text_tokens(&s.text))
                 .sum();
+            // No larger than the truncation it replaces: the context keeps its size (a
+            // truncation made to fit room stays within it).
             let target = match summary.kind {
                 SummaryKind::Leaf => self.inner.config.leaf_target_tokens,
                 SummaryKind::Condensed => self.inner.config.condensed_target_tokens,
             }
             .min(source_tokens / 3)
-            .max(16);
+            .min(self.inner.estimator.text_tokens(&summary.content))
+            .max(MIN_SUMMARY_TEXT_TOKENS);
             let request = SummaryRequest::new(summary.kind, summary.depth, target, source);
             let Ok(produced) = self.inner.summarizer.summarize(&request).await else {
                 // Still unavailable: try again at the next maintenance.
                 return Ok(rewritten);
             };
             let tokens = summary_tokens(&*self.inner.estimator, &summary.into(), &produced.text);
-            if produced.text.trim().is_empty() || tokens >= source_tokens {
+            if produced.text.trim().is_empty() || tokens >= source_tokens || tokens > summary.tokens
+            {
                 continue;
             }
+            let summarizer = match produced.degraded {
+                Some(degraded) => degraded.written_by,
+                None => self.inner.summarizer.id().to_owned(),
+            };
             let updated = self
                 .inner
                 .store
@@ -708,7 +1001,7 @@ impl LosslessEngine {
                     content: produced.text,
                     tokens,
                     level: produced.level,
-                    summarizer: self.inner.summarizer.id().to_owned(),
+                    summarizer,
                 })
                 .await
                 .map_err(|error| store_error("re-summarizing", error))?;
@@ -724,37 +1017,48 @@ impl LosslessEngine {
         let conversation = self
             .conversation(&params.session_id, params.session_key.as_deref())
             .await?;
-        let budget = self
-            .budget(conversation.id, carried_budget(params.token_budget, None))
-            .await?;
+        // What the host says of its whole prompt now: its budget and its count.
+        let mut prompt = self.host_prompt(conversation.id).await?;
+        let own = self.context_tokens(conversation.id).await?;
+        // A count is the whole prompt's only when the host asks for room now (OpenClaw's
+        // preflight and overflow recovery); a manual compaction's count, if any, is not.
+        let room_now = params.force && params.compaction_target == Some(CompactionTarget::Budget);
+        prompt.note_compaction(
+            params.token_budget,
+            params.runtime_settings.as_ref(),
+            params.current_token_count.filter(|_| room_now),
+            own,
+        );
+        if !self.inner.store.is_read_only() {
+            self.keep_host_prompt(conversation.id, prompt).await?;
+        }
+        let limits = prompt.limits(&self.inner.config);
         let report = self
             .compact_conversation(
                 conversation.id,
                 CompactionRequest {
-                    budget,
+                    budget: limits.ceiling,
+                    limits: Some(limits),
                     force: params.force,
                     target: params.compaction_target,
+                    current_token_count: params.current_token_count,
                     custom_instructions: params.custom_instructions.as_deref(),
                     abort: params.abort.as_ref(),
+                    wait_for_summarizer: false,
                 },
             )
             .await?;
+        let compacted = report.summaries_created > 0 && report.tokens_after < report.tokens_before;
+        let reason = report.reason.clone().unwrap_or(if compacted {
+            CompactReason::Compacted
+        } else {
+            CompactReason::NoCandidate
+        });
         let details = CompactDetails {
             tokens_before: report.tokens_before,
             tokens_after: Some(report.tokens_after),
-            details: Some(json!({
-                "passes": report.passes,
-                "summariesCreated": report.summaries_created,
-                "fallbackSummaries": report.fallbacks,
-                "stopReason": report.reason.as_ref().map(ToString::to_string),
-            })),
+            details: Some(report_details(&report, &prompt)),
             ..CompactDetails::default()
-        };
-        let compacted = report.summaries_created > 0 && report.tokens_after < report.tokens_before;
-        let reason = match report.reason {
-            Some(reason) => reason,
-            None if compacted => CompactReason::Compacted,
-            None => CompactReason::NoCandidate,
         };
         Ok(CompactResult {
             ok: true,
@@ -765,7 +1069,7 @@ impl LosslessEngine {
     }
 
     /// Re-summarizes fallback summaries, then compacts if the context is above the threshold
-    /// of the budget the host last gave (it may have shrunk since the last turn).
+    /// of what the host last said about its prompt (it may have changed since the last turn).
     pub(crate) async fn maintain_session(
         &self,
         params: &MaintainParams,
@@ -775,9 +1079,16 @@ impl LosslessEngine {
             .await?;
         let rewritten = self.resummarize_fallbacks(conversation.id).await?;
         self.maybe_run_retention(&self.inner.config.retention).await;
-        let budget = self.budget(conversation.id, params.budget()).await?;
+        let mut prompt = self.host_prompt(conversation.id).await?;
+        prompt.note_window(params.runtime_settings.as_ref(), params.token_budget);
+        if let Some(budget) = params.token_budget.filter(|budget| *budget > 0) {
+            prompt.budget = Some(budget);
+        }
         let report = self
-            .compact_conversation(conversation.id, CompactionRequest::routine(budget))
+            .compact_conversation(
+                conversation.id,
+                CompactionRequest::within(prompt.limits(&self.inner.config)),
+            )
             .await?;
         let compacted = report.summaries_created > 0;
         let mut reasons = Vec::new();
@@ -790,6 +1101,16 @@ impl LosslessEngine {
                 report.tokens_before, report.tokens_after
             ));
         }
+        if report.degraded > 0 {
+            reasons.push(format!(
+                "{} summaries written by the fallback summarizer: {}",
+                report.degraded,
+                report
+                    .degraded_reason
+                    .as_deref()
+                    .unwrap_or("the summarizer failed")
+            ));
+        }
         Ok(MaintainResult {
             changed: rewritten > 0 || compacted,
             bytes_freed: 0,
@@ -797,6 +1118,45 @@ impl LosslessEngine {
             reason: (!reasons.is_empty()).then(|| reasons.join("; ")),
         })
     }
+}
+
+/// The tokens of the newest unit of a context (what every compaction keeps).
+fn newest_unit_tokens(items: &[ContextRef]) -> u64 {
+    match items.len() {
+        0 => 0,
+        len => items[unit_start(items, len - 1)..]
+            .iter()
+            .map(|item| item.tokens)
+            .sum(),
+    }
+}
+
+/// What a compaction result's `details` say: what it did, why it stopped, the limits it worked
+/// to and what the host's prompt was known to hold.
+fn report_details(report: &CompactionReport, prompt: &HostPrompt) -> serde_json::Value {
+    let mut details = json!({
+        "passes": report.passes,
+        "summariesCreated": report.summaries_created,
+        "fallbackSummaries": report.fallbacks,
+        "degradedSummaries": report.degraded,
+        "stopReason": report.reason.as_ref().map(ToString::to_string),
+        "hostPrompt": prompt,
+    });
+    if let Some(limits) = report.limits {
+        details["limits"] = json!({
+            "trigger": limits.trigger,
+            "goal": limits.goal,
+            "share": limits.share,
+            "ceiling": limits.ceiling,
+        });
+    }
+    if let Some(reason) = &report.degraded_reason {
+        details["degradedReason"] = json!(reason);
+    }
+    if let Some(detail) = &report.detail {
+        details["detail"] = json!(detail);
+    }
+    details
 }
 
 #[cfg(test)]

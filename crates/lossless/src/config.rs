@@ -54,6 +54,9 @@ pub struct LosslessConfig {
     pub fresh_tail_count: usize,
     /// Optional token cap on the fresh tail.
     pub fresh_tail_max_tokens: Option<u64>,
+    /// The fresh tail takes at most this share of the context's planned room, at least the
+    /// newest unit: routine compaction always has older material to take.
+    pub fresh_tail_ratio: f64,
     /// Largest run of raw messages summarized into one leaf.
     pub leaf_chunk_tokens: u64,
     /// What a leaf summary should not exceed, in tokens.
@@ -105,10 +108,11 @@ pub struct LosslessConfig {
 impl Default for LosslessConfig {
     fn default() -> LosslessConfig {
         LosslessConfig {
-            context_threshold: 0.75,
-            target_ratio: 0.6,
+            context_threshold: 0.95,
+            target_ratio: 0.2,
             fresh_tail_count: 64,
             fresh_tail_max_tokens: None,
+            fresh_tail_ratio: 0.25,
             leaf_chunk_tokens: 20_000,
             leaf_target_tokens: 2_400,
             condensed_target_tokens: 2_000,
@@ -153,6 +157,9 @@ impl LosslessConfig {
         }
         if !(self.target_ratio > 0.0 && self.target_ratio < self.context_threshold) {
             return problem("targetRatio", "must be positive and below contextThreshold");
+        }
+        if !(self.fresh_tail_ratio > 0.0 && self.fresh_tail_ratio <= 1.0) {
+            return problem("freshTailRatio", "must be in (0, 1]");
         }
         if self.leaf_chunk_tokens == 0
             || self.leaf_target_tokens == 0

@@ -2,7 +2,6 @@
 //! and the contract's members, each handed to the module that does the job: [`crate::ingest`],
 //! [`crate::bootstrap`], [`crate::compaction`], [`crate::assembly`], [`crate::subagents`].
 
-use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex as StdMutex, PoisonError};
 
@@ -18,14 +17,13 @@ use vilvona_store::*;
 use vilvona_summarize::source_item;
 
 use crate::assembly::{Assemblies, RenderedItems};
+use crate::budget::{HOST_BUDGET, HOST_PROMPT, HostPrompt};
 use crate::config::LosslessConfig;
+use crate::lru::Lru;
 use crate::tools::tool_definitions;
 
 /// The engine id and the slot value that selects it.
 pub const ENGINE_ID: &str = "lossless";
-
-/// Key of the prompt budget the host last gave for a conversation.
-const HOST_BUDGET: &str = "host.tokenBudget";
 
 pub(crate) struct Inner {
     pub(crate) store: Arc<dyn HistoryStore>,
@@ -36,39 +34,30 @@ pub(crate) struct Inner {
     pub(crate) clock: Arc<dyn Clock>,
     /// Work started off the turn's path (retention), awaited by [`LosslessEngine::settled`].
     pub(crate) background: StdMutex<Vec<tokio::task::JoinHandle<()>>>,
-    /// session id → conversation, for this engine instance.
-    pub(crate) conversations: StdMutex<HashMap<String, Conversation>>,
+    /// session id → conversation, for this engine instance (least recently used go first).
+    pub(crate) conversations: StdMutex<Lru<String, Conversation>>,
     /// Serializes compaction per conversation (after_turn, compact, commit_turn can race).
-    pub(crate) compaction_locks: StdMutex<HashMap<ConversationId, Arc<tokio::sync::Mutex<()>>>>,
+    pub(crate) compaction_locks: StdMutex<Lru<ConversationId, Arc<tokio::sync::Mutex<()>>>>,
     /// Rendered context items, so assembly and compaction parse only what is new (bounded by
     /// their estimated bytes).
     pub(crate) rendered: StdMutex<RenderedItems>,
     /// The last assembly per conversation (its items and messages), extended when the context
     /// only grew; the least recently assembled go first past their bound in bytes.
     pub(crate) assembled: StdMutex<Assemblies>,
-    /// The prompt budget the host last gave per conversation (mirrors the store's state).
-    pub(crate) budgets: StdMutex<HashMap<ConversationId, u64>>,
-}
-
-/// Keeps a conversation's budget in memory (a cache of the store's state, bounded).
-pub(crate) fn remember_budget(
-    budgets: &StdMutex<HashMap<ConversationId, u64>>,
-    conversation: ConversationId,
-    budget: u64,
-) {
-    let mut budgets = lock_map(budgets);
-    if budgets.len() >= SESSION_CACHE {
-        budgets.clear();
-    }
-    budgets.insert(conversation, budget);
+    /// What the host said and observed about its prompt, per conversation (a cache of the
+    /// store's state).
+    pub(crate) host_prompts: StdMutex<Lru<ConversationId, HostPrompt>>,
+    /// The smallest budget the host gave the assemblies of a conversation's current turn (kept
+    /// as the conversation's budget when the turn is committed).
+    pub(crate) turn_budgets: StdMutex<Lru<ConversationId, u64>>,
 }
 
 pub(crate) fn lock_map<T>(mutex: &StdMutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// Most sessions whose conversation row and budget are kept in memory (read from the store
-/// again on a miss), and most idle compaction locks.
+/// Most sessions whose conversation row, host prompt and compaction lock are kept in memory
+/// (the least recently used go first; read from the store again on a miss).
 const SESSION_CACHE: usize = 4_096;
 
 /// What [`LosslessEngine::cached_sessions`] reports.
@@ -86,8 +75,9 @@ pub struct CachedSessions {
     pub rendered_items: usize,
     /// Their estimated bytes (bounded).
     pub rendered_bytes: usize,
-    /// Budgets kept (the host's last, per conversation).
-    pub budgets: usize,
+    /// Host prompts kept (what the host said and observed about its prompt, per
+    /// conversation).
+    pub host_prompts: usize,
     /// Compaction locks kept.
     pub compaction_locks: usize,
 }
@@ -150,11 +140,12 @@ impl LosslessEngine {
                 config,
                 clock,
                 background: StdMutex::new(Vec::new()),
-                conversations: StdMutex::new(HashMap::new()),
-                compaction_locks: StdMutex::new(HashMap::new()),
+                conversations: StdMutex::new(Lru::new(SESSION_CACHE)),
+                compaction_locks: StdMutex::new(Lru::new(SESSION_CACHE)),
                 rendered: StdMutex::new(RenderedItems::default()),
                 assembled: StdMutex::new(Assemblies::default()),
-                budgets: StdMutex::new(HashMap::new()),
+                host_prompts: StdMutex::new(Lru::new(SESSION_CACHE)),
+                turn_budgets: StdMutex::new(Lru::new(SESSION_CACHE)),
             }),
         }
     }
@@ -241,7 +232,7 @@ impl LosslessEngine {
         session_id: &str,
         session_key: Option<&str>,
     ) -> Result<Conversation, EngineError> {
-        if let Some(found) = lock_map(&self.inner.conversations).get(session_id) {
+        if let Some(found) = lock_map(&self.inner.conversations).get(&session_id.to_owned()) {
             return Ok(found.clone());
         }
         let conversation = self
@@ -254,71 +245,95 @@ impl LosslessEngine {
             })
             .await
             .map_err(|error| store_error("conversation", error))?;
-        {
-            let mut conversations = lock_map(&self.inner.conversations);
-            // A cache: past its bound it starts over (rows are read from the store again).
-            if conversations.len() >= SESSION_CACHE {
-                conversations.clear();
-            }
-            conversations.insert(session_id.to_owned(), conversation.clone());
-        }
+        lock_map(&self.inner.conversations).insert(session_id.to_owned(), conversation.clone());
         Ok(conversation)
     }
 
     /// Drops a session's cached conversation row (its counts went stale); the next call reads
     /// it again.
     pub(crate) fn forget_conversation_row(&self, session_id: &str) {
-        lock_map(&self.inner.conversations).remove(session_id);
+        lock_map(&self.inner.conversations).remove(&session_id.to_owned());
     }
 
-    /// The budget to compact against: the one the call carries, else the one the host last
-    /// gave `assemble` for this conversation (kept in the store, so it survives restarts); the
-    /// configured default only before the host ever gave one. OpenClaw 2026.9 gives
-    /// `commitTurn` no budget, and a guess above its real prompt budget would let every session
-    /// overflow before compaction.
-    pub(crate) async fn budget(
+    /// What the host has said and observed about its prompt for a conversation: kept in
+    /// memory, else read from the store (state `host.prompt`; a store written by an earlier
+    /// version has only the budget, under `host.tokenBudget`).
+    pub(crate) async fn host_prompt(
         &self,
         conversation: ConversationId,
-        carried: Option<u64>,
-    ) -> Result<u64, EngineError> {
-        if let Some(budget) = carried {
-            return Ok(budget);
+    ) -> Result<HostPrompt, EngineError> {
+        if let Some(prompt) = lock_map(&self.inner.host_prompts).get(&conversation) {
+            return Ok(*prompt);
         }
-        if let Some(budget) = lock_map(&self.inner.budgets).get(&conversation) {
-            return Ok(*budget);
-        }
-        let stored = self
-            .inner
-            .store
-            .state(conversation, HOST_BUDGET)
-            .await
-            .map_err(|error| store_error("reading the host's budget", error))?
-            .and_then(|text| text.parse::<u64>().ok())
-            .filter(|budget| *budget > 0);
-        let budget = stored.unwrap_or(self.inner.config.default_token_budget);
-        if stored.is_some() {
-            remember_budget(&self.inner.budgets, conversation, budget);
-        }
-        Ok(budget)
+        let read = |key: &'static str| async move {
+            self.inner
+                .store
+                .state(conversation, key)
+                .await
+                .map_err(|error| store_error("reading the host's prompt", error))
+        };
+        let prompt = match read(HOST_PROMPT).await? {
+            Some(text) => serde_json::from_str(&text).unwrap_or_default(),
+            None => HostPrompt {
+                budget: read(HOST_BUDGET)
+                    .await?
+                    .and_then(|text| text.parse::<u64>().ok())
+                    .filter(|budget| *budget > 0),
+                ..HostPrompt::default()
+            },
+        };
+        lock_map(&self.inner.host_prompts).insert(conversation, prompt);
+        Ok(prompt)
     }
 
-    /// Keeps the prompt budget the host gave `assemble` (the one budget OpenClaw always sends
-    /// and computes from the real window); writes only when it changed.
-    pub(crate) async fn remember_budget(
+    /// Keeps what the host said about its prompt (written to the store only when it changed).
+    pub(crate) async fn keep_host_prompt(
         &self,
         conversation: ConversationId,
-        budget: u64,
+        prompt: HostPrompt,
     ) -> Result<(), EngineError> {
-        if lock_map(&self.inner.budgets).get(&conversation) == Some(&budget) {
+        if lock_map(&self.inner.host_prompts).get(&conversation) == Some(&prompt) {
             return Ok(());
         }
+        let text = serde_json::to_string(&prompt).map_err(|error| {
+            EngineError::caused_by("lossless: writing the host's prompt", error)
+        })?;
         self.inner
             .store
-            .set_state(conversation, HOST_BUDGET, &budget.to_string())
+            .set_state(conversation, HOST_PROMPT, &text)
             .await
-            .map_err(|error| store_error("saving the host's budget", error))?;
-        remember_budget(&self.inner.budgets, conversation, budget);
+            .map_err(|error| store_error("saving the host's prompt", error))?;
+        lock_map(&self.inner.host_prompts).insert(conversation, prompt);
         Ok(())
+    }
+
+    /// Notes a budget the host gave one of the current turn's assemblies.
+    pub(crate) fn note_turn_budget(&self, conversation: ConversationId, budget: u64) {
+        let mut budgets = lock_map(&self.inner.turn_budgets);
+        match budgets.get_mut(&conversation) {
+            Some(smallest) => *smallest = (*smallest).min(budget),
+            None => budgets.insert(conversation, budget),
+        }
+    }
+
+    /// The smallest budget the current turn's assemblies were given, if any; the next turn
+    /// starts over.
+    pub(crate) fn take_turn_budget(&self, conversation: ConversationId) -> Option<u64> {
+        lock_map(&self.inner.turn_budgets).remove(&conversation)
+    }
+
+    /// The context's running total as the store keeps it (one row).
+    pub(crate) async fn context_tokens(
+        &self,
+        conversation: ConversationId,
+    ) -> Result<u64, EngineError> {
+        Ok(self
+            .inner
+            .store
+            .conversation_by_id(conversation)
+            .await
+            .map_err(|error| store_error("reading the conversation", error))?
+            .map_or(0, |row| row.context_tokens))
     }
 
     /// How many sessions' state this engine keeps in memory: conversations, their last
@@ -332,7 +347,7 @@ impl LosslessEngine {
         };
         let (rendered_items, rendered_bytes) = lock_map(&self.inner.rendered).size();
         let conversations = lock_map(&self.inner.conversations).len();
-        let budgets = lock_map(&self.inner.budgets).len();
+        let host_prompts = lock_map(&self.inner.host_prompts).len();
         let compaction_locks = lock_map(&self.inner.compaction_locks).len();
         CachedSessions {
             conversations,
@@ -341,7 +356,7 @@ impl LosslessEngine {
             assembled_bytes,
             rendered_items,
             rendered_bytes,
-            budgets,
+            host_prompts,
             compaction_locks,
         }
     }
@@ -349,9 +364,10 @@ impl LosslessEngine {
     /// Drops what this instance keeps about a conversation that was forgotten or archived
     /// (it is read from the store again if it comes back).
     pub(crate) fn forget_cached(&self, conversation: ConversationId, session_id: &str) {
-        lock_map(&self.inner.conversations).remove(session_id);
+        lock_map(&self.inner.conversations).remove(&session_id.to_owned());
         lock_map(&self.inner.assembled).take(conversation);
-        lock_map(&self.inner.budgets).remove(&conversation);
+        lock_map(&self.inner.host_prompts).remove(&conversation);
+        lock_map(&self.inner.turn_budgets).remove(&conversation);
         lock_map(&self.inner.rendered).clear();
     }
 
@@ -360,11 +376,16 @@ impl LosslessEngine {
         conversation: ConversationId,
     ) -> Arc<tokio::sync::Mutex<()>> {
         let mut locks = lock_map(&self.inner.compaction_locks);
-        if locks.len() >= SESSION_CACHE {
-            // Locks nobody holds or waits for are dropped (one is made again when needed).
-            locks.retain(|_, lock| Arc::strong_count(lock) > 1);
+        if let Some(lock) = locks.get(&conversation) {
+            return lock.clone();
         }
-        locks.entry(conversation).or_default().clone()
+        if locks.len() >= locks.capacity() {
+            // Locks nobody holds or waits for may go (one is made again when needed).
+            locks.evict(|lock| Arc::strong_count(lock) == 1);
+        }
+        let lock = Arc::new(tokio::sync::Mutex::new(()));
+        locks.insert(conversation, lock.clone());
+        lock
     }
 }
 

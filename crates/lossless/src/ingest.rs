@@ -203,6 +203,10 @@ impl LosslessEngine {
     pub(crate) async fn ingest_turn(&self, params: &AfterTurnParams) -> Result<(), EngineError> {
         let (messages, entry_ids) = params.new_messages();
         let first_place = (params.messages.len() - messages.len()) as u64;
+        let conversation = self
+            .conversation(&params.session_id, params.session_key.as_deref())
+            .await?;
+        let context_before = self.context_before_turn(conversation.id, messages).await?;
         self.ingest_messages(
             &params.session_id,
             params.session_key.as_deref(),
@@ -216,42 +220,84 @@ impl LosslessEngine {
         )
         .await?;
         self.compact_after_turn(
-            &params.session_id,
-            params.session_key.as_deref(),
-            params.budget(),
-            params.is_heartbeat,
+            conversation.id,
+            Turn {
+                messages,
+                context_before,
+                budget: params.budget(),
+                settings: params.runtime_settings.as_ref(),
+                is_heartbeat: params.is_heartbeat,
+            },
         )
         .await
     }
 
-    /// Compacts a session after a turn, against the budget the turn carries or else the one the
-    /// host last gave. A heartbeat turn never compacts.
+    /// The context's tokens before a turn is stored, when the turn reports what its model call
+    /// counted (the overhead is measured against it); `None` otherwise (no read).
+    async fn context_before_turn(
+        &self,
+        conversation: ConversationId,
+        messages: &[AgentMessage],
+    ) -> Result<Option<u64>, EngineError> {
+        let reports_usage = messages.iter().any(|message| {
+            matches!(message, AgentMessage::Assistant(assistant)
+                if assistant.usage.as_ref().and_then(|usage| usage.prompt_tokens()).is_some())
+        });
+        if !reports_usage {
+            return Ok(None);
+        }
+        Ok(Some(self.context_tokens(conversation).await?))
+    }
+
+    /// After a stored turn: what it shows of the host's prompt is kept (the budget of its
+    /// assemblies, the overhead its model call reported), then the conversation is compacted
+    /// against the limits that gives. A heartbeat turn never compacts.
     async fn compact_after_turn(
         &self,
-        session_id: &str,
-        session_key: Option<&str>,
-        carried_budget: Option<u64>,
-        is_heartbeat: bool,
+        conversation: ConversationId,
+        turn: Turn<'_>,
     ) -> Result<(), EngineError> {
-        if is_heartbeat {
+        let mut prompt = self.host_prompt(conversation).await?;
+        if let Some(budget) = turn.budget.or(self.take_turn_budget(conversation)) {
+            prompt.budget = Some(budget);
+        }
+        prompt.note_window(turn.settings, turn.budget);
+        if let Some(context_before) = turn.context_before {
+            prompt.note_turn(turn.messages, context_before, &*self.inner.estimator);
+        }
+        self.keep_host_prompt(conversation, prompt).await?;
+        if turn.is_heartbeat {
             return Ok(());
         }
-        let conversation = self.conversation(session_id, session_key).await?;
-        let budget = self.budget(conversation.id, carried_budget).await?;
-        self.compact_conversation(conversation.id, CompactionRequest::routine(budget))
-            .await?;
+        // The summaries wait for the configured summarizer: a host's model is not always in
+        // scope here (OpenClaw passes it to `maintain`, which follows, not to `commitTurn`).
+        self.compact_conversation(
+            conversation,
+            CompactionRequest {
+                wait_for_summarizer: true,
+                ..CompactionRequest::within(prompt.limits(&self.inner.config))
+            },
+        )
+        .await?;
         Ok(())
     }
 
     /// One atomic write per advancement key; a message without entry id is identified by the
     /// key and its index in the turn, so equal messages of two turns are both kept. Compacts
-    /// against the budget the host last gave (2026.9 sends none here), unless the turn is a
-    /// heartbeat: a heartbeat's messages are stored and searchable, but it never triggers
-    /// compaction (it would spend summarizer calls and break the prompt cache for a ping).
+    /// against what the host said of its prompt (2026.9 sends no budget here: the smallest its
+    /// assemblies of the turn were given counts), unless the turn is a heartbeat: a heartbeat's
+    /// messages are stored and searchable, but it never triggers compaction (it would spend
+    /// summarizer calls and break the prompt cache for a ping).
     pub(crate) async fn commit_durable_turn(
         &self,
         params: &CommitTurnParams,
     ) -> Result<CommitTurnResult, EngineError> {
+        let conversation = self
+            .conversation(&params.session_id, params.session_key.as_deref())
+            .await?;
+        let context_before = self
+            .context_before_turn(conversation.id, &params.messages)
+            .await?;
         let outcome = self
             .ingest_messages(
                 &params.session_id,
@@ -271,14 +317,29 @@ impl LosslessEngine {
             });
         }
         self.compact_after_turn(
-            &params.session_id,
-            params.session_key.as_deref(),
-            params.budget(),
-            params.is_heartbeat,
+            conversation.id,
+            Turn {
+                messages: &params.messages,
+                context_before,
+                budget: params.budget(),
+                settings: params.runtime_settings.as_ref(),
+                is_heartbeat: params.is_heartbeat,
+            },
         )
         .await?;
         Ok(CommitTurnResult {
             status: CommitStatus::Committed,
         })
     }
+}
+
+/// A stored turn, as compaction after it sees it.
+struct Turn<'a> {
+    messages: &'a [AgentMessage],
+    /// The context's tokens before the turn was stored (when its model call reported usage).
+    context_before: Option<u64>,
+    /// The budget the turn's call carried.
+    budget: Option<u64>,
+    settings: Option<&'a RuntimeSettings>,
+    is_heartbeat: bool,
 }

@@ -30,53 +30,32 @@ pub(crate) fn unit_end(items: &[impl Unit], start: usize) -> usize {
     end
 }
 
-/// Where the protected fresh tail starts: the newest `fresh_tail_count` messages (and at most
-/// `fresh_tail_max_tokens`), widened to a unit boundary. Summaries do not count toward it.
-/// When the tail alone exceeds `tail_limit` tokens (a long tool loop after one request), it
-/// shrinks to the newest units that fit half of that, and never below one unit, so older
-/// complete units of the current turn can be summarized instead of overflowing.
-pub(crate) fn fresh_tail_start(
-    items: &[ContextRef],
-    config: &LosslessConfig,
-    tail_limit: u64,
-) -> usize {
+/// Where the protected fresh tail starts: the newest `fresh_tail_count` messages, at most
+/// `fresh_tail_max_tokens` and `fresh_tail_ratio` of the context's planned room (`share`; at
+/// least the newest unit), widened to a unit boundary. Summaries do not count toward it. The token cap
+/// keeps routine compaction supplied: once the context is over its trigger, there is always
+/// something older than the tail to summarize.
+pub(crate) fn fresh_tail_start(items: &[ContextRef], config: &LosslessConfig, share: u64) -> usize {
+    let by_ratio = (share as f64 * config.fresh_tail_ratio) as u64;
+    let cap = config
+        .fresh_tail_max_tokens
+        .map_or(by_ratio, |cap| cap.min(by_ratio));
     let mut start = items.len();
     let mut messages = 0;
     let mut tokens = 0;
     while start > 0 {
-        let item = &items[start - 1];
-        if !is_message(item) {
+        let unit = unit_start(items, start - 1);
+        if !items[unit..start].iter().all(is_message) {
             break;
         }
-        if messages >= config.fresh_tail_count {
+        let unit_tokens: u64 = items[unit..start].iter().map(|item| item.tokens).sum();
+        let newest = start == items.len();
+        if !newest && (messages >= config.fresh_tail_count || tokens + unit_tokens > cap) {
             break;
         }
-        if let Some(cap) = config.fresh_tail_max_tokens
-            && messages > 0
-            && tokens + item.tokens > cap
-        {
-            break;
-        }
-        messages += 1;
-        tokens += item.tokens;
-        start -= 1;
-    }
-    let mut start = unit_start(items, start);
-    let tail_tokens: u64 = items[start..].iter().map(|item| item.tokens).sum();
-    if tail_tokens > tail_limit {
-        // Escape: keep only the newest units within half the limit (at least one).
-        let mut kept = items.len();
-        let mut kept_tokens = 0;
-        while kept > start {
-            let unit = unit_start(items, kept - 1);
-            let unit_tokens: u64 = items[unit..kept].iter().map(|item| item.tokens).sum();
-            if kept < items.len() && kept_tokens + unit_tokens > tail_limit / 2 {
-                break;
-            }
-            kept_tokens += unit_tokens;
-            kept = unit;
-        }
-        start = kept;
+        messages += start - unit;
+        tokens += unit_tokens;
+        start = unit;
     }
     start
 }
@@ -91,14 +70,16 @@ pub(crate) struct Candidate {
 }
 
 /// The oldest run of raw messages before `tail_start`, unit-aligned, no larger than the chunk
-/// limit, and only as large as needed to free `needed` tokens (at least one unit).
+/// limit, and only as large as needed to free `needed` tokens — but at least `min_run` tokens
+/// (a shorter run's summary would not be smaller than it), else none.
 pub(crate) fn leaf_candidate(
     items: &[ContextRef],
     tail_start: usize,
     chunk_limit: u64,
     needed: u64,
+    min_run: u64,
 ) -> Option<Candidate> {
-    leaf_candidate_from(items, 0, tail_start, chunk_limit, needed)
+    leaf_candidate_from(items, 0, tail_start, chunk_limit, needed, min_run)
 }
 
 /// [`leaf_candidate`] among the items from `from` on: the next leaf of a backlog after one
@@ -109,6 +90,7 @@ pub(crate) fn leaf_candidate_from(
     tail_start: usize,
     chunk_limit: u64,
     needed: u64,
+    min_run: u64,
 ) -> Option<Candidate> {
     let first = from + items.get(from..tail_start)?.iter().position(is_message)?;
     let first = unit_start(items, first).max(from);
@@ -125,12 +107,12 @@ pub(crate) fn leaf_candidate_from(
         }
         tokens += unit_tokens;
         end = next;
-        // Enough to reach the target (a summary keeps about a third).
-        if tokens.saturating_mul(2) / 3 >= needed {
+        // Enough to reach the target (a summary keeps about a third), and worth a summary.
+        if tokens.saturating_mul(2) / 3 >= needed && tokens >= min_run {
             break;
         }
     }
-    (end > first).then_some(Candidate {
+    (end > first && tokens >= min_run).then_some(Candidate {
         range: first..end,
         tokens,
         condensing_depth: None,

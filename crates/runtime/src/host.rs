@@ -767,6 +767,7 @@ impl Host {
             current_token_count: current,
             compaction_target: target,
             custom_instructions: instructions,
+            runtime_settings: None,
             abort: None,
         };
         let result = self
@@ -1097,15 +1098,12 @@ impl Host {
         let mut guard = self.live_session(session_key, None).await?;
         let live = &mut *guard;
         let budget = self.token_budget(&self.system_prompt().text, "");
-        self.compact_live(
-            live,
-            true,
-            None,
-            instructions,
-            budget,
-            Some(live.history_tokens),
-        )
-        .await
+        // The transcript's size is the context only for an engine that passes it through; an
+        // engine that owns compaction keeps its own (OpenClaw's manual compaction sends no
+        // count either).
+        let current = (!self.engine.engine.info().owns_compaction).then_some(live.history_tokens);
+        self.compact_live(live, true, None, instructions, budget, current)
+            .await
     }
 
     /// Prepares a subagent, runs `start`, and rolls the preparation back if the start fails.

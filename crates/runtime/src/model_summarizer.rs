@@ -10,8 +10,8 @@ use async_trait::async_trait;
 use serde::Deserialize;
 use serde_json::json;
 use vilvona_core::summarize::{
-    Answer, QuestionRequest, SummarizeError, Summarizer, Summary, SummaryKind, SummaryLevel,
-    SummaryRequest,
+    Answer, Degraded, QuestionRequest, SummarizeError, Summarizer, Summary, SummaryKind,
+    SummaryLevel, SummaryRequest,
 };
 use vilvona_core::tokens::TokenEstimator;
 use vilvona_summarize::ExtractiveSummarizer;
@@ -240,10 +240,7 @@ impl Summarizer for ModelSummarizer {
                 request.target_tokens
             )));
         }
-        Ok(Summary {
-            text,
-            level: request.level,
-        })
+        Ok(Summary::new(text, request.level))
     }
 
     async fn answer(&self, request: &QuestionRequest) -> Result<Answer, SummarizeError> {
@@ -395,7 +392,15 @@ impl Summarizer for DegradingSummarizer {
             Ok(summary) => Ok(summary),
             Err(error @ (SummarizeError::Transient(_) | SummarizeError::Auth(_))) => {
                 tracing::warn!(%error, fallback = self.fallback.id(), "the model summarizer is unavailable; using the extractive summarizer");
-                self.fallback.summarize(request).await
+                let mut summary = self.fallback.summarize(request).await?;
+                summary.degraded = Some(Degraded {
+                    written_by: summary
+                        .degraded
+                        .take()
+                        .map_or_else(|| self.fallback.id().to_owned(), |inner| inner.written_by),
+                    reason: error.to_string(),
+                });
+                Ok(summary)
             }
             Err(error) => Err(error),
         }

@@ -692,10 +692,7 @@ impl Summarizer for HostLlmSummarizer {
                 summary_prompts(request),
             )
             .await?;
-        Ok(Summary {
-            text,
-            level: request.level,
-        })
+        Ok(Summary::new(text, request.level))
     }
 
     async fn answer(&self, request: &QuestionRequest) -> Result<Answer, SummarizeError> {

@@ -148,10 +148,7 @@ impl ExtractiveSummarizer {
                     (true, false) => pinned_text,
                     (false, false) => with_pinned(&text, &pinned_text),
                 };
-                return Summary {
-                    text,
-                    level: request.level,
-                };
+                return Summary::new(text, request.level);
             }
             if let Some(weakest) = order.pop() {
                 chosen.remove(&weakest);

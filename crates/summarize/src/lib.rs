@@ -21,7 +21,7 @@ pub use extractive::{EXPAND_FOOTER, ExtractiveSummarizer, PINNED_PREFIX};
 pub use identifiers::identifiers;
 pub use time::{format_utc_minutes, format_utc_rfc3339, parse_rfc3339};
 pub use tokenizer::{BpeEstimator, TokenizerKind, estimator};
-pub use truncate::{FALLBACK_MARKER, truncate};
+pub use truncate::{FALLBACK_MARKER, TRUNCATION_ID, truncate};
 
 use vilvona_core::message::AgentMessage;
 use vilvona_core::summarize::SourceItem;

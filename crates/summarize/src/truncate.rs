@@ -7,6 +7,10 @@
 use vilvona_core::summarize::{Summary, SummaryLevel, SummaryRequest};
 use vilvona_core::tokens::TokenEstimator;
 
+/// The summarizer id recorded on a summary an engine truncated on its own (to make room when
+/// summarizing could not), rather than as a summarizer's last level.
+pub const TRUNCATION_ID: &str = "truncation/v1";
+
 /// Marker that opens every fallback summary.
 pub const FALLBACK_MARKER: &str = "[fallback summary: truncated";
 
@@ -21,10 +25,7 @@ pub fn truncate(request: &SummaryRequest, estimator: &dyn TokenEstimator) -> Sum
     let cap = request.target_tokens.min(source_tokens / 2);
     let mut text = header;
     if request.items.is_empty() || estimator.text_tokens(&text) >= cap {
-        return Summary {
-            text,
-            level: SummaryLevel::Fallback,
-        };
+        return Summary::new(text, SummaryLevel::Fallback);
     }
     // An equal share for each item, in characters (≈4 per token); a line that does not fit is
     // shortened until it does, or dropped.
@@ -43,8 +44,5 @@ pub fn truncate(request: &SummaryRequest, estimator: &dyn TokenEstimator) -> Sum
             chars /= 2;
         }
     }
-    Summary {
-        text,
-        level: SummaryLevel::Fallback,
-    }
+    Summary::new(text, SummaryLevel::Fallback)
 }

@@ -48,7 +48,7 @@ async fn invalid_settings_quarantine_at_factory_time() {
     let dir = TempDir::new().unwrap();
     std::fs::write(
         dir.path().join("vilvona.json5"),
-        r#"{ plugins: { slots: { contextEngine: "lossless" }, entries: { lossless: { config: { targetRatio: 0.9 } } } } }"#,
+        r#"{ plugins: { slots: { contextEngine: "lossless" }, entries: { lossless: { config: { targetRatio: 1.5 } } } } }"#,
     )
     .unwrap();
     let host = Host::open(HostOptions::new(dir.path()), |_, _| Ok(()))

@@ -34,14 +34,8 @@ impl Summarizer for Misbehaving {
             Misbehaving::Errors => Err(SummarizeError::Transient(
                 "503 from the provider".to_owned(),
             )),
-            Misbehaving::Empty => Ok(Summary {
-                text: "   ".to_owned(),
-                level: request.level,
-            }),
-            Misbehaving::Longer => Ok(Summary {
-                text: request.source_text().repeat(2),
-                level: request.level,
-            }),
+            Misbehaving::Empty => Ok(Summary::new("   ".to_owned(), request.level)),
+            Misbehaving::Longer => Ok(Summary::new(request.source_text().repeat(2), request.level)),
             Misbehaving::Hangs(reached) => {
                 reached.notify_one();
                 std::future::pending::<()>().await;
@@ -49,10 +43,7 @@ impl Summarizer for Misbehaving {
             }
             Misbehaving::Slow(delay) => {
                 tokio::time::sleep(*delay).await;
-                Ok(Summary {
-                    text: "slow but short".to_owned(),
-                    level: request.level,
-                })
+                Ok(Summary::new("slow but short".to_owned(), request.level))
             }
         }
     }
@@ -160,10 +151,10 @@ impl Summarizer for Recovering {
                 "503 from the provider".to_owned(),
             ));
         }
-        Ok(Summary {
-            text: format!("recovered summary at depth {}", request.depth),
-            level: request.level,
-        })
+        Ok(Summary::new(
+            format!("recovered summary at depth {}", request.depth),
+            request.level,
+        ))
     }
 }
 
@@ -325,10 +316,10 @@ impl Summarizer for Overlapping {
         self.most.fetch_max(now, SeqCst);
         tokio::time::sleep(Duration::from_millis(20)).await;
         self.in_flight.fetch_sub(1, SeqCst);
-        Ok(Summary {
-            text: format!("{} items, summarized", request.items.len()),
-            level: request.level,
-        })
+        Ok(Summary::new(
+            format!("{} items, summarized", request.items.len()),
+            request.level,
+        ))
     }
 }
 

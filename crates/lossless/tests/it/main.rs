@@ -8,5 +8,6 @@ mod faults;
 mod forget;
 mod isolation;
 mod model;
+mod overflow;
 mod replay;
 mod support;

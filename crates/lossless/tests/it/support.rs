@@ -8,9 +8,12 @@ use vilvona_core::tokens::{HeuristicEstimator, TokenEstimator};
 use vilvona_lossless::{LosslessConfig, LosslessEngine};
 use vilvona_summarize::ExtractiveSummarizer;
 
-/// Small settings so compaction happens within a few turns.
+/// Small settings so compaction happens within a few turns (and shallow passes, from three
+/// quarters of the budget down to 60%).
 pub(crate) fn small_config() -> LosslessConfig {
     LosslessConfig {
+        context_threshold: 0.75,
+        target_ratio: 0.6,
         fresh_tail_count: 8,
         leaf_chunk_tokens: 1_200,
         leaf_target_tokens: 200,

@@ -1,0 +1,364 @@
+//! What a user pays per turn: the prompt-cache economics of a sequence of model requests.
+//!
+//! Providers cache a prompt's prefix. For each billed request, the prefix is the longest common
+//! prefix, in characters of the serialized `messages` (system message included), with the
+//! previous request of the same stream: main turns are one stream, summarizer calls another;
+//! requests a provider refused are not billed and leave the chain as it was. Tokens are
+//! characters / 4. A cached token costs a tenth of a fresh one and a token written to the
+//! cache 1.25 of one: cached cost = prefix/4 × 0.1 + (size − prefix)/4 × 1.25; uncached cost =
+//! size/4. Units are "input-token units".
+//!
+//! The same figures come from two places: the gateway soak's mock model, which recorded every
+//! request a real OpenClaw gateway sent ([`read_recorded_requests`]), and the economics replay,
+//! which builds the requests a host would send from an engine's assembled context.
+
+use std::path::Path;
+
+use anyhow::{Context as _, Result, bail};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// Which chain of cached prefixes a request belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Stream {
+    /// The session's own model calls.
+    Turn,
+    /// Calls that summarize history.
+    Summarizer,
+}
+
+/// One model request as the cost model sees it.
+#[derive(Clone, Debug)]
+pub struct Request {
+    pub stream: Stream,
+    /// The serialized `messages` array.
+    pub messages: String,
+    /// Whether the provider refused it (over the window): not billed.
+    pub rejected: bool,
+}
+
+/// Prompt-cache economics of a run.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CacheFigures {
+    /// Billed requests of the turn stream.
+    pub turn_requests: usize,
+    /// Billed requests of the summarizer stream.
+    pub summarizer_requests: usize,
+    /// Requests refused as over the window.
+    pub rejected_requests: usize,
+    /// Σ prefix ÷ Σ size over billed turn requests.
+    pub turn_cache_hit_ratio: f64,
+    /// Σ prefix ÷ Σ size over all billed requests.
+    pub cache_hit_ratio: f64,
+    /// Input-token units without a cache.
+    pub uncached_units: f64,
+    /// Input-token units with the prompt cache.
+    pub cached_units: f64,
+    /// Of those, the summarizer calls'.
+    pub summarizer_cached_units: f64,
+    /// Prompt tokens of summarizer calls ÷ prompt tokens of all billed calls.
+    pub summarizer_share: f64,
+    /// Summarizer prompt tokens.
+    pub summarizer_input_tokens: u64,
+    /// Turn requests whose history (everything after the system message) is smaller than the
+    /// previous turn request's: the context was compacted and the prompt rewritten.
+    pub prompt_rewrites: usize,
+    /// Prompt tokens of billed turn requests: mean and largest.
+    pub turn_prompt_tokens_mean: f64,
+    pub turn_prompt_tokens_max: u64,
+}
+
+fn tokens(chars: usize) -> f64 {
+    chars as f64 / 4.0
+}
+
+/// The common prefix of two strings, in characters.
+fn common_prefix_chars(a: &str, b: &str) -> usize {
+    // Compare bytes, then step back to a character boundary and count characters.
+    let bytes = a
+        .as_bytes()
+        .iter()
+        .zip(b.as_bytes())
+        .take_while(|(x, y)| x == y)
+        .count();
+    let mut end = bytes;
+    while !a.is_char_boundary(end) {
+        end -= 1;
+    }
+    a[..end].chars().count()
+}
+
+/// Characters of the messages after the first (the system message), if the serialized array
+/// starts with one: how much history a request carries.
+fn history_chars(messages: &str) -> usize {
+    let total = messages.chars().count();
+    match serde_json::from_str::<Vec<Value>>(messages) {
+        Ok(list) => match list.first() {
+            Some(first) if first.get("role").and_then(Value::as_str) == Some("system") => {
+                total.saturating_sub(first.to_string().chars().count())
+            }
+            _ => total,
+        },
+        Err(_) => total,
+    }
+}
+
+/// The figures of a sequence of requests, in the order they were sent.
+pub fn cache_figures(requests: &[Request]) -> CacheFigures {
+    let mut figures = CacheFigures::default();
+    let mut previous: [Option<&str>; 2] = [None, None];
+    let mut previous_history: Option<usize> = None;
+    let (mut turn_prefix, mut turn_size) = (0.0, 0.0);
+    let (mut all_prefix, mut all_size) = (0.0, 0.0);
+    let mut summarizer_tokens = 0.0;
+    let mut turn_tokens_sum = 0.0;
+    for request in requests {
+        if request.rejected {
+            figures.rejected_requests += 1;
+            continue;
+        }
+        let slot = match request.stream {
+            Stream::Turn => 0,
+            Stream::Summarizer => 1,
+        };
+        let size = request.messages.chars().count();
+        let prefix =
+            previous[slot].map_or(0, |before| common_prefix_chars(before, &request.messages));
+        previous[slot] = Some(&request.messages);
+        let cached = tokens(prefix) * 0.1 + tokens(size - prefix) * 1.25;
+        figures.uncached_units += tokens(size);
+        figures.cached_units += cached;
+        all_prefix += prefix as f64;
+        all_size += size as f64;
+        match request.stream {
+            Stream::Turn => {
+                figures.turn_requests += 1;
+                turn_prefix += prefix as f64;
+                turn_size += size as f64;
+                let prompt = (size as f64 / 4.0).ceil() as u64;
+                turn_tokens_sum += prompt as f64;
+                figures.turn_prompt_tokens_max = figures.turn_prompt_tokens_max.max(prompt);
+                let history = history_chars(&request.messages);
+                if previous_history.is_some_and(|before| history < before) {
+                    figures.prompt_rewrites += 1;
+                }
+                previous_history = Some(history);
+            }
+            Stream::Summarizer => {
+                figures.summarizer_requests += 1;
+                figures.summarizer_cached_units += cached;
+                summarizer_tokens += tokens(size);
+            }
+        }
+    }
+    let ratio = |part: f64, whole: f64| if whole > 0.0 { part / whole } else { 0.0 };
+    figures.turn_cache_hit_ratio = ratio(turn_prefix, turn_size);
+    figures.cache_hit_ratio = ratio(all_prefix, all_size);
+    figures.summarizer_share = ratio(summarizer_tokens, tokens(all_size as usize));
+    figures.summarizer_input_tokens = summarizer_tokens.ceil() as u64;
+    figures.turn_prompt_tokens_mean = ratio(turn_tokens_sum, figures.turn_requests as f64);
+    figures
+}
+
+/// The requests the gateway soak's mock model recorded (`mock.jsonl`: each request body with
+/// `__mock: {stream, rejected}`).
+pub fn read_recorded_requests(path: &Path) -> Result<Vec<Request>> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let mut requests = Vec::new();
+    for (number, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let body: Value = serde_json::from_str(line)
+            .with_context(|| format!("{}:{}: not JSON", path.display(), number + 1))?;
+        let mock = body
+            .get("__mock")
+            .with_context(|| format!("{}:{}: no __mock record", path.display(), number + 1))?;
+        let stream = match mock.get("stream").and_then(Value::as_str) {
+            Some("turn") => Stream::Turn,
+            Some("summarizer") => Stream::Summarizer,
+            other => bail!(
+                "{}:{}: unknown stream {other:?}",
+                path.display(),
+                number + 1
+            ),
+        };
+        let messages = body
+            .get("messages")
+            .cloned()
+            .unwrap_or(Value::Array(Vec::new()));
+        requests.push(Request {
+            stream,
+            messages: messages.to_string(),
+            rejected: mock
+                .get("rejected")
+                .and_then(Value::as_bool)
+                .unwrap_or(false),
+        });
+    }
+    Ok(requests)
+}
+
+/// One turn the soak's driver sent (`results.jsonl`).
+#[derive(Clone, Debug, Deserialize)]
+pub struct TurnResult {
+    pub turn: usize,
+    pub kind: String,
+    pub status: u16,
+    pub ms: u64,
+    #[serde(default)]
+    pub expect: Option<String>,
+    #[serde(default)]
+    pub reply: String,
+}
+
+/// Median and 90th percentile of a list (0 when empty).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct MedianP90 {
+    pub median: f64,
+    pub p90: f64,
+}
+
+pub fn median_p90(values: &[f64]) -> MedianP90 {
+    if values.is_empty() {
+        return MedianP90::default();
+    }
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let at = |q: f64| sorted[((sorted.len() - 1) as f64 * q).round() as usize];
+    MedianP90 {
+        median: at(0.5),
+        p90: at(0.9),
+    }
+}
+
+/// The soak's figures: its turns, and what its requests cost.
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SoakFigures {
+    pub engine: String,
+    pub window: u64,
+    pub turns: usize,
+    pub turns_ok: usize,
+    pub wall_per_turn_ms: MedianP90,
+    pub facts: usize,
+    pub facts_answered: usize,
+    /// Cached input units over all requests, per turn.
+    pub cached_units_per_turn: f64,
+    #[serde(flatten)]
+    pub cache: CacheFigures,
+}
+
+pub fn read_turn_results(path: &Path) -> Result<Vec<TurnResult>> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    text.lines()
+        .enumerate()
+        .filter(|(_, line)| !line.trim().is_empty())
+        .map(|(number, line)| {
+            serde_json::from_str(line)
+                .with_context(|| format!("{}:{}: not a turn result", path.display(), number + 1))
+        })
+        .collect()
+}
+
+pub fn soak_figures(
+    engine: &str,
+    window: u64,
+    turns: &[TurnResult],
+    requests: &[Request],
+) -> SoakFigures {
+    let cache = cache_figures(requests);
+    let wall: Vec<f64> = turns.iter().map(|turn| turn.ms as f64).collect();
+    let questions: Vec<&TurnResult> = turns.iter().filter(|turn| turn.expect.is_some()).collect();
+    let answered = questions
+        .iter()
+        .filter(|turn| {
+            turn.status == 200
+                && turn
+                    .expect
+                    .as_deref()
+                    .is_some_and(|value| turn.reply.contains(value))
+        })
+        .count();
+    SoakFigures {
+        engine: engine.to_owned(),
+        window,
+        turns: turns.len(),
+        turns_ok: turns.iter().filter(|turn| turn.status == 200).count(),
+        wall_per_turn_ms: median_p90(&wall),
+        facts: questions.len(),
+        facts_answered: answered,
+        cached_units_per_turn: if turns.is_empty() {
+            0.0
+        } else {
+            cache.cached_units / turns.len() as f64
+        },
+        cache,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(stream: Stream, messages: &str) -> Request {
+        Request {
+            stream,
+            messages: messages.to_owned(),
+            rejected: false,
+        }
+    }
+
+    #[test]
+    fn a_request_extending_the_previous_one_pays_fresh_only_for_what_it_adds() {
+        let first = "a".repeat(400);
+        let second = format!("{first}{}", "b".repeat(400));
+        let figures = cache_figures(&[
+            request(Stream::Turn, &first),
+            request(Stream::Turn, &second),
+        ]);
+        // First: 100 fresh tokens; second: 100 cached + 100 fresh.
+        assert!((figures.cached_units - (125.0 + 10.0 + 125.0)).abs() < 1e-9);
+        assert!((figures.uncached_units - 300.0).abs() < 1e-9);
+        assert!((figures.turn_cache_hit_ratio - 400.0 / 1200.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn streams_chain_apart_and_refused_requests_are_not_billed() {
+        let turn = "t".repeat(40);
+        let figures = cache_figures(&[
+            request(Stream::Turn, &turn),
+            request(Stream::Summarizer, "s".repeat(40).as_str()),
+            Request {
+                rejected: true,
+                ..request(Stream::Turn, "x")
+            },
+            request(Stream::Turn, &turn),
+        ]);
+        assert_eq!(figures.turn_requests, 2);
+        assert_eq!(figures.summarizer_requests, 1);
+        assert_eq!(figures.rejected_requests, 1);
+        // The second turn request hits the first one whole: the refused one left no mark.
+        assert!((figures.turn_cache_hit_ratio - 0.5).abs() < 1e-9);
+        assert!((figures.summarizer_share - 10.0 / 30.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_request_whose_history_shrank_is_a_rewrite() {
+        let with = |history: &str| {
+            serde_json::json!([{"role": "system", "content": "sys"}, {"role": "user", "content": history}])
+                .to_string()
+        };
+        let figures = cache_figures(&[
+            request(Stream::Turn, &with("aaaa")),
+            request(Stream::Turn, &with("aaaabbbb")),
+            request(Stream::Turn, &with("summary")),
+            request(Stream::Turn, &with("summary and more")),
+        ]);
+        assert_eq!(figures.prompt_rewrites, 1);
+    }
+}
