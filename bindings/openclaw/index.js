@@ -152,7 +152,10 @@ class VilvonaProcess {
     this.nextId = 1;
     this.pending = new Map();
     this.ready = null;
-    this.llm = null;
+    // The host's model, per call in flight: OpenClaw scopes `runtimeContext.llm.complete` to
+    // one run, so a summary requested during a call is answered by that call's model (the
+    // newest in flight), never by one kept from an earlier run.
+    this.llms = [];
     this.lastSession = null;
     // The engine's tool definitions (declaredTools), once listed.
     this.tools = null;
@@ -241,14 +244,28 @@ class VilvonaProcess {
     }
   }
 
+  /** Runs `call` with the host model of `params.runtimeContext` in scope while it is in flight. */
+  async withHostModel(params, call) {
+    const llm = params?.runtimeContext?.llm;
+    if (typeof llm?.complete !== "function") return call();
+    const scope = { complete: llm.complete.bind(llm) };
+    this.llms.push(scope);
+    try {
+      return await call();
+    } finally {
+      this.llms.splice(this.llms.indexOf(scope), 1);
+    }
+  }
+
   async answerLlm(message) {
     const reply = (payload) => this.child?.stdin.write(JSON.stringify({ jsonrpc: "2.0", id: message.id, ...payload }) + "\n");
-    if (typeof this.llm !== "function") {
-      reply({ error: { code: -32004, message: "the host offers no llm.complete" } });
+    const scope = this.llms[this.llms.length - 1];
+    if (!scope) {
+      reply({ error: { code: -32004, message: "no host model in scope: OpenClaw offers llm.complete only during the call it passes it to" } });
       return;
     }
     try {
-      const result = await this.llm(message.params);
+      const result = await scope.complete(message.params);
       const text =
         typeof result === "string"
           ? result
@@ -315,12 +332,10 @@ function session(params) {
 
 function remember(proc, params) {
   if (params?.sessionId) proc.lastSession = session(params);
-  const complete = params?.runtimeContext?.llm?.complete;
-  if (typeof complete === "function") proc.llm = complete.bind(params.runtimeContext.llm);
 }
 
 function createEngine(proc) {
-  return {
+  const engine = {
     info: {
       id: ENGINE_ID,
       name: "vilvona lossless",
@@ -399,6 +414,7 @@ function createEngine(proc) {
           currentTokenCount: params.currentTokenCount,
           compactionTarget: params.compactionTarget,
           customInstructions: params.customInstructions,
+          runtimeSettings: limits(params),
         },
         params.abortSignal,
       );
@@ -432,6 +448,11 @@ function createEngine(proc) {
       // Engines are per logical turn in OpenClaw; the shared process outlives them.
     },
   };
+  // Each call's own host model answers the summaries it asks for.
+  for (const [name, method] of Object.entries(engine)) {
+    if (typeof method === "function") engine[name] = (params) => proc.withHostModel(params, () => method(params));
+  }
+  return engine;
 }
 
 export default function register(api) {
