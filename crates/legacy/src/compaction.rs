@@ -98,6 +98,10 @@ pub struct CompactionRequest<'a> {
     pub settings: &'a CompactionSettings,
     pub summarizer: &'a dyn Summarizer,
     pub estimator: &'a dyn TokenEstimator,
+    /// The host needs room now (its provider refused the prompt, or its preflight): when the
+    /// usual cut keeps everything, only the newest turn is kept; when the summarizer fails, a
+    /// deterministic summary (marked as a fallback) takes its place rather than nothing.
+    pub must_make_room: bool,
 }
 
 /// Why compaction could not run at all (as opposed to deciding not to).
@@ -126,11 +130,19 @@ pub async fn compact_transcript(
         .map(|entry| request.estimator.text_tokens(&entry.summary))
         .unwrap_or(0);
     let tokens_before = previous_tokens + kinds.iter().map(|(_, tokens)| tokens).sum::<u64>();
-    let Some(cut) = find_cut_within(
+    let cut = find_cut_within(
         &kinds,
         request.settings.kept_tail_tokens(),
         request.settings.max_kept_tokens(),
-    ) else {
+    )
+    .or_else(|| {
+        // Room is needed now: keep just the newest unit.
+        request
+            .must_make_room
+            .then(|| find_cut_within(&kinds, 1, 1))
+            .flatten()
+    });
+    let Some(cut) = cut else {
         return Ok(CompactResult::unchanged(
             CompactReason::TooSmall,
             tokens_before,
@@ -149,19 +161,33 @@ pub async fn compact_transcript(
     let history: Vec<&AgentMessage> = messages(&context[..history_end]);
     let turn_prefix: Vec<&AgentMessage> = messages(&context[history_end..cut.first_kept]);
 
-    let critical =
-        match summarize_staged(&request, &history, previous.map(|p| p.summary.as_str())).await {
-            Ok(text) => text,
-            Err(error) => {
-                tracing::warn!(%error, "compaction summary failed; the transcript is unchanged");
-                return Ok(CompactResult::failed(CompactReason::SummarizerUnavailable));
-            }
-        };
+    let critical = match summarize_staged(&request, &history, previous.map(|p| p.summary.as_str()))
+        .await
+    {
+        Ok(text) => text,
+        Err(error) if request.must_make_room => {
+            tracing::warn!(%error, "compaction summary failed; room is needed now, so a truncated summary stands in");
+            truncated_summary(
+                &request,
+                &history,
+                (request.settings.summary_chars() / 4) as u64,
+            )
+        }
+        Err(error) => {
+            tracing::warn!(%error, "compaction summary failed; the transcript is unchanged");
+            return Ok(CompactResult::failed(CompactReason::SummarizerUnavailable));
+        }
+    };
     let prefix_summary = if turn_prefix.is_empty() {
         None
     } else {
         match summarize_staged(&request, &turn_prefix, None).await {
             Ok(text) => Some(text),
+            Err(_) if request.must_make_room => Some(truncated_summary(
+                &request,
+                &turn_prefix,
+                (request.settings.summary_chars() / 4) as u64,
+            )),
             Err(error) => {
                 tracing::warn!(%error, "split-turn prefix summary failed; the transcript is unchanged");
                 return Ok(CompactResult::failed(CompactReason::SummarizerUnavailable));
@@ -170,7 +196,7 @@ pub async fn compact_transcript(
     };
     let mut all_summarized = history.clone();
     all_summarized.extend(turn_prefix.iter().copied());
-    let structured = build_summary(StructuredSummary {
+    let mut structured = build_summary(StructuredSummary {
         previous: previous.map(|p| p.summary.as_str()),
         messages: &all_summarized,
         critical_context: &critical,
@@ -181,7 +207,14 @@ pub async fn compact_transcript(
         .iter()
         .map(|(_, tokens)| tokens)
         .sum();
-    let tokens_after = request.estimator.text_tokens(&structured.text) + kept_tokens;
+    let mut tokens_after = request.estimator.text_tokens(&structured.text) + kept_tokens;
+    if tokens_after >= tokens_before && request.must_make_room {
+        // The structured summary of a short history is longer than the history: room is
+        // needed now, so a truncation within half of what is summarized stands in.
+        let summarized = tokens_before.saturating_sub(kept_tokens);
+        structured.text = truncated_summary(&request, &all_summarized, summarized / 2);
+        tokens_after = request.estimator.text_tokens(&structured.text) + kept_tokens;
+    }
     if tokens_after >= tokens_before {
         return Ok(CompactResult::unchanged(
             CompactReason::NoProgress,
@@ -290,6 +323,23 @@ fn entry_kind_and_tokens(entry: &Entry, estimator: &dyn TokenEstimator) -> (Entr
         }
         _ => (EntryKind::Metadata, 0),
     }
+}
+
+/// What stands in for a summary the summarizer could not write when room is needed now: the
+/// head of each message, deterministically truncated within the summary's share, marked as a
+/// fallback.
+fn truncated_summary(
+    request: &CompactionRequest<'_>,
+    messages: &[&AgentMessage],
+    target: u64,
+) -> String {
+    let items = messages
+        .iter()
+        .map(|message| source_item(message))
+        .collect();
+    let mut summary_request = SummaryRequest::new(SummaryKind::Leaf, 0, target, items);
+    summary_request.level = SummaryLevel::Fallback;
+    vilvona_summarize::truncate(&summary_request, request.estimator).text
 }
 
 /// Summarizes `messages` in stages: chunks of 15–40% of the window that never split a tool

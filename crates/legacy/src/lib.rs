@@ -99,6 +99,8 @@ impl ContextEngine for LegacyEngine {
             settings: &settings,
             summarizer: &*self.summarizer,
             estimator: &*self.estimator,
+            must_make_room: params.force
+                && params.compaction_target == Some(CompactionTarget::Budget),
         })
         .await
         .map_err(|error| EngineError::caused_by("legacy compaction", error))

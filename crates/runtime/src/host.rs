@@ -1079,6 +1079,7 @@ impl Host {
             settings: &settings,
             summarizer: &*self.summarizer,
             estimator: &*self.estimator,
+            must_make_room: false,
         })
         .await?;
         self.after_compaction(live, &result).await?;

@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use vilvona_core::engine::{CompactParams, CompactReason, CompactResult};
+use vilvona_core::engine::{CompactParams, CompactReason, CompactResult, CompactionTarget};
 use vilvona_core::summarize::Summarizer;
 use vilvona_core::tokens::TokenEstimator;
 use vilvona_legacy::{CompactionError, CompactionRequest, CompactionSettings, compact_transcript};
@@ -33,6 +33,7 @@ pub async fn delegate_compaction_to_runtime(
         settings: &settings,
         summarizer,
         estimator,
+        must_make_room: params.force && params.compaction_target == Some(CompactionTarget::Budget),
     })
     .await
 }

@@ -61,12 +61,22 @@ async fn compact(
     settings: &CompactionSettings,
     summarizer: &dyn Summarizer,
 ) -> vilvona_core::CompactResult {
+    compact_with(path, settings, summarizer, false).await
+}
+
+async fn compact_with(
+    path: &Path,
+    settings: &CompactionSettings,
+    summarizer: &dyn Summarizer,
+    must_make_room: bool,
+) -> vilvona_core::CompactResult {
     compact_transcript(CompactionRequest {
         session_file: path,
         custom_instructions: None,
         settings,
         summarizer,
         estimator: &HeuristicEstimator,
+        must_make_room,
     })
     .await
     .unwrap()
@@ -203,6 +213,33 @@ async fn a_failed_summary_is_reported_and_changes_nothing() {
         before,
         "the transcript is unchanged"
     );
+}
+
+/// When the host needs room now (overflow, preflight), legacy makes it: a history the usual
+/// cut would keep whole keeps only its newest turn, and a summarizer that fails leaves a
+/// truncated summary in its place instead of nothing.
+#[tokio::test]
+async fn room_needed_now_is_made_even_when_the_cut_keeps_all_and_the_summarizer_fails() {
+    for summarizer in [&Broken as &dyn Summarizer, &extractive()] {
+        let dir = TempDir::new().unwrap();
+        let path = write_session(dir.path(), 3, 400);
+        let routine = compact(&path, &settings(20_000), summarizer).await;
+        assert!(!routine.compacted, "{routine:?}");
+        let result = compact_with(&path, &settings(20_000), summarizer, true).await;
+        assert!(
+            result.ok && result.compacted,
+            "{}: {result:?}",
+            summarizer.id()
+        );
+        let details = result.result.unwrap();
+        assert!(details.tokens_after.unwrap() < details.tokens_before);
+        let kept = session_messages(&read_transcript(&path).unwrap().entries);
+        assert!(
+            kept.len() <= 2,
+            "only the newest turn's last unit and the summary: {}",
+            kept.len()
+        );
+    }
 }
 
 #[tokio::test]
