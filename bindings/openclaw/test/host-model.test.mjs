@@ -5,6 +5,7 @@
 //   VILVONA_BIN=target/debug/vilvona node --test bindings/openclaw/test/
 import { test } from "node:test";
 import assert from "node:assert/strict";
+import { spawnSync } from "node:child_process";
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -80,6 +81,15 @@ test("each call's summaries are written by that call's own host model", async ()
     assert.ok(late.compacted, JSON.stringify(late));
     assert.ok(details.degradedSummaries > 0, `the fallback was not reported: ${JSON.stringify(details)}`);
     assert.match(details.degradedReason ?? "", /no host model in scope/);
+    // The store says so too: stats name the stand-in, doctor counts it.
+    const cli = (...args) => JSON.parse(spawnSync(binary, ["--state-dir", stateDir, ...args, "--json"], { encoding: "utf8" }).stdout);
+    const stats = cli("stats", "--session", scope.sessionId);
+    assert.ok(
+      Object.keys(stats.summariesBySummarizer).some((writer) => writer === "extractive/v1 in place of host-llm/v1"),
+      JSON.stringify(stats.summariesBySummarizer),
+    );
+    const doctor = cli("doctor");
+    assert.match(doctor.checks[0].detail, /written by a fallback in place of the configured summarizer/);
   } finally {
     proc.child?.stdin.end();
     await new Promise((resolve) => (proc.child ? proc.child.once("exit", resolve) : resolve()));

@@ -95,6 +95,9 @@ pub struct SessionStats {
     pub messages: u64,
     /// Summaries in the context, by depth.
     pub summaries_by_depth: BTreeMap<String, u64>,
+    /// Summaries in the context, by who wrote them (`<writer> in place of <configured>` when
+    /// a fallback wrote one because the configured summarizer could not be reached).
+    pub summaries_by_summarizer: BTreeMap<String, u64>,
     /// Items of the context.
     pub context_items: u64,
     /// Tokens of the context.

@@ -23,9 +23,15 @@ impl EngineAdmin for LosslessEngine {
             .integrity_check()
             .await
             .map_err(|error| store_error("checking the store", error))?;
+        let stand_ins = match report.stand_in_summaries {
+            0 => String::new(),
+            count => format!(
+                " ({count} written by a fallback in place of the configured summarizer: it could not be reached)"
+            ),
+        };
         Ok(StorageCheck {
             summary: format!(
-                "{} messages, {} summaries, {} context items, {}",
+                "{} messages, {} summaries{stand_ins}, {} context items, {}",
                 report.messages, report.summaries, report.context_items, report.recall
             ),
             summaries: report.summaries,
@@ -86,11 +92,15 @@ impl EngineAdmin for LosslessEngine {
             .map_err(|error| store_error("reading a context", error))?;
         let mut summaries_by_depth: BTreeMap<String, u64> = BTreeMap::new();
         let mut context_by_kind: BTreeMap<String, ItemGroup> = BTreeMap::new();
+        let mut summaries_by_summarizer: BTreeMap<String, u64> = BTreeMap::new();
         for item in &items {
             let kind = match &item.content {
                 ItemContent::Summary(summary) => {
                     *summaries_by_depth
                         .entry(summary.depth.to_string())
+                        .or_default() += 1;
+                    *summaries_by_summarizer
+                        .entry(summary.summarizer.clone())
                         .or_default() += 1;
                     format!("summary, depth {}", summary.depth)
                 }
@@ -104,6 +114,7 @@ impl EngineAdmin for LosslessEngine {
             session: session.session_id.clone(),
             messages: row.stored_messages,
             summaries_by_depth,
+            summaries_by_summarizer,
             context_items: items.len() as u64,
             context_tokens: row.context_tokens,
             context_by_kind,

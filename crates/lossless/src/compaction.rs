@@ -784,7 +784,7 @@ impl LosslessEngine {
             return Ok(None);
         }
         let summarizer = match &summary.degraded {
-            Some(degraded) => degraded.written_by.clone(),
+            Some(degraded) => stand_in_summarizer(&degraded.written_by, self.inner.summarizer.id()),
             None => self.inner.summarizer.id().to_owned(),
         };
         let plan = ReplacePlan {
@@ -989,7 +989,9 @@ impl LosslessEngine {
                 continue;
             }
             let summarizer = match produced.degraded {
-                Some(degraded) => degraded.written_by,
+                Some(degraded) => {
+                    stand_in_summarizer(&degraded.written_by, self.inner.summarizer.id())
+                }
                 None => self.inner.summarizer.id().to_owned(),
             };
             let updated = self

@@ -838,6 +838,7 @@ pub(crate) fn integrity_problems(
     };
     report.messages = count("SELECT count(*) FROM messages")?;
     report.summaries = count("SELECT count(*) FROM summaries")?;
+    report.stand_in_summaries = count(STAND_IN_SUMMARIES)?;
     report.context_items = count("SELECT count(*) FROM context_items")?;
     let checks: [(&str, &str); 4] = [
         (

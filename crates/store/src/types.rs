@@ -689,8 +689,20 @@ pub struct IntegrityReport {
     /// What serves recall, in a few words (`index through message N`; on PostgreSQL, the
     /// database itself).
     pub recall: String,
+    /// Summaries a fallback summarizer wrote in place of the configured one (their summarizer
+    /// reads `<writer> in place of <configured>`): not damage, but worth saying.
+    pub stand_in_summaries: u64,
     /// What is wrong; empty when healthy.
     pub problems: Vec<String>,
+}
+
+/// Counts the summaries a fallback wrote in place of the configured summarizer (both backends).
+pub(crate) const STAND_IN_SUMMARIES: &str =
+    "SELECT count(*) FROM summaries WHERE summarizer LIKE '% in place of %'";
+
+/// What a summary's `summarizer` records when `written_by` wrote it in place of `asked`.
+pub fn stand_in_summarizer(written_by: &str, asked: &str) -> String {
+    format!("{written_by} in place of {asked}")
 }
 
 impl IntegrityReport {

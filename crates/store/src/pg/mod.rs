@@ -1508,11 +1508,13 @@ impl HistoryStore for PgStore {
                 &[],
             )
             .await?;
+        let stand_ins = transaction.row(STAND_IN_SUMMARIES, &[]).await?;
         let mut report = IntegrityReport {
             messages: count(&counts, 0)?,
             summaries: count(&counts, 1)?,
             context_items: count(&counts, 2)?,
             recall: "searches read the database".to_owned(),
+            stand_in_summaries: count(&stand_ins, 0)?,
             ..IntegrityReport::default()
         };
         if let Some(follower) = self.follower() {
