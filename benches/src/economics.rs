@@ -301,75 +301,65 @@ pub fn soak_figures(
     }
 }
 
+fn thousands(units: f64) -> String {
+    format!("{:.1}k", units / 1_000.0)
+}
+
+/// One row of [`soak_table`]: its label and how a run's figures show in it.
+type Row = (&'static str, fn(&SoakFigures) -> String);
+
+const SOAK_ROWS: &[Row] = &[
+    ("turns ok / failed", |f| {
+        format!("{} / {}", f.turns_ok, f.turns - f.turns_ok)
+    }),
+    ("wall per turn, median / p90 (s)", |f| {
+        let wall = f.wall_per_turn_ms;
+        format!("{:.2} / {:.2}", wall.median / 1_000.0, wall.p90 / 1_000.0)
+    }),
+    ("compactions (history shrank)", |f| {
+        f.cache.prompt_rewrites.to_string()
+    }),
+    ("prompt tokens per turn request, mean / max", |f| {
+        let max = f.cache.turn_prompt_tokens_max as f64;
+        format!(
+            "{} / {}",
+            thousands(f.cache.turn_prompt_tokens_mean),
+            thousands(max)
+        )
+    }),
+    ("model requests (turn / summarizer / refused)", |f| {
+        let cache = &f.cache;
+        format!(
+            "{} / {} / {}",
+            cache.turn_requests, cache.summarizer_requests, cache.rejected_requests
+        )
+    }),
+    ("cache-hit ratio, turn requests", |f| {
+        format!("{:.1} %", f.cache.turn_cache_hit_ratio * 100.0)
+    }),
+    ("input-token units per turn, cached", |f| {
+        thousands(f.cached_units_per_turn)
+    }),
+    ("input-token units per turn, no cache", |f| {
+        thousands(f.cache.uncached_units / f.turns.max(1) as f64)
+    }),
+    ("summarizer share of prompt tokens", |f| {
+        format!("{:.1} %", f.cache.summarizer_share * 100.0)
+    }),
+    ("planted facts answered", |f| {
+        format!("{} / {}", f.facts_answered, f.facts)
+    }),
+];
+
 /// Soak figures side by side, as Markdown (one column per run).
 pub fn soak_table(runs: &[&SoakFigures]) -> String {
-    let thousands = |units: f64| format!("{:.1}k", units / 1_000.0);
-    let rows: Vec<(&str, Box<dyn Fn(&SoakFigures) -> String>)> = vec![
-        (
-            "turns ok / failed",
-            Box::new(|f| format!("{} / {}", f.turns_ok, f.turns - f.turns_ok)),
-        ),
-        (
-            "wall per turn, median / p90 (s)",
-            Box::new(|f| {
-                format!(
-                    "{:.2} / {:.2}",
-                    f.wall_per_turn_ms.median / 1_000.0,
-                    f.wall_per_turn_ms.p90 / 1_000.0
-                )
-            }),
-        ),
-        (
-            "compactions (history shrank)",
-            Box::new(|f| f.cache.prompt_rewrites.to_string()),
-        ),
-        (
-            "prompt tokens per turn request, mean / max",
-            Box::new(|f| {
-                format!(
-                    "{} / {}",
-                    thousands(f.cache.turn_prompt_tokens_mean),
-                    thousands(f.cache.turn_prompt_tokens_max as f64)
-                )
-            }),
-        ),
-        (
-            "model requests (turn / summarizer / refused)",
-            Box::new(|f| {
-                format!(
-                    "{} / {} / {}",
-                    f.cache.turn_requests, f.cache.summarizer_requests, f.cache.rejected_requests
-                )
-            }),
-        ),
-        (
-            "cache-hit ratio, turn requests",
-            Box::new(|f| format!("{:.1} %", f.cache.turn_cache_hit_ratio * 100.0)),
-        ),
-        (
-            "input-token units per turn, cached",
-            Box::new(|f| thousands(f.cached_units_per_turn)),
-        ),
-        (
-            "input-token units per turn, no cache",
-            Box::new(|f| thousands(f.cache.uncached_units / f.turns.max(1) as f64)),
-        ),
-        (
-            "summarizer share of prompt tokens",
-            Box::new(|f| format!("{:.1} %", f.cache.summarizer_share * 100.0)),
-        ),
-        (
-            "planted facts answered",
-            Box::new(|f| format!("{} / {}", f.facts_answered, f.facts)),
-        ),
-    ];
     let mut out = String::from("| figure |");
     for run in runs {
         out.push_str(&format!(" {} ({}k) |", run.engine, run.window / 1_000));
     }
     out.push_str("\n|---|");
     out.push_str(&"---|".repeat(runs.len()));
-    for (label, value) in &rows {
+    for (label, value) in SOAK_ROWS {
         out.push_str(&format!("\n| {label} |"));
         for run in runs {
             out.push_str(&format!(" {} |", value(run)));
