@@ -53,8 +53,10 @@ trap cleanup EXIT
 on_failure() {
   echo "--- the last turns ---"
   tail -n 5 "$OUT/results.jsonl" | cut -c1-600
+  echo "--- gateway log: the context engine and compaction ---"
+  grep -aiE "context engine|context-engine|compaction|overflow|vilvona" "$WORK/gateway.out" 2>/dev/null | tail -n 20 | cut -c1-400
   echo "--- gateway log (last lines) ---"
-  tail -n 30 "$WORK/gateway.out" 2>/dev/null | cut -c1-400
+  tail -n 20 "$WORK/gateway.out" 2>/dev/null | cut -c1-400
 }
 
 # The workspace the `read` tool reads: the seeded source files.
@@ -132,5 +134,5 @@ node -e '
   if (f.promptRewrites < 1) problems.push("the prompt was never compacted");
   if (f.factsAnswered !== f.facts && process.argv[2] === "vilvona") problems.push(`${f.facts - f.factsAnswered} planted facts were not answered`);
   if (problems.length) { console.error(problems.join("; ")); process.exit(1); }
-' "$OUT/figures.json" "$ENGINE" || fail "$(cat "$OUT/figures.json" | head -c 1500)"
+' "$OUT/figures.json" "$ENGINE" || fail "$(head -c 1500 "$OUT/figures.json")"
 step "passed"

@@ -12,11 +12,18 @@
 //! request a real OpenClaw gateway sent ([`read_recorded_requests`]), and the economics replay,
 //! which builds the requests a host would send from an engine's assembled context.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
-use anyhow::{Context as _, Result, bail};
+use anyhow::{Context as _, Result, anyhow, bail};
+use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
+use serde_json::{Value, json};
+use vilvona_core::message::AgentMessage;
+use vilvona_core::summarize::{SummarizeError, Summarizer, Summary, SummaryRequest};
+use vilvona_runtime::{Host, HostOptions, Model, ModelError, ModelRequest, ModelResponse};
+
+use crate::FakeSummarizer;
 
 /// Which chain of cached prefixes a request belongs to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -360,6 +367,314 @@ pub fn soak_table(runs: &[&SoakFigures]) -> String {
     out.push_str("\n|---|");
     out.push_str(&"---|".repeat(runs.len()));
     for (label, value) in SOAK_ROWS {
+        out.push_str(&format!("\n| {label} |"));
+        for run in runs {
+            out.push_str(&format!(" {} |", value(run)));
+        }
+    }
+    out
+}
+
+// --- the economics replay ----------------------------------------------------------------
+
+/// How to replay a transcript for its economics.
+#[derive(Clone, Debug)]
+pub struct ReplayOptions {
+    /// An OpenClaw session transcript (JSONL).
+    pub transcript: PathBuf,
+    /// `legacy` or `lossless`.
+    pub engine: String,
+    /// The model's window.
+    pub window: u64,
+    /// The host's own system prompt, in tokens (OpenClaw 2026.9's is 10–11k).
+    pub system_prompt_tokens: u64,
+}
+
+/// What a replay cost, per the cost model, with what the summarizer was asked.
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ReplayFigures {
+    pub engine: String,
+    pub window: u64,
+    pub system_prompt_tokens: u64,
+    pub turns: usize,
+    /// Compactions the host ran or asked for (legacy's own, overflow recoveries; an engine that
+    /// owns compaction compacts on its own, which `prompt_rewrites` shows).
+    pub host_compactions: u32,
+    /// Cached input units over all requests, per turn.
+    pub cached_units_per_turn: f64,
+    /// Uncached input units, per turn.
+    pub uncached_units_per_turn: f64,
+    /// Summarizer calls that a model would have served, and their tokens (input as the
+    /// summarizer request's text / 4, output as the summary's).
+    pub summarizer_calls: u64,
+    pub summarizer_input_tokens: u64,
+    pub summarizer_output_tokens: u64,
+    #[serde(flatten)]
+    pub cache: CacheFigures,
+}
+
+/// The instructions a summarizing model gets (their size matters, not their wording).
+const SUMMARY_INSTRUCTIONS: &str = "You summarize a conversation between a user and an agent. \
+Keep decisions, open tasks, constraints, the user's pending requests and every exact identifier \
+(paths, ids, ports, names, dates). Write compact sections; do not continue the conversation.";
+
+/// The requests of a replay, in order (turn and summarizer streams together).
+#[derive(Debug, Default)]
+struct Recorder {
+    requests: Mutex<Vec<Request>>,
+    summaries: Mutex<(u64, u64, u64)>,
+}
+
+impl Recorder {
+    fn push(&self, request: Request) {
+        self.requests
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(request);
+    }
+}
+
+/// A summarizing model: the fake workload summarizer, each call recorded as a request of the
+/// summarizer stream (the instructions, then the source).
+#[derive(Debug)]
+struct RecordedSummarizer(Arc<Recorder>);
+
+#[async_trait]
+impl Summarizer for RecordedSummarizer {
+    fn id(&self) -> &str {
+        "recorded-model/v1"
+    }
+
+    async fn summarize(&self, request: &SummaryRequest) -> Result<Summary, SummarizeError> {
+        let source = request.source_text();
+        let messages = json!([
+            {"role": "system", "content": SUMMARY_INSTRUCTIONS},
+            {"role": "user", "content": source},
+        ])
+        .to_string();
+        let summary = FakeSummarizer.summarize(request).await?;
+        {
+            let mut counts = self
+                .0
+                .summaries
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            counts.0 += 1;
+            counts.1 += messages.chars().count() as u64 / 4;
+            counts.2 += summary.text.chars().count() as u64 / 4;
+        }
+        self.0.push(Request {
+            stream: Stream::Summarizer,
+            messages,
+            rejected: false,
+        });
+        Ok(summary)
+    }
+}
+
+/// The recorded turn as the model: each of its assistant messages is one model call, whose
+/// request is what the host sent followed by the turn so far; a request above the window is
+/// refused, as a provider refuses it. The assistant messages report their call's prompt tokens
+/// as usage, as providers do.
+#[derive(Debug)]
+struct ScriptedTurn {
+    recorder: Arc<Recorder>,
+    recorded: Vec<AgentMessage>,
+    window: u64,
+}
+
+fn serialized(system_prompt: &str, messages: &[AgentMessage]) -> String {
+    let mut list = vec![json!({"role": "system", "content": system_prompt})];
+    list.extend(
+        messages
+            .iter()
+            .map(|message| serde_json::to_value(message).unwrap_or(Value::Null)),
+    );
+    Value::Array(list).to_string()
+}
+
+#[async_trait]
+impl Model for ScriptedTurn {
+    async fn complete(&self, request: &ModelRequest) -> Result<ModelResponse, ModelError> {
+        let mut sent = request.messages.clone();
+        let mut answered = Vec::with_capacity(self.recorded.len());
+        let mut calls = Vec::new();
+        for message in &self.recorded {
+            if let AgentMessage::Assistant(_) = message {
+                let text = serialized(&request.system_prompt, &sent);
+                let tokens = text.chars().count() as u64 / 4;
+                if tokens > self.window {
+                    self.recorder.push(Request {
+                        stream: Stream::Turn,
+                        messages: text,
+                        rejected: true,
+                    });
+                    return Err(ModelError::Overflow(format!(
+                        "{tokens} tokens exceed the {}-token window",
+                        self.window
+                    )));
+                }
+                calls.push((text, tokens));
+            }
+            sent.push(message.clone());
+            answered.push(message.clone());
+        }
+        let mut tokens = calls.iter().map(|(_, tokens)| *tokens);
+        for message in &mut answered {
+            if let AgentMessage::Assistant(assistant) = message {
+                let usage = assistant.usage.get_or_insert_with(Default::default);
+                usage.input = tokens.next();
+                usage.cache_read = None;
+                usage.cache_write = None;
+            }
+        }
+        let last = calls.last().map(|(_, tokens)| *tokens);
+        for (text, _) in calls {
+            self.recorder.push(Request {
+                stream: Stream::Turn,
+                messages: text,
+                rejected: false,
+            });
+        }
+        Ok(ModelResponse {
+            messages: answered,
+            input_tokens: last,
+            output_tokens: Some(0),
+        })
+    }
+}
+
+/// A fixed system prompt of about `tokens` tokens.
+fn system_prompt(tokens: u64) -> String {
+    let line = "You are an agent working in a repository; read before you edit, test what you change, and report what you did.\n";
+    line.repeat((tokens as usize * 4) / line.len() + 1)
+}
+
+/// Replays a transcript through the host with `engine`, as OpenClaw would drive it (a fixed
+/// system prompt, the window less OpenClaw's reserve — a quarter of it, at most 20,000 — as
+/// the prompt budget, the model's reported usage), and computes what every model request would
+/// cost. `legacy` summarizes with a model; `lossless` with its default, the extractive
+/// summarizer (no model).
+pub async fn replay(options: &ReplayOptions) -> Result<ReplayFigures> {
+    let dir = tempfile::TempDir::new()?;
+    let reserve = (options.window / 4).min(20_000);
+    std::fs::write(
+        dir.path().join("vilvona.json5"),
+        format!(
+            "{{ plugins: {{ slots: {{ contextEngine: \"{}\" }} }}, agents: {{ defaults: {{ contextTokens: {}, compaction: {{ reserveTokens: {reserve}, reserveTokensFloor: 0 }} }} }} }}",
+            options.engine, options.window
+        ),
+    )?;
+    let recorder = Arc::new(Recorder::default());
+    let host = Host::open(
+        HostOptions {
+            system_prompt: system_prompt(options.system_prompt_tokens),
+            require_selected: true,
+            summarizer: Some(Arc::new(RecordedSummarizer(recorder.clone()))),
+            ..HostOptions::new(dir.path())
+        },
+        |_, _| Ok(()),
+    )
+    .await?;
+    let mut turns = Vec::new();
+    vilvona_transcript::for_each_turn(&options.transcript, |turn| {
+        turns.push(turn.messages);
+        Ok(())
+    })
+    .map_err(|error| anyhow!("reading {}: {error}", options.transcript.display()))?;
+    let mut compactions = 0;
+    let replayed = turns.len().max(1);
+    let key = "agent:main:economics";
+    for messages in turns {
+        let mut messages = messages.into_iter();
+        let Some(user) = messages.next() else {
+            continue;
+        };
+        let model = ScriptedTurn {
+            recorder: recorder.clone(),
+            recorded: messages.collect(),
+            window: options.window,
+        };
+        let report = host
+            .run_turn(key, user, &model)
+            .await
+            .with_context(|| format!("{} at a {} window", options.engine, options.window))?;
+        compactions += report.compactions;
+    }
+    host.dispose().await?;
+    let requests = std::mem::take(
+        &mut *recorder
+            .requests
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner),
+    );
+    let (calls, input, output) = *recorder
+        .summaries
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let cache = cache_figures(&requests);
+    Ok(ReplayFigures {
+        engine: options.engine.clone(),
+        window: options.window,
+        system_prompt_tokens: options.system_prompt_tokens,
+        turns: replayed,
+        host_compactions: compactions,
+        cached_units_per_turn: cache.cached_units / replayed as f64,
+        uncached_units_per_turn: cache.uncached_units / replayed as f64,
+        summarizer_calls: calls,
+        summarizer_input_tokens: input,
+        summarizer_output_tokens: output,
+        cache,
+    })
+}
+
+/// Replays side by side, as Markdown (one column per engine and window).
+pub fn replay_table(runs: &[ReplayFigures]) -> String {
+    type Cell = fn(&ReplayFigures) -> String;
+    const ROWS: &[(&str, Cell)] = &[
+        ("prompt rewrites (history shrank)", |r| {
+            r.cache.prompt_rewrites.to_string()
+        }),
+        ("turn requests / refused", |r| {
+            format!("{} / {}", r.cache.turn_requests, r.cache.rejected_requests)
+        }),
+        ("prompt tokens per turn request, mean / max", |r| {
+            let max = r.cache.turn_prompt_tokens_max as f64;
+            format!(
+                "{} / {}",
+                thousands(r.cache.turn_prompt_tokens_mean),
+                thousands(max)
+            )
+        }),
+        ("cache-hit ratio, turn requests", |r| {
+            format!("{:.1} %", r.cache.turn_cache_hit_ratio * 100.0)
+        }),
+        ("input units per turn, cached", |r| {
+            thousands(r.cached_units_per_turn)
+        }),
+        ("input units per turn, no cache", |r| {
+            thousands(r.uncached_units_per_turn)
+        }),
+        ("summarizer calls (input / output tokens)", |r| {
+            format!(
+                "{} ({} / {})",
+                r.summarizer_calls,
+                thousands(r.summarizer_input_tokens as f64),
+                thousands(r.summarizer_output_tokens as f64)
+            )
+        }),
+        ("summarizer share of prompt tokens", |r| {
+            format!("{:.1} %", r.cache.summarizer_share * 100.0)
+        }),
+    ];
+    let mut out = String::from("| figure |");
+    for run in runs {
+        out.push_str(&format!(" {} {}k |", run.engine, run.window / 1_000));
+    }
+    out.push_str("\n|---|");
+    out.push_str(&"---|".repeat(runs.len()));
+    for (label, value) in ROWS {
         out.push_str(&format!("\n| {label} |"));
         for run in runs {
             out.push_str(&format!(" {} |", value(run)));

@@ -3,6 +3,10 @@
 //! - `economics soak --requests mock.jsonl --turns results.jsonl --engine NAME --window TOKENS`:
 //!   the gateway soak's figures (turns, wall per turn, facts answered, prompt-cache economics)
 //!   from what its driver and its mock model recorded, as one JSON document.
+//! - `economics replay --transcript FILE [--windows 32000,128000,200000]
+//!   [--system-prompt-tokens 10000] [--json]`: the economics replay: the transcript through the
+//!   host with `legacy` and with `lossless` at each window, what every model request would cost
+//!   (a Markdown table, or one JSON document).
 //! - `economics compare --vilvona FIGURES --legacy FIGURES [--check]`: the two engines' figures
 //!   of one soak side by side (a Markdown table); `--check` fails unless vilvona's cached input
 //!   per turn is at most 0.8 of legacy's, its cache-hit ratio on turn requests at least 90 %,
@@ -14,7 +18,8 @@ use std::process::ExitCode;
 use anyhow::{Context as _, Result};
 use clap::{Parser, Subcommand};
 use vilvona_benches::economics::{
-    SoakFigures, read_recorded_requests, read_turn_results, soak_figures, soak_table,
+    ReplayOptions, SoakFigures, read_recorded_requests, read_turn_results, replay, replay_table,
+    soak_figures, soak_table,
 };
 
 #[derive(Parser, Debug)]
@@ -41,12 +46,29 @@ enum Command {
         #[arg(long)]
         window: u64,
     },
+    /// Replays a transcript through both engines at each window.
+    Replay {
+        #[arg(long)]
+        transcript: PathBuf,
+        /// Windows to replay at, comma-separated.
+        #[arg(long, value_delimiter = ',', default_values_t = [32_000u64, 128_000, 200_000])]
+        windows: Vec<u64>,
+        /// The host's system prompt, in tokens.
+        #[arg(long, default_value_t = 10_000)]
+        system_prompt_tokens: u64,
+        /// One JSON document instead of the table.
+        #[arg(long)]
+        json: bool,
+    },
     /// Two engines' soak figures side by side.
     Compare {
         #[arg(long)]
         vilvona: PathBuf,
         #[arg(long)]
         legacy: PathBuf,
+        /// More runs to show beside them (not checked).
+        #[arg(long)]
+        also: Vec<PathBuf>,
         /// Fail unless vilvona meets the bars (cost, cache hits, summarizer share).
         #[arg(long)]
         check: bool,
@@ -59,8 +81,36 @@ fn read_figures(path: &Path) -> Result<SoakFigures> {
     serde_json::from_str(&text).with_context(|| format!("{}: not soak figures", path.display()))
 }
 
-fn run(args: Args) -> Result<bool> {
+async fn run(args: Args) -> Result<bool> {
     match args.command {
+        Command::Replay {
+            transcript,
+            windows,
+            system_prompt_tokens,
+            json,
+        } => {
+            let mut runs = Vec::new();
+            for window in windows {
+                for engine in ["legacy", "lossless"] {
+                    eprintln!("economics: {engine} at {window} tokens");
+                    runs.push(
+                        replay(&ReplayOptions {
+                            transcript: transcript.clone(),
+                            engine: engine.to_owned(),
+                            window,
+                            system_prompt_tokens,
+                        })
+                        .await?,
+                    );
+                }
+            }
+            if json {
+                println!("{}", serde_json::to_string_pretty(&runs)?);
+            } else {
+                println!("{}", replay_table(&runs));
+            }
+            Ok(true)
+        }
         Command::Soak {
             requests,
             turns,
@@ -76,10 +126,17 @@ fn run(args: Args) -> Result<bool> {
         Command::Compare {
             vilvona,
             legacy,
+            also,
             check,
         } => {
             let (vilvona, legacy) = (read_figures(&vilvona)?, read_figures(&legacy)?);
-            println!("{}", soak_table(&[&legacy, &vilvona]));
+            let also = also
+                .iter()
+                .map(|path| read_figures(path))
+                .collect::<Result<Vec<_>>>()?;
+            let mut runs = vec![&legacy, &vilvona];
+            runs.extend(also.iter());
+            println!("{}", soak_table(&runs));
             if !check {
                 return Ok(true);
             }
@@ -107,8 +164,9 @@ fn run(args: Args) -> Result<bool> {
     }
 }
 
-fn main() -> ExitCode {
-    match run(Args::parse()) {
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() -> ExitCode {
+    match run(Args::parse()).await {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,
         Err(error) => {

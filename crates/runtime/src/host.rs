@@ -107,6 +107,9 @@ pub struct HostOptions {
     /// Keep the `lossless` engine's history in this PostgreSQL database (`--store-url`,
     /// `VILVONA_STORE_URL`), whatever the configuration says.
     pub store_url: Option<String>,
+    /// What the host's own compaction (the `legacy` engine's) summarizes with, as OpenClaw
+    /// summarizes with its model; the extractive summarizer when `None`.
+    pub summarizer: Option<Arc<dyn Summarizer>>,
 }
 
 impl HostOptions {
@@ -124,6 +127,7 @@ impl HostOptions {
             read_only: false,
             require_selected: false,
             store_url: None,
+            summarizer: None,
         }
     }
 
@@ -305,8 +309,10 @@ impl Host {
             }
         }
         let estimator: Arc<dyn TokenEstimator> = Arc::new(HeuristicEstimator);
-        let summarizer: Arc<dyn Summarizer> =
-            Arc::new(ExtractiveSummarizer::new(estimator.clone()));
+        let summarizer: Arc<dyn Summarizer> = match &options.summarizer {
+            Some(summarizer) => summarizer.clone(),
+            None => Arc::new(ExtractiveSummarizer::new(estimator.clone())),
+        };
         let registry = Registry::new();
         register_legacy(&registry, &config, summarizer.clone(), estimator.clone())?;
         register_lossless(&registry, None)?;
@@ -1048,9 +1054,12 @@ impl Host {
         }
         let info = self.engine.engine.info();
         if !info.owns_compaction {
+            // The whole prompt counts, as OpenClaw counts it from the provider's usage: the
+            // system prompt as well as the history.
             let window = self.config.context_window();
             let threshold = window.saturating_sub(self.config.reserve_tokens(window));
-            if live.history_tokens > threshold {
+            let system = self.estimator.text_tokens(&self.system_prompt().text);
+            if live.history_tokens + system > threshold {
                 let result = self.builtin_compaction(live, None, budget).await?;
                 report.compactions += u32::from(result.compacted);
             }
