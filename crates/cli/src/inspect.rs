@@ -121,6 +121,24 @@ pub(crate) async fn doctor(global: &Global, json: bool, fix: bool) -> Result<Exi
             });
         }
     }
+    // The session index: a damaged one is moved aside and rebuilt by --fix.
+    match host.check_session_index().await {
+        Ok(_) => {}
+        Err(error) if fix => {
+            let (aside, count) = host.rebuild_session_index().await?;
+            eprintln!(
+                "doctor --fix: {} was damaged ({}); moved to {} and rebuilt with {count} session(s) from the store and the transcripts",
+                global.state_dir.join("sessions.json").display(),
+                vilvona_core::error_chain(&error),
+                aside.display()
+            );
+        }
+        Err(error) => checks.push(Check {
+            name: "session index".to_owned(),
+            ok: false,
+            detail: vilvona_core::error_chain(&error),
+        }),
+    }
     // After the store's check (doctor's first), the state directory's permissions, as they
     // were before this host opened (opening keeps the directory itself 0700).
     checks.push(Check {
@@ -340,7 +358,7 @@ pub(crate) async fn sessions(global: &Global, json: bool) -> Result<ExitCode> {
     let host = global.reader().await?;
     let admin = admin(&host).await.ok();
     let mut rows = Vec::new();
-    for (key, record) in host.sessions().await {
+    for (key, record) in host.listed_sessions().await {
         let messages = match &admin {
             Some(admin) => admin
                 .session_stats(&caller(&key, &record))
@@ -360,13 +378,15 @@ pub(crate) async fn sessions(global: &Global, json: bool) -> Result<ExitCode> {
                 })
                 .unwrap_or(0),
         };
+        // A session only the store holds (a gateway's) has no record of its own here.
+        let recorded = !record.session_file.as_os_str().is_empty();
         rows.push(json!({
             "agent": host.options().agent_id,
             "key": key,
             "id": record.session_id,
             "messages": messages,
-            "lastActivity": vilvona_summarize::format_utc_rfc3339(record.updated_at_ms),
-            "compactions": record.compaction_count,
+            "lastActivity": recorded.then(|| vilvona_summarize::format_utc_rfc3339(record.updated_at_ms)),
+            "compactions": recorded.then_some(record.compaction_count),
         }));
     }
     if json {
@@ -381,7 +401,7 @@ pub(crate) async fn sessions(global: &Global, json: bool) -> Result<ExitCode> {
                 row["key"].as_str().unwrap_or(""),
                 row["id"].as_str().unwrap_or(""),
                 row["messages"],
-                row["lastActivity"].as_str().unwrap_or("")
+                row["lastActivity"].as_str().unwrap_or("-")
             );
         }
     }

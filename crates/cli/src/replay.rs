@@ -30,8 +30,13 @@ fn read_turns(file: &Path) -> Result<(String, Vec<Turn>, Option<anyhow::Error>)>
         ));
         Ok(())
     });
+    let checked = |id: String| {
+        vilvona_runtime::sessions::check_session_id(&id)
+            .map(|()| id)
+            .with_context(|| format!("{}: the session header's id", file.display()))
+    };
     match outcome {
-        Ok((Some(header), _)) => Ok((header.id, turns, None)),
+        Ok((Some(header), _)) => Ok((checked(header.id)?, turns, None)),
         Ok((None, _)) => Err(anyhow!(
             "{}: the first line is not a `session` header",
             file.display()
@@ -40,7 +45,7 @@ fn read_turns(file: &Path) -> Result<(String, Vec<Turn>, Option<anyhow::Error>)>
             // The header may have been read before the bad line.
             let header = vilvona_transcript::read_header(file)
                 .map_err(|header_error| anyhow!(header_error))?;
-            Ok((header.id, turns, Some(anyhow!(error))))
+            Ok((checked(header.id)?, turns, Some(anyhow!(error))))
         }
     }
 }

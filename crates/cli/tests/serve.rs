@@ -714,3 +714,59 @@ fn a_question_is_answered_by_the_hosts_model() {
     assert_eq!(answered["result"]["citations"], json!([cited]));
     assert_eq!(answered["result"]["answeredBy"], "host-llm/v1");
 }
+
+/// A session a gateway stored through `serve` (no transcript in the state directory, whose own
+/// configuration selects no engine): `sessions` lists it, doctor counts it, and the `/context`
+/// views show it as the engine that stored it assembles it.
+#[test]
+fn the_command_line_sees_the_sessions_a_gateway_stored() {
+    let dir = TempDir::new().unwrap();
+    let mut client = Client::start(dir.path());
+    initialize(&mut client, json!({}));
+    let scope = json!({"sessionId": "gw-1", "sessionKey": "agent:main:openai-user:gw"});
+    client.call(2, "assemble", json!({"sessionId": "gw-1", "sessionKey": "agent:main:openai-user:gw", "messages": [], "tokenBudget": 2000}));
+    let filler = "the ledger shard rebalanced and the cursor moved on; ".repeat(8);
+    for turn in 0..20 {
+        let mut params = scope.clone();
+        params["advancementKey"] = json!(format!("k{turn}"));
+        params["messages"] = json!([
+            user(&format!("turn {turn}: {filler}"), turn),
+            assistant(&format!("done {turn}: {filler}"))
+        ]);
+        client.call(10 + turn as u64, "commitTurn", params);
+    }
+    drop(client.stdin.take());
+    assert!(client.child.wait().unwrap().success());
+    let run = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_vilvona"))
+            .arg("--state-dir")
+            .arg(dir.path())
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let sessions = run(&["sessions", "--json"]);
+    assert!(
+        sessions.status.success(),
+        "{}",
+        String::from_utf8_lossy(&sessions.stderr)
+    );
+    let sessions: Value = serde_json::from_slice(&sessions.stdout).unwrap();
+    assert_eq!(sessions.as_array().unwrap().len(), 1, "{sessions}");
+    assert_eq!(sessions[0]["id"], "gw-1");
+    assert_eq!(sessions[0]["key"], "agent:main:openai-user:gw");
+    assert_eq!(sessions[0]["messages"], 40);
+    let listed = run(&["context", "list", "--session", "gw-1"]);
+    let text = String::from_utf8_lossy(&listed.stdout);
+    assert!(
+        listed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&listed.stderr)
+    );
+    assert!(text.contains("Summaries (depth"), "{text}");
+    let report = run(&["context", "json", "--session", "gw-1"]);
+    let report: Value = serde_json::from_slice(&report.stdout).unwrap();
+    assert_eq!(report["report"]["engine"], "lossless", "{report}");
+    let doctor: Value = serde_json::from_slice(&run(&["doctor", "--json"]).stdout).unwrap();
+    assert_eq!(doctor["sessions"], 1, "{doctor}");
+}

@@ -95,6 +95,35 @@ fn group(message: &AgentMessage) -> String {
     }
 }
 
+/// The engine that stored a session: the one that keeps the agent's history when it holds
+/// this session (whatever the slot selects now: a gateway's plugin stores with `lossless` in a
+/// state directory whose own configuration selects nothing), else the active one; and whether
+/// it holds the session.
+async fn storing_engine(
+    host: &Host,
+    session_id: &str,
+) -> (
+    String,
+    std::sync::Arc<dyn vilvona_core::engine::ContextEngine>,
+    bool,
+) {
+    if let Ok(engine) = host.history().await
+        && let Some(admin) = engine.admin()
+        && admin.stored_sessions().await.is_ok_and(|stored| {
+            stored
+                .iter()
+                .any(|session| session.session_id == session_id)
+        })
+    {
+        return (engine.info().id, engine, true);
+    }
+    (
+        host.engine().active_id(),
+        host.engine().engine.clone(),
+        false,
+    )
+}
+
 /// What a session's next prompt is made of, as `/context` reports it: the system prompt and
 /// its parts, the tools, and the assembled conversation by kind.
 pub async fn context_report(
@@ -104,20 +133,26 @@ pub async fn context_report(
 ) -> Result<ContextReport, HostError> {
     let key = key.to_owned();
     let estimator = host.estimator().clone();
-    let transcript = read_transcript(&record.session_file)?;
-    let history: Vec<AgentMessage> = session_messages(&transcript.entries)
+    // A session a gateway stored through `serve` has no transcript here: the engine that
+    // stored it holds its history.
+    let entries = if record.session_file.as_os_str().is_empty() {
+        Vec::new()
+    } else {
+        read_transcript(&record.session_file)?.entries
+    };
+    let history: Vec<AgentMessage> = session_messages(&entries)
         .into_iter()
         .map(|(_, m)| m)
         .collect();
+    let (engine_id, engine, stores) = storing_engine(host, &record.session_id).await;
     let system = host.system_prompt();
     let budget = host.token_budget(&system.text, "");
-    let assembled = host
-        .engine()
-        .engine
+    let assembled = engine
         .assemble(&AssembleParams {
             session_id: record.session_id.clone(),
             session_key: Some(key.clone()),
             messages: history.clone().into(),
+            history_elided: stores && history.is_empty(),
             token_budget: Some(budget),
             available_tools: host
                 .options()
@@ -129,7 +164,7 @@ pub async fn context_report(
         })
         .await
         .map_err(|source| HostError::Engine {
-            engine: host.engine().active_id(),
+            engine: engine_id.clone(),
             operation: "assemble",
             source,
         })?;
@@ -170,8 +205,7 @@ pub async fn context_report(
         )
     };
     let transcript_counts = TranscriptCounts {
-        messages: transcript
-            .entries
+        messages: entries
             .iter()
             .filter(|located| matches!(located.entry, Entry::Message(_)))
             .count(),
@@ -230,7 +264,7 @@ pub async fn context_report(
     let config = host.config();
     Ok(ContextReport {
         session: key,
-        engine: host.engine().active_id(),
+        engine: engine_id,
         workspace: system
             .workspace
             .as_ref()

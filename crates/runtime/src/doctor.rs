@@ -165,7 +165,7 @@ pub async fn doctor(host: &Host, checks: Vec<Check>) -> DoctorReport {
         compatibility,
         state_dir: state_dir.display().to_string(),
         state_dir_writable: writable,
-        sessions: host.sessions().await.len(),
+        sessions: host.listed_sessions().await.len(),
         checks,
     }
 }

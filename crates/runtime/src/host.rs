@@ -64,6 +64,11 @@ pub enum HostError {
     Overflow(String),
     #[error("unknown session \"{0}\"")]
     UnknownSession(String),
+    #[error(
+        "the state directory {} does not exist (a command that only reads creates nothing: check --state-dir)",
+        .0.display()
+    )]
+    NoStateDir(PathBuf),
     /// No engine keeps history for this agent; `reasons` are the failures of engines that
     /// may have (empty when none has any stored).
     #[error(
@@ -289,12 +294,19 @@ impl Host {
         options: HostOptions,
         register: impl FnOnce(&Registry, &HostConfig) -> Result<(), HostError>,
     ) -> Result<Host, HostError> {
-        crate::privacy::ensure_private_dir(&options.state_dir).map_err(|source| {
-            HostError::Sessions(SessionStoreError::Io {
-                path: options.state_dir.clone(),
-                source,
-            })
-        })?;
+        if options.read_only {
+            // Reading creates nothing: a mistyped --state-dir is an error, not an empty one.
+            if !options.state_dir.is_dir() {
+                return Err(HostError::NoStateDir(options.state_dir.clone()));
+            }
+        } else {
+            crate::privacy::ensure_private_dir(&options.state_dir).map_err(|source| {
+                HostError::Sessions(SessionStoreError::Io {
+                    path: options.state_dir.clone(),
+                    source,
+                })
+            })?;
+        }
         let mut config = HostConfig::load(&options.config_path())?;
         if let Some(engine) = &options.engine_override {
             config.context_engine_slot = Some(engine.clone());
@@ -326,7 +338,7 @@ impl Host {
             registry.resolve(&selection).await?
         };
         tracing::info!(engine = %engine.active_id(), selected = %engine.selected_id, "context engine resolved");
-        let sessions = SessionStore::open(&options.state_dir)?;
+        let sessions = SessionStore::open(&options.state_dir);
         let mut options = options;
         // The model is offered the tools of the engine that serves.
         for tool in engine.engine.tools() {
@@ -508,6 +520,112 @@ impl Host {
                 Vec::new()
             }
         }
+    }
+
+    /// Every session of the state directory: those `sessions.json` records, then those only
+    /// the engine that keeps history stored (a gateway's, through `serve`: no transcript
+    /// here, so their records name none).
+    pub async fn listed_sessions(&self) -> Vec<(String, SessionRecord)> {
+        let mut listed = self.sessions().await;
+        let known: HashSet<String> = listed
+            .iter()
+            .map(|(_, record)| record.session_id.clone())
+            .collect();
+        let Ok(engine) = self.history().await else {
+            return listed;
+        };
+        let Some(admin) = engine.admin() else {
+            return listed;
+        };
+        match admin.stored_sessions().await {
+            Ok(stored) => listed.extend(
+                stored
+                    .into_iter()
+                    .filter(|session| !known.contains(&session.session_id))
+                    .map(|session| {
+                        let key = session
+                            .session_key
+                            .unwrap_or_else(|| session.session_id.clone());
+                        let record = SessionRecord {
+                            session_id: session.session_id,
+                            ..SessionRecord::default()
+                        };
+                        (key, record)
+                    }),
+            ),
+            Err(error) => tracing::warn!(%error, "listing the stored sessions failed"),
+        }
+        listed
+    }
+
+    /// Whether the session index (`sessions.json`) reads: its records, or why not.
+    pub async fn check_session_index(&self) -> Result<usize, SessionStoreError> {
+        self.sessions.lock().await.check()
+    }
+
+    /// `doctor --fix` for a damaged session index: moves it aside and writes one rebuilt from
+    /// the transcripts in `sessions/` (each header's id; its key the one the engine that keeps
+    /// history stored with it, else the id). Answers where the damaged file went and how many
+    /// records the new one holds.
+    pub async fn rebuild_session_index(&self) -> Result<(PathBuf, usize), HostError> {
+        let keys: HashMap<String, String> = match self.history().await {
+            Ok(engine) => match engine.admin() {
+                Some(admin) => admin
+                    .stored_sessions()
+                    .await
+                    .map_err(|source| self.engine_error("stored_sessions", source))?
+                    .into_iter()
+                    .filter_map(|stored| Some((stored.session_id, stored.session_key?)))
+                    .collect(),
+                None => HashMap::new(),
+            },
+            Err(_) => HashMap::new(),
+        };
+        let dir = self.options.state_dir.join("sessions");
+        let mut records = std::collections::BTreeMap::new();
+        for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            let path = entry.path();
+            if path.extension().and_then(|ext| ext.to_str()) != Some("jsonl") {
+                continue;
+            }
+            let Ok(header) = vilvona_transcript::read_header(&path) else {
+                continue;
+            };
+            let compactions = read_transcript(&path)
+                .map(|transcript| {
+                    transcript
+                        .entries
+                        .iter()
+                        .filter(|located| {
+                            matches!(located.entry, vilvona_transcript::Entry::Compaction(_))
+                        })
+                        .count() as u64
+                })
+                .unwrap_or(0);
+            let updated_at_ms = entry
+                .metadata()
+                .and_then(|metadata| metadata.modified())
+                .ok()
+                .and_then(|time| time.duration_since(std::time::UNIX_EPOCH).ok())
+                .map_or(0, |since| since.as_millis() as i64);
+            let key = keys
+                .get(&header.id)
+                .cloned()
+                .unwrap_or_else(|| header.id.clone());
+            records.insert(
+                key,
+                SessionRecord {
+                    session_id: header.id,
+                    session_file: path,
+                    compaction_count: compactions,
+                    updated_at_ms,
+                    ..SessionRecord::default()
+                },
+            );
+        }
+        let count = records.len();
+        let aside = self.sessions.lock().await.replace_damaged(records)?;
+        Ok((aside, count))
     }
 
     fn slot(&self, session_key: &str) -> Arc<Mutex<Option<LiveSession>>> {

@@ -888,6 +888,13 @@ impl HistoryStore for Store {
     }
 
     async fn integrity_check(&self) -> Result<IntegrityReport> {
+        /// Whether no index problem was reported yet (one sentence about the index is enough).
+        fn index_problem_absent(report: &IntegrityReport) -> bool {
+            !report
+                .problems
+                .iter()
+                .any(|problem| problem.starts_with("the recall index"))
+        }
         self.flush_index().await?;
         let index = self.inner.index.as_ref().map(|slot| slot.current());
         let index_problem = self.inner.index_problem.clone();
@@ -947,6 +954,14 @@ impl HistoryStore for Store {
                 ));
             }
             let (max_message, max_summary) = read::max_ids(connection)?;
+            // Gone (its directory, or its meta.json) while the database holds messages:
+            // searches still work (they read the database), but every one reads all of it. (An
+            // index that is there but behind is a writer catching up, not damage.)
+            if index.is_none() && max_message > 0 && index_problem_absent(&report) {
+                report.problems.push(format!(
+                    "the recall index is missing while the database holds messages through {max_message}: searches read the database meanwhile (slower); any writing command (or rebuild-index) rebuilds it"
+                ));
+            }
             // Behind is normal while writers run (those rows are searched in SQLite); ahead
             // means the database lost rows the index still points at.
             if watermark.messages > max_message || watermark.summaries > max_summary {
