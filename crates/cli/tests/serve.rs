@@ -265,6 +265,14 @@ fn a_line_that_is_not_utf8_gets_a_parse_error_and_the_server_keeps_serving() {
         .write_all(b"{\"jsonrpc\":\"2.0\",\"id\":5,\"method\":\"\xff\xfe\"}\n")
         .unwrap();
     stdin.flush().unwrap();
+    // The id is readable: the answer carries it, so the client waiting on 5 gets it.
+    let error = client.wait(|value| value["id"] == 5);
+    assert_eq!(error["error"]["code"], -32700, "{error}");
+    client
+        .send_raw(r#"{"jsonrpc":"2.0","id":"req-7","method":"ingest","params":{"sessionId": u}}"#);
+    let error = client.wait(|value| value["id"] == "req-7");
+    assert_eq!(error["error"]["code"], -32700, "{error}");
+    client.send_raw(r#"{"jsonrpc":"2.0","method":"ingest","params":{oops}}"#);
     let error = client.wait(|value| value["id"].is_null());
     assert_eq!(error["error"]["code"], -32700, "{error}");
     assert_eq!(
@@ -287,7 +295,7 @@ fn a_line_nested_too_deep_gets_a_parse_error_and_the_server_keeps_serving() {
         "[".repeat(100_000),
         "]".repeat(100_000)
     ));
-    let error = client.wait(|value| value["id"].is_null());
+    let error = client.wait(|value| value["id"] == 5);
     assert_eq!(error["error"]["code"], -32700, "{error}");
     assert!(
         error["error"]["message"]

@@ -289,7 +289,7 @@ impl Server {
             Ok(value) => value,
             Err(error) => {
                 self.respond(
-                    Value::Null,
+                    readable_id(line.as_bytes()),
                     Err(RpcError::new(PARSE_ERROR, format!("parse error: {error}"))),
                 );
                 return;
@@ -664,6 +664,32 @@ fn declared_tools(params: &Value) -> Result<Value, RpcError> {
     Ok(json!({ "tools": tools }))
 }
 
+/// The id of a request that does not parse, when it can still be read (a top-level `"id":`
+/// followed by a number or a plain string): the client waiting on it then gets its answer.
+/// `null` otherwise, as JSON-RPC prescribes.
+fn readable_id(line: &[u8]) -> Value {
+    let text = String::from_utf8_lossy(line);
+    let Some(at) = text.find("\"id\"") else {
+        return Value::Null;
+    };
+    let rest = text[at + 4..].trim_start();
+    let Some(rest) = rest.strip_prefix(':') else {
+        return Value::Null;
+    };
+    let rest = rest.trim_start();
+    if let Some(string) = rest.strip_prefix('"') {
+        return match string.find(['"', '\\']) {
+            Some(end) if string.as_bytes()[end] == b'"' => Value::String(string[..end].to_owned()),
+            _ => Value::Null,
+        };
+    }
+    let digits: String = rest
+        .chars()
+        .take_while(|c| c.is_ascii_digit() || *c == '-')
+        .collect();
+    digits.parse::<i64>().map_or(Value::Null, Value::from)
+}
+
 /// A summarizer that asks the client's host model (`runtimeContext.llm.complete`).
 #[derive(Debug)]
 struct HostLlmSummarizer {
@@ -811,7 +837,7 @@ pub async fn serve(
             Ok(_) => match String::from_utf8(std::mem::take(&mut line)) {
                 Ok(text) => server.handle_line(text),
                 Err(error) => server.respond(
-                    Value::Null,
+                    readable_id(error.as_bytes()),
                     Err(RpcError::new(
                         PARSE_ERROR,
                         format!(

@@ -190,6 +190,15 @@ impl From<tantivy::TantivyError> for StoreError {
 }
 
 impl StoreError {
+    /// Whether SQLite found a damaged page (the row it was reading cannot be read; others may).
+    pub(crate) fn is_damaged_page(&self) -> bool {
+        matches!(
+            self,
+            StoreError::Sqlite(DatabaseError(rusqlite::Error::SqliteFailure(failure, _)))
+                if matches!(failure.code, rusqlite::ErrorCode::DatabaseCorrupt | rusqlite::ErrorCode::NotADatabase)
+        )
+    }
+
     pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> StoreError {
         StoreError::Io {
             path: path.into(),

@@ -161,7 +161,14 @@ fn check_files(dir: &Path) -> Result<()> {
 /// lengths it read), turning a panic into an error: the index is disposable, a panic there must
 /// not take the store down.
 pub(crate) fn contained<T>(work: impl FnOnce() -> Result<T>) -> Result<T> {
-    std::panic::catch_unwind(std::panic::AssertUnwindSafe(work)).unwrap_or_else(|panic| {
+    quiet_contained_panics();
+    let outcome = CONTAINING.with(|depth| {
+        depth.set(depth.get() + 1);
+        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(work));
+        depth.set(depth.get() - 1);
+        outcome
+    });
+    outcome.unwrap_or_else(|panic| {
         let message = panic
             .downcast_ref::<String>()
             .map(String::as_str)
@@ -171,6 +178,27 @@ pub(crate) fn contained<T>(work: impl FnOnce() -> Result<T>) -> Result<T> {
             format!("reading the index panicked: {message}"),
         )))
     })
+}
+
+thread_local! {
+    /// How deep this thread is in [`contained`] calls: a panic there becomes an error, and
+    /// prints nothing of its own.
+    static CONTAINING: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+/// Installs, once, a panic hook that stays silent for panics [`contained`] turns into errors
+/// (a damaged index file: doctor reports it, tantivy's own panic text would only confuse) and
+/// prints every other panic as before.
+fn quiet_contained_panics() {
+    static INSTALLED: std::sync::Once = std::sync::Once::new();
+    INSTALLED.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if CONTAINING.with(std::cell::Cell::get) == 0 {
+                previous(info);
+            }
+        }));
+    });
 }
 
 fn mmap_directory(dir: &Path) -> Result<MmapDirectory> {

@@ -904,6 +904,9 @@ impl HistoryStore for Store {
             let snapshot = connection.unchecked_transaction()?;
             let connection: &Connection = &snapshot;
             let mut report = IntegrityReport::default();
+            // A damaged page stops the statement that met it, not the check: what was found
+            // stands, and the damage is named.
+            let checked = (|| -> Result<()> {
             read::integrity_problems(connection, &mut report)?;
             if let Some(problem) = index_problem {
                 report.problems.push(format!(
@@ -970,7 +973,19 @@ impl HistoryStore for Store {
                     watermark.messages, watermark.summaries
                 ));
             }
-            Ok(report)
+            Ok(())
+            })();
+            match checked {
+                Ok(()) => Ok(report),
+                Err(error) if error.is_damaged_page() => {
+                    report.problems.push(format!(
+                        "the check stopped at a damaged database page ({}); restore the database from a backup",
+                        vilvona_core::error_chain(&error)
+                    ));
+                    Ok(report)
+                }
+                Err(error) => Err(error),
+            }
         })
         .await
     }

@@ -815,12 +815,49 @@ pub(crate) fn integrity_problems(
     connection: &Connection,
     report: &mut IntegrityReport,
 ) -> Result<()> {
-    let quick: String = connection.query_row("PRAGMA quick_check", [], |row| row.get(0))?;
-    if quick != "ok" {
+    // What quick_check finds names the damaged pages; the rows on them are found by reading.
+    let quick: Vec<String> = connection
+        .prepare("PRAGMA quick_check(20)")?
+        .query_map([], |row| row.get::<_, String>(0))?
+        .collect::<rusqlite::Result<_>>()?;
+    if quick.first().is_some_and(|first| first != "ok") {
         report.problems.push(format!(
-            "sqlite quick_check: {quick}; restore the database from a backup"
+            "sqlite quick_check: {}; restore the database from a backup",
+            quick.join("; ")
         ));
+        let (max_message, max_summary) =
+            max_ids(connection).unwrap_or((i64::MAX / 2, i64::MAX / 2));
+        for (table, max) in [("messages", max_message), ("summaries", max_summary)] {
+            let sql = format!("SELECT id, * FROM {table} WHERE id BETWEEN ?1 AND ?2");
+            let unreadable = read_ranges_carefully(1, max, &mut |low, high| {
+                let mut statement = connection.prepare_cached(&sql)?;
+                let mut rows = statement.query(params![low, high])?;
+                while rows.next()?.is_some() {}
+                Ok(true)
+            })?;
+            if !unreadable.is_empty() {
+                let shown: Vec<String> = unreadable.iter().take(10).map(i64::to_string).collect();
+                report.problems.push(format!(
+                    "{} {table} cannot be read (on damaged pages), e.g. ids {}: searches skip them",
+                    unreadable.len(),
+                    shown.join(", ")
+                ));
+            }
+        }
     }
+    match structure_problems(connection, report) {
+        Err(error) if error.is_damaged_page() => {
+            report.problems.push(
+                "the structure checks stopped at a damaged page (see quick_check above)".to_owned(),
+            );
+            Ok(())
+        }
+        other => other,
+    }
+}
+
+/// What integrity_problems checks after the pages: decoding, counts, references, the DAG.
+fn structure_problems(connection: &Connection, report: &mut IntegrityReport) -> Result<()> {
     // Damage inside a row's bytes passes quick_check: every stored message must decode.
     let undecodable = for_each_message_after_where(connection, 0, |_| false, |_| Ok(()))?;
     if !undecodable.is_empty() {
@@ -914,16 +951,104 @@ pub(crate) fn for_each_message_in(
     conversation: ConversationId,
     query: &SearchQuery,
     mut f: impl FnMut(StoredMessage) -> Result<bool>,
-) -> Result<()> {
+) -> Result<u64> {
     let sql = format!(
         "SELECT {MESSAGE_COLUMNS} FROM messages m
          WHERE m.conversation_id = ?1
            AND (?2 IS NULL OR m.created_at >= ?2) AND (?3 IS NULL OR m.created_at < ?3)
          ORDER BY m.seq DESC"
     );
-    for_each_in_range(connection, &sql, conversation, query, |row| {
-        f(message_row(connection, row, 0)?)
-    })
+    // Newest first; ids grow with seq in a conversation, so where the scan stopped on a
+    // damaged page, the careful reading goes on below the last id it delivered.
+    let mut last = i64::MAX;
+    let mut stopped = false;
+    let scanned = for_each_in_range(connection, &sql, conversation, query, |row| {
+        let message = message_row(connection, row, 0)?;
+        last = message.id.0;
+        let go_on = f(message)?;
+        stopped = !go_on;
+        Ok(go_on)
+    });
+    match scanned {
+        Ok(()) => Ok(0),
+        Err(error) if error.is_damaged_page() && !stopped => {
+            let careful = format!(
+                "SELECT {MESSAGE_COLUMNS} FROM messages m
+                 WHERE m.id BETWEEN ?1 AND ?2 AND m.conversation_id = ?3
+                   AND (?4 IS NULL OR m.created_at >= ?4) AND (?5 IS NULL OR m.created_at < ?5)
+                 ORDER BY m.id DESC"
+            );
+            let highest =
+                (last.saturating_sub(1)).min(max_ids(connection).map_or(i64::MAX, |(m, _)| m));
+            // A range re-read after it failed part way must not deliver a row twice: every id
+            // above the last one delivered was delivered or cannot be read.
+            let mut floor = last;
+            let unreadable = read_ranges_carefully(1, highest, &mut |low, high| {
+                let mut statement = connection.prepare_cached(&careful)?;
+                let mut rows = statement.query(params![
+                    low,
+                    high,
+                    conversation.0,
+                    query.since_ms,
+                    query.before_ms
+                ])?;
+                while let Some(row) = rows.next()? {
+                    let message = message_row(connection, row, 0)?;
+                    if message.id.0 >= floor {
+                        continue;
+                    }
+                    floor = message.id.0;
+                    if !f(message)? {
+                        return Ok(false);
+                    }
+                }
+                Ok(true)
+            })?;
+            tracing::warn!(
+                skipped = unreadable.len(),
+                "a search could not read messages on damaged database pages; it read the rest"
+            );
+            Ok(unreadable.len() as u64)
+        }
+        Err(error) => Err(error),
+    }
+}
+
+/// Reads the rows of ids `low..=high` through `read` (which answers whether to go on), the
+/// newest range first, splitting a range whose read fails on a damaged page until the single
+/// ids that cannot be read are known. Returns those ids.
+pub(crate) fn read_ranges_carefully(
+    low: i64,
+    high: i64,
+    read: &mut impl FnMut(i64, i64) -> Result<bool>,
+) -> Result<Vec<i64>> {
+    const RANGE: i64 = 1_024;
+    let mut unreadable = Vec::new();
+    let mut pending = Vec::new();
+    let mut top = high;
+    while top >= low {
+        pending.push((top.saturating_sub(RANGE - 1).max(low), top));
+        top = top.saturating_sub(RANGE);
+    }
+    pending.reverse();
+    // A stack: the newest range on top, and a failed range's newer half read first.
+    while let Some((from, to)) = pending.pop() {
+        match read(from, to) {
+            Ok(true) => {}
+            Ok(false) => break,
+            Err(error) if error.is_damaged_page() => {
+                if from == to {
+                    unreadable.push(from);
+                } else {
+                    let middle = from + (to - from) / 2;
+                    pending.push((from, middle));
+                    pending.push((middle + 1, to));
+                }
+            }
+            Err(error) => return Err(error),
+        }
+    }
+    Ok(unreadable)
 }
 
 /// Streams a conversation's summaries within the query's time range, newest first.

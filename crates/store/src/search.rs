@@ -223,6 +223,7 @@ fn archived_matches(
             continue;
         }
         if query.target != SearchTarget::Summaries {
+            // Rows on damaged pages are skipped (and counted in the log), as text search does.
             read::for_each_message_in(connection, *conversation, query, |message| {
                 if let Some(share) = score(&message.text()) {
                     found.push((IndexedRow::Message(message.id.0), best * share));
@@ -334,6 +335,7 @@ fn regex_search(connection: &Connection, query: &SearchQuery) -> Result<Vec<Sear
     let want_summaries = query.target != SearchTarget::Messages;
     for conversation in &query.conversations {
         if want_messages {
+            // Rows on damaged pages are skipped (and counted in the log), as text search does.
             read::for_each_message_in(connection, *conversation, query, |message| {
                 if let Some((snippet, file)) =
                     message_match(connection, &message, Marks::Pattern(&pattern), &mut budget)?
