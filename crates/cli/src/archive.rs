@@ -80,12 +80,19 @@ pub(crate) async fn export(
 }
 
 /// Stores the history a file holds as a new session, verified by reading it back.
-pub(crate) async fn import(global: &Global, file: &Path, json: bool) -> Result<ExitCode> {
+pub(crate) async fn import(
+    global: &Global,
+    file: &Path,
+    engine: Option<String>,
+    json: bool,
+) -> Result<ExitCode> {
     let opened =
         std::fs::File::open(file).with_context(|| format!("opening {}", file.display()))?;
     let (archive, _) = SessionArchive::read(BufReader::new(opened))
         .with_context(|| format!("reading {}", file.display()))?;
-    let host = global.host().await?;
+    let mut options = global.options();
+    options.engine_override = engine;
+    let host = global.host_with(options).await?;
     let report = admin(&host).await?.import_session(archive).await?;
     if json {
         print_json(&serde_json::to_value(&report)?)?;

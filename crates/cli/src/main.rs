@@ -226,6 +226,10 @@ enum Command {
     Import {
         /// The file `vilvona export` wrote.
         file: PathBuf,
+        /// The engine that keeps the session (default: the one that keeps this state
+        /// directory's history, else the one the contextEngine slot selects).
+        #[arg(long)]
+        engine: Option<String>,
         /// Print one JSON document.
         #[arg(long)]
         json: bool,
@@ -567,7 +571,9 @@ async fn run(command: Command, global: &Global) -> Result<ExitCode> {
         Command::Export { session, out, json } => {
             archive::export(global, &session, &out, json).await
         }
-        Command::Import { file, json } => archive::import(global, &file, json).await,
+        Command::Import { file, engine, json } => {
+            archive::import(global, &file, engine, json).await
+        }
         Command::Plugins {
             action: PluginsAction::Uninstall { id },
         } => uninstall_plugin(global, &id),

@@ -235,3 +235,79 @@ fn a_session_moves_to_postgresql_and_back() {
     assert_eq!(sent.len(), came_back.len());
     assert_eq!(sent[..sent.len() - 1], came_back[..came_back.len() - 1]);
 }
+
+/// Into a fresh state directory with no configuration: `--engine` says which engine keeps the
+/// session; afterwards, and after a forget and a second import, `sessions` lists it.
+#[test]
+fn import_takes_the_engine_and_the_imported_session_is_listed() {
+    let (from, to) = (TempDir::new().unwrap(), TempDir::new().unwrap());
+    let source = state(&from);
+    replay_fixture(source);
+    let file = from.path().join("session.vilvona");
+    ok_json(&vilvona(
+        source,
+        &[
+            "export",
+            "--session",
+            SESSION,
+            "--out",
+            file.to_str().unwrap(),
+            "--json",
+        ],
+    ));
+    let fresh = to.path().join("state");
+    let imported = ok_json(&vilvona(
+        &fresh,
+        &[
+            "import",
+            file.to_str().unwrap(),
+            "--engine",
+            "lossless",
+            "--json",
+        ],
+    ));
+    assert_eq!(imported["sessionId"], SESSION);
+    let listed = |state: &Path| ok_json(&vilvona(state, &["sessions", "--json"]));
+    assert_eq!(listed(&fresh)[0]["id"], SESSION, "{}", listed(&fresh));
+    ok_json(&vilvona(
+        &fresh,
+        &["forget", "--session", SESSION, "--json"],
+    ));
+    ok_json(&vilvona(
+        &fresh,
+        &[
+            "import",
+            file.to_str().unwrap(),
+            "--engine",
+            "lossless",
+            "--json",
+        ],
+    ));
+    assert_eq!(listed(&fresh)[0]["id"], SESSION, "{}", listed(&fresh));
+    // Ids are never reused, so the second import renumbered every message; a citation of a
+    // message's id in the source store still resolves, to the same message.
+    let hit = |state: &Path| {
+        ok_json(&vilvona(
+            state,
+            &[
+                "grep",
+                "password rotation",
+                "--session",
+                SESSION,
+                "--scope",
+                "messages",
+                "--json",
+            ],
+        ))["results"][0]
+            .clone()
+    };
+    let (source_hit, fresh_hit) = (hit(source), hit(&fresh));
+    assert_ne!(source_hit["id"], fresh_hit["id"], "renumbered");
+    let cited = source_hit["id"].as_str().unwrap();
+    let described = ok_json(&vilvona(
+        &fresh,
+        &["describe", cited, "--session", SESSION, "--json"],
+    ));
+    assert_eq!(described["id"], fresh_hit["id"], "{described}");
+    assert_eq!(described["formerId"], cited);
+}

@@ -91,6 +91,10 @@ pub struct ArchivedMessage {
     /// The stored files its text moved to.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub blobs: Vec<String>,
+    /// Its id in the store it was exported from (`msg_<id>`): an import gives it a new one,
+    /// and keeps this so that citations and notes naming the old one still resolve.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub origin_id: Option<i64>,
 }
 
 /// A stored file.

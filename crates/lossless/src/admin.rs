@@ -11,7 +11,7 @@ use vilvona_core::admin::{
     StorageUsage, StoredSession, ToolCaller,
 };
 use vilvona_core::archive::{ImportReport, SessionArchive};
-use vilvona_store::{ItemContent, StoreError};
+use vilvona_store::{ConversationId, ItemContent, MessageId, StoreError};
 
 use crate::engine::{LosslessEngine, store_error};
 
@@ -151,8 +151,17 @@ impl EngineAdmin for LosslessEngine {
     }
 
     async fn import_session(&self, archive: SessionArchive) -> Result<ImportReport, EngineError> {
+        // The messages' ids in the store the archive came from, by place.
+        let origins: Vec<(u64, i64)> = archive
+            .messages
+            .iter()
+            .filter_map(|message| Some((message.seq, message.origin_id?)))
+            .collect();
         match self.store().import(archive).await {
-            Ok((_, report)) => Ok(report),
+            Ok((conversation, report)) => {
+                self.keep_origin_ids(conversation, &origins).await?;
+                Ok(report)
+            }
             // The archive's fault, not the store's: said as it is, never quarantining.
             Err(StoreError::ImportRefused(reason)) => Err(EngineError::refused(format!(
                 "the archive cannot be imported: {reason}"
@@ -178,7 +187,78 @@ impl EngineAdmin for LosslessEngine {
     }
 }
 
+/// The state key under which an imported conversation keeps its messages' former ids:
+/// `[[former, new, count], …]`, runs of consecutive ids.
+pub(crate) const ORIGIN_IDS: &str = "import.originIds";
+
 impl LosslessEngine {
+    /// Keeps, for an imported conversation, which id each message had in the store it came
+    /// from (as runs), so that `msg_<former>` still resolves.
+    async fn keep_origin_ids(
+        &self,
+        conversation: ConversationId,
+        origins: &[(u64, i64)],
+    ) -> Result<(), EngineError> {
+        if origins.is_empty() {
+            return Ok(());
+        }
+        let stored = self
+            .store()
+            .export(conversation)
+            .await
+            .map_err(|error| store_error("reading an imported session", error))?;
+        let new_of: std::collections::HashMap<u64, i64> = stored
+            .messages
+            .iter()
+            .filter_map(|message| Some((message.seq, message.origin_id?)))
+            .collect();
+        let mut runs: Vec<[i64; 3]> = Vec::new();
+        for (seq, former) in origins {
+            let Some(&new) = new_of.get(seq) else {
+                continue;
+            };
+            match runs.last_mut() {
+                Some([from, to, count]) if *from + *count == *former && *to + *count == new => {
+                    *count += 1;
+                }
+                _ => runs.push([*former, new, 1]),
+            }
+        }
+        let text = serde_json::to_string(&runs)
+            .map_err(|error| EngineError::caused_by("lossless: writing former ids", error))?;
+        self.store()
+            .set_state(conversation, ORIGIN_IDS, &text)
+            .await
+            .map_err(|error| store_error("keeping former ids", error))
+    }
+
+    /// The id a message has now, when `former` was its id in the store a conversation in
+    /// `conversations` was imported from.
+    pub(crate) async fn imported_message_id(
+        &self,
+        conversations: &[ConversationId],
+        former: i64,
+    ) -> Result<Option<MessageId>, EngineError> {
+        for conversation in conversations {
+            let Some(text) = self
+                .store()
+                .state(*conversation, ORIGIN_IDS)
+                .await
+                .map_err(|error| store_error("reading former ids", error))?
+            else {
+                continue;
+            };
+            let runs: Vec<[i64; 3]> = serde_json::from_str(&text).unwrap_or_default();
+            if let Some([from, to, _]) = runs
+                .iter()
+                .find(|[from, _, count]| (*from..*from + *count).contains(&former))
+            {
+                return Ok(Some(MessageId(to + (former - from))));
+            }
+        }
+        Ok(None)
+    }
+
     /// This engine as the contract's administration.
     pub(crate) fn as_admin(&self) -> Arc<dyn EngineAdmin> {
         Arc::new(self.clone())

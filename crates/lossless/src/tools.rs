@@ -76,6 +76,16 @@ pub enum ToolError {
     /// The subagent grant that allowed the read has ended.
     #[error("the recall grant for {0} has expired or was revoked")]
     GrantEnded(String),
+    /// The caller's session key belongs to another agent than the session it names.
+    #[error(
+        "the session key names agent {key_agent}, but this session belongs to agent {agent}: an agent reads only its own history"
+    )]
+    OtherAgent {
+        /// The agent the key names.
+        key_agent: String,
+        /// The agent whose session it is.
+        agent: String,
+    },
     /// The store failed.
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -95,6 +105,14 @@ struct Scope {
 }
 
 impl Scope {
+    /// Every conversation in reach.
+    fn conversations(&self) -> Vec<ConversationId> {
+        self.reach
+            .iter()
+            .flat_map(|(_, conversations)| conversations.iter().copied())
+            .collect()
+    }
+
     fn contains(&self, conversation: ConversationId) -> bool {
         self.reach
             .iter()
@@ -153,6 +171,20 @@ impl LosslessEngine {
     async fn scope(&self, caller: &ToolCaller) -> Result<Scope, ToolError> {
         let store = self.store();
         let config = self.config();
+        // Isolation follows the agent, not only the session id: a key of another agent
+        // (`agent:<id>:…`, OpenClaw's form) does not read this agent's sessions.
+        if let Some(key_agent) = caller
+            .session_key
+            .as_deref()
+            .and_then(|key| key.strip_prefix("agent:"))
+            .and_then(|rest| rest.split(':').next())
+            .filter(|key_agent| *key_agent != config.agent_id)
+        {
+            return Err(ToolError::OtherAgent {
+                key_agent: key_agent.to_owned(),
+                agent: config.agent_id.clone(),
+            });
+        }
         let own = self
             .conversation(&caller.session_id, caller.session_key.as_deref())
             .await?;
@@ -385,18 +417,31 @@ impl LosslessEngine {
             return Ok(described);
         }
         if let Some(number) = id.strip_prefix("msg_") {
-            let message_id = number
+            let mut message_id = number
                 .parse::<i64>()
                 .map(MessageId)
                 .map_err(|_| ToolError::InvalidArguments(format!("{id} is not a message id")))?;
-            let message = self
-                .store()
-                .message(message_id)
-                .await?
-                .ok_or_else(|| ToolError::NotFound(id.clone()))?;
+            let mut message = self.store().message(message_id).await?;
+            // An imported session's messages have new ids: the one a citation names may be a
+            // former id of a message in scope.
+            let mine = message
+                .as_ref()
+                .is_some_and(|found| scope.contains(found.conversation));
+            let mut former = None;
+            if !mine
+                && let Some(now) = self
+                    .imported_message_id(&scope.conversations(), message_id.0)
+                    .await?
+            {
+                former = Some(id.clone());
+                message_id = now;
+                message = self.store().message(now).await?;
+            }
+            let message = message.ok_or_else(|| ToolError::NotFound(id.clone()))?;
+            let id = message_id_string(message_id);
             self.check_scope(&scope, message.conversation, &id)?;
             let covering = self.covering_summary(ItemRef::Message(message_id)).await?;
-            return Ok(json!({
+            let mut described = json!({
                 "id": id,
                 "kind": "message",
                 "role": message.role,
@@ -405,7 +450,11 @@ impl LosslessEngine {
                 "tokens": message.tokens,
                 "coveredBy": covering.map(|summary| summary.summary_id),
                 "text": message.text(),
-            }));
+            });
+            if let Some(former) = former {
+                described["formerId"] = json!(former);
+            }
+            return Ok(described);
         }
         let summary = self
             .store()

@@ -96,6 +96,7 @@ pub(crate) fn export(
                 ingest_key: hex(&row.get::<_, Vec<u8>>(5)?),
                 created_at_ms: row.get(6)?,
                 blobs,
+                origin_id: Some(row_id),
             });
         }
     }
@@ -625,10 +626,24 @@ pub(crate) fn first_difference(a: &SessionArchive, b: &SessionArchive) -> Option
     if a.session != b.session {
         return Some("the session's fields".to_owned());
     }
-    first("messages", &a.messages, &b.messages)
-        .or_else(|| first("stored files", &a.blobs, &b.blobs))
-        .or_else(|| first("summaries", &a.summaries, &b.summaries))
-        .or_else(|| first("context items", &a.context, &b.context))
-        .or_else(|| first("turns", &a.turns, &b.turns))
-        .or_else(|| (a.state != b.state).then(|| "the session's state values".to_owned()))
+    // A message's origin is the store it came from: a new store gives it a new id.
+    let without_origin = |messages: &[ArchivedMessage]| -> Vec<ArchivedMessage> {
+        messages
+            .iter()
+            .map(|message| ArchivedMessage {
+                origin_id: None,
+                ..message.clone()
+            })
+            .collect()
+    };
+    first(
+        "messages",
+        &without_origin(&a.messages),
+        &without_origin(&b.messages),
+    )
+    .or_else(|| first("stored files", &a.blobs, &b.blobs))
+    .or_else(|| first("summaries", &a.summaries, &b.summaries))
+    .or_else(|| first("context items", &a.context, &b.context))
+    .or_else(|| first("turns", &a.turns, &b.turns))
+    .or_else(|| (a.state != b.state).then(|| "the session's state values".to_owned()))
 }

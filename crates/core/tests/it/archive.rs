@@ -26,6 +26,7 @@ fn archive() -> SessionArchive {
                 ingest_key: "00ff".repeat(8),
                 created_at_ms: 1,
                 blobs: vec!["file_0123456789abcdef".to_owned()],
+                origin_id: Some(255),
             },
             ArchivedMessage {
                 seq: 1,
@@ -35,6 +36,7 @@ fn archive() -> SessionArchive {
                 ingest_key: "11".repeat(16),
                 created_at_ms: 2,
                 blobs: Vec::new(),
+                origin_id: None,
             },
         ],
         blobs: vec![ArchivedBlob {

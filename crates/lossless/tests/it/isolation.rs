@@ -133,6 +133,27 @@ async fn agents_and_conversations_are_isolated_unless_configured() {
         1,
         "only when the config names the agent"
     );
+
+    // The ops engine asked with an ops session's id but another agent's key: refused, for
+    // every tool (isolation follows the agent in the key, not only the session id).
+    let impostor = caller("o1", "agent:main:o1");
+    for (tool, arguments) in [
+        ("vilvona_grep", json!({"query": "pager rotation secret"})),
+        ("vilvona_describe", json!({"id": "msg_1"})),
+    ] {
+        let refused = ops
+            .call_tool(&impostor, tool, &arguments)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&refused, ToolError::OtherAgent { key_agent, agent } if key_agent == "main" && agent == "ops"),
+            "{tool}: {refused}"
+        );
+    }
+    assert_eq!(
+        hits(&ops, &caller("o1", "agent:ops:o1"), "pager rotation secret").await,
+        1
+    );
 }
 
 #[tokio::test]

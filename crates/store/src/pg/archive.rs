@@ -64,6 +64,7 @@ pub(crate) async fn export(
             ingest_key: hex(at::<&[u8]>(&row, 5)?),
             created_at_ms: at(&row, 6)?,
             blobs: at(&row, 7)?,
+            origin_id: Some(at(&row, 0)?),
         });
     }
     let mut summary_ids: HashMap<i64, String> = HashMap::new();

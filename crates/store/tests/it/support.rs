@@ -134,3 +134,14 @@ pub(crate) async fn texts(store: &Store, conversation: ConversationId, count: u6
         })
         .collect()
 }
+
+/// An archive as a store that imported it exports it again: the same, but for its messages'
+/// origins (their ids in the store that exported it; the importing store gives new ones).
+pub(crate) fn without_origins(
+    mut archive: vilvona_core::archive::SessionArchive,
+) -> vilvona_core::archive::SessionArchive {
+    for message in &mut archive.messages {
+        message.origin_id = None;
+    }
+    archive
+}
