@@ -926,7 +926,7 @@ pub async fn check_selection_case(
             PROBE_PLUGIN_ID.to_owned(),
             EntrySettings {
                 enabled: case.enabled,
-                config: None,
+                ..EntrySettings::default()
             },
         );
     }

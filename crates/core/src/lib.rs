@@ -24,6 +24,7 @@ pub mod engine;
 pub mod host;
 pub mod message;
 pub mod registry;
+pub mod suggest;
 pub mod summarize;
 pub mod tokens;
 

@@ -43,6 +43,8 @@ pub struct FactoryContext {
     /// The host inspects an engine that is not the active one: it opens storage that exists
     /// and refuses (creating nothing) when there is none.
     pub existing_only: bool,
+    /// Where [`config`](Self::config) was written, for errors that point at a key.
+    pub origin: Option<SettingsOrigin>,
 }
 
 /// Creates an engine instance.
@@ -161,6 +163,37 @@ pub struct EntrySettings {
     pub enabled: Option<bool>,
     /// Handed to the factory as [`FactoryContext::config`].
     pub config: Option<Value>,
+    /// Where `config` was written (handed on as [`FactoryContext::origin`]).
+    pub origin: Option<SettingsOrigin>,
+}
+
+/// Where an entry's settings were written: the file, the entry's own key
+/// (`plugins.entries.<id>.config`), and the line and column of each key inside it (by dotted
+/// path relative to it), so an engine's error can say which key and where.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SettingsOrigin {
+    /// The configuration file.
+    pub file: PathBuf,
+    /// The entry's key in it.
+    pub key: String,
+    /// Line and column (1-based) of each key inside the entry's settings.
+    pub positions: BTreeMap<String, (usize, usize)>,
+}
+
+impl SettingsOrigin {
+    /// `plugins.entries.lossless.config.freshTailCount (FILE:5:29)` for a key inside the
+    /// settings (an empty key names the settings themselves).
+    pub fn describe(&self, key: &str) -> String {
+        let whole = if key.is_empty() {
+            self.key.clone()
+        } else {
+            format!("{}.{key}", self.key)
+        };
+        match self.positions.get(key) {
+            Some((line, column)) => format!("{whole} ({}:{line}:{column})", self.file.display()),
+            None => format!("{whole} ({})", self.file.display()),
+        }
+    }
 }
 
 /// What the host's configuration says about engine selection.
@@ -646,11 +679,10 @@ impl Registry {
                 available: self.available(),
             });
         };
+        let entry = selection.entries.get(LEGACY_ENGINE_ID);
         let context = FactoryContext {
-            config: selection
-                .entries
-                .get(LEGACY_ENGINE_ID)
-                .and_then(|entry| entry.config.clone()),
+            config: entry.and_then(|entry| entry.config.clone()),
+            origin: entry.and_then(|entry| entry.origin.clone()),
             agent_dir: selection.agent_dir.clone(),
             workspace_dir: selection.workspace_dir.clone(),
             read_only: selection.read_only,
@@ -710,6 +742,7 @@ impl Registry {
             Some((owner, factory)) => {
                 let context = FactoryContext {
                     config: entry.and_then(|entry| entry.config.clone()),
+                    origin: entry.and_then(|entry| entry.origin.clone()),
                     agent_dir: selection.agent_dir.clone(),
                     workspace_dir: selection.workspace_dir.clone(),
                     read_only: selection.read_only,
@@ -786,6 +819,7 @@ impl Registry {
         }
         let context = FactoryContext {
             config: entry.and_then(|entry| entry.config.clone()),
+            origin: entry.and_then(|entry| entry.origin.clone()),
             agent_dir: selection.agent_dir.clone(),
             workspace_dir: selection.workspace_dir.clone(),
             read_only: selection.read_only,

@@ -2,6 +2,7 @@
 
 use serde::Deserialize;
 use serde_json::Value;
+use vilvona_core::registry::SettingsOrigin;
 use vilvona_core::summarize::SummarizerConfig;
 use vilvona_summarize::TokenizerKind;
 
@@ -10,9 +11,15 @@ use crate::forget::RetentionPolicy;
 /// Why `plugins.entries.lossless.config` was refused.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    /// Not the shape of the settings (unknown key, wrong type).
-    #[error("plugins.entries.lossless.config")]
-    Parse(#[source] serde_json::Error),
+    /// Not the shape of the settings: an unknown key (with the nearest known one), a value of
+    /// the wrong type.
+    #[error("plugins.entries.lossless.config.{key}: {problem}")]
+    Shape {
+        /// The setting, by dotted path inside the settings (empty: the settings themselves).
+        key: String,
+        /// What is wrong with it.
+        problem: String,
+    },
     /// A setting breaks a rule.
     #[error("plugins.entries.lossless.config.{key} {rule}")]
     Invalid {
@@ -21,6 +28,50 @@ pub enum ConfigError {
         /// What it must be.
         rule: &'static str,
     },
+}
+
+impl ConfigError {
+    /// The error with the key's file, line and column, when the host said where the settings
+    /// were written.
+    pub fn located(&self, origin: Option<&SettingsOrigin>) -> String {
+        let Some(origin) = origin else {
+            return self.to_string();
+        };
+        match self {
+            ConfigError::Shape { key, problem } => format!("{}: {problem}", origin.describe(key)),
+            ConfigError::Invalid { key, rule } => format!("{} {rule}", origin.describe(key)),
+        }
+    }
+
+    /// What serde said, with the path of the key it was reading; an unknown key names the
+    /// known key nearest to it.
+    fn from_serde(error: serde_path_to_error::Error<serde_json::Error>) -> ConfigError {
+        let path = error.path().to_string();
+        let problem = error.inner().to_string();
+        let unknown = problem
+            .strip_prefix("unknown field `")
+            .and_then(|rest| rest.split_once('`'));
+        let (key, problem) = match unknown {
+            Some((field, rest)) => {
+                let known: Vec<&str> = rest.split('`').skip(1).step_by(2).collect();
+                // The path ends at the unknown key, or (inside a tagged enum) at its object.
+                let key = match path.as_str() {
+                    "." | "" => field.to_owned(),
+                    whole if whole == field || whole.ends_with(&format!(".{field}")) => {
+                        whole.to_owned()
+                    }
+                    parent => format!("{parent}.{field}"),
+                };
+                let hint = match vilvona_core::suggest::nearest(field, known.iter().copied()) {
+                    Some(near) => format!("; did you mean `{near}`?"),
+                    None => format!("; known keys here: {}", known.join(", ")),
+                };
+                (key, format!("is not a setting{hint}"))
+            }
+            None => (if path == "." { String::new() } else { path }, problem),
+        };
+        ConfigError::Shape { key, problem }
+    }
 }
 
 /// Where the history is kept (`plugins.entries.lossless.config.store`).
@@ -142,7 +193,9 @@ impl LosslessConfig {
     pub fn from_value(value: Option<&Value>) -> Result<LosslessConfig, ConfigError> {
         let config: LosslessConfig = match value {
             None | Some(Value::Null) => LosslessConfig::default(),
-            Some(value) => serde_json::from_value(value.clone()).map_err(ConfigError::Parse)?,
+            Some(value) => {
+                serde_path_to_error::deserialize(value.clone()).map_err(ConfigError::from_serde)?
+            }
         };
         config.validate()?;
         Ok(config)
@@ -214,5 +267,63 @@ impl LosslessConfig {
             return problem("retention.maxStoreMb", "must be positive");
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn refused(settings: Value) -> String {
+        let origin = SettingsOrigin {
+            file: "/state/vilvona.json5".into(),
+            key: "plugins.entries.lossless.config".to_owned(),
+            positions: [
+                ("freshTailCount".to_owned(), (5, 29)),
+                ("freshTailCont".to_owned(), (5, 29)),
+                ("retention.maxStoreMB".to_owned(), (6, 40)),
+            ]
+            .into(),
+        };
+        match LosslessConfig::from_value(Some(&settings)) {
+            Ok(_) => panic!("{settings} was accepted"),
+            Err(error) => error.located(Some(&origin)),
+        }
+    }
+
+    /// An error names the whole key path, where it is written, and — for a slip of the
+    /// keyboard — the key that was meant.
+    #[test]
+    fn errors_name_the_key_its_place_and_the_nearest_known_key() {
+        for (settings, said) in [
+            (
+                json!({"freshTailCount": "many"}),
+                "plugins.entries.lossless.config.freshTailCount (/state/vilvona.json5:5:29): invalid type: string \"many\", expected usize",
+            ),
+            (
+                json!({"freshTailCont": 8}),
+                "plugins.entries.lossless.config.freshTailCont (/state/vilvona.json5:5:29): is not a setting; did you mean `freshTailCount`?",
+            ),
+            (
+                json!({"retention": {"maxStoreMB": 10}}),
+                "plugins.entries.lossless.config.retention.maxStoreMB (/state/vilvona.json5:6:40): is not a setting; did you mean `maxStoreMb`?",
+            ),
+            (
+                json!({"store": {"kind": "sqlite", "dri": "/x"}}),
+                "plugins.entries.lossless.config.store.dri (/state/vilvona.json5): is not a setting; did you mean `dir`?",
+            ),
+            (
+                json!({"completelyDifferent": 1}),
+                "plugins.entries.lossless.config.completelyDifferent (/state/vilvona.json5): is not a setting; known keys here: contextThreshold,",
+            ),
+            (
+                json!({"contextThreshold": 2.0}),
+                "plugins.entries.lossless.config.contextThreshold (/state/vilvona.json5) must be in (0, 1]",
+            ),
+        ] {
+            let error = refused(settings.clone());
+            assert!(error.starts_with(said), "{settings}: {error}");
+        }
     }
 }

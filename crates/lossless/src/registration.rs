@@ -7,7 +7,7 @@ use std::sync::Arc;
 use vilvona_core::registry::{EngineFactory, engine_factory};
 use vilvona_core::summarize::{Summarizer, SummarizerConfig};
 use vilvona_core::tokens::TokenEstimator;
-use vilvona_core::{ContextEngine, EngineError, error_chain};
+use vilvona_core::{ContextEngine, EngineError};
 
 use vilvona_store::{HistoryStore, PgStore, Store, StoreConfig, StoreError};
 
@@ -97,8 +97,9 @@ pub fn factory(build_summarizer: BuildSummarizer) -> EngineFactory {
     engine_factory(move |context| {
         let build_summarizer = build_summarizer.clone();
         async move {
-            let config = LosslessConfig::from_value(context.config.as_ref())
-                .map_err(|error| EngineError::InvalidConfig(error_chain(&error)))?;
+            let config = LosslessConfig::from_value(context.config.as_ref()).map_err(|error| {
+                EngineError::InvalidConfig(error.located(context.origin.as_ref()))
+            })?;
             let estimator =
                 vilvona_summarize::estimator(config.tokenizer, config.tokenizer_multiplier);
             let summarizer = build_summarizer(

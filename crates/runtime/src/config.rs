@@ -8,8 +8,9 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
-use vilvona_core::registry::{EngineSelection, EntrySettings, FailurePolicy};
+use vilvona_core::registry::{EngineSelection, EntrySettings, FailurePolicy, SettingsOrigin};
 
+use crate::json5_layout;
 use crate::workspace::BootstrapLimits;
 
 /// The default window when neither the model nor the config gives one (OpenClaw's).
@@ -30,9 +31,10 @@ pub enum ConfigError {
         column: usize,
         message: String,
     },
-    #[error("{path}: `{key}` {problem}")]
+    /// A key's value breaks a rule; `place` is `FILE:LINE:COLUMN` of the key (or `FILE`).
+    #[error("{place}: `{key}` {problem}")]
     Invalid {
-        path: PathBuf,
+        place: String,
         key: String,
         problem: String,
     },
@@ -135,6 +137,8 @@ pub struct HostConfig {
     pub bootstrap: BootstrapLimits,
     /// `agents.defaults.sandbox.mode` (reported by `/context`; this host runs no sandbox).
     pub sandbox_mode: Option<String>,
+    /// The line and column of every key written in the file, by dotted path.
+    pub key_positions: BTreeMap<String, (usize, usize)>,
 }
 
 impl HostConfig {
@@ -165,31 +169,25 @@ impl HostConfig {
                 message: format!("objects and arrays nest deeper than {MAX_NESTING} levels"),
             });
         }
-        let raw: Value = json5::from_str(text).map_err(|error| {
-            let (line, column) = error
-                .position()
-                .map_or((0, 0), |position| (position.line + 1, position.column + 1));
-            let message = error.to_string();
-            let message = message
-                .split(" at line ")
-                .next()
-                .unwrap_or(&message)
-                .to_owned();
-            ConfigError::Syntax {
-                path: path.to_owned(),
-                line,
-                column,
-                message,
-            }
-        })?;
+        let raw: Value = json5::from_str(text).map_err(|error| syntax_error(text, path, &error))?;
+        // Where each key is, for errors that name one (json5 accepted the text, so it reads).
+        let key_positions: BTreeMap<String, (usize, usize)> = json5_layout::scan(text)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|placed| (placed.path, json5_layout::line_column(text, placed.key_at)))
+            .collect();
         if !raw.is_object() {
             return Err(ConfigError::Invalid {
-                path: path.to_owned(),
+                place: path.display().to_string(),
                 key: "(root)".to_owned(),
                 problem: "must be an object".to_owned(),
             });
         }
-        let reader = Reader { path, raw: &raw };
+        let reader = Reader {
+            path,
+            raw: &raw,
+            positions: &key_positions,
+        };
         let mut config = HostConfig {
             path: Some(path.to_owned()),
             unknown_keys: unknown_keys(&raw),
@@ -233,11 +231,25 @@ impl HostConfig {
                         ));
                     }
                 };
+                let key = format!("plugins.entries.{id}.config");
+                let inside = format!("{key}.");
                 config.entries.insert(
                     id.clone(),
                     EntrySettings {
                         enabled,
                         config: entry.get("config").cloned(),
+                        origin: Some(SettingsOrigin {
+                            file: path.to_owned(),
+                            positions: key_positions
+                                .iter()
+                                .filter_map(|(placed, at)| {
+                                    placed
+                                        .strip_prefix(&inside)
+                                        .map(|relative| (relative.to_owned(), *at))
+                                })
+                                .collect(),
+                            key,
+                        }),
                     },
                 );
             }
@@ -303,7 +315,20 @@ impl HostConfig {
             config.bootstrap.total_max_chars = value as usize;
         }
         config.sandbox_mode = reader.string("agents.defaults.sandbox.mode")?;
+        config.key_positions = key_positions;
         Ok(config)
+    }
+
+    /// `FILE:LINE:COLUMN` of a key (dotted path), or the file alone when it is not written.
+    pub fn place_of(&self, key: &str) -> String {
+        let file = self
+            .path
+            .as_deref()
+            .map_or_else(String::new, |path| path.display().to_string());
+        match self.key_positions.get(key) {
+            Some((line, column)) => format!("{file}:{line}:{column}"),
+            None => file,
+        }
     }
 
     /// What the registry needs to resolve the slot.
@@ -386,18 +411,17 @@ pub fn reset_context_engine_slot(
     if config.context_engine_slot.as_deref().map(str::trim) != Some(uninstalled_engine) {
         return Ok(false);
     }
-    let pattern = regex::Regex::new(r#"(["']?contextEngine["']?\s*:\s*)(?:"[^"]*"|'[^']*')"#)
-        .map_err(|error| ConfigError::Invalid {
-            path: path.to_owned(),
-            key: "plugins.slots.contextEngine".to_owned(),
-            problem: error.to_string(),
-        })?;
-    let updated = pattern.replace(&text, |captures: &regex::Captures<'_>| {
-        format!("{}\"legacy\"", &captures[1])
-    });
-    if updated == text {
+    // The value's bytes, found by reading the file's structure (a comment that mentions
+    // `contextEngine:` is not the key); everything around them stays as written.
+    let placed = json5_layout::scan(&text).unwrap_or_default();
+    let Some(slot) = json5_layout::find(&placed, "plugins.slots.contextEngine") else {
         return Ok(false);
-    }
+    };
+    let updated = format!(
+        "{}\"legacy\"{}",
+        &text[..slot.value.start],
+        &text[slot.value.end..]
+    );
     // The rewritten file must still say what we meant.
     let check = HostConfig::parse(&updated, path)?;
     if check.context_engine_slot.as_deref() != Some("legacy") {
@@ -415,6 +439,60 @@ pub fn reset_context_engine_slot(
     Ok(true)
 }
 
+/// A file json5 could not read, said where the trouble is: for a file that ends inside an
+/// object, array, string or comment, the end of the file and where that one was opened.
+fn syntax_error(text: &str, path: &Path, error: &json5::Error) -> ConfigError {
+    let (line, column) = error
+        .position()
+        .map_or((0, 0), |position| (position.line + 1, position.column + 1));
+    let message = error.to_string();
+    let message = message
+        .split(" at line ")
+        .next()
+        .unwrap_or(&message)
+        .to_owned();
+    if let Err(json5_layout::Broken::Unclosed {
+        opener,
+        at,
+        path: key,
+    }) = json5_layout::scan(text)
+    {
+        let (open_line, open_column) = json5_layout::line_column(text, at);
+        let (end_line, end_column) = json5_layout::line_column(text, text.len());
+        let what = match opener {
+            '{' => "the object",
+            '[' => "the array",
+            '/' => "the comment",
+            _ => "the string",
+        };
+        let of_key = if key.is_empty() {
+            String::new()
+        } else {
+            format!(" (`{key}`)")
+        };
+        let closer = match opener {
+            '{' => "`}`".to_owned(),
+            '[' => "`]`".to_owned(),
+            '/' => "`*/`".to_owned(),
+            quote => format!("`{quote}`"),
+        };
+        return ConfigError::Syntax {
+            path: path.to_owned(),
+            line: end_line,
+            column: end_column,
+            message: format!(
+                "the file ends inside {what}{of_key} opened at line {open_line}, column {open_column}: a closing {closer} is missing"
+            ),
+        };
+    }
+    ConfigError::Syntax {
+        path: path.to_owned(),
+        line,
+        column,
+        message,
+    }
+}
+
 fn lookup<'a>(value: &'a Value, dotted: &str) -> Option<&'a Value> {
     dotted
         .split('.')
@@ -424,12 +502,17 @@ fn lookup<'a>(value: &'a Value, dotted: &str) -> Option<&'a Value> {
 struct Reader<'a> {
     path: &'a Path,
     raw: &'a Value,
+    positions: &'a BTreeMap<String, (usize, usize)>,
 }
 
 impl Reader<'_> {
     fn invalid(&self, key: &str, problem: String) -> ConfigError {
+        let file = self.path.display();
         ConfigError::Invalid {
-            path: self.path.to_owned(),
+            place: match self.positions.get(key) {
+                Some((line, column)) => format!("{file}:{line}:{column}"),
+                None => file.to_string(),
+            },
             key: key.to_owned(),
             problem,
         }
@@ -649,6 +732,26 @@ const KNOWN_KEYS: &[&str] = &[
     "model",
     "model.**",
 ];
+
+/// The known key a mistyped one most likely meant: a sibling (same parent) whose last part is
+/// a slip away.
+pub fn known_key_near(path: &str) -> Option<String> {
+    let (parent, last) = path.rsplit_once('.').unwrap_or(("", path));
+    let siblings: Vec<&str> = KNOWN_KEYS
+        .iter()
+        .filter_map(|pattern| {
+            let (pattern_parent, pattern_last) = pattern.rsplit_once('.').unwrap_or(("", pattern));
+            (pattern_parent == parent && !pattern_last.contains('*')).then_some(pattern_last)
+        })
+        .collect();
+    vilvona_core::suggest::nearest(last, siblings).map(|meant| {
+        if parent.is_empty() {
+            meant.to_owned()
+        } else {
+            format!("{parent}.{meant}")
+        }
+    })
+}
 
 fn known(path: &str) -> bool {
     let path_parts: Vec<&str> = path.split('.').collect();

@@ -26,10 +26,21 @@ pub struct Check {
 
 #[derive(Clone, Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
+pub struct UnknownKey {
+    pub key: String,
+    /// `FILE:LINE:COLUMN`.
+    pub place: String,
+    pub did_you_mean: Option<String>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct DoctorReport {
     pub config_file: String,
     pub config_exists: bool,
-    pub unknown_keys: Vec<String>,
+    /// Keys the configuration has that nothing reads: each with its place and, for a slip,
+    /// the key that was meant.
+    pub unknown_keys: Vec<UnknownKey>,
     pub selected_engine: String,
     pub active_engine: String,
     pub selection_source: SelectionSource,
@@ -65,8 +76,16 @@ impl DoctorReport {
                 "not found; defaults apply"
             }
         ));
-        for key in &self.unknown_keys {
-            out.push_str(&format!("  unknown key (ignored): {key}\n"));
+        for unknown in &self.unknown_keys {
+            out.push_str(&format!(
+                "  unknown key (ignored): {} at {}{}\n",
+                unknown.key,
+                unknown.place,
+                unknown
+                    .did_you_mean
+                    .as_ref()
+                    .map_or_else(String::new, |meant| format!("; did you mean {meant}?"))
+            ));
         }
         out.push_str(&format!(
             "context engine: {} (slot: {}, source: {:?})\n",
@@ -155,7 +174,16 @@ pub async fn doctor(host: &Host, checks: Vec<Check>) -> DoctorReport {
     DoctorReport {
         config_file: config_path.display().to_string(),
         config_exists: config_path.exists(),
-        unknown_keys: host.config().unknown_keys.clone(),
+        unknown_keys: host
+            .config()
+            .unknown_keys
+            .iter()
+            .map(|key| UnknownKey {
+                key: key.clone(),
+                place: host.config().place_of(key),
+                did_you_mean: crate::config::known_key_near(key),
+            })
+            .collect(),
         selected_engine: host.engine().selected_id.clone(),
         active_engine: host.engine().active_id(),
         selection_source: host.engine().source,

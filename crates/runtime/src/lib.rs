@@ -12,6 +12,7 @@ pub mod config;
 pub mod context_report;
 pub mod doctor;
 pub mod host;
+mod json5_layout;
 pub mod memory;
 pub mod model;
 pub mod model_summarizer;

@@ -29,6 +29,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         EntrySettings {
             enabled: Some(true),
             config: Some(json!({"defaultTokenBudget": 2_000})),
+            ..EntrySettings::default()
         },
     );
     // A host resolves the slot behind its quarantine guard, with its own `legacy` engine as

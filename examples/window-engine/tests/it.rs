@@ -42,6 +42,7 @@ async fn the_slot_selects_it_with_its_entry_config() {
         EntrySettings {
             enabled: Some(true),
             config: Some(json!({"defaultTokenBudget": 50})),
+            ..EntrySettings::default()
         },
     );
     let resolved = registry.resolve(&selection).await.unwrap();
@@ -82,6 +83,7 @@ async fn invalid_config_quarantines_at_factory_time() {
         EntrySettings {
             enabled: None,
             config: Some(json!({"defaultTokenBudget": 0})),
+            ..EntrySettings::default()
         },
     );
     let error = registry.resolve(&selection).await.unwrap_err();

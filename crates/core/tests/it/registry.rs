@@ -236,6 +236,7 @@ async fn the_factory_receives_its_entry_config_and_directories() {
         EntrySettings {
             enabled: Some(true),
             config: Some(serde_json::json!({"freshTailCount": 8})),
+            origin: None,
         },
     );
     selection.agent_dir = Some("/agents/main".into());

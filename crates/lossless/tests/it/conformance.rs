@@ -60,7 +60,10 @@ async fn invalid_settings_quarantine_at_factory_time() {
     assert!(
         record
             .reason
-            .contains("targetRatio must be positive and below contextThreshold"),
+            .contains("plugins.entries.lossless.config.targetRatio (")
+            && record
+                .reason
+                .contains("vilvona.json5:1:85) must be positive and below contextThreshold"),
         "{}",
         record.reason
     );

@@ -109,7 +109,7 @@ fn a_malformed_file_names_line_and_column() {
     .unwrap_err();
     assert_eq!(
         invalid.to_string(),
-        "c.json5: `plugins.contextEngineFailurePolicy` must be \"fallback\" or \"strict\", not \"loud\""
+        "c.json5:1:14: `plugins.contextEngineFailurePolicy` must be \"fallback\" or \"strict\", not \"loud\""
     );
     let negative = HostConfig::parse(
         r#"{ agents: { defaults: { contextTokens: -5 } } }"#,
@@ -121,6 +121,59 @@ fn a_malformed_file_names_line_and_column() {
             .to_string()
             .contains("`agents.defaults.contextTokens` must be a whole number"),
         "{negative}"
+    );
+}
+
+/// A file that ends inside an object says so at its end, and names the object left open and
+/// where it was opened (json5 alone points at the opening brace as if it were the mistake).
+#[test]
+fn a_file_that_ends_too_soon_names_what_was_left_open() {
+    let text = "{\n  plugins: {\n    slots: { contextEngine: \"lossless\" },\n  agents: { defaults: { contextTokens: 32000 } },\n";
+    let error = HostConfig::parse(text, Path::new("/state/vilvona.json5")).unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "/state/vilvona.json5:5:1: the file ends inside the object (`plugins`) opened at line 2, column 12: a closing `}` is missing"
+    );
+}
+
+/// Every key's line and column is known, for any error that names a key.
+#[test]
+fn keys_are_placed_by_line_and_column() {
+    let config = HostConfig::parse(FULL, Path::new("/state/vilvona.json5")).unwrap();
+    assert_eq!(
+        config.place_of("plugins.slots.contextEngine"),
+        "/state/vilvona.json5:4:14"
+    );
+    assert_eq!(config.place_of("surprise"), "/state/vilvona.json5:22:3");
+    assert_eq!(config.place_of("not.written"), "/state/vilvona.json5");
+    let origin = config.entries["lossless"].origin.clone().unwrap();
+    assert_eq!(origin.key, "plugins.entries.lossless.config");
+    assert_eq!(
+        origin.describe("freshTailCount"),
+        "plugins.entries.lossless.config.freshTailCount (/state/vilvona.json5:6:44)"
+    );
+    assert_eq!(
+        vilvona_runtime::config::known_key_near("agents.defaults.contextTokns").as_deref(),
+        Some("agents.defaults.contextTokens")
+    );
+    assert_eq!(vilvona_runtime::config::known_key_near("surprise"), None);
+}
+
+/// A comment that mentions the key is not the key: the edit changes the value the file sets,
+/// and the comment stays as written.
+#[test]
+fn uninstalling_edits_the_key_not_a_comment_that_mentions_it() {
+    let dir = TempDir::new().unwrap();
+    let path = dir.path().join("vilvona.json5");
+    let text = "{\n  plugins: {\n    slots: {\n      // was: contextEngine: \"x\"\n      /* contextEngine: 'lossless' */ contextEngine: 'lossless',\n    },\n  },\n}\n";
+    std::fs::write(&path, text).unwrap();
+    assert!(reset_context_engine_slot(&path, "lossless").unwrap());
+    assert_eq!(
+        std::fs::read_to_string(&path).unwrap(),
+        text.replace(
+            "*/ contextEngine: 'lossless'",
+            "*/ contextEngine: \"legacy\""
+        )
     );
 }
 
