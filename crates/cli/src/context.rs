@@ -23,7 +23,7 @@ async fn build(global: &Global, session: &str, workspace: Option<&Path>) -> Resu
 }
 
 /// `12,345`: the way `/context` prints counts.
-fn grouped(value: impl Into<u64>) -> String {
+pub(crate) fn grouped(value: impl Into<u64>) -> String {
     let digits = value.into().to_string();
     let mut out = String::new();
     for (index, digit) in digits.chars().enumerate() {
@@ -152,14 +152,25 @@ fn print_list(report: &ContextReport, detail: bool) {
         report.fresh_tail_messages
     );
     println!();
+    println!("{}", window_line(report));
     println!(
-        "Session tokens (estimate): {} total / budget={} / ctx={} (used in: {} / out: {})",
-        grouped(report.session_tokens),
-        grouped(report.token_budget),
-        grouped(report.window),
+        "Tokens the model reported for this session: {} in, {} out",
         grouped(report.input_tokens),
         grouped(report.output_tokens)
     );
+}
+
+/// How full the window is, the way `/status` shows it, with the one budget the prompt has:
+/// `Window: 11,925 / 32,000 tokens (37%) · the prompt may use 28,000; the rest is kept for
+/// the reply`.
+pub(crate) fn window_line(report: &ContextReport) -> String {
+    format!(
+        "Window: {} / {} tokens ({}%) · the prompt may use {}; the rest is kept for the reply",
+        grouped(report.session_tokens),
+        grouped(report.window),
+        report.window_percent(),
+        grouped(report.prompt_budget)
+    )
 }
 
 /// `vilvona context dag`: the session's summary DAG as DOT (stdout or `out`) or a PNG.

@@ -17,6 +17,8 @@ use crate::treemap::{Canvas, HEIGHT, Style, WIDTH, fit};
 
 /// Above this many summaries the DOT output shows one node per depth.
 const DOT_DETAIL_LIMIT: usize = 400;
+/// Characters of a summary's id its box shows (`sum_` and 8 digits).
+const LABEL_ID_CHARS: usize = 12;
 /// Boxes in one row of the picture.
 const ROW_BOXES: usize = 10;
 
@@ -133,11 +135,8 @@ fn row_labels(summaries: &[&DagSummary]) -> Vec<(Vec<SummaryRowId>, String, Stri
         .map(|s| {
             (
                 vec![s.row_id],
-                s.summary_id
-                    .trim_start_matches("sum_")
-                    .chars()
-                    .take(8)
-                    .collect(),
+                // The start of the id, which `describe` and `expand` resolve.
+                s.summary_id.chars().take(LABEL_ID_CHARS).collect(),
                 format!("{} tok", s.tokens),
                 s.in_context,
             )

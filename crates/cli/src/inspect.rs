@@ -339,18 +339,54 @@ pub(crate) async fn stats(global: &Global, session: &str, json: bool) -> Result<
     let (key, record) = find_session(&host, session).await?;
     let engine = host.history().await?;
     let admin = admin_of(&engine)?;
-    let mut stats = serde_json::to_value(admin.session_stats(&caller(&key, &record)).await?)?;
+    let stats = admin.session_stats(&caller(&key, &record)).await?;
     let usage = admin.usage().await?;
-    stats["engine"] = json!(engine.info().id);
-    stats["databaseBytes"] = json!(usage.database_bytes);
-    stats["indexDocs"] = json!(usage.index_docs);
+    let engine_id = engine.info().id;
     if json {
-        print_json(&stats)?;
-    } else {
-        for (field, value) in stats.as_object().into_iter().flatten() {
-            println!("{field}: {value}");
-        }
+        let mut value = serde_json::to_value(&stats)?;
+        value["engine"] = json!(engine_id);
+        value["databaseBytes"] = json!(usage.database_bytes);
+        value["indexDocs"] = json!(usage.index_docs);
+        print_json(&value)?;
+        return Ok(ExitCode::SUCCESS);
     }
+    let n = |value: u64| crate::context::grouped(value);
+    let counted = |counts: &std::collections::BTreeMap<String, u64>, label: &str| {
+        counts
+            .iter()
+            .map(|(name, count)| format!("{label}{name}: {count}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    println!("session:        {} (engine {engine_id})", stats.session);
+    println!("messages:       {}", n(stats.messages));
+    println!(
+        "context:        {} items, {} tokens",
+        n(stats.context_items),
+        n(stats.context_tokens)
+    );
+    for (kind, group) in &stats.context_by_kind {
+        println!(
+            "  {kind:<22} {:>5} items {:>8} tokens",
+            n(group.items),
+            n(group.tokens)
+        );
+    }
+    if !stats.summaries_by_depth.is_empty() {
+        println!(
+            "summaries in the context, by depth: {}",
+            counted(&stats.summaries_by_depth, "depth ")
+        );
+        println!(
+            "  written by: {}",
+            counted(&stats.summaries_by_summarizer, "")
+        );
+    }
+    println!(
+        "store:          {} bytes of database, {} documents in the recall index",
+        n(usage.database_bytes),
+        n(usage.index_docs)
+    );
     Ok(ExitCode::SUCCESS)
 }
 

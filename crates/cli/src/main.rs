@@ -72,7 +72,8 @@ enum Command {
     },
     /// The /context views of a stored session.
     Context {
-        /// Which view: a list of items, the detail of each, JSON, a PNG map, or the summary DAG.
+        /// Which view: the breakdown, the breakdown in detail, JSON, a PNG map, or the summary
+        /// DAG.
         #[arg(value_enum)]
         view: ContextView,
         /// The session, by key or id (`vilvona sessions` lists them).
@@ -271,9 +272,10 @@ enum PluginsAction {
 
 #[derive(Copy, Clone, Debug, ValueEnum)]
 enum ContextView {
-    /// One line per context item, with tokens.
+    /// The breakdown: system prompt, workspace files, skills, tools, the conversation by
+    /// kind, and how full the window is.
     List,
-    /// Each item's text, as the model sees it.
+    /// The breakdown with the largest skills and tools and the transcript's counts.
     Detail,
     /// The whole report as JSON.
     Json,
@@ -381,8 +383,12 @@ impl Global {
     }
 }
 
-fn init_logging(verbose: u8) {
+/// Logs go to stderr at `warn` (`-v`: info, `-vv`: debug). `doctor` reports an engine that
+/// failed to start in its own report, so the log line saying the same is left out unless asked
+/// for with `-v`.
+fn init_logging(verbose: u8, reports_engine_failures: bool) {
     let default = match verbose {
+        0 if reports_engine_failures => "warn,vilvona::context_engine=off",
         0 => "warn",
         1 => "info",
         _ => "debug",
@@ -448,7 +454,7 @@ fn main() -> ExitCode {
     // Everything this process creates (databases, index files, transcripts, session index,
     // configuration) is private to its user, whatever umask it was started with.
     rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o077));
-    init_logging(cli.verbose);
+    init_logging(cli.verbose, matches!(cli.command, Command::Doctor { .. }));
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .max_blocking_threads(BLOCKING_THREADS)

@@ -11,8 +11,10 @@ use serde_json::{Value, json};
 use vilvona_core::admin::EngineAdmin;
 use vilvona_core::message::AgentMessage;
 use vilvona_runtime::Host;
+use vilvona_runtime::context_report::context_report;
 use vilvona_transcript::{Entry, for_each_turn, read_transcript, session_messages};
 
+use crate::context::grouped;
 use crate::inspect::{admin, caller};
 use crate::{Global, print_json, require_file};
 
@@ -119,11 +121,20 @@ async fn replay_turns(
         .context("the replayed session has no record")?;
     let (ingested, summaries_by_depth, final_tokens, compactions) = match &history {
         Some(admin) => {
-            let stats = admin.session_stats(&caller(&key, &record)).await?;
+            let session = caller(&key, &record);
+            let stats = admin.session_stats(&session).await?;
             let summaries = total_summaries(admin.as_ref()).await?;
+            // Every summary the store holds for the session, not only the context's tops.
+            let stored_by_depth: BTreeMap<String, usize> = admin
+                .dag(&session)
+                .await?
+                .by_depth()
+                .into_iter()
+                .map(|(depth, summaries)| (depth.to_string(), summaries.len()))
+                .collect();
             (
                 stats.messages.saturating_sub(stored_before),
-                json!(stats.summaries_by_depth),
+                json!(stored_by_depth),
                 stats.context_tokens,
                 summaries.saturating_sub(summaries_before),
             )
@@ -161,6 +172,8 @@ async fn replay_turns(
             "ingested": ingested,
             "compactions": compactions,
             "summariesByDepth": summaries_by_depth,
+            "window": host.config().context_window(),
+            "promptBudget": host.prompt_budget(),
             "tokenBudget": budget,
             "finalContextTokens": final_tokens,
             "maxAssembledTokens": max_assembled,
@@ -191,10 +204,34 @@ fn print_human(report: &Value) {
     );
     println!("stored by the engine: {}", report["ingested"]);
     println!("compactions:          {}", report["compactions"]);
-    println!("summaries by depth:   {}", report["summariesByDepth"]);
-    println!("token budget:         {}", report["tokenBudget"]);
-    println!("final context tokens: {}", report["finalContextTokens"]);
-    println!("max assembled tokens: {}", report["maxAssembledTokens"]);
+    let by_depth: Vec<String> = report["summariesByDepth"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .map(|(depth, count)| format!("depth {depth}: {count}"))
+        .collect();
+    let stored: u64 = report["summariesByDepth"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .filter_map(|(_, count)| count.as_u64())
+        .sum();
+    println!(
+        "summaries stored:     {stored}{}",
+        if by_depth.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", by_depth.join(", "))
+        }
+    );
+    let tokens = |field: &str| grouped(report[field].as_u64().unwrap_or(0));
+    println!(
+        "prompt budget:        {} of a {}-token window; the rest is kept for the reply",
+        tokens("promptBudget"),
+        tokens("window")
+    );
+    println!("final context tokens: {}", tokens("finalContextTokens"));
+    println!("max assembled tokens: {}", tokens("maxAssembledTokens"));
     println!("over-budget turns:    {}", report["overBudgetTurns"]);
     println!("wall time:            {} ms", report["wallMs"]);
 }
@@ -234,6 +271,10 @@ pub(crate) async fn replay(
     }
     Ok(ExitCode::SUCCESS)
 }
+
+/// Planted facts the demo shows in full (the search hit and the summary above it); the rest
+/// get one line each.
+const DEMO_FACTS_SHOWN: usize = 3;
 
 const DEMO_CONFIG: &str = r#"// Written by `vilvona demo`: the lossless engine at a 32,000-token window.
 {
@@ -297,15 +338,24 @@ pub(crate) async fn demo(global: &Global, turns: usize) -> Result<ExitCode> {
         );
     }
     println!(
-        "  {:<24} {:>4} items {:>7} tokens of a {} budget",
-        "total", stats.context_items, stats.context_tokens, report.json["tokenBudget"]
+        "  {:<24} {:>4} items {:>7} tokens",
+        "total", stats.context_items, stats.context_tokens
+    );
+    let window = context_report(&host, &report.session_key, &record).await?;
+    println!(
+        "  with the system prompt and tools — {}",
+        crate::context::window_line(&window)
     );
 
-    println!("\nRecalling planted facts that were folded into summaries:");
+    println!(
+        "\nRecalling the {} planted facts (the first {DEMO_FACTS_SHOWN} in full):",
+        workload.needles.len()
+    );
     let engine = host.history().await?;
     let caller = caller(&report.session_key, &record);
+    let mut recalled = 0;
     let mut shown = 0;
-    for needle in workload.needles.iter().take(4) {
+    for needle in &workload.needles {
         let found = engine
             .call_tool(
                 &caller,
@@ -318,8 +368,35 @@ pub(crate) async fn demo(global: &Global, turns: usize) -> Result<ExitCode> {
             .and_then(|results| results.first())
             .cloned()
         else {
+            println!("  vilvona_grep {:?}: not found", needle.query);
             continue;
         };
+        // The hit is the fact when the message it names holds the answer.
+        let message = engine
+            .call_tool(&caller, "vilvona_describe", &json!({"id": hit["id"]}))
+            .await?;
+        if !message["text"]
+            .as_str()
+            .is_some_and(|text| text.contains(&needle.answer))
+        {
+            println!(
+                "  vilvona_grep {:?}: {} does not hold {}",
+                needle.query,
+                hit["id"].as_str().unwrap_or(""),
+                needle.answer
+            );
+            continue;
+        }
+        recalled += 1;
+        if shown == DEMO_FACTS_SHOWN {
+            println!(
+                "  vilvona_grep {:?} → {}: {}",
+                needle.query,
+                hit["id"].as_str().unwrap_or(""),
+                needle.answer
+            );
+            continue;
+        }
         println!("  vilvona_grep {:?}", needle.query);
         println!(
             "    → {} {}",
@@ -342,9 +419,10 @@ pub(crate) async fn demo(global: &Global, turns: usize) -> Result<ExitCode> {
         println!("    answer: {} (owner {})", needle.answer, needle.owner);
         shown += 1;
     }
-    if shown == 0 {
-        println!("  (the session was too short for any fact to be summarized; try --turns 400)");
-    }
+    println!(
+        "{recalled} of {} planted facts recalled from the whole history.",
+        workload.needles.len()
+    );
     println!(
         "\nTry: vilvona --state-dir {} grep \"{}\" --session {}",
         dir.display(),

@@ -5,7 +5,9 @@
 use std::path::Path;
 
 use anyhow::{Context as _, Result};
-use noto_sans_mono_bitmap::{FontWeight, RasterHeight, get_raster, get_raster_width};
+use noto_sans_mono_bitmap::{
+    FontWeight, RasterHeight, RasterizedChar, get_raster, get_raster_width,
+};
 
 /// One contributor to the context.
 #[derive(Clone, Debug)]
@@ -223,18 +225,35 @@ impl Canvas {
     ) -> usize {
         let mut cursor = x;
         for ch in text.chars() {
-            let glyph = get_raster(ch, style.weight, style.height)
-                .or_else(|| get_raster('?', style.weight, style.height));
-            if let Some(glyph) = glyph {
-                for (row, coverage) in glyph.rows().enumerate() {
-                    for (column, alpha) in coverage.iter().enumerate() {
-                        self.blend(cursor + column, y + row, color, *alpha);
+            match get_raster(ch, style.weight, style.height) {
+                Some(glyph) => self.glyph(&glyph, cursor, y, color),
+                // The font has no general punctuation: an ellipsis is three full stops drawn
+                // a third of a cell apart, within the one cell.
+                None if ch == '…' => {
+                    if let Some(dot) = get_raster('.', style.weight, style.height) {
+                        let third = style.advance() / 3;
+                        for offset in [0, third, 2 * third] {
+                            self.glyph(&dot, (cursor + offset).saturating_sub(third), y, color);
+                        }
+                    }
+                }
+                None => {
+                    if let Some(unknown) = get_raster('?', style.weight, style.height) {
+                        self.glyph(&unknown, cursor, y, color);
                     }
                 }
             }
             cursor += style.advance();
         }
         cursor - x
+    }
+
+    fn glyph(&mut self, glyph: &RasterizedChar, x: usize, y: usize, color: [u8; 3]) {
+        for (row, coverage) in glyph.rows().enumerate() {
+            for (column, alpha) in coverage.iter().enumerate() {
+                self.blend(x + column, y + row, color, *alpha);
+            }
+        }
     }
 
     fn blend(&mut self, x: usize, y: usize, color: [u8; 3], alpha: u8) {
@@ -421,6 +440,43 @@ pub(crate) fn render_treemap(title: &str, tiles: &[Tile], out: &Path) -> Result<
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The columns of one cell that hold ink, drawing `text` at the left edge.
+    fn inked_columns(text: &str) -> Vec<bool> {
+        let mut canvas = Canvas::new();
+        let width = canvas.text(40, 10, text, Style::LABEL, [0, 0, 0]);
+        (40 - width / 2..40 + width + width / 2)
+            .map(|x| {
+                (10..40).any(|y| {
+                    let offset = (y * WIDTH + x) * 3;
+                    canvas.pixels[offset] < 200
+                })
+            })
+            .collect()
+    }
+
+    /// A cut label ends in an ellipsis the picture can show: three dots, not the font's `?`.
+    #[test]
+    fn an_ellipsis_is_drawn_as_three_dots() {
+        let runs = |columns: &[bool]| {
+            columns
+                .windows(2)
+                .filter(|pair| !pair[0] && pair[1])
+                .count()
+                + usize::from(columns.first() == Some(&true))
+        };
+        assert_eq!(runs(&inked_columns(".")), 1);
+        assert_eq!(runs(&inked_columns("…")), 3, "{:?}", inked_columns("…"));
+        assert_ne!(inked_columns("…"), inked_columns("?"));
+        assert!(
+            fit(
+                "a label too long for its box",
+                10 * Style::LABEL.advance(),
+                Style::LABEL
+            )
+            .ends_with('…')
+        );
+    }
 
     #[test]
     fn the_layout_tiles_its_rectangle_in_proportion_to_the_weights() {

@@ -25,6 +25,10 @@ const ANSWER_TOKENS: u64 = 400;
 
 /// Most bytes of stored content one `vilvona_describe` call returns.
 const MAX_DESCRIBE_BYTES: usize = 64 * 1024;
+/// Hex digits of a whole summary id (`sum_` and 16).
+const SUMMARY_ID_DIGITS: usize = 16;
+/// The fewest digits that name a summary by the start of its id (the DAG picture shows 8).
+const MIN_ID_PREFIX: usize = 6;
 
 /// The recall tools.
 pub fn tool_definitions() -> Vec<ToolDefinition> {
@@ -238,6 +242,44 @@ impl LosslessEngine {
             token_cap,
             own,
         })
+    }
+
+    /// The summary an id names: a whole id (`sum_…`), or the start of one as the DAG picture
+    /// labels it (`fbe93013` or `sum_fbe93013`) when exactly one summary in reach starts so.
+    async fn summary_named(&self, scope: &Scope, id: &str) -> Result<StoredSummary, ToolError> {
+        if let Some(summary) = self.store().summary_by_id(id).await? {
+            return Ok(summary);
+        }
+        let digits = id.strip_prefix("sum_").unwrap_or(id);
+        if !(MIN_ID_PREFIX..SUMMARY_ID_DIGITS).contains(&digits.len())
+            || !digits.bytes().all(|byte| byte.is_ascii_hexdigit())
+        {
+            return Err(ToolError::NotFound(id.to_owned()));
+        }
+        let prefix = format!("sum_{}", digits.to_ascii_lowercase());
+        let mut named = Vec::new();
+        for conversation in scope.conversations() {
+            let view = self.store().dag_view(conversation).await?;
+            named.extend(
+                view.summaries
+                    .into_iter()
+                    .map(|summary| summary.summary_id)
+                    .filter(|summary_id| summary_id.starts_with(&prefix)),
+            );
+        }
+        match named.as_slice() {
+            [] => Err(ToolError::NotFound(id.to_owned())),
+            [whole] => self
+                .store()
+                .summary_by_id(whole)
+                .await?
+                .ok_or_else(|| ToolError::NotFound(id.to_owned())),
+            several => Err(ToolError::InvalidArguments(format!(
+                "{id} starts {} summary ids ({}, …): give more of it",
+                several.len(),
+                several[..2].join(", ")
+            ))),
+        }
     }
 
     fn check_scope(
@@ -456,11 +498,7 @@ impl LosslessEngine {
             }
             return Ok(described);
         }
-        let summary = self
-            .store()
-            .summary_by_id(&id)
-            .await?
-            .ok_or_else(|| ToolError::NotFound(id.clone()))?;
+        let summary = self.summary_named(&scope, &id).await?;
         self.check_scope(&scope, summary.conversation, &id)?;
         let children = self.store().children(summary.row_id).await?;
         let child_ids: Vec<String> = children
@@ -501,12 +539,13 @@ impl LosslessEngine {
         let id = arguments::required(arguments.id, "id")?;
         let requested = arguments.token_cap;
         let cursor = arguments.cursor.unwrap_or(0) as usize;
+        if id.starts_with("msg_") || id.starts_with("file_") {
+            return Err(ToolError::InvalidArguments(format!(
+                "{id} is not a summary: vilvona_expand takes a summary id (sum_…); vilvona_describe reads a message or a file"
+            )));
+        }
         let scope = self.scope(caller).await?;
-        let summary = self
-            .store()
-            .summary_by_id(&id)
-            .await?
-            .ok_or_else(|| ToolError::NotFound(id.clone()))?;
+        let summary = self.summary_named(&scope, &id).await?;
         self.check_scope(&scope, summary.conversation, &id)?;
         let mut cap = requested
             .unwrap_or(self.config().max_expand_tokens)
@@ -517,6 +556,14 @@ impl LosslessEngine {
             cap = cap.min(grant_cap);
         }
         let children = self.store().children(summary.row_id).await?;
+        if cursor > 0 && cursor >= children.len() {
+            return Err(ToolError::InvalidArguments(format!(
+                "cursor {cursor} is past the last child: {} has {} (cursors 0–{})",
+                summary.summary_id,
+                children.len(),
+                children.len().saturating_sub(1)
+            )));
+        }
         let mut items = Vec::new();
         let mut used = 0;
         let mut next = None;

@@ -62,6 +62,10 @@ pub struct ContextReport {
     pub workspace: Option<String>,
     pub sandbox: String,
     pub window: u64,
+    /// What the whole prompt may use: the window less what is kept for the reply.
+    pub prompt_budget: u64,
+    /// The conversation's share of that budget (what the system prompt and tools leave), as
+    /// the engine is asked to assemble within.
     pub token_budget: u64,
     pub bootstrap_max_chars: usize,
     pub bootstrap_total_max_chars: usize,
@@ -83,6 +87,13 @@ pub struct ContextReport {
     pub session_tokens: u64,
     pub input_tokens: u64,
     pub output_tokens: u64,
+}
+
+impl ContextReport {
+    /// How full the window is, in whole percent (rounded to nearest).
+    pub fn window_percent(&self) -> u64 {
+        (self.session_tokens * 100 + self.window / 2) / self.window.max(1)
+    }
 }
 
 /// The group a context message belongs to (summaries are grouped by depth separately).
@@ -274,6 +285,7 @@ pub async fn context_report(
             config.sandbox_mode.as_deref().unwrap_or("off")
         ),
         window: config.context_window(),
+        prompt_budget: host.prompt_budget(),
         token_budget: budget,
         bootstrap_max_chars: config.bootstrap.per_file_max_chars,
         bootstrap_total_max_chars: config.bootstrap.total_max_chars,

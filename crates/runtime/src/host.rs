@@ -459,16 +459,19 @@ impl Host {
             .or(self.config.workspace.as_deref())
     }
 
+    /// What a whole prompt may use: the window less what is kept for the model's reply. The
+    /// one budget a user is shown (`context list`, the demo).
+    pub fn prompt_budget(&self) -> u64 {
+        let window = self.config.context_window();
+        window
+            .saturating_sub(self.config.reserve_tokens(window))
+            .max(1)
+    }
+
     /// The token budget for a prompt: window − reserve − prompt pressure (chars/4 × 1.2).
     pub fn token_budget(&self, system_prompt: &str, prompt: &str) -> u64 {
-        let window = self.config.context_window();
-        let reserve = self.config.reserve_tokens(window);
         let pressure = (((system_prompt.len() + prompt.len()) as f64 / 4.0) * 1.2).ceil() as u64;
-        window
-            .saturating_sub(reserve)
-            .max(1)
-            .saturating_sub(pressure)
-            .max(1)
+        self.prompt_budget().saturating_sub(pressure).max(1)
     }
 
     /// A session's record, if it exists.

@@ -117,8 +117,17 @@ impl SentContexts {
             _ => Vec::new(),
         };
         self.next_revision += 1;
-        if self.sessions.len() >= SENT_SESSIONS && !self.sessions.contains_key(session_id) {
-            self.sessions.clear();
+        // Full: the session sent to longest ago leaves (its client is sent its whole context
+        // next time); the others keep what their clients hold.
+        if self.sessions.len() >= SENT_SESSIONS
+            && !self.sessions.contains_key(session_id)
+            && let Some(idle) = self
+                .sessions
+                .iter()
+                .min_by_key(|(_, (revision, _))| *revision)
+                .map(|(id, _)| id.clone())
+        {
+            self.sessions.remove(&idle);
         }
         self.sessions
             .insert(session_id.to_owned(), (self.next_revision, hashes));
@@ -451,6 +460,8 @@ impl Server {
             EntrySettings {
                 enabled: Some(true),
                 config,
+                // The gateway's settings are not a file here (OpenClaw read its own).
+                origin: None,
             },
         );
         let engine = registry
@@ -874,6 +885,29 @@ pub async fn serve(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Past its bound the record lets the session sent to longest ago go, one at a time: the
+    /// sessions in use keep the revision their clients hold.
+    #[test]
+    fn sent_contexts_let_the_longest_idle_session_go() {
+        let mut sent = SentContexts {
+            next_revision: 0,
+            sessions: HashMap::new(),
+        };
+        for session in 0..SENT_SESSIONS {
+            sent.record(&format!("s{session}"), None, vec![1, 2]);
+        }
+        let (revision, _) = sent.record("s0", None, vec![1, 2]);
+        sent.record("new", None, vec![1]);
+        assert_eq!(sent.sessions.len(), SENT_SESSIONS);
+        assert!(!sent.sessions.contains_key("s1"), "the longest idle left");
+        let (_, runs) = sent.record("s0", Some(revision), vec![1, 2, 3]);
+        assert_eq!(runs, vec![[0, 0, 2]], "s0's client keeps what it holds");
+        assert!(
+            sent.sessions
+                .contains_key(&format!("s{}", SENT_SESSIONS - 1))
+        );
+    }
 
     #[test]
     fn held_runs_find_what_stayed_where_it_went() {

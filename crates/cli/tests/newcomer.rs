@@ -1,0 +1,265 @@
+//! The command line as a newcomer reads it: what the help says each view prints, what a
+//! mistaken id or cursor answers, the labels of the DAG picture, how full the window is, and
+//! configuration errors that say which key and where.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::path::Path;
+use std::process::Output;
+
+use serde_json::Value;
+use tempfile::TempDir;
+
+use common::vilvona;
+
+fn stdout(output: &Output) -> String {
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+fn json(output: &Output) -> Value {
+    serde_json::from_str(&stdout(output)).unwrap()
+}
+
+/// One line on stderr and exit status 1.
+fn refusal(output: &Output) -> String {
+    assert_eq!(
+        output.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&output.stdout)
+    );
+    let error = String::from_utf8_lossy(&output.stderr).trim().to_owned();
+    assert_eq!(error.lines().count(), 1, "{error}");
+    error
+}
+
+/// A session of the fixture replayed through lossless at a 12,000-token window, compacted.
+fn replayed(state: &Path) -> &'static str {
+    std::fs::write(
+        state.join("vilvona.json5"),
+        r#"{ plugins: { slots: { contextEngine: "lossless" } }, agents: { defaults: { contextTokens: 12000 } } }"#,
+    )
+    .unwrap();
+    let fixture = format!(
+        "{}/../../fixtures/gen-session-15.jsonl",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    stdout(&vilvona(state, &["replay", &fixture, "--json"]));
+    stdout(&vilvona(
+        state,
+        &["compact", "--session", "synthetic-11-15", "--json"],
+    ));
+    "synthetic-11-15"
+}
+
+#[test]
+fn the_views_say_what_they_print_and_ids_resolve_as_shown() {
+    let dir = TempDir::new().unwrap();
+    let state = dir.path();
+    let session = replayed(state);
+
+    // The help describes what the views print.
+    let help = stdout(&vilvona(state, &["context", "--help"]));
+    assert!(!help.contains("One line per context item"), "{help}");
+    assert!(help.contains("how full the window is"), "{help}");
+
+    // How full the window is, with the one budget the prompt has.
+    let list = stdout(&vilvona(state, &["context", "list", "--session", session]));
+    let window = list
+        .lines()
+        .find(|line| line.starts_with("Window: "))
+        .unwrap_or_else(|| panic!("no window line in:\n{list}"));
+    let report = json(&vilvona(state, &["context", "json", "--session", session]));
+    let used = report["report"]["sessionTokens"].as_u64().unwrap();
+    let percent = (used * 100 + 6_000) / 12_000;
+    assert!(
+        window.contains(&format!("/ 12,000 tokens ({percent}%)")),
+        "{window}"
+    );
+    // Half of a small window is kept for the reply (reserveTokensFloor, capped at half).
+    assert_eq!(report["report"]["promptBudget"], 6_000);
+    assert!(window.contains("the prompt may use 6,000"), "{window}");
+    assert!(!list.contains("budget="), "{list}");
+
+    // The DAG picture's labels are ids describe and expand resolve.
+    let summary = json(&vilvona(
+        state,
+        &[
+            "grep",
+            "the",
+            "--session",
+            session,
+            "--scope",
+            "summaries",
+            "--json",
+        ],
+    ))["results"][0]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let label: String = summary.chars().take(12).collect();
+    let dot = stdout(&vilvona(
+        state,
+        &["context", "dag", "--session", session, "--format", "dot"],
+    ));
+    assert!(dot.contains(&summary), "{dot}");
+    for named in [label.as_str(), label.trim_start_matches("sum_")] {
+        let described = json(&vilvona(
+            state,
+            &["describe", named, "--session", session, "--json"],
+        ));
+        assert_eq!(described["id"], summary.as_str(), "{named}");
+        let expanded = json(&vilvona(
+            state,
+            &["expand", named, "--session", session, "--json"],
+        ));
+        assert_eq!(expanded["id"], summary.as_str(), "{named}");
+    }
+    let unknown = refusal(&vilvona(
+        state,
+        &["describe", "sum_ffffffffff", "--session", session],
+    ));
+    assert!(unknown.contains("sum_ffffffffff not found"), "{unknown}");
+
+    // Expand takes a summary; a message id says so, and names the command that reads it.
+    let message = json(&vilvona(
+        state,
+        &[
+            "grep",
+            "password",
+            "--session",
+            session,
+            "--scope",
+            "messages",
+            "--json",
+        ],
+    ))["results"][0]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let error = refusal(&vilvona(state, &["expand", &message, "--session", session]));
+    assert!(
+        error.contains("is not a summary") && error.contains("describe"),
+        "{error}"
+    );
+
+    // A cursor past the last child is an error, not an empty page.
+    let total = json(&vilvona(
+        state,
+        &["expand", &summary, "--session", session, "--json"],
+    ))["total"]
+        .as_u64()
+        .unwrap();
+    let error = refusal(&vilvona(
+        state,
+        &["expand", &summary, "--session", session, "--cursor", "99"],
+    ));
+    assert!(
+        error.contains(&format!(
+            "cursor 99 is past the last child: {summary} has {total}"
+        )),
+        "{error}"
+    );
+
+    // Stats are lines a person reads, not `key: <JSON>`.
+    let stats = stdout(&vilvona(state, &["stats", "--session", session]));
+    assert!(!stats.contains('{') && !stats.contains('"'), "{stats}");
+    assert!(stats.contains("messages:"), "{stats}");
+}
+
+#[test]
+fn the_demo_explains_its_budget_and_recalls_every_planted_fact() {
+    let dir = TempDir::new().unwrap();
+    let text = stdout(&vilvona(dir.path(), &["demo", "--turns", "400"]));
+    // Every summary the store holds, by depth, as words.
+    let stored = text
+        .lines()
+        .find(|line| line.starts_with("summaries stored:"))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(
+        stored.contains("(depth 0: ") && !stored.contains('{'),
+        "{stored}"
+    );
+    assert!(
+        text.contains(
+            "prompt budget:        16,000 of a 32,000-token window; the rest is kept for the reply"
+        ),
+        "{text}"
+    );
+    assert!(text.contains("tokens ("), "{text}");
+    assert!(
+        text.contains("10 of 10 planted facts recalled from the whole history."),
+        "{text}"
+    );
+}
+
+/// A configuration mistake is one line naming the key path, the file, line and column, and —
+/// for a slip — the key that was meant.
+#[test]
+fn configuration_errors_name_the_key_and_where_it_is() {
+    for (file, said) in [
+        (
+            "{\n  plugins: {\n    slots: { contextEngine: \"lossless\" },\n    entries: { lossless: { config: { freshTailCount: \"many\" } } },\n  },\n}\n",
+            "plugins.entries.lossless.config.freshTailCount (STATE/vilvona.json5:4:38): invalid type: string \"many\", expected usize",
+        ),
+        (
+            "{\n  plugins: {\n    slots: { contextEngine: \"lossless\" },\n    entries: { lossless: { config: { freshTailCont: 8 } } },\n  },\n}\n",
+            "plugins.entries.lossless.config.freshTailCont (STATE/vilvona.json5:4:38): is not a setting; did you mean `freshTailCount`?",
+        ),
+        (
+            "{\n  plugins: {\n    slots: { contextEngine: \"lossless\" },\n  agents: { defaults: { contextTokens: 32000 } },\n",
+            "STATE/vilvona.json5:5:1: the file ends inside the object (`plugins`) opened at line 2, column 12: a closing `}` is missing",
+        ),
+    ] {
+        let dir = TempDir::new().unwrap();
+        let state = dir.path();
+        std::fs::write(state.join("vilvona.json5"), file).unwrap();
+        let said = said.replace("STATE", &state.display().to_string());
+        let error = refusal(&vilvona(state, &["sessions"]));
+        assert!(error.ends_with(&said), "{error}\nwanted: {said}");
+        // Doctor reports it in its report, with no log line of its own before it.
+        let doctor = vilvona(state, &["doctor"]);
+        let stderr = String::from_utf8_lossy(&doctor.stderr);
+        assert!(!stderr.contains("ERROR"), "{stderr}");
+        let report = format!("{}{stderr}", String::from_utf8_lossy(&doctor.stdout));
+        assert!(report.contains(&said), "{report}");
+    }
+    // An unknown key of the host's own is reported with its place and the key meant.
+    let dir = TempDir::new().unwrap();
+    std::fs::write(
+        dir.path().join("vilvona.json5"),
+        "{\n  agents: { defaults: { contextTokns: 32000 } },\n}\n",
+    )
+    .unwrap();
+    // (Doctor's exit status also counts the temporary directory's permissions.)
+    let doctor = vilvona(dir.path(), &["doctor"]);
+    let doctor = String::from_utf8_lossy(&doctor.stdout);
+    assert!(
+        doctor.contains(&format!(
+            "unknown key (ignored): agents.defaults.contextTokns at {}/vilvona.json5:2:25; did you mean agents.defaults.contextTokens?",
+            dir.path().display()
+        )),
+        "{doctor}"
+    );
+}
+
+/// Uninstalling edits the key the file sets, not a comment that mentions it.
+#[test]
+fn uninstall_edits_the_key_not_the_comment_above_it() {
+    let dir = TempDir::new().unwrap();
+    let config = dir.path().join("vilvona.json5");
+    let text = "{\n  plugins: {\n    slots: {\n      // was: contextEngine: \"x\"\n      contextEngine: \"lossless\",\n    },\n  },\n}\n";
+    std::fs::write(&config, text).unwrap();
+    let said = stdout(&vilvona(dir.path(), &["plugins", "uninstall", "lossless"]));
+    assert!(said.contains("it now selects \"legacy\""), "{said}");
+    assert_eq!(
+        std::fs::read_to_string(&config).unwrap(),
+        text.replace("contextEngine: \"lossless\"", "contextEngine: \"legacy\"")
+    );
+}
