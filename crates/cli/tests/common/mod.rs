@@ -21,25 +21,16 @@ pub(crate) fn vilvona(state: &Path, args: &[&str]) -> Output {
     command(state, args).output().unwrap()
 }
 
-/// A database of its own on the test server `VILVONA_TEST_POSTGRES_URL` names (`.ci/run`
-/// starts one); `None`, said on stderr, without one — except in CI, where that fails.
+/// A database of its own on the test server `VILVONA_TEST_POSTGRES_URL` names. The tests that
+/// need one are ignored unless asked for (`cargo test -- --include-ignored`, as `.ci/run`
+/// does); asked for without a server, they fail.
 #[allow(dead_code)]
-pub(crate) fn postgres_database(purpose: &str) -> Option<String> {
-    let base = match std::env::var("VILVONA_TEST_POSTGRES_URL") {
-        Ok(base) => base,
-        Err(_)
-            if std::env::var_os("CI").is_some()
-                || std::env::var_os("VILVONA_REQUIRE_POSTGRES").is_some() =>
-        {
-            panic!("CI has no PostgreSQL server: VILVONA_TEST_POSTGRES_URL is unset")
-        }
-        Err(_) => {
-            eprintln!(
-                "SKIPPED: VILVONA_TEST_POSTGRES_URL is unset (scripts/postgres-test-server.sh starts a server)"
-            );
-            return None;
-        }
-    };
+pub(crate) fn postgres_database(purpose: &str) -> String {
+    let base = std::env::var("VILVONA_TEST_POSTGRES_URL").unwrap_or_else(|_| {
+        panic!(
+            "this test needs PostgreSQL (scripts/postgres-test-server.sh starts one; export the URL it prints as VILVONA_TEST_POSTGRES_URL)"
+        )
+    });
     let name = format!("vilvona_{purpose}_{}", std::process::id());
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -57,5 +48,12 @@ pub(crate) fn postgres_database(purpose: &str) -> Option<String> {
         drop(client);
         let _ = running.await;
     });
-    Some(format!("{base} dbname={name}"))
+    format!("{base} dbname={name}")
+}
+
+/// Whether the slow suites run whole (`.ci/run` sets `VILVONA_FULL_SUITES`): `cargo test` alone
+/// runs a smaller version of each, and says so in its name's doc.
+#[allow(dead_code)]
+pub(crate) fn full_suites() -> bool {
+    std::env::var_os("VILVONA_FULL_SUITES").is_some()
 }
