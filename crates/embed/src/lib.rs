@@ -1,0 +1,456 @@
+//! Embeddings for recall by meaning.
+//!
+//! A [`StaticModel`] holds one vector per vocabulary token; a text's embedding is the mean of
+//! its tokens' vectors, normalised: no neural network runs, so a message is embedded in
+//! microseconds and nothing is fetched. The built-in model ([`builtin`]) is distilled from
+//! sentence-transformers/all-MiniLM-L6-v2 (Apache-2.0) by `scripts/convert-embedding-model.py`;
+//! a model file in the same format (safetensors: `embeddings` I8 `[vocab, dims]`, `scales` F32
+//! `[vocab]`, the vocabulary in the metadata) can be used instead ([`StaticModel::load`]).
+//!
+//! A long text is embedded as up to [`MAX_CHUNKS`] chunks, so that a fact in the middle of a
+//! long tool output is not averaged away; a stored [`Vectors`] value holds them quantised to
+//! one byte per dimension, and a query is compared with its best chunk.
+
+mod wordpiece;
+
+use std::path::Path;
+use std::sync::{Arc, OnceLock};
+
+use wordpiece::Vocabulary;
+
+/// Tokens of one chunk at most (a longer sentence is cut).
+pub const CHUNK_TOKENS: usize = 48;
+/// Bytes of a text that are embedded (the start of a longer one; its words are all in the
+/// text index).
+pub const MAX_EMBEDDED_BYTES: usize = 32 * 1024;
+/// Most chunks a text is embedded as (a longer text's tokens are spread over this many).
+pub const MAX_CHUNKS: usize = 8;
+
+/// The built-in model's file (see the crate's documentation and the README for its origin).
+const BUILTIN: &[u8] = include_bytes!("../model/minilm-l6-static-128.safetensors");
+
+/// Why a model file could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    /// The file could not be read.
+    #[error("{path}: {source}")]
+    Io {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file is not a model of this format.
+    #[error("{what}: {problem}")]
+    Format { what: String, problem: String },
+}
+
+/// What turns text into vectors: a name (recorded with the vectors it made, so that another
+/// model's vectors are never compared with them) and the embedding.
+pub trait Embedder: Send + Sync + std::fmt::Debug {
+    /// The model's name, as recorded with its vectors.
+    fn name(&self) -> &str;
+
+    /// Dimensions of each vector.
+    fn dims(&self) -> usize;
+
+    /// The text's chunk vectors, each normalised; none for a text with no known token.
+    fn embed_chunks(&self, text: &str) -> Vec<Vec<f32>>;
+
+    /// One normalised vector for the whole text (a query); `None` when no token is known.
+    fn embed(&self, text: &str) -> Option<Vec<f32>>;
+}
+
+/// A static embedding model: a vector per vocabulary token.
+pub struct StaticModel {
+    name: String,
+    dims: usize,
+    vocabulary: Vocabulary,
+    /// `vocab × dims` quantised values; token `t`'s vector is `values[t] * scales[t]`.
+    values: Vec<i8>,
+    scales: Vec<f32>,
+}
+
+impl std::fmt::Debug for StaticModel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StaticModel")
+            .field("name", &self.name)
+            .field("dims", &self.dims)
+            .field("vocabulary", &self.vocabulary.len())
+            .finish()
+    }
+}
+
+/// The built-in model, read once per process.
+pub fn builtin() -> Arc<StaticModel> {
+    static MODEL: OnceLock<Arc<StaticModel>> = OnceLock::new();
+    MODEL
+        .get_or_init(|| {
+            // The file is part of the build; a broken one fails every test that embeds.
+            #[allow(clippy::expect_used)]
+            Arc::new(
+                StaticModel::parse(BUILTIN, "the built-in model")
+                    .expect("the built-in embedding model is well-formed"),
+            )
+        })
+        .clone()
+}
+
+impl StaticModel {
+    /// Reads a model file (the built-in model's format).
+    pub fn load(path: &Path) -> Result<StaticModel, ModelError> {
+        let bytes = std::fs::read(path).map_err(|source| ModelError::Io {
+            path: path.display().to_string(),
+            source,
+        })?;
+        StaticModel::parse(&bytes, &path.display().to_string())
+    }
+
+    /// Parses a model from a safetensors file's bytes; `what` names it in errors.
+    pub fn parse(bytes: &[u8], what: &str) -> Result<StaticModel, ModelError> {
+        let problem = |problem: &str| ModelError::Format {
+            what: what.to_owned(),
+            problem: problem.to_owned(),
+        };
+        let header_length = bytes
+            .get(..8)
+            .map(|length| u64::from_le_bytes(length.try_into().unwrap_or_default()) as usize)
+            .ok_or_else(|| problem("shorter than a safetensors header"))?;
+        let header: serde_json::Value = bytes
+            .get(8..8usize.saturating_add(header_length))
+            .and_then(|text| serde_json::from_slice(text).ok())
+            .ok_or_else(|| problem("the safetensors header is not JSON"))?;
+        let data = &bytes[8 + header_length..];
+        let metadata = &header["__metadata__"];
+        let text = |key: &str| {
+            metadata[key]
+                .as_str()
+                .ok_or_else(|| problem(&format!("the metadata has no {key:?}")))
+        };
+        if text("tokenizer")? != "bert-wordpiece-uncased" || text("pooling")? != "mean" {
+            return Err(problem(
+                "only tokenizer \"bert-wordpiece-uncased\" with \"mean\" pooling is supported",
+            ));
+        }
+        let tensor = |name: &str, dtype: &str| -> Result<(&[u8], Vec<usize>), ModelError> {
+            let info = &header[name];
+            if info["dtype"] != dtype {
+                return Err(problem(&format!("tensor {name:?} is not {dtype}")));
+            }
+            let shape: Vec<usize> = info["shape"]
+                .as_array()
+                .map(|dims| {
+                    dims.iter()
+                        .filter_map(|d| d.as_u64())
+                        .map(|d| d as usize)
+                        .collect()
+                })
+                .unwrap_or_default();
+            let range = info["data_offsets"]
+                .as_array()
+                .and_then(|offsets| Some((offsets.first()?.as_u64()?, offsets.get(1)?.as_u64()?)))
+                .and_then(|(start, end)| data.get(start as usize..end as usize))
+                .ok_or_else(|| problem(&format!("tensor {name:?} lies outside the file")))?;
+            Ok((range, shape))
+        };
+        let (values, shape) = tensor("embeddings", "I8")?;
+        let (scales, scale_shape) = tensor("scales", "F32")?;
+        let [tokens, dims] = shape[..] else {
+            return Err(problem("\"embeddings\" is not two-dimensional"));
+        };
+        let vocabulary: Vec<&str> = text("vocab")?.split('\n').collect();
+        if vocabulary.len() != tokens
+            || scale_shape != [tokens]
+            || values.len() != tokens * dims
+            || scales.len() != tokens * 4
+            || dims == 0
+        {
+            return Err(problem(
+                "the vocabulary, embeddings and scales disagree in size",
+            ));
+        }
+        let scales: Vec<f32> = scales
+            .chunks_exact(4)
+            .map(|bytes| f32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]))
+            .collect();
+        Ok(StaticModel {
+            name: text("name")?.to_owned(),
+            dims,
+            vocabulary: Vocabulary::new(vocabulary),
+            values: values.iter().map(|byte| *byte as i8).collect(),
+            scales,
+        })
+    }
+
+    /// The mean of the tokens' vectors, normalised; `None` without tokens.
+    fn pool(&self, tokens: &[u32]) -> Option<Vec<f32>> {
+        if tokens.is_empty() {
+            return None;
+        }
+        let mut sum = vec![0.0_f32; self.dims];
+        for token in tokens {
+            let at = *token as usize * self.dims;
+            let scale = self.scales[*token as usize];
+            for (total, value) in sum.iter_mut().zip(&self.values[at..at + self.dims]) {
+                *total += f32::from(*value) * scale;
+            }
+        }
+        normalised(sum)
+    }
+
+    fn tokens(&self, text: &str) -> Vec<u32> {
+        let mut tokens = Vec::new();
+        self.vocabulary.pieces(text, |id| tokens.push(id));
+        tokens
+    }
+}
+
+impl Embedder for StaticModel {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn dims(&self) -> usize {
+        self.dims
+    }
+
+    fn embed_chunks(&self, text: &str) -> Vec<Vec<f32>> {
+        // Sentences, each its tokens (a sentence longer than a chunk is cut): a fact stated in
+        // one sentence of a long message keeps a vector of its own instead of being averaged
+        // into the rest.
+        let text = &text[..floor_char_boundary(text, MAX_EMBEDDED_BYTES)];
+        let mut pieces: Vec<Vec<u32>> = Vec::new();
+        for sentence in sentences(text) {
+            let tokens = self.tokens(sentence);
+            pieces.extend(tokens.chunks(CHUNK_TOKENS).map(<[u32]>::to_vec));
+        }
+        // Too many: consecutive pieces are grouped into `MAX_CHUNKS` chunks of about equal
+        // length. (Grouping a short text's sentences too, to store fewer vectors, costs most of
+        // the recall: a fact stated in passing is averaged with its neighbours.)
+        if pieces.len() > MAX_CHUNKS {
+            let total: usize = pieces.iter().map(Vec::len).sum();
+            let share = total.div_ceil(MAX_CHUNKS);
+            let mut grouped: Vec<Vec<u32>> = vec![Vec::new()];
+            for piece in pieces {
+                if let Some(last) = grouped.last_mut()
+                    && !last.is_empty()
+                    && last.len() + piece.len() > share
+                    && grouped.len() < MAX_CHUNKS
+                {
+                    grouped.push(piece);
+                } else if let Some(last) = grouped.last_mut() {
+                    last.extend(piece);
+                }
+            }
+            pieces = grouped;
+        }
+        pieces.iter().filter_map(|chunk| self.pool(chunk)).collect()
+    }
+
+    fn embed(&self, text: &str) -> Option<Vec<f32>> {
+        self.pool(&self.tokens(text))
+    }
+}
+
+/// The largest char boundary at or below `index`.
+fn floor_char_boundary(text: &str, mut index: usize) -> usize {
+    if index >= text.len() {
+        return text.len();
+    }
+    while !text.is_char_boundary(index) {
+        index -= 1;
+    }
+    index
+}
+
+/// The text's sentences: cut after `.`, `!`, `?` and their full-width forms, and at line
+/// breaks.
+fn sentences(text: &str) -> impl Iterator<Item = &str> {
+    let mut rest = text;
+    std::iter::from_fn(move || {
+        let rest_trimmed = rest.trim_start();
+        if rest_trimmed.is_empty() {
+            return None;
+        }
+        let mut end = rest_trimmed.len();
+        let mut chars = rest_trimmed.char_indices().peekable();
+        while let Some((at, ch)) = chars.next() {
+            let closes = match ch {
+                '\n' | '。' | '！' | '？' => true,
+                '.' | '!' | '?' => chars.peek().is_none_or(|(_, next)| next.is_whitespace()),
+                _ => false,
+            };
+            if closes {
+                end = at + ch.len_utf8();
+                break;
+            }
+        }
+        let (sentence, after) = rest_trimmed.split_at(end);
+        rest = after;
+        Some(sentence)
+    })
+}
+
+fn normalised(mut vector: Vec<f32>) -> Option<Vec<f32>> {
+    let norm = vector.iter().map(|x| x * x).sum::<f32>().sqrt();
+    if norm == 0.0 || !norm.is_finite() {
+        return None;
+    }
+    for x in &mut vector {
+        *x /= norm;
+    }
+    Some(vector)
+}
+
+/// A text's chunk vectors as stored: per chunk a little-endian `f32` scale, then one `i8` per
+/// dimension (`value × scale` is the normalised vector's component).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Vectors(pub Vec<u8>);
+
+impl Vectors {
+    /// Quantises normalised chunk vectors.
+    pub fn encode(chunks: &[Vec<f32>]) -> Vectors {
+        let mut bytes = Vec::new();
+        for chunk in chunks {
+            let largest = chunk.iter().fold(0.0_f32, |max, x| max.max(x.abs()));
+            let scale = if largest > 0.0 { largest / 127.0 } else { 1.0 };
+            bytes.extend_from_slice(&scale.to_le_bytes());
+            bytes.extend(
+                chunk
+                    .iter()
+                    .map(|x| (x / scale).round().clamp(-127.0, 127.0) as i8 as u8),
+            );
+        }
+        Vectors(bytes)
+    }
+
+    /// The best cosine similarity between the query and any chunk; `None` when there are no
+    /// chunks of the query's dimensions.
+    pub fn best_similarity(bytes: &[u8], query: &QueryVector) -> Option<f32> {
+        let stride = 4 + query.values.len();
+        if bytes.is_empty() || !bytes.len().is_multiple_of(stride) {
+            return None;
+        }
+        bytes
+            .chunks_exact(stride)
+            .map(|chunk| {
+                let scale = f32::from_le_bytes([chunk[0], chunk[1], chunk[2], chunk[3]]);
+                // Whole numbers: the compiler makes this a vector loop (floats would have to
+                // be added in order).
+                let dot: i32 = chunk[4..]
+                    .iter()
+                    .zip(&query.values)
+                    .map(|(value, q)| i32::from(*value as i8) * i32::from(*q))
+                    .sum();
+                dot as f32 * scale * query.scale
+            })
+            .reduce(f32::max)
+    }
+}
+
+/// A query's vector quantised as stored vectors are, for comparing with many of them.
+#[derive(Clone, Debug)]
+pub struct QueryVector {
+    values: Vec<i8>,
+    scale: f32,
+}
+
+impl QueryVector {
+    /// Quantises a normalised vector.
+    pub fn new(vector: &[f32]) -> QueryVector {
+        let largest = vector.iter().fold(0.0_f32, |max, x| max.max(x.abs()));
+        let scale = if largest > 0.0 { largest / 127.0 } else { 1.0 };
+        QueryVector {
+            values: vector
+                .iter()
+                .map(|x| (x / scale).round().clamp(-127.0, 127.0) as i8)
+                .collect(),
+            scale,
+        }
+    }
+}
+
+/// The best cosine similarity between `query` (normalised) and any chunk of `text` as
+/// `embedder` cuts it; `None` when the text has no known token.
+pub fn nearness(embedder: &dyn Embedder, text: &str, query: &[f32]) -> Option<f32> {
+    embedder
+        .embed_chunks(text)
+        .iter()
+        .map(|chunk| similarity(chunk, query))
+        .reduce(f32::max)
+}
+
+/// Cosine similarity of two normalised vectors.
+pub fn similarity(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).map(|(x, y)| x * y).sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_builtin_model_places_meaning_near_meaning() {
+        let model = builtin();
+        assert_eq!(model.dims(), 128);
+        let v = |text: &str| model.embed(text).unwrap();
+        let relax = v("painting helps me relax after work");
+        assert!(
+            similarity(&relax, &v("what does he do to unwind?"))
+                > similarity(&relax, &v("the deploy failed with a timeout")),
+            "relax is nearer unwind than a deploy"
+        );
+        let dog = v("my dog needs a walk");
+        assert!(
+            similarity(&dog, &v("the puppy wants to go outside"))
+                > similarity(&dog, &v("quarterly tax filing"))
+        );
+        assert!(model.embed("").is_none() && model.embed("   ").is_none());
+    }
+
+    #[test]
+    fn stored_vectors_keep_the_similarity_and_long_texts_keep_their_parts() {
+        let model = builtin();
+        let query = model.embed("database password rotation").unwrap();
+        let chunks =
+            model.embed_chunks("the ticket for the staging database password rotation is OPS-1");
+        assert_eq!(chunks.len(), 1);
+        let exact = similarity(&chunks[0], &query);
+        let stored =
+            Vectors::best_similarity(&Vectors::encode(&chunks).0, &QueryVector::new(&query))
+                .unwrap();
+        assert!((exact - stored).abs() < 0.02, "{exact} vs {stored}");
+        // A fact in the middle of a long text still has a chunk of its own to match.
+        let long = format!(
+            "{} the ticket for the staging database password rotation is OPS-1 {}",
+            "compile the crate and run the linter. ".repeat(120),
+            "upload the artefacts and tag the release. ".repeat(120)
+        );
+        let chunks = model.embed_chunks(&long);
+        assert!(chunks.len() > 1 && chunks.len() <= MAX_CHUNKS);
+        let best = Vectors::best_similarity(&Vectors::encode(&chunks).0, &QueryVector::new(&query))
+            .unwrap();
+        let whole = similarity(&model.embed(&long).unwrap(), &query);
+        assert!(best > whole, "{best} vs the whole text's {whole}");
+        assert_eq!(
+            Vectors::best_similarity(&[1, 2, 3], &QueryVector::new(&query)),
+            None
+        );
+    }
+
+    #[test]
+    fn a_file_that_is_not_a_model_is_named_with_its_problem() {
+        for (bytes, problem) in [
+            (&b"abc"[..], "shorter than a safetensors header"),
+            (&b"\x04\0\0\0\0\0\0\0{]}]"[..], "not JSON"),
+            (&b"\x02\0\0\0\0\0\0\0{}"[..], "has no \"tokenizer\""),
+        ] {
+            let error = StaticModel::parse(bytes, "model.safetensors")
+                .unwrap_err()
+                .to_string();
+            assert!(
+                error.starts_with("model.safetensors: ") && error.contains(problem),
+                "{error}"
+            );
+        }
+    }
+}
