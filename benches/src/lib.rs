@@ -8,6 +8,7 @@
 //! and subtracted from compaction time.
 
 pub mod economics;
+pub mod meaning;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -23,7 +24,8 @@ use vilvona_core::message::AgentMessage;
 use vilvona_core::summarize::{SummarizeError, Summarizer, Summary, SummaryRequest};
 use vilvona_core::tokens::{HeuristicEstimator, TokenEstimator};
 use vilvona_lossless::{
-    CompactionRequest, LosslessConfig, LosslessEngine, StoreSelection, ToolCaller,
+    CompactionRequest, EmbeddingSelection, LosslessConfig, LosslessEngine, StoreSelection,
+    ToolCaller,
 };
 use vilvona_summarize::ExtractiveSummarizer;
 use vilvona_transcript::for_each_turn;
@@ -155,6 +157,8 @@ pub struct Figures {
     pub assemble: Spread,
     pub final_estimated_tokens: u64,
     pub grep: Spread,
+    /// The same queries in hybrid mode (text and meaning fused), when the store embeds.
+    pub grep_hybrid: Option<Spread>,
     /// Grep from a second process (read-only) while this one ingests, when asked for.
     pub grep_from_another_process: Option<Spread>,
     pub needles: usize,
@@ -244,6 +248,8 @@ pub struct RunOptions {
     pub probe: Option<PathBuf>,
     /// Count instructions under callgrind (see [`Instructions`]).
     pub instructions: bool,
+    /// Embed messages and summaries (the default, built-in model) for recall by meaning.
+    pub embedding: bool,
 }
 
 /// Instruction counts under `valgrind --tool=callgrind --instr-atstart=no` (with the
@@ -439,6 +445,11 @@ pub async fn run(options: &RunOptions) -> Result<Figures> {
             .store_url
             .clone()
             .map(|url| StoreSelection::Postgres { url }),
+        embedding: if options.embedding {
+            EmbeddingSelection::Builtin
+        } else {
+            EmbeddingSelection::None
+        },
         ..LosslessConfig::default()
     };
     let targets = (config.leaf_target_tokens, config.condensed_target_tokens);
@@ -585,6 +596,25 @@ pub async fn run(options: &RunOptions) -> Result<Figures> {
         found += usize::from(hit);
     }
     counting.dump("grep", grep.len());
+    let grep_hybrid = if options.embedding {
+        let mut timed = Vec::with_capacity(needles.len() * GREP_ROUNDS);
+        for needle in &needles {
+            for _ in 0..GREP_ROUNDS {
+                let begin = Instant::now();
+                engine
+                    .call_tool(
+                        &caller,
+                        "vilvona_grep",
+                        &json!({"query": needle.query, "mode": "hybrid", "scope": "both"}),
+                    )
+                    .await?;
+                timed.push(begin.elapsed());
+            }
+        }
+        Some(spread(&timed))
+    } else {
+        None
+    };
     let assembled = engine
         .assemble(&AssembleParams {
             session_id: session.to_owned(),
@@ -675,6 +705,7 @@ pub async fn run(options: &RunOptions) -> Result<Figures> {
         assemble: spread(&assemble),
         final_estimated_tokens: assembled.estimated_tokens,
         grep: spread(&grep),
+        grep_hybrid,
         grep_from_another_process,
         needles: needles.len(),
         needles_found: found,
@@ -774,6 +805,13 @@ pub fn table(figures: &Figures) -> String {
                 figures.needles_found,
                 figures.needles
             ),
+        ),
+        (
+            "grep, hybrid",
+            figures
+                .grep_hybrid
+                .as_ref()
+                .map_or_else(|| "not measured (--no-embedding)".to_owned(), value),
         ),
         (
             "grep from another process",

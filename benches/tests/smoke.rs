@@ -23,6 +23,7 @@ async fn the_runner_runs_on_fifty_turns() {
             probe: (summarizer == SummarizerChoice::Fake)
                 .then(|| std::path::PathBuf::from(env!("CARGO_BIN_EXE_workload"))),
             instructions: false,
+            embedding: true,
         })
         .await
         .unwrap();
@@ -31,6 +32,10 @@ async fn the_runner_runs_on_fifty_turns() {
         assert_eq!(figures.needles_found, 5, "{summarizer:?}");
         assert_eq!(figures.ingest.count, 50);
         assert_eq!(figures.assemble.count, 5);
+        assert_eq!(
+            figures.grep_hybrid.as_ref().map(|grep| grep.count),
+            Some(5 * 10)
+        );
         assert!(figures.store_bytes > 0);
         if summarizer == SummarizerChoice::Fake {
             let probe = figures.grep_from_another_process.unwrap();
@@ -45,6 +50,7 @@ async fn the_runner_runs_on_fifty_turns() {
             "assemble",
             "finalEstimatedTokens",
             "grep",
+            "grepHybrid",
             "needlesFound",
             "needlesInFinalContext",
             "storeBytes",

@@ -50,6 +50,9 @@ struct Args {
     /// The vilvona binary --serve-sessions starts.
     #[arg(long, value_name = "PATH")]
     vilvona: Option<PathBuf>,
+    /// Store no vectors (recall by meaning off), to compare ingest and size with.
+    #[arg(long)]
+    no_embedding: bool,
     /// Print one JSON document instead of the table.
     #[arg(long)]
     json: bool,
@@ -97,6 +100,7 @@ async fn main() -> ExitCode {
         progress_every: if args.json { 0 } else { 1_000 },
         probe,
         instructions: args.instructions,
+        embedding: !args.no_embedding,
     };
     if let Some(sessions) = args.serve_sessions {
         let Some(vilvona) = &args.vilvona else {

@@ -301,6 +301,10 @@ enum Mode {
     Phrase,
     /// A regular expression (linear time), newest first.
     Regex,
+    /// By meaning: the nearest embeddings (the built-in model by default; no network).
+    Semantic,
+    /// Words and meaning together (rank fusion of text and semantic).
+    Hybrid,
 }
 
 #[derive(Copy, Clone, Debug, ValueEnum)]

@@ -431,3 +431,85 @@ fn a_closed_pipe_ends_a_command_quietly() {
     assert!(!stderr.contains("panicked"), "{stderr}");
     assert_eq!(output.status.code(), Some(141));
 }
+
+/// Recall by meaning on a fresh install with the network unplugged: no embedding provider is
+/// configured, and the built-in model finds a fact asked about in other words. Every command
+/// runs in a network namespace of its own, which has no interface but a loopback that is down.
+#[test]
+fn meaning_is_recalled_with_the_network_unplugged() {
+    let dir = TempDir::new().unwrap();
+    let state = dir.path();
+    let file = transcript(
+        state,
+        "unplugged",
+        &[
+            json!({"role": "user", "content": "Refactor the parser cache in src/cache.rs and run the tests."}),
+            json!({"role": "assistant", "content": [{"type": "text", "text": "Done: the cache is warmed in the writer thread; 212 tests pass."}]}),
+            json!({"role": "user", "content": "Thanks. Painting watercolours at night helps me relax after long days."}),
+            json!({"role": "assistant", "content": [{"type": "text", "text": "Noted."}]}),
+            json!({"role": "user", "content": "Now update the serde dependency and rerun the benchmark suite."}),
+            json!({"role": "assistant", "content": [{"type": "text", "text": "Bumped; the index opens and the probe search passes."}]}),
+        ],
+    );
+    let unplugged = |args: &[&str]| -> Output {
+        let output = std::process::Command::new("unshare")
+            .args(["-rn", env!("CARGO_BIN_EXE_vilvona"), "--state-dir"])
+            .arg(state)
+            .args(args)
+            .env_remove("RUST_LOG")
+            .output()
+            .expect(
+                "this test runs vilvona under `unshare -rn` (util-linux) to unplug the network",
+            );
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        output
+    };
+    unplugged(&["replay", &file, "--engine", "lossless", "--json"]);
+    let question = "What does the user do to unwind?";
+    let words = ok_json(&unplugged(&[
+        "grep",
+        question,
+        "--session",
+        "unplugged",
+        "--mode",
+        "text",
+        "--json",
+    ]));
+    assert!(
+        !words.to_string().contains("Painting"),
+        "the question shares no word with the fact: {words}"
+    );
+    for mode in ["semantic", "hybrid"] {
+        let found = ok_json(&unplugged(&[
+            "grep",
+            question,
+            "--session",
+            "unplugged",
+            "--mode",
+            mode,
+            "--json",
+        ]));
+        assert!(
+            found["results"][0]["snippet"]
+                .as_str()
+                .unwrap()
+                .contains("Painting watercolours"),
+            "{mode}: {found}"
+        );
+    }
+    let answered = ok_json(&unplugged(&[
+        "ask",
+        question,
+        "--session",
+        "unplugged",
+        "--json",
+    ]));
+    assert!(
+        answered.to_string().contains("Painting watercolours"),
+        "{answered}"
+    );
+}

@@ -151,6 +151,8 @@ choice!(Mode("mode") {
     "text" => Mode(SearchMode::Text),
     "phrase" => Mode(SearchMode::Phrase),
     "regex" => Mode(SearchMode::Regex),
+    "semantic" => Mode(SearchMode::Semantic),
+    "hybrid" => Mode(SearchMode::Hybrid),
 });
 
 /// What is searched.

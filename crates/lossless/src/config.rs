@@ -154,6 +154,26 @@ pub struct LosslessConfig {
     /// Archiving, deleting and the size cap, applied by `vilvona retention` and (at most once
     /// a day) by `maintain`.
     pub retention: RetentionPolicy,
+    /// What embeds messages and summaries for recall by meaning: `{kind: "builtin"}` (the
+    /// default: the static model in the binary, no network), `{kind: "file", path}` (a model
+    /// file of the same format) or `{kind: "none"}`.
+    pub embedding: EmbeddingSelection,
+}
+
+/// `plugins.entries.lossless.config.embedding`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase", deny_unknown_fields)]
+pub enum EmbeddingSelection {
+    /// The static model built into the binary.
+    #[default]
+    Builtin,
+    /// A static model file (safetensors, as `scripts/convert-embedding-model.py` writes).
+    File {
+        /// The file.
+        path: String,
+    },
+    /// No vectors: semantic search is refused, hybrid search is text search.
+    None,
 }
 
 impl Default for LosslessConfig {
@@ -184,6 +204,7 @@ impl Default for LosslessConfig {
             store: None,
             summarizer: None,
             retention: RetentionPolicy::default(),
+            embedding: EmbeddingSelection::default(),
         }
     }
 }

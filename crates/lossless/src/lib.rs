@@ -29,7 +29,7 @@ mod units;
 
 pub use budget::{HostPrompt, Limits};
 pub use compaction::{CompactionReport, CompactionRequest};
-pub use config::{ConfigError, LosslessConfig, StoreSelection};
+pub use config::{ConfigError, EmbeddingSelection, LosslessConfig, StoreSelection};
 pub use engine::{CachedSessions, ENGINE_ID, LosslessEngine};
 pub use forget::{Forgotten, OverCap, RetentionAction, RetentionKind, RetentionPolicy};
 pub use registration::{BuildSummarizer, factory};

@@ -11,7 +11,7 @@ use vilvona_core::{ContextEngine, EngineError};
 
 use vilvona_store::{HistoryStore, PgStore, Store, StoreConfig, StoreError};
 
-use crate::config::{LosslessConfig, StoreSelection};
+use crate::config::{EmbeddingSelection, LosslessConfig, StoreSelection};
 use crate::engine::{LosslessEngine, store_error};
 
 /// Builds the summarizer a configuration names; the host provides it, since models are the
@@ -37,6 +37,21 @@ impl LosslessConfig {
         }
     }
 
+    /// The embedding model the settings name (read from its file, for `file`).
+    pub fn embedder(&self) -> Result<Option<Arc<dyn vilvona_store::Embedder>>, EngineError> {
+        Ok(match &self.embedding {
+            EmbeddingSelection::Builtin => vilvona_store::builtin_embedder(),
+            EmbeddingSelection::File { path } => Some(Arc::new(
+                vilvona_embed::StaticModel::load(Path::new(path)).map_err(|error| {
+                    EngineError::InvalidConfig(format!(
+                        "plugins.entries.lossless.config.embedding.path: {error}"
+                    ))
+                })?,
+            )),
+            EmbeddingSelection::None => None,
+        })
+    }
+
     /// Opens the store the settings select. `read_only` takes no writer's lock and creates
     /// nothing; `existing_only` declines when there is no store yet.
     pub async fn open_store(
@@ -45,14 +60,17 @@ impl LosslessConfig {
         read_only: bool,
         existing_only: bool,
     ) -> Result<Arc<dyn HistoryStore>, EngineError> {
+        let embedder = self.embedder()?;
         let opened: Result<Arc<dyn HistoryStore>, StoreError> = match &self.store {
             Some(StoreSelection::Postgres { url }) => {
                 // This node's recall index, beside where an embedded store would be.
                 let index_dir = self.store_path(agent_dir).join("postgres-index");
                 if existing_only || read_only {
-                    match PgStore::open_read_only(url, Some(&index_dir)).await {
+                    match PgStore::open_read_only_with(url, Some(&index_dir), embedder.clone())
+                        .await
+                    {
                         Ok(store) if read_only => Ok(Arc::new(store)),
-                        Ok(_) => PgStore::open(url, Some(&index_dir))
+                        Ok(_) => PgStore::open_with(url, Some(&index_dir), embedder)
                             .await
                             .map(|store| Arc::new(store) as _),
                         Err(StoreError::NotFound { id, .. }) if existing_only => {
@@ -63,7 +81,7 @@ impl LosslessConfig {
                         Err(error) => Err(error),
                     }
                 } else {
-                    PgStore::open(url, Some(&index_dir))
+                    PgStore::open_with(url, Some(&index_dir), embedder)
                         .await
                         .map(|store| Arc::new(store) as _)
                 }
@@ -77,13 +95,16 @@ impl LosslessConfig {
                     )));
                 }
                 if read_only {
-                    Store::open_read_only(&dir)
+                    Store::open_read_only_with(&dir, embedder)
                         .await
                         .map(|store| Arc::new(store) as _)
                 } else {
-                    Store::open(StoreConfig::new(&dir))
-                        .await
-                        .map(|store| Arc::new(store) as _)
+                    Store::open(StoreConfig {
+                        embedder,
+                        ..StoreConfig::new(&dir)
+                    })
+                    .await
+                    .map(|store| Arc::new(store) as _)
                 }
             }
         };

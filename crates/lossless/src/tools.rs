@@ -35,7 +35,8 @@ pub fn tool_definitions() -> Vec<ToolDefinition> {
     vec![
         ToolDefinition {
             name: GREP_TOOL.to_owned(),
-            description: "Search the full conversation history, including parts folded into summaries. \
+            description: "Search the full conversation history, including parts folded into summaries, \
+                          by words (text, phrase, regex) or by meaning (semantic; hybrid: both). \
                           Returns matching messages and summaries with snippets; a message hit names the \
                           summary that currently covers it.".to_owned(),
             parameters: arguments::schema::<arguments::Grep>(),
@@ -628,6 +629,9 @@ impl LosslessEngine {
                 caller,
                 arguments::Grep {
                     query: Some(query.clone()),
+                    // A question rarely shares its words with the answer: by words and by
+                    // meaning (text alone when no embedding model is configured).
+                    mode: arguments::Mode(vilvona_store::SearchMode::Hybrid),
                     limit: Some(QUESTION_HITS),
                     ..arguments::Grep::default()
                 },
@@ -718,6 +722,25 @@ impl LosslessEngine {
                 }
                 vilvona_summarize::extractive_answer(&request, &**estimator)
             }
+        };
+        // Offline, a question that shares no word with its answer is answered by meaning.
+        let answer = match self.inner.store.embedder() {
+            Some(embedder)
+                if answer.citations.is_empty()
+                    && answer.answered_by == vilvona_summarize::ExtractiveSummarizer::ID =>
+            {
+                let question_vector = embedder.embed(&question);
+                question_vector
+                    .and_then(|vector| {
+                        vilvona_summarize::meaning_answer(&request, &**estimator, |sentence| {
+                            embedder
+                                .embed(sentence)
+                                .map(|said| vilvona_embed::similarity(&said, &vector))
+                        })
+                    })
+                    .unwrap_or(answer)
+            }
+            _ => answer,
         };
         Ok(json!({
             "question": question,

@@ -70,6 +70,11 @@ pub enum StoreError {
     /// A query over the store's bounds (length, number of terms).
     #[error("{0}")]
     QueryTooLarge(String),
+    /// A search by meaning on a store opened without an embedding model.
+    #[error(
+        "recall by meaning is off: no embedding model is configured (plugins.entries.lossless.config.embedding)"
+    )]
+    NoEmbeddings,
     /// No such row.
     #[error("unknown {what} {id}")]
     NotFound {

@@ -23,6 +23,8 @@ use tantivy::schema::{
 use tantivy::{DocAddress, Index, IndexReader, IndexWriter, Order, ReloadPolicy, TantivyDocument};
 use tantivy::{Term, doc};
 
+use vilvona_embed::{Embedder, Vectors};
+
 use crate::error::{IndexError, Result, StoreError};
 use crate::tokenize::{RecallTokenizer, TOKENIZER, words};
 use crate::types::{SearchMode, SearchOrder, SearchQuery, SearchTarget};
@@ -31,6 +33,10 @@ use crate::types::{SearchMode, SearchOrder, SearchQuery, SearchTarget};
 const WRITER_HEAP_BYTES: usize = 24 * 1024 * 1024;
 
 mod top;
+mod vectors;
+
+/// What embeds the index's documents, when recall by meaning is on.
+pub(crate) type SharedEmbedder = Option<Arc<dyn Embedder>>;
 
 const KIND_MESSAGE: u64 = 0;
 const KIND_SUMMARY: u64 = 1;
@@ -61,6 +67,9 @@ pub(crate) struct Fields {
     role: Field,
     time: Field,
     text: Field,
+    /// Each document's chunk vectors, when the index embeds (the field's name names the model,
+    /// so an index made with another model has another schema and is rebuilt).
+    vectors: Option<Field>,
 }
 
 /// How a search applies its scope.
@@ -96,7 +105,12 @@ fn row_of(key: u64) -> IndexedRow {
     }
 }
 
-fn schema() -> (Schema, Fields) {
+/// The vectors field's name for a model.
+fn vectors_field(model: &str) -> String {
+    format!("vectors of {model}")
+}
+
+fn schema(embedder: Option<&dyn Embedder>) -> (Schema, Fields) {
     let mut builder = Schema::builder();
     let text_options = TextOptions::default().set_indexing_options(
         TextFieldIndexing::default()
@@ -111,6 +125,8 @@ fn schema() -> (Schema, Fields) {
         role: builder.add_text_field("role", STRING),
         time: builder.add_i64_field("time", INDEXED | FAST),
         text: builder.add_text_field("text", text_options),
+        vectors: embedder
+            .map(|embedder| builder.add_bytes_field(&vectors_field(embedder.name()), FAST)),
     };
     (builder.build(), fields)
 }
@@ -263,6 +279,10 @@ pub(crate) struct RecallIndex {
     reader_watermark: Mutex<Watermark>,
     /// A search could not read the index: its maintainer rebuilds it.
     broken: AtomicBool,
+    /// What embeds its documents (and queries for them), if anything.
+    embedder: SharedEmbedder,
+    /// Segments' vectors, read once each.
+    vector_cache: vectors::VectorCache,
 }
 
 /// The index a store currently uses: a rebuild swaps a new one in.
@@ -290,14 +310,14 @@ impl RecallIndex {
     /// index and whether it had to be created (so the caller indexes everything from SQLite).
     /// The index is disposable: one that cannot be opened or read (a missing or truncated
     /// file, another schema) is moved aside and recreated, never a reason to fail.
-    pub(crate) fn open(dir: &Path) -> Result<(RecallIndex, bool)> {
-        match RecallIndex::open_or_create(dir) {
+    pub(crate) fn open(dir: &Path, embedder: SharedEmbedder) -> Result<(RecallIndex, bool)> {
+        match RecallIndex::open_or_create(dir, embedder.clone()) {
             Ok(opened) => Ok(opened),
             Err(problem) => {
                 if let StoreError::Index(IndexError(tantivy::TantivyError::SchemaError(_))) =
                     problem
                 {
-                    tracing::info!(dir = %dir.display(), "the recall index was written by an older build (another tokenizer); rebuilding it from the database");
+                    tracing::info!(dir = %dir.display(), "the recall index was written by another build or with another embedding model; rebuilding it from the database");
                 } else {
                     tracing::warn!(dir = %dir.display(), %problem, "the recall index is damaged; rebuilding it from the database");
                 }
@@ -309,7 +329,7 @@ impl RecallIndex {
                     vilvona_core::clock::now_ms()
                 ));
                 std::fs::rename(dir, &aside).map_err(|error| StoreError::io(dir, error))?;
-                let opened = RecallIndex::open_or_create(dir)?;
+                let opened = RecallIndex::open_or_create(dir, embedder)?;
                 if let Err(error) = std::fs::remove_dir_all(&aside) {
                     tracing::warn!(dir = %aside.display(), %error, "could not remove the damaged index");
                 }
@@ -318,13 +338,16 @@ impl RecallIndex {
         }
     }
 
-    fn open_or_create(dir: &Path) -> Result<(RecallIndex, bool)> {
+    fn open_or_create(dir: &Path, embedder: SharedEmbedder) -> Result<(RecallIndex, bool)> {
         check_files(dir)?;
-        contained(|| RecallIndex::open_or_create_unchecked(dir))
+        contained(|| RecallIndex::open_or_create_unchecked(dir, embedder))
     }
 
-    fn open_or_create_unchecked(dir: &Path) -> Result<(RecallIndex, bool)> {
-        let (schema, fields) = schema();
+    fn open_or_create_unchecked(
+        dir: &Path,
+        embedder: SharedEmbedder,
+    ) -> Result<(RecallIndex, bool)> {
+        let (schema, fields) = schema(embedder.as_deref());
         std::fs::create_dir_all(dir).map_err(|error| StoreError::io(dir, error))?;
         let directory = mmap_directory(dir)?;
         let exists = Index::exists(&directory).map_err(|error| {
@@ -348,7 +371,7 @@ impl RecallIndex {
                 Err(_) => Index::open(directory)?,
             }
         };
-        let opened = RecallIndex::with_reader(index, fields, dir)?;
+        let opened = RecallIndex::with_reader(index, fields, dir, embedder)?;
         // Every segment's files must be readable: a probe search touches them all.
         opened.probe()?;
         Ok((opened, !exists))
@@ -374,6 +397,11 @@ impl RecallIndex {
         for segment in searcher.segment_readers() {
             segment.inverted_index(self.fields.text)?;
             segment.fast_fields().u64("key")?;
+            if let Some(embedder) = &self.embedder {
+                segment
+                    .fast_fields()
+                    .bytes(&vectors_field(embedder.name()))?;
+            }
         }
         let query = TermQuery::new(
             Term::from_field_text(self.fields.text, "vilvona"),
@@ -386,16 +414,22 @@ impl RecallIndex {
     /// Opens an existing index for reading only: never creates, repairs or locks anything.
     /// `Ok(None)` when there is none; an error when it is there but cannot be read (searches
     /// then read SQLite alone, and the next writer rebuilds it).
-    pub(crate) fn open_existing(dir: &Path) -> Result<Option<RecallIndex>> {
+    pub(crate) fn open_existing(
+        dir: &Path,
+        embedder: SharedEmbedder,
+    ) -> Result<Option<RecallIndex>> {
         if !dir.exists() {
             return Ok(None);
         }
         check_files(dir)?;
-        contained(|| RecallIndex::open_existing_unchecked(dir))
+        contained(|| RecallIndex::open_existing_unchecked(dir, embedder))
     }
 
-    fn open_existing_unchecked(dir: &Path) -> Result<Option<RecallIndex>> {
-        let (schema, fields) = schema();
+    fn open_existing_unchecked(
+        dir: &Path,
+        embedder: SharedEmbedder,
+    ) -> Result<Option<RecallIndex>> {
+        let (schema, fields) = schema(embedder.as_deref());
         let directory = mmap_directory(dir)?;
         if !Index::exists(&directory).unwrap_or(false) {
             return Ok(None);
@@ -406,12 +440,17 @@ impl RecallIndex {
                 "the index was written with another schema".to_owned(),
             )));
         }
-        let opened = RecallIndex::with_reader(index, fields, dir)?;
+        let opened = RecallIndex::with_reader(index, fields, dir, embedder)?;
         opened.probe()?;
         Ok(Some(opened))
     }
 
-    fn with_reader(index: Index, fields: Fields, dir: &Path) -> Result<RecallIndex> {
+    fn with_reader(
+        index: Index,
+        fields: Fields,
+        dir: &Path,
+        embedder: SharedEmbedder,
+    ) -> Result<RecallIndex> {
         index
             .tokenizers()
             .register(TOKENIZER, RecallTokenizer::default());
@@ -427,6 +466,8 @@ impl RecallIndex {
             maintained_here: AtomicBool::new(false),
             reader_watermark: Mutex::new(Watermark::default()),
             broken: AtomicBool::new(false),
+            embedder,
+            vector_cache: vectors::VectorCache::default(),
         };
         recall.reload()?;
         Ok(recall)
@@ -450,9 +491,11 @@ impl RecallIndex {
                 Ok(Some(IndexSink {
                     writer,
                     fields: self.fields,
+                    embedder: self.embedder.clone(),
                     watermark: self.watermark()?,
                     pending: 0,
                     first_pending_at: None,
+                    unembedded: Vec::new(),
                 }))
             }
             Err(tantivy::TantivyError::LockFailure(..)) => Ok(None),
@@ -529,6 +572,42 @@ impl RecallIndex {
         self.search_with(&searcher, query, plan)
     }
 
+    /// The documents in scope nearest `vector` (the query's embedding), by cosine similarity,
+    /// best first; none when the index does not embed.
+    pub(crate) fn nearest(
+        &self,
+        query: &SearchQuery,
+        vector: &[f32],
+    ) -> Result<Vec<(IndexedRow, f32)>> {
+        let Some(embedder) = &self.embedder else {
+            return Ok(Vec::new());
+        };
+        let conversations = sorted_conversations(query);
+        let scope = top::Scope {
+            conversations: &conversations,
+            kind: target_kind(query.target),
+            since_ms: query.since_ms,
+            before_ms: query.before_ms,
+        };
+        let best = vectors::nearest(
+            &self.reader.searcher(),
+            &self.vector_cache,
+            &vectors_field(embedder.name()),
+            vector,
+            &scope,
+            query.limit.max(1),
+        )?;
+        Ok(best
+            .into_iter()
+            .map(|(score, key)| (row_of(key), score))
+            .collect())
+    }
+
+    /// What embeds this index's documents.
+    pub(crate) fn embedder(&self) -> Option<&Arc<dyn Embedder>> {
+        self.embedder.as_ref()
+    }
+
     /// Whether the conversations hold at least half of the index's documents.
     fn mostly_in_scope(
         &self,
@@ -556,19 +635,10 @@ impl RecallIndex {
             return Ok(Vec::new());
         }
         let fields = self.fields;
-        let kind = match query.target {
-            SearchTarget::Messages => Some(KIND_MESSAGE),
-            SearchTarget::Summaries => Some(KIND_SUMMARY),
-            SearchTarget::Both => None,
-        };
+        let kind = target_kind(query.target);
         let limit = query.limit.max(1);
         if plan == Plan::Prune {
-            let mut conversations: Vec<u64> = query
-                .conversations
-                .iter()
-                .map(|conversation| conversation.0 as u64)
-                .collect();
-            conversations.sort_unstable();
+            let conversations = sorted_conversations(query);
             let scope = top::Scope {
                 conversations: &conversations,
                 kind,
@@ -676,7 +746,7 @@ impl RecallIndex {
         let words = words(text);
         match mode {
             _ if words.is_empty() => None,
-            SearchMode::Regex => None,
+            SearchMode::Regex | SearchMode::Semantic | SearchMode::Hybrid => None,
             SearchMode::Phrase => {
                 let terms: Vec<String> = words.into_iter().flat_map(|word| word.terms).collect();
                 Some(phrase(&terms))
@@ -714,8 +784,9 @@ impl IndexSlot {
                     .map_err(|error| StoreError::io(leftover, error))?;
             }
         }
+        let embedder = self.current().embedder.clone();
         let filled = {
-            let (fresh, _) = RecallIndex::open_or_create(&fresh_dir)?;
+            let (fresh, _) = RecallIndex::open_or_create(&fresh_dir, embedder.clone())?;
             // Every core indexes (tantivy's threads); the writer is dropped after the fill.
             let threads = std::thread::available_parallelism()
                 .map_or(1, |cores| cores.get())
@@ -737,7 +808,7 @@ impl IndexSlot {
         if let Err(error) = std::fs::remove_dir_all(&old_dir) {
             tracing::warn!(dir = %old_dir.display(), %error, "could not remove the replaced index");
         }
-        let (swapped, _) = RecallIndex::open_or_create(&dir)?;
+        let (swapped, _) = RecallIndex::open_or_create(&dir, embedder)?;
         let sink = swapped
             .try_writer()?
             .ok_or_else(|| StoreError::IndexBusy(dir.clone()))?;
@@ -747,13 +818,38 @@ impl IndexSlot {
     }
 }
 
+/// The query's conversations as the index keys them, sorted (a [`top::Scope`]'s).
+fn sorted_conversations(query: &SearchQuery) -> Vec<u64> {
+    let mut conversations: Vec<u64> = query
+        .conversations
+        .iter()
+        .map(|conversation| conversation.0 as u64)
+        .collect();
+    conversations.sort_unstable();
+    conversations
+}
+
+/// The `kind` a search target keeps; `None` keeps both.
+fn target_kind(target: SearchTarget) -> Option<u64> {
+    match target {
+        SearchTarget::Messages => Some(KIND_MESSAGE),
+        SearchTarget::Summaries => Some(KIND_SUMMARY),
+        SearchTarget::Both => None,
+    }
+}
+
 /// The writing side of the index, owned by the store's writer thread.
 pub(crate) struct IndexSink {
     writer: IndexWriter<TantivyDocument>,
     fields: Fields,
+    embedder: SharedEmbedder,
     watermark: Watermark,
     pending: usize,
     first_pending_at: Option<Instant>,
+    /// Documents still to embed, with their text: they are embedded and added when the index
+    /// commits (or before a removal, which must follow them), not while the rows' writer
+    /// waits for its answer.
+    unembedded: Vec<(u64, TantivyDocument, String)>,
 }
 
 impl IndexSink {
@@ -781,7 +877,7 @@ impl IndexSink {
                 KIND_SUMMARY
             }
         };
-        self.writer.add_document(doc!(
+        let document = doc!(
             fields.key => key_of(doc.row),
             fields.conversation => doc.conversation as u64,
             fields.agent => doc.agent,
@@ -789,14 +885,36 @@ impl IndexSink {
             fields.role => doc.role,
             fields.time => doc.time_ms,
             fields.text => doc.text,
-        ))?;
+        );
+        if fields.vectors.is_some() && self.embedder.is_some() {
+            self.unembedded
+                .push((key_of(doc.row), document, doc.text.to_owned()));
+        } else {
+            self.writer.add_document(document)?;
+        }
         self.pending += 1;
         self.first_pending_at.get_or_insert_with(Instant::now);
         Ok(())
     }
 
+    /// Embeds the documents that wait for their vectors and adds them.
+    fn add_unembedded(&mut self) -> Result<()> {
+        let (Some(field), Some(embedder)) = (self.fields.vectors, &self.embedder) else {
+            return Ok(());
+        };
+        for (_, mut document, text) in self.unembedded.drain(..) {
+            let chunks = embedder.embed_chunks(&text);
+            if !chunks.is_empty() {
+                document.add_bytes(field, &Vectors::encode(&chunks).0);
+            }
+            self.writer.add_document(document)?;
+        }
+        Ok(())
+    }
+
     /// Commits what was added, with the watermark as the commit's payload.
     pub(crate) fn commit(&mut self) -> Result<()> {
+        self.add_unembedded()?;
         let payload = serde_json::to_string(&self.watermark)
             .map_err(|error| StoreError::CorruptRow(error.to_string()))?;
         let mut prepared = self.writer.prepare_commit()?;
@@ -843,6 +961,7 @@ impl IndexSink {
     /// background merge starts meanwhile, and the merge is tried again over what is there.
     pub(crate) fn merge_all(&mut self) -> Result<()> {
         const ATTEMPTS: usize = 8;
+        self.add_unembedded()?;
         self.writer.set_merge_policy(Box::new(NoMergePolicy));
         let mut merged = Ok(());
         for _ in 0..ATTEMPTS {
@@ -882,6 +1001,8 @@ impl IndexSink {
 
     /// Removes a row's document (before re-adding it with new text).
     pub(crate) fn remove(&mut self, row: IndexedRow) {
+        // Not yet added: it never will be.
+        self.unembedded.retain(|(key, ..)| *key != key_of(row));
         self.writer
             .delete_term(Term::from_field_u64(self.fields.key, key_of(row)));
         self.pending += 1;
@@ -890,6 +1011,7 @@ impl IndexSink {
 
     /// Drops every document (for a rebuild).
     pub(crate) fn clear(&mut self) -> Result<()> {
+        self.unembedded.clear();
         self.writer.delete_all_documents()?;
         self.watermark = Watermark::default();
         Ok(())
@@ -910,7 +1032,7 @@ mod tests {
     type Doc = (u8, bool, i64, Vec<usize>);
 
     fn index_of(dir: &Path, docs: &[Doc], deleted: &[usize]) -> RecallIndex {
-        let (index, _) = RecallIndex::open(dir).unwrap();
+        let (index, _) = RecallIndex::open(dir, None).unwrap();
         let mut sink = index.try_writer().unwrap().unwrap();
         for (id, (conversation, summary, time, words)) in docs.iter().enumerate() {
             let text: Vec<&str> = words.iter().map(|word| WORDS[*word]).collect();

@@ -42,6 +42,7 @@ use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension};
 use tokio::sync::oneshot;
 use vilvona_core::archive::{ImportReport, SessionArchive};
+pub use vilvona_embed::Embedder;
 
 pub use blobs::{BLOB_ID_KEY, referenced_blobs};
 pub use dag::{DagSummary, DagView};
@@ -196,6 +197,10 @@ pub trait HistoryStore: Send + Sync + std::fmt::Debug {
     fn is_read_only(&self) -> bool {
         false
     }
+    /// What embeds rows and queries for recall by meaning, when anything does.
+    fn embedder(&self) -> Option<Arc<dyn Embedder>> {
+        None
+    }
 }
 
 /// How to open a [`Store`].
@@ -209,6 +214,14 @@ pub struct StoreConfig {
     /// How long new rows may wait for an index commit (default 250 ms;
     /// `VILVONA_INDEX_COMMIT_MS`). Searches never wait for it.
     pub index_commit_delay: Option<Duration>,
+    /// What embeds messages and summaries for recall by meaning (default: the built-in
+    /// model; `None`: no vectors, semantic search refused).
+    pub embedder: Option<Arc<dyn Embedder>>,
+}
+
+/// The built-in embedding model, as a store takes it.
+pub fn builtin_embedder() -> Option<Arc<dyn Embedder>> {
+    Some(vilvona_embed::builtin())
 }
 
 impl StoreConfig {
@@ -222,6 +235,7 @@ impl StoreConfig {
                 .ok()
                 .and_then(|value| value.parse().ok())
                 .map(Duration::from_millis),
+            embedder: builtin_embedder(),
         }
     }
 }
@@ -237,6 +251,8 @@ struct Inner {
     index: Option<Arc<IndexSlot>>,
     /// Why a read-only store has no index although one is there (doctor reports it).
     index_problem: Option<String>,
+    /// What embeds queries (and the rows the index does not hold) for recall by meaning.
+    embedder: Option<Arc<dyn Embedder>>,
     read_only: bool,
     /// The dictionary new messages are compressed with (see `codec`).
     encoder: Arc<codec::EncoderSlot>,
@@ -300,7 +316,8 @@ impl Store {
             .map_err(|error| StoreError::io(&db_path, error))?;
         let mut connection = schema::connect(&db_path)?;
         schema::migrate(&mut connection, &db_path)?;
-        let (index, created) = RecallIndex::open(&dir.join(INDEX_DIR))?;
+        let embedder = config.embedder;
+        let (index, created) = RecallIndex::open(&dir.join(INDEX_DIR), embedder.clone())?;
         if created && read::max_ids(&connection)? != (0, 0) {
             tracing::warn!(dir = %index.dir().display(), "the recall index was missing; rebuilding it from the database");
         }
@@ -335,6 +352,7 @@ impl Store {
                 readers: Mutex::new(Vec::new()),
                 index: Some(index),
                 index_problem: None,
+                embedder,
                 read_only: false,
                 encoder,
             }),
@@ -346,6 +364,14 @@ impl Store {
     /// read as its maintainer last committed it, and rows beyond that are searched in SQLite.
     /// Every write fails with [`StoreError::ReadOnly`].
     pub async fn open_read_only(dir: impl Into<PathBuf>) -> Result<Store> {
+        Store::open_read_only_with(dir, builtin_embedder()).await
+    }
+
+    /// [`Store::open_read_only`] with the embedding model the store's writers use.
+    pub async fn open_read_only_with(
+        dir: impl Into<PathBuf>,
+        embedder: Option<Arc<dyn Embedder>>,
+    ) -> Result<Store> {
         let dir = dir.into();
         tokio::task::spawn_blocking(move || {
             let db_path = dir.join(DATABASE_FILE);
@@ -357,7 +383,10 @@ impl Store {
             }
             let connection = schema::connect(&db_path)?;
             schema::check_version(&connection, &db_path)?;
-            let (index, index_problem) = match RecallIndex::open_existing(&dir.join(INDEX_DIR)) {
+            let (index, index_problem) = match RecallIndex::open_existing(
+                &dir.join(INDEX_DIR),
+                embedder.clone(),
+            ) {
                 Ok(index) => (index.map(|index| Arc::new(IndexSlot::new(index))), None),
                 Err(error) => {
                     let problem = vilvona_core::error_chain(&error);
@@ -374,6 +403,7 @@ impl Store {
                     readers: Mutex::new(vec![connection]),
                     index,
                     index_problem,
+                    embedder,
                     read_only: true,
                     encoder: Arc::default(),
                 }),
@@ -733,8 +763,11 @@ impl HistoryStore for Store {
         // No flush: rows the index has not committed yet (this process's or another's) are
         // searched in SQLite, so what was acknowledged is found at once, from any process.
         let index = self.inner.index.as_ref().map(|slot| slot.current());
-        self.read(move |connection| search::run(connection, index.as_deref(), &query))
-            .await
+        let embedder = self.inner.embedder.clone();
+        self.read(move |connection| {
+            search::run(connection, index.as_deref(), embedder.as_deref(), &query)
+        })
+        .await
     }
 
     async fn put_blob(&self, blob: NewBlob) -> Result<BlobInfo> {
@@ -873,6 +906,10 @@ impl HistoryStore for Store {
 
     async fn index_doc_count(&self) -> Result<u64> {
         Store::index_doc_count(self).await
+    }
+
+    fn embedder(&self) -> Option<Arc<dyn Embedder>> {
+        self.inner.embedder.clone()
     }
 
     async fn rebuild_index(&self) -> Result<u64> {

@@ -11,6 +11,7 @@ use crate::index::{IndexRow, IndexedRow, RecallIndex, Watermark, key_of};
 use crate::read;
 use crate::tokenize::{Terms, Word, words};
 use crate::types::*;
+use vilvona_embed::Embedder;
 
 /// Bound on the compiled size of a user regex.
 pub(crate) const REGEX_SIZE_LIMIT: usize = 1 << 20;
@@ -43,6 +44,7 @@ pub(crate) fn check_bounds(query: &SearchQuery) -> Result<()> {
 pub(crate) fn run(
     connection: &Connection,
     index: Option<&RecallIndex>,
+    embedder: Option<&dyn Embedder>,
     query: &SearchQuery,
 ) -> Result<Vec<SearchHit>> {
     check_bounds(query)?;
@@ -63,6 +65,26 @@ pub(crate) fn run(
     let mut hits = match query.mode {
         SearchMode::Regex => regex_search(connection, query)?,
         SearchMode::Text | SearchMode::Phrase => indexed_search(connection, index, query)?,
+        SearchMode::Semantic => {
+            let embedder = embedder.ok_or(StoreError::NoEmbeddings)?;
+            meaning_search(connection, index, embedder, query)?
+        }
+        SearchMode::Hybrid => {
+            let text = indexed_search(connection, index, &widened(query, SearchMode::Text))?;
+            match embedder {
+                Some(embedder) => fuse(
+                    text,
+                    meaning_search(
+                        connection,
+                        index,
+                        embedder,
+                        &widened(query, SearchMode::Semantic),
+                    )?,
+                    query,
+                ),
+                None => fuse(text, Vec::new(), query),
+            }
+        }
     };
     // In the same read: which summary covers each hit now.
     for hit in &mut hits {
@@ -88,24 +110,7 @@ fn indexed_search(
     }
     let query_marks = QueryWords::new(&query.text, &query_words);
     let marks = Marks::Words(&query_marks);
-    let read_index = |index: &RecallIndex| -> Result<(Watermark, Vec<(IndexedRow, f32)>)> {
-        crate::index::contained(|| {
-            index.refresh()?;
-            let through = index.searched_through();
-            Ok((through, index.search(query)?))
-        })
-    };
-    let (through, mut rows) = match index.map(|index| (index, read_index(index))) {
-        Some((_, Ok(found))) => found,
-        // The index is disposable: when it cannot be read, this search reads SQLite alone and
-        // the index's maintainer rebuilds it.
-        Some((index, Err(error))) => {
-            tracing::warn!(%error, "the recall index could not be read; searching the database instead");
-            index.mark_broken();
-            (Watermark::default(), Vec::new())
-        }
-        None => (Watermark::default(), Vec::new()),
-    };
+    let (through, mut rows) = read_index(index, "searching", |index| index.search(query));
     let best = rows.iter().map(|(_, score)| *score).fold(1.0_f32, f32::max);
     let mut unindexed = unindexed_matches(connection, query, &query_words, through, best)?;
     unindexed.extend(archived_matches(connection, query, &query_words, best)?);
@@ -121,6 +126,18 @@ fn indexed_search(
             });
         }
     }
+    hits_of(connection, rows, marks, query)
+}
+
+/// The hits of scored rows, each with a snippet around what matched (for a message, in the
+/// stored file that matched when its own text did not), in the query's order and limit. Rows
+/// outside the query's scope are dropped: the index is derived, the database decides.
+fn hits_of(
+    connection: &Connection,
+    rows: Vec<(IndexedRow, f32)>,
+    marks: Marks,
+    query: &SearchQuery,
+) -> Result<Vec<SearchHit>> {
     let mut hits = Vec::new();
     let mut budget = REGEX_BLOB_BYTES;
     for (row, score) in rows {
@@ -149,6 +166,174 @@ fn indexed_search(
     }
     hits.truncate(query.limit);
     Ok(hits)
+}
+
+/// The index's hits and the watermark they are complete to, the index refreshed first; or,
+/// when it cannot be read, none (the caller then reads the database alone, `doing` its rows:
+/// the index is disposable) and the index marked broken for its maintainer to rebuild.
+fn read_index(
+    index: Option<&RecallIndex>,
+    doing: &str,
+    search: impl FnOnce(&RecallIndex) -> Result<Vec<(IndexedRow, f32)>>,
+) -> (Watermark, Vec<(IndexedRow, f32)>) {
+    let Some(index) = index else {
+        return (Watermark::default(), Vec::new());
+    };
+    let read = crate::index::contained(|| {
+        index.refresh()?;
+        let through = index.searched_through();
+        Ok((through, search(index)?))
+    });
+    match read {
+        Ok(found) => found,
+        Err(error) => {
+            tracing::warn!(%error, "the recall index could not be read; {doing} the database's rows instead");
+            index.mark_broken();
+            (Watermark::default(), Vec::new())
+        }
+    }
+}
+
+/// The rows nearest the query's meaning (cosine similarity of embeddings): the index's
+/// nearest, with the rows it does not hold (beyond its watermark, archived) embedded as they
+/// are read. Snippets mark the query's words where the text has them.
+fn meaning_search(
+    connection: &Connection,
+    index: Option<&RecallIndex>,
+    embedder: &dyn Embedder,
+    query: &SearchQuery,
+) -> Result<Vec<SearchHit>> {
+    let Some(vector) = embedder.embed(&query.text) else {
+        return Ok(Vec::new());
+    };
+    // An index that embeds with another model (or not at all) holds no vectors to compare.
+    let usable = index.filter(|index| {
+        index
+            .embedder()
+            .is_some_and(|own| own.name() == embedder.name())
+    });
+    let (through, mut rows) =
+        read_index(usable, "embedding", |index| index.nearest(query, &vector));
+    let nearness = |text: &str| vilvona_embed::nearness(embedder, text, &vector);
+    let in_scope = |conversation: i64, time_ms: i64| {
+        query.conversations.contains(&ConversationId(conversation))
+            && query.since_ms.is_none_or(|since| time_ms >= since)
+            && query.before_ms.is_none_or(|before| time_ms < before)
+    };
+    let mut consider = |row: IndexRow| -> Result<()> {
+        let doc = row.doc();
+        if doc.agent == query.agent_id
+            && in_scope(doc.conversation, doc.time_ms)
+            && let Some(score) = nearness(doc.text)
+        {
+            rows.push((doc.row, score));
+        }
+        Ok(())
+    };
+    if query.target != SearchTarget::Summaries {
+        read::for_each_message_after_where(connection, through.messages, |_| true, &mut consider)?;
+    }
+    if query.target != SearchTarget::Messages {
+        read::for_each_summary_after(connection, through.summaries, &mut consider)?;
+    }
+    rows.extend(archived_rows(connection, query, nearness)?);
+    rows.sort_by(|a, b| {
+        b.1.total_cmp(&a.1)
+            .then_with(|| key_of(b.0).cmp(&key_of(a.0)))
+    });
+    rows.dedup_by_key(|(row, _)| *row);
+    rows.truncate(query.limit);
+    let query_words = words(&query.text);
+    let query_marks = QueryWords::new(&query.text, &query_words);
+    hits_of(connection, rows, Marks::Words(&query_marks), query)
+}
+
+/// A hybrid search's lists are read deeper than its limit, so that a row ranked just below the
+/// limit in both can still win.
+pub(crate) fn widened(query: &SearchQuery, mode: SearchMode) -> SearchQuery {
+    SearchQuery {
+        mode,
+        order: SearchOrder::Relevance,
+        limit: (query.limit * HYBRID_DEPTH).clamp(MIN_HYBRID_ROWS, MAX_HYBRID_ROWS),
+        ..query.clone()
+    }
+}
+
+/// How much deeper than its limit a hybrid search reads each list.
+const HYBRID_DEPTH: usize = 3;
+/// The least deep a hybrid search reads each list.
+const MIN_HYBRID_ROWS: usize = 60;
+/// The deepest a hybrid search reads each list.
+const MAX_HYBRID_ROWS: usize = 150;
+/// Reciprocal rank fusion's constant: how much the first ranks count more than later ones.
+const FUSION_K: f32 = 60.0;
+
+/// The least BM25 score of a text hit that counts in a hybrid search (a word in most rows of
+/// the scope scores well under it; one in a few rows, well over).
+const MIN_TEXT_SCORE: f32 = 1.0;
+
+/// Text search's first hits that hybrid search always returns: reciprocal rank fusion favours
+/// a row both lists hold, which can push an exact match of the query's words (text's first
+/// hit, in no meaning list) below rows that half-match both ways.
+const TEXT_LEADERS_KEPT: usize = 3;
+
+/// Reciprocal rank fusion of the text and the meaning hits: a row's score is the sum over the
+/// lists it is in of `1 / (FUSION_K + rank)`; its snippet comes from the text search when it
+/// is in both (where the words are). Text search's first [`TEXT_LEADERS_KEPT`] hits are always
+/// among the results. Best first, or newest first for recency; at most the query's limit.
+pub(crate) fn fuse(
+    text: Vec<SearchHit>,
+    meaning: Vec<SearchHit>,
+    query: &SearchQuery,
+) -> Vec<SearchHit> {
+    let key_of = |hit: &SearchHit| match &hit.source {
+        HitSource::Message { id, .. } => (false, id.0),
+        HitSource::Summary { row_id, .. } => (true, row_id.0),
+    };
+    // A text hit that matched only words found nearly everywhere ("the", "what") says
+    // nothing: it does not vote.
+    let text: Vec<SearchHit> = text
+        .into_iter()
+        .filter(|hit| hit.score >= MIN_TEXT_SCORE)
+        .collect();
+    let leaders: Vec<(bool, i64)> = text.iter().take(TEXT_LEADERS_KEPT).map(key_of).collect();
+    let mut fused: Vec<(f32, SearchHit)> = Vec::with_capacity(text.len() + meaning.len());
+    let mut at: std::collections::HashMap<(bool, i64), usize> = std::collections::HashMap::new();
+    for list in [text, meaning] {
+        for (rank, hit) in list.into_iter().enumerate() {
+            let share = 1.0 / (FUSION_K + rank as f32 + 1.0);
+            let key = key_of(&hit);
+            match at.get(&key) {
+                Some(index) => fused[*index].0 += share,
+                None => {
+                    at.insert(key, fused.len());
+                    fused.push((share, hit));
+                }
+            }
+        }
+    }
+    fused.sort_by(|a, b| {
+        b.0.total_cmp(&a.0)
+            .then_with(|| b.1.time_ms.cmp(&a.1.time_ms))
+    });
+    // Room for the leaders first; the other rows fill the rest in fused order.
+    let room = query.limit.saturating_sub(leaders.len());
+    let mut others = 0;
+    fused.retain(|(_, hit)| {
+        leaders.contains(&key_of(hit)) || {
+            others += 1;
+            others <= room
+        }
+    });
+    fused.truncate(query.limit);
+    let mut hits: Vec<SearchHit> = fused
+        .into_iter()
+        .map(|(score, hit)| SearchHit { score, ..hit })
+        .collect();
+    if query.order == SearchOrder::Recency {
+        hits.sort_by_key(|hit| std::cmp::Reverse(hit.time_ms));
+    }
+    hits
 }
 
 /// Rows beyond the watermark (the last moments of writes, in any process) that match the
@@ -215,8 +400,19 @@ fn archived_matches(
     query_words: &[Word],
     best: f32,
 ) -> Result<Vec<(IndexedRow, f32)>> {
+    archived_rows(connection, query, |text| {
+        match_share(query.mode, text, query_words).map(|share| best * share)
+    })
+}
+
+/// Rows of archived conversations in the query's scope, with the score `score` gives their
+/// text (none: not a match).
+fn archived_rows(
+    connection: &Connection,
+    query: &SearchQuery,
+    score: impl Fn(&str) -> Option<f32>,
+) -> Result<Vec<(IndexedRow, f32)>> {
     let archived = read::archived_conversations(connection)?;
-    let score = |text: &str| match_share(query.mode, text, query_words);
     let mut found = Vec::new();
     for conversation in &query.conversations {
         if !archived.contains(&conversation.0) {
@@ -225,16 +421,16 @@ fn archived_matches(
         if query.target != SearchTarget::Summaries {
             // Rows on damaged pages are skipped (and counted in the log), as text search does.
             read::for_each_message_in(connection, *conversation, query, |message| {
-                if let Some(share) = score(&message.text()) {
-                    found.push((IndexedRow::Message(message.id.0), best * share));
+                if let Some(score) = score(&message.text()) {
+                    found.push((IndexedRow::Message(message.id.0), score));
                 }
                 Ok(true)
             })?;
         }
         if query.target != SearchTarget::Messages {
             read::for_each_summary_in(connection, *conversation, query, |summary| {
-                if let Some(share) = score(&summary.content) {
-                    found.push((IndexedRow::Summary(summary.row_id.0), best * share));
+                if let Some(score) = score(&summary.content) {
+                    found.push((IndexedRow::Summary(summary.row_id.0), score));
                 }
                 Ok(true)
             })?;

@@ -578,6 +578,10 @@ pub enum SearchMode {
     Phrase,
     /// A linear-time regular expression over the text (the `regex` crate).
     Regex,
+    /// By meaning: the rows whose embedding is nearest the query's (cosine similarity).
+    Semantic,
+    /// Text and meaning together: reciprocal rank fusion of the two searches.
+    Hybrid,
 }
 
 /// What a search looks at.

@@ -61,29 +61,88 @@ fn keywords(text: &str) -> Vec<String> {
 /// answer that says so, citing nothing.
 pub fn extractive_answer(request: &QuestionRequest, estimator: &dyn TokenEstimator) -> Answer {
     let wanted = keywords(&request.question);
-    let mut candidates: Vec<(usize, usize, usize, String)> = Vec::new();
-    for (item, evidence) in request.evidence.iter().enumerate() {
-        // A summary's pinned line is the statement itself.
-        let lines = evidence.text.lines().map(|line| {
-            let line = line.trim();
-            line.strip_prefix(PINNED_PREFIX).map_or(line, str::trim)
-        });
-        for (position, sentence) in lines.flat_map(sentences).enumerate() {
-            let lower = sentence.to_lowercase();
-            let matched = wanted
-                .iter()
-                .filter(|word| lower.contains(word.as_str()))
-                .count();
-            if matched > 0 {
-                candidates.push((matched, item, position, sentence.to_owned()));
-            }
+    answer_from(request, estimator, |sentence| {
+        let lower = sentence.to_lowercase();
+        let matched = wanted
+            .iter()
+            .filter(|word| lower.contains(word.as_str()))
+            .count();
+        (matched > 0).then_some(matched as f32)
+    })
+}
+
+/// Least similarity in meaning for a sentence to answer a question (the built-in model places
+/// unrelated sentences below 0.3).
+const MEANING_FLOOR: f32 = 0.4;
+/// How far below the best a sentence may be and still be quoted with it.
+const MEANING_SPREAD: f32 = 0.05;
+
+/// The sentences of the evidence nearest the question in meaning (`nearness` gives a
+/// sentence's similarity to the question), as [`extractive_answer`] quotes and cites them:
+/// for a question that shares no word with its answer. `None` when no sentence is near
+/// enough.
+pub fn meaning_answer(
+    request: &QuestionRequest,
+    estimator: &dyn TokenEstimator,
+    nearness: impl Fn(&str) -> Option<f32>,
+) -> Option<Answer> {
+    let mut best = f32::MIN;
+    let mut near: Vec<(String, f32)> = Vec::new();
+    for sentence in evidence_sentences(request).map(|(_, _, sentence)| sentence) {
+        if let Some(similarity) = nearness(sentence) {
+            best = best.max(similarity);
+            near.push((sentence.to_owned(), similarity));
         }
     }
-    // Most words matched first; on a tie, a message (the source) before a summary (a copy),
-    // then the evidence as offered (best hit first).
+    let floor = MEANING_FLOOR.max(best - MEANING_SPREAD);
+    let answer = answer_from(request, estimator, |sentence| {
+        near.iter()
+            .find(|(said, _)| said == sentence)
+            .map(|(_, similarity)| *similarity)
+            .filter(|similarity| *similarity >= floor)
+    });
+    (!answer.citations.is_empty()).then_some(answer)
+}
+
+/// Each evidence item's sentences: `(item, position, sentence)`. A summary's pinned line is
+/// the statement itself.
+fn evidence_sentences(request: &QuestionRequest) -> impl Iterator<Item = (usize, usize, &str)> {
+    request
+        .evidence
+        .iter()
+        .enumerate()
+        .flat_map(|(item, evidence)| {
+            evidence
+                .text
+                .lines()
+                .map(|line| {
+                    let line = line.trim();
+                    line.strip_prefix(PINNED_PREFIX).map_or(line, str::trim)
+                })
+                .flat_map(sentences)
+                .enumerate()
+                .map(move |(position, sentence)| (item, position, sentence))
+        })
+}
+
+/// The sentences `score` rates best (at most three, within the answer's tokens; a sentence it
+/// gives no score is never quoted), in the order they were said, each evidence item cited
+/// once; or an answer that says nothing was found.
+fn answer_from(
+    request: &QuestionRequest,
+    estimator: &dyn TokenEstimator,
+    score: impl Fn(&str) -> Option<f32>,
+) -> Answer {
+    let mut candidates: Vec<(f32, usize, usize, String)> = evidence_sentences(request)
+        .filter_map(|(item, position, sentence)| {
+            score(sentence).map(|rated| (rated, item, position, sentence.to_owned()))
+        })
+        .collect();
+    // Best rated first; on a tie, a message (the source) before a summary (a copy), then the
+    // evidence as offered (best hit first).
     let is_summary = |item: usize| request.evidence[item].label == "summary";
     candidates.sort_by(|a, b| {
-        b.0.cmp(&a.0)
+        b.0.total_cmp(&a.0)
             .then(is_summary(a.1).cmp(&is_summary(b.1)))
             .then(a.1.cmp(&b.1))
             .then(a.2.cmp(&b.2))

@@ -16,7 +16,7 @@ mod time;
 mod tokenizer;
 mod truncate;
 
-pub use answer::extractive_answer;
+pub use answer::{extractive_answer, meaning_answer};
 pub use extractive::{EXPAND_FOOTER, ExtractiveSummarizer, PINNED_PREFIX};
 pub use identifiers::identifiers;
 pub use time::{format_utc_minutes, format_utc_rfc3339, parse_rfc3339};

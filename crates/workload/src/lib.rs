@@ -7,6 +7,8 @@
 //! same arguments, same output, but not the same bytes as the Python generator. The demo and
 //! tests use it so that nothing needs Python at run time.
 
+pub mod meaning;
+
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 use vilvona_core::message::AgentMessage;

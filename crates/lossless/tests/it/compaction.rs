@@ -295,7 +295,7 @@ async fn recall_finds_a_compacted_fact_and_expansion_reaches_it() {
     assert!(bad.to_string().contains("mode \"fuzzy\""), "{bad}");
     assert!(
         bad.to_string()
-            .contains("mode \"fuzzy\": use text, phrase or regex"),
+            .contains("mode \"fuzzy\": use text, phrase, regex, semantic or hybrid"),
         "{bad}"
     );
     let bad_scope = engine

@@ -7,6 +7,7 @@
 //! the cut is far cheaper; when the scope is a small part of the index, intersecting with its
 //! postings is (`RecallIndex::search` chooses).
 
+use tantivy::fastfield::Column;
 use tantivy::query::{EnableScoring, Query};
 use tantivy::{Score, Searcher};
 
@@ -17,6 +18,27 @@ pub(super) struct Scope<'a> {
     pub(super) kind: Option<u64>,
     pub(super) since_ms: Option<i64>,
     pub(super) before_ms: Option<i64>,
+}
+
+impl Scope<'_> {
+    /// Whether a document's fast-field values put it in the scope.
+    pub(super) fn holds(
+        &self,
+        doc: tantivy::DocId,
+        conversations: &Column<u64>,
+        kinds: &Column<u64>,
+        times: &Column<i64>,
+    ) -> bool {
+        conversations
+            .first(doc)
+            .is_some_and(|value| self.conversations.binary_search(&value).is_ok())
+            && self.kind.is_none_or(|kind| kinds.first(doc) == Some(kind))
+            && (self.since_ms.is_none() && self.before_ms.is_none()
+                || times.first(doc).is_some_and(|time| {
+                    self.since_ms.is_none_or(|since| time >= since)
+                        && self.before_ms.is_none_or(|before| time < before)
+                }))
+    }
 }
 
 /// The best `limit` documents of `query` in `scope` as `(score, key)`, best first; equal
@@ -37,39 +59,31 @@ pub(super) fn best(
         let alive = segment.alive_bitset();
         weight.for_each_pruning(top.threshold(), segment, &mut |doc, score| {
             let counts = alive.is_none_or(|alive| alive.is_alive(doc))
-                && conversations
-                    .first(doc)
-                    .is_some_and(|value| scope.conversations.binary_search(&value).is_ok())
-                && scope.kind.is_none_or(|kind| kinds.first(doc) == Some(kind))
-                && (scope.since_ms.is_none() && scope.before_ms.is_none()
-                    || times.first(doc).is_some_and(|time| {
-                        scope.since_ms.is_none_or(|since| time >= since)
-                            && scope.before_ms.is_none_or(|before| time < before)
-                    }));
+                && scope.holds(doc, &conversations, &kinds, &times);
             if counts && let Some(key) = keys.first(doc) {
                 top.offer(score, key);
             }
             top.threshold()
         })?;
     }
-    Ok(top.best)
+    Ok(top.into_best())
 }
 
 /// The best `(score, key)` pairs seen so far, best first.
-struct Top {
+pub(super) struct Top {
     limit: usize,
     best: Vec<(Score, u64)>,
 }
 
 impl Top {
-    fn new(limit: usize) -> Top {
+    pub(super) fn new(limit: usize) -> Top {
         Top {
             limit,
             best: Vec::with_capacity(limit + 1),
         }
     }
 
-    fn offer(&mut self, score: Score, key: u64) {
+    pub(super) fn offer(&mut self, score: Score, key: u64) {
         let better = |a: &(Score, u64), b: &(Score, u64)| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1));
         let candidate = (score, key);
         if self.best.len() == self.limit
@@ -85,6 +99,10 @@ impl Top {
             .partition_point(|held| better(held, &candidate).is_gt());
         self.best.insert(at, candidate);
         self.best.truncate(self.limit);
+    }
+
+    pub(super) fn into_best(self) -> Vec<(Score, u64)> {
+        self.best
     }
 
     /// Scores the query need not offer any more. The scorer offers only scores above it, and a

@@ -21,7 +21,7 @@ use super::Sql;
 use super::at;
 use crate::blobs::{BLOB_ID_KEY, INDEXED_BLOB_BYTES};
 use crate::error::{Result, StoreError};
-use crate::index::{IndexRow, IndexSink, IndexedRow, RecallIndex, Watermark};
+use crate::index::{IndexRow, IndexSink, IndexedRow, RecallIndex, SharedEmbedder, Watermark};
 
 /// Taken (for the rest of the transaction) before a transaction allocates a row id or a
 /// change-log entry: ids become visible in the order they were allocated.
@@ -48,8 +48,8 @@ impl std::fmt::Debug for Follower {
 
 impl Follower {
     /// Opens (or creates) the index in `dir` and takes its writer lock if it is free.
-    pub(crate) fn open(dir: &Path) -> Result<Follower> {
-        let (index, _) = RecallIndex::open(dir)?;
+    pub(crate) fn open(dir: &Path, embedder: SharedEmbedder) -> Result<Follower> {
+        let (index, _) = RecallIndex::open(dir, embedder)?;
         let sink = index.try_writer()?;
         if sink.is_none() {
             tracing::info!(dir = %dir.display(), "another process maintains this node's recall index; this one reads it");
@@ -62,12 +62,14 @@ impl Follower {
     }
 
     /// Opens an existing index for reading only; `None` when there is none.
-    pub(crate) fn open_existing(dir: &Path) -> Result<Option<Follower>> {
-        Ok(RecallIndex::open_existing(dir)?.map(|index| Follower {
-            index,
-            sink: Mutex::new(None),
-            following: tokio::sync::Mutex::new(()),
-        }))
+    pub(crate) fn open_existing(dir: &Path, embedder: SharedEmbedder) -> Result<Option<Follower>> {
+        Ok(
+            RecallIndex::open_existing(dir, embedder)?.map(|index| Follower {
+                index,
+                sink: Mutex::new(None),
+                following: tokio::sync::Mutex::new(()),
+            }),
+        )
     }
 
     pub(crate) fn index(&self) -> &RecallIndex {

@@ -46,6 +46,8 @@ use crate::writer::{POSITION_STEP, hex16, summary_id};
 use crate::{HistoryStore, prepare};
 use follow::Follower;
 
+use crate::index::SharedEmbedder;
+
 /// Connections one process keeps at most.
 const POOL_SIZE: usize = 8;
 
@@ -65,6 +67,8 @@ struct PgInner {
     bytes: AtomicU64,
     /// This node's recall index, when the store was opened with a place for it.
     follower: OnceLock<Arc<Follower>>,
+    /// What embeds queries (and the rows the index does not hold) for recall by meaning.
+    embedder: OnceLock<SharedEmbedder>,
 }
 
 impl std::fmt::Debug for PgStore {
@@ -173,7 +177,17 @@ impl PgStore {
     /// once: migrations take an advisory lock). With `index_dir`, this node keeps a recall
     /// index there (in a directory named after the database), following the database.
     pub async fn open(url: &str, index_dir: Option<&Path>) -> Result<PgStore> {
+        PgStore::open_with(url, index_dir, crate::builtin_embedder()).await
+    }
+
+    /// [`PgStore::open`] with the embedding model for recall by meaning (`None`: none).
+    pub async fn open_with(
+        url: &str,
+        index_dir: Option<&Path>,
+        embedder: SharedEmbedder,
+    ) -> Result<PgStore> {
         let store = PgStore::connect(url, false).await?;
+        let _ = store.inner.embedder.set(embedder.clone());
         {
             let mut client = store.client().await?;
             schema::migrate(&mut client, &store.inner.name).await?;
@@ -183,7 +197,7 @@ impl PgStore {
             let base = base.to_owned();
             let follower = tokio::task::spawn_blocking(move || {
                 crate::private_dir(&base).map_err(|error| StoreError::io(&base, error))?;
-                Follower::open(&dir)
+                Follower::open(&dir, embedder)
             })
             .await
             .map_err(StoreError::TaskFailed)??;
@@ -198,16 +212,27 @@ impl PgStore {
     /// Connects for reading only: nothing is migrated or created, and every write fails with
     /// [`StoreError::ReadOnly`]. A node's index in `index_dir` is read as last committed.
     pub async fn open_read_only(url: &str, index_dir: Option<&Path>) -> Result<PgStore> {
+        PgStore::open_read_only_with(url, index_dir, crate::builtin_embedder()).await
+    }
+
+    /// [`PgStore::open_read_only`] with the embedding model the store's writers use.
+    pub async fn open_read_only_with(
+        url: &str,
+        index_dir: Option<&Path>,
+        embedder: SharedEmbedder,
+    ) -> Result<PgStore> {
         let store = PgStore::connect(url, true).await?;
+        let _ = store.inner.embedder.set(embedder.clone());
         {
             let client = store.client().await?;
             schema::check_version(&client, &store.inner.name).await?;
         }
         if let Some(base) = index_dir {
             let dir = base.join(store.store_id().await?);
-            let opened = tokio::task::spawn_blocking(move || Follower::open_existing(&dir))
-                .await
-                .map_err(StoreError::TaskFailed)?;
+            let opened =
+                tokio::task::spawn_blocking(move || Follower::open_existing(&dir, embedder))
+                    .await
+                    .map_err(StoreError::TaskFailed)?;
             match opened {
                 Ok(Some(follower)) => {
                     let _ = store.inner.follower.set(Arc::new(follower));
@@ -295,6 +320,7 @@ impl PgStore {
                 read_only,
                 bytes: AtomicU64::new(0),
                 follower: OnceLock::new(),
+                embedder: OnceLock::new(),
             }),
         };
         // The first connection says at once whether the server is there.
@@ -1321,7 +1347,14 @@ impl HistoryStore for PgStore {
             tracing::warn!(%error, "this node's recall index could not follow the database; searching it as it is");
         }
         let client = self.client().await?;
-        search::run(&client, self.follower().map(Arc::as_ref), &query).await
+        let embedder = self.inner.embedder.get().cloned().flatten();
+        search::run(
+            &client,
+            self.follower().map(Arc::as_ref),
+            embedder.as_deref(),
+            &query,
+        )
+        .await
     }
 
     async fn put_blob(&self, blob: NewBlob) -> Result<BlobInfo> {
@@ -1764,6 +1797,10 @@ impl HistoryStore for PgStore {
         // A bulk of new rows: this node's index takes them now, not on its next tick.
         self.follow().await?;
         Ok(imported)
+    }
+
+    fn embedder(&self) -> Option<Arc<dyn crate::Embedder>> {
+        self.inner.embedder.get().cloned().flatten()
     }
 
     async fn index_doc_count(&self) -> Result<u64> {

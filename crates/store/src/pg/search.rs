@@ -11,17 +11,21 @@ use super::follow::Follower;
 use super::{MESSAGE_COLUMNS, SUMMARY_COLUMNS, at, message_row, summary_row, top_ancestor_row};
 use crate::blobs::{BLOB_ID_KEY, INDEXED_BLOB_BYTES};
 use crate::error::Result;
+use crate::error::StoreError;
 use crate::highlight::{Marks, QueryWords, snippet};
 use crate::index::{IndexedRow, Watermark, key_of};
 use crate::search::{
-    REGEX_BLOB_BYTES, check_bounds, match_share, message_hit, query_regex, summary_hit,
+    REGEX_BLOB_BYTES, check_bounds, fuse, match_share, message_hit, query_regex, summary_hit,
+    widened,
 };
 use crate::tokenize::words;
 use crate::types::*;
+use vilvona_embed::Embedder;
 
 pub(crate) async fn run(
     client: &impl Sql,
     index: Option<&Follower>,
+    embedder: Option<&dyn Embedder>,
     query: &SearchQuery,
 ) -> Result<Vec<SearchHit>> {
     check_bounds(query)?;
@@ -43,6 +47,26 @@ pub(crate) async fn run(
     let mut hits = match query.mode {
         SearchMode::Regex => regex_search(client, query).await?,
         SearchMode::Text | SearchMode::Phrase => word_search(client, index, query).await?,
+        SearchMode::Semantic => {
+            let embedder = embedder.ok_or(StoreError::NoEmbeddings)?;
+            meaning_search(client, index, embedder, query).await?
+        }
+        SearchMode::Hybrid => {
+            let text = word_search(client, index, &widened(query, SearchMode::Text)).await?;
+            let meaning = match embedder {
+                Some(embedder) => {
+                    meaning_search(
+                        client,
+                        index,
+                        embedder,
+                        &widened(query, SearchMode::Semantic),
+                    )
+                    .await?
+                }
+                None => Vec::new(),
+            };
+            fuse(text, meaning, query)
+        }
     };
     for hit in &mut hits {
         let item = match &hit.source {
@@ -265,6 +289,118 @@ async fn word_search(
         .take(query.limit)
         .map(|(_, _, hit)| hit)
         .collect())
+}
+
+/// The rows nearest the query's meaning, as on SQLite: this node's index's nearest, with the
+/// rows beyond its watermark read from the database and embedded as they are read.
+async fn meaning_search(
+    client: &impl Sql,
+    index: Option<&Follower>,
+    embedder: &dyn Embedder,
+    query: &SearchQuery,
+) -> Result<Vec<SearchHit>> {
+    let Some(vector) = embedder.embed(&query.text) else {
+        return Ok(Vec::new());
+    };
+    let usable = index.filter(|index| {
+        index
+            .index()
+            .embedder()
+            .is_some_and(|own| own.name() == embedder.name())
+    });
+    let read = |index: &Follower| {
+        crate::index::contained(|| {
+            let through = index.searched_through()?;
+            Ok((through, index.index().nearest(query, &vector)?))
+        })
+    };
+    let (through, indexed) = match usable.map(read) {
+        Some(Ok(found)) => found,
+        Some(Err(error)) => {
+            tracing::warn!(%error, "this node's recall index could not be read; embedding the database's rows instead");
+            (Watermark::default(), Vec::new())
+        }
+        None => (Watermark::default(), Vec::new()),
+    };
+    let nearness = |text: &str| vilvona_embed::nearness(embedder, text, &vector);
+    let query_words = words(&query.text);
+    let query_marks = QueryWords::new(&query.text, &query_words);
+    let marks = Marks::Words(&query_marks);
+    let conversations = ids(query);
+    let mut found: Vec<(u64, f32, SearchHit)> = Vec::new();
+    for (row, score) in indexed {
+        let hit = match row {
+            IndexedRow::Message(id) => {
+                super::message(client, MessageId(id)).await?.map(|message| {
+                    let snippet = snippet(&message.text(), marks);
+                    message_hit(message, score, snippet, None)
+                })
+            }
+            IndexedRow::Summary(id) => super::summary(client, SummaryRowId(id))
+                .await?
+                .map(|summary| summary_hit(summary, score, marks)),
+        };
+        if let Some(hit) = hit
+            && query.conversations.contains(&hit.conversation)
+        {
+            found.push((key_of(row), score, hit));
+        }
+    }
+    if query.target != SearchTarget::Summaries {
+        let rows = client
+            .rows(
+                &format!(
+                    "SELECT {MESSAGE_COLUMNS} FROM messages m JOIN conversations c ON c.id = m.conversation_id
+                     WHERE m.conversation_id = ANY($1) AND c.agent_id = $2
+                       AND ($3::BIGINT IS NULL OR m.created_at >= $3)
+                       AND ($4::BIGINT IS NULL OR m.created_at < $4)
+                       AND m.id > $5"
+                ),
+                &[&conversations, &query.agent_id, &query.since_ms, &query.before_ms, &through.messages],
+            )
+            .await?;
+        for row in rows {
+            let message = message_row(&row, 0)?;
+            let text = message.text();
+            if let Some(score) = nearness(&text) {
+                let key = key_of(IndexedRow::Message(message.id.0));
+                let snippet = snippet(&text, marks);
+                found.push((key, score, message_hit(message, score, snippet, None)));
+            }
+        }
+    }
+    if query.target != SearchTarget::Messages {
+        let rows = client
+            .rows(
+                &format!(
+                    "SELECT {SUMMARY_COLUMNS} FROM summaries s JOIN conversations c ON c.id = s.conversation_id
+                     WHERE s.conversation_id = ANY($1) AND c.agent_id = $2
+                       AND ($3::BIGINT IS NULL OR coalesce(s.latest_at, s.created_at) >= $3)
+                       AND ($4::BIGINT IS NULL OR coalesce(s.latest_at, s.created_at) < $4)
+                       AND s.id > $5"
+                ),
+                &[&conversations, &query.agent_id, &query.since_ms, &query.before_ms, &through.summaries],
+            )
+            .await?;
+        for row in rows {
+            let summary = summary_row(&row, 0)?;
+            if let Some(score) = nearness(&summary.content) {
+                let key = key_of(IndexedRow::Summary(summary.row_id.0));
+                found.push((key, score, summary_hit(summary, score, marks)));
+            }
+        }
+    }
+    found.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| b.0.cmp(&a.0)));
+    found.dedup_by_key(|(key, _, _)| *key);
+    let mut hits: Vec<SearchHit> = found
+        .into_iter()
+        .take(query.limit)
+        .map(|(_, _, hit)| hit)
+        .collect();
+    if query.order == SearchOrder::Recency {
+        hits.sort_by_key(|hit| std::cmp::Reverse(hit.time_ms));
+    }
+    Ok(hits)
 }
 
 /// The index's hits and the watermark its reader holds (read before searching).

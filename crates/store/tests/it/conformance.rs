@@ -65,11 +65,28 @@ impl Backend {
 
     /// A store on this backend (each call: another node, with its own index).
     pub(crate) async fn open(&self) -> Arc<dyn HistoryStore> {
+        self.open_with(builtin_embedder()).await
+    }
+
+    /// [`Backend::open`] with an embedding model (`None`: none).
+    pub(crate) async fn open_with(
+        &self,
+        embedder: Option<Arc<dyn Embedder>>,
+    ) -> Arc<dyn HistoryStore> {
         match self {
-            Backend::Sqlite(dir) => Arc::new(open(dir).await),
+            Backend::Sqlite(dir) => Arc::new(
+                Store::open(StoreConfig {
+                    embedder,
+                    ..StoreConfig::new(dir.path())
+                })
+                .await
+                .unwrap(),
+            ),
             Backend::Postgres(url, nodes) => {
                 let node = TempDir::new().unwrap();
-                let store = PgStore::open(url, Some(node.path())).await.unwrap();
+                let store = PgStore::open_with(url, Some(node.path()), embedder)
+                    .await
+                    .unwrap();
                 nodes.lock().unwrap().push(node);
                 Arc::new(store)
             }

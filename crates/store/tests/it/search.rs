@@ -15,6 +15,7 @@ on_both_backends!(
     summaries_are_searchable_with_their_ids,
     cjk_words_are_found_inside_runs,
     oversize_queries_are_refused_with_one_line,
+    meaning_is_found_in_other_words,
 );
 
 struct Fixture {
@@ -469,5 +470,107 @@ async fn a_rebuild_across_parallel_batches_indexes_every_row_once() {
         report.problems.iter().any(|p| p.contains("3000")),
         "{:?}",
         report.problems
+    );
+}
+
+/// Semantic search finds a fact asked about in other words, within the same scope rules as text
+/// search, including a row the index has not committed yet; hybrid search keeps what text
+/// search finds; a store opened without an embedding model refuses semantic search and answers
+/// hybrid search with text alone, and opening it again with the model embeds everything anew.
+async fn meaning_is_found_in_other_words(backend: &Backend) {
+    let f = fixture(backend).await;
+    f.store
+        .ingest(
+            f.main,
+            vec![new_message(
+                "Painting watercolours in the evening helps me relax after long days.",
+                5_000,
+                Some("e-paint"),
+            )],
+            None,
+        )
+        .await
+        .unwrap();
+    f.store
+        .ingest(
+            f.other_agent,
+            vec![new_message(
+                "Gardening at dusk helps the ops lead unwind and relax.",
+                5_500,
+                Some("e-garden"),
+            )],
+            None,
+        )
+        .await
+        .unwrap();
+    let mut meaning = query(
+        "main",
+        vec![f.main, f.other_agent],
+        "What do I do to unwind?",
+    );
+    meaning.mode = SearchMode::Semantic;
+    meaning.limit = 3;
+    // Found at once (the index may not hold the row yet), and never the other agent's.
+    let hits = f.store.search(meaning.clone()).await.unwrap();
+    assert!(
+        hits[0].snippet.starts_with("Painting watercolours"),
+        "{:?}",
+        texts(&hits)
+    );
+    assert!(
+        hits.iter().all(|hit| hit.conversation == f.main),
+        "{:?}",
+        texts(&hits)
+    );
+    assert!(hits.len() <= 3);
+    f.store.index_doc_count().await.unwrap();
+    let again = f.store.search(meaning.clone()).await.unwrap();
+    assert_eq!(
+        texts(&again),
+        texts(&hits),
+        "the index answers as the database did"
+    );
+    meaning.before_ms = Some(5_000);
+    assert!(
+        f.store
+            .search(meaning.clone())
+            .await
+            .unwrap()
+            .iter()
+            .all(|hit| hit.time_ms < 5_000)
+    );
+    let mut hybrid = query("main", vec![f.main], "staging database password rotation");
+    hybrid.mode = SearchMode::Hybrid;
+    hybrid.limit = 2;
+    let hits = f.store.search(hybrid).await.unwrap();
+    assert_eq!(hits.len(), 2);
+    assert!(
+        hits[0]
+            .snippet
+            .contains("«password» «rotation» is OPS-18330"),
+        "{:?}",
+        texts(&hits)
+    );
+
+    // Without a model: semantic search is refused, hybrid search is text search.
+    drop(f.store);
+    let plain = backend.open_with(None).await;
+    let mut semantic = query("main", vec![f.main], "unwind");
+    semantic.mode = SearchMode::Semantic;
+    let error = plain.search(semantic.clone()).await.unwrap_err();
+    assert!(matches!(error, StoreError::NoEmbeddings), "{error}");
+    let mut hybrid = query("main", vec![f.main], "watercolours");
+    hybrid.mode = SearchMode::Hybrid;
+    assert_eq!(plain.search(hybrid).await.unwrap().len(), 1);
+    drop(plain);
+    // With the model again: the index is rebuilt with vectors, and meaning is found again.
+    let embedding = backend.open().await;
+    embedding.index_doc_count().await.unwrap();
+    semantic.text = "What do I do to unwind?".to_owned();
+    let hits = embedding.search(semantic).await.unwrap();
+    assert!(
+        hits[0].snippet.starts_with("Painting watercolours"),
+        "{:?}",
+        texts(&hits)
     );
 }
