@@ -157,7 +157,9 @@ pub struct Figures {
     pub assemble: Spread,
     pub final_estimated_tokens: u64,
     pub grep: Spread,
-    /// The same queries in hybrid mode (text and meaning fused), when the store embeds.
+    /// The same queries by meaning, when the store embeds.
+    pub grep_semantic: Option<Spread>,
+    /// … and in hybrid mode (text and meaning fused).
     pub grep_hybrid: Option<Spread>,
     /// Grep from a second process (read-only) while this one ingests, when asked for.
     pub grep_from_another_process: Option<Spread>,
@@ -596,7 +598,13 @@ pub async fn run(options: &RunOptions) -> Result<Figures> {
         found += usize::from(hit);
     }
     counting.dump("grep", grep.len());
-    let grep_hybrid = if options.embedding {
+    // The same queries by meaning, and fused, when the store embeds.
+    let mut by_mode = Vec::new();
+    for mode in ["semantic", "hybrid"] {
+        if !options.embedding {
+            by_mode.push(None);
+            continue;
+        }
         let mut timed = Vec::with_capacity(needles.len() * GREP_ROUNDS);
         for needle in &needles {
             for _ in 0..GREP_ROUNDS {
@@ -605,16 +613,15 @@ pub async fn run(options: &RunOptions) -> Result<Figures> {
                     .call_tool(
                         &caller,
                         "vilvona_grep",
-                        &json!({"query": needle.query, "mode": "hybrid", "scope": "both"}),
+                        &json!({"query": needle.query, "mode": mode, "scope": "both"}),
                     )
                     .await?;
                 timed.push(begin.elapsed());
             }
         }
-        Some(spread(&timed))
-    } else {
-        None
-    };
+        by_mode.push(Some(spread(&timed)));
+    }
+    let (grep_semantic, grep_hybrid) = (by_mode[0], by_mode[1]);
     let assembled = engine
         .assemble(&AssembleParams {
             session_id: session.to_owned(),
@@ -705,6 +712,7 @@ pub async fn run(options: &RunOptions) -> Result<Figures> {
         assemble: spread(&assemble),
         final_estimated_tokens: assembled.estimated_tokens,
         grep: spread(&grep),
+        grep_semantic,
         grep_hybrid,
         grep_from_another_process,
         needles: needles.len(),
@@ -805,6 +813,13 @@ pub fn table(figures: &Figures) -> String {
                 figures.needles_found,
                 figures.needles
             ),
+        ),
+        (
+            "grep, semantic",
+            figures
+                .grep_semantic
+                .as_ref()
+                .map_or_else(|| "not measured (--no-embedding)".to_owned(), value),
         ),
         (
             "grep, hybrid",

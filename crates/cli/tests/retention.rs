@@ -33,7 +33,9 @@ fn transcript(dir: &Path, session: &str, days_ago: i64, fact: &str) -> String {
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_millis() as i64;
-    let at = now - days_ago * 86_400_000;
+    // Half a day more: the whole days idle (what retention reports) stay the same however
+    // long the test takes.
+    let at = now - days_ago * 86_400_000 - 43_200_000;
     let lines = [
         json!({"type": "session", "version": 3, "id": session, "timestamp": "2026-03-02T09:00:00Z", "cwd": "/w"}),
         json!({"type": "message", "id": format!("{session}-0"), "parentId": null, "timestamp": "2026-03-02T09:00:00Z",

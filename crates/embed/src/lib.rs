@@ -7,9 +7,10 @@
 //! a model file in the same format (safetensors: `embeddings` I8 `[vocab, dims]`, `scales` F32
 //! `[vocab]`, the vocabulary in the metadata) can be used instead ([`StaticModel::load`]).
 //!
-//! A long text is embedded as up to [`MAX_CHUNKS`] chunks, so that a fact in the middle of a
-//! long tool output is not averaged away; a stored [`Vectors`] value holds them quantised to
-//! one byte per dimension, and a query is compared with its best chunk.
+//! A text is embedded per sentence, up to [`MAX_CHUNKS`] chunks, so that a fact stated in one
+//! sentence of a long message is not averaged away (a tool's output, up to
+//! [`MAX_TOOL_OUTPUT_CHUNKS`]); a stored [`Vectors`] value holds them quantised to four bits
+//! per dimension, and a query is compared with its best chunk.
 
 mod wordpiece;
 
@@ -25,6 +26,18 @@ pub const CHUNK_TOKENS: usize = 48;
 pub const MAX_EMBEDDED_BYTES: usize = 32 * 1024;
 /// Most chunks a text is embedded as (a longer text's tokens are spread over this many).
 pub const MAX_CHUNKS: usize = 8;
+/// Most chunks a tool's output is embedded as: it is most of what is stored (files, logs),
+/// its words are all in the text index, and what is said about it is embedded in full.
+pub const MAX_TOOL_OUTPUT_CHUNKS: usize = 2;
+
+/// Most chunks a row of this role (`summary` for a summary) is embedded as.
+pub fn chunks_for(role: &str) -> usize {
+    if role == "toolResult" || role == "tool" {
+        MAX_TOOL_OUTPUT_CHUNKS
+    } else {
+        MAX_CHUNKS
+    }
+}
 
 /// The built-in model's file (see the crate's documentation and the README for its origin).
 const BUILTIN: &[u8] = include_bytes!("../model/minilm-l6-static-128.safetensors");
@@ -53,8 +66,9 @@ pub trait Embedder: Send + Sync + std::fmt::Debug {
     /// Dimensions of each vector.
     fn dims(&self) -> usize;
 
-    /// The text's chunk vectors, each normalised; none for a text with no known token.
-    fn embed_chunks(&self, text: &str) -> Vec<Vec<f32>>;
+    /// The text's chunk vectors (at most `most`), each normalised; none for a text with no
+    /// known token.
+    fn embed_chunks(&self, text: &str, most: usize) -> Vec<Vec<f32>>;
 
     /// One normalised vector for the whole text (a query); `None` when no token is known.
     fn embed(&self, text: &str) -> Option<Vec<f32>>;
@@ -168,6 +182,10 @@ impl StaticModel {
                 "the vocabulary, embeddings and scales disagree in size",
             ));
         }
+        if !dims.is_multiple_of(2) {
+            // Stored vectors hold two dimensions a byte.
+            return Err(problem("the embeddings have an odd number of dimensions"));
+        }
         let scales: Vec<f32> = scales
             .chunks_exact(4)
             .map(|bytes| f32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]))
@@ -213,7 +231,8 @@ impl Embedder for StaticModel {
         self.dims
     }
 
-    fn embed_chunks(&self, text: &str) -> Vec<Vec<f32>> {
+    fn embed_chunks(&self, text: &str, most: usize) -> Vec<Vec<f32>> {
+        let most = most.max(1);
         // Sentences, each its tokens (a sentence longer than a chunk is cut): a fact stated in
         // one sentence of a long message keeps a vector of its own instead of being averaged
         // into the rest.
@@ -223,18 +242,17 @@ impl Embedder for StaticModel {
             let tokens = self.tokens(sentence);
             pieces.extend(tokens.chunks(CHUNK_TOKENS).map(<[u32]>::to_vec));
         }
-        // Too many: consecutive pieces are grouped into `MAX_CHUNKS` chunks of about equal
-        // length. (Grouping a short text's sentences too, to store fewer vectors, costs most of
+        // Too many: consecutive pieces are grouped into `most` chunks of about equal length. (Grouping a short text's sentences too, to store fewer vectors, costs most of
         // the recall: a fact stated in passing is averaged with its neighbours.)
-        if pieces.len() > MAX_CHUNKS {
+        if pieces.len() > most {
             let total: usize = pieces.iter().map(Vec::len).sum();
-            let share = total.div_ceil(MAX_CHUNKS);
+            let share = total.div_ceil(most);
             let mut grouped: Vec<Vec<u32>> = vec![Vec::new()];
             for piece in pieces {
                 if let Some(last) = grouped.last_mut()
                     && !last.is_empty()
                     && last.len() + piece.len() > share
-                    && grouped.len() < MAX_CHUNKS
+                    && grouped.len() < most
                 {
                     grouped.push(piece);
                 } else if let Some(last) = grouped.last_mut() {
@@ -301,23 +319,31 @@ fn normalised(mut vector: Vec<f32>) -> Option<Vec<f32>> {
     Some(vector)
 }
 
-/// A text's chunk vectors as stored: per chunk a little-endian `f32` scale, then one `i8` per
-/// dimension (`value × scale` is the normalised vector's component).
+/// A text's chunk vectors as stored: per chunk a little-endian `f32` scale, then four bits
+/// per dimension, two dimensions a byte (the even one in the low half), each a value from −7
+/// to 7 stored plus 8 (`value × scale` is the normalised vector's component). Four bits keep
+/// the similarities within about 0.01 of the exact ones, at half the size of a byte each.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Vectors(pub Vec<u8>);
 
+/// Largest stored value.
+const LEVELS: f32 = 7.0;
+/// What is added to a value to store it (so that it is never negative).
+const OFFSET: f32 = 8.0;
+
 impl Vectors {
-    /// Quantises normalised chunk vectors.
+    /// Quantises normalised chunk vectors (of an even number of dimensions).
     pub fn encode(chunks: &[Vec<f32>]) -> Vectors {
         let mut bytes = Vec::new();
         for chunk in chunks {
             let largest = chunk.iter().fold(0.0_f32, |max, x| max.max(x.abs()));
-            let scale = if largest > 0.0 { largest / 127.0 } else { 1.0 };
+            let scale = if largest > 0.0 { largest / LEVELS } else { 1.0 };
             bytes.extend_from_slice(&scale.to_le_bytes());
+            let level = |x: f32| ((x / scale).round().clamp(-LEVELS, LEVELS) + OFFSET) as u8;
             bytes.extend(
                 chunk
-                    .iter()
-                    .map(|x| (x / scale).round().clamp(-127.0, 127.0) as i8 as u8),
+                    .chunks_exact(2)
+                    .map(|pair| level(pair[0]) | (level(pair[1]) << 4)),
             );
         }
         Vectors(bytes)
@@ -326,7 +352,8 @@ impl Vectors {
     /// The best cosine similarity between the query and any chunk; `None` when there are no
     /// chunks of the query's dimensions.
     pub fn best_similarity(bytes: &[u8], query: &QueryVector) -> Option<f32> {
-        let stride = 4 + query.values.len();
+        let pairs = query.even.len();
+        let stride = 4 + pairs;
         if bytes.is_empty() || !bytes.len().is_multiple_of(stride) {
             return None;
         }
@@ -334,14 +361,20 @@ impl Vectors {
             .chunks_exact(stride)
             .map(|chunk| {
                 let scale = f32::from_le_bytes([chunk[0], chunk[1], chunk[2], chunk[3]]);
-                // Whole numbers: the compiler makes this a vector loop (floats would have to
-                // be added in order).
-                let dot: i32 = chunk[4..]
-                    .iter()
-                    .zip(&query.values)
-                    .map(|(value, q)| i32::from(*value as i8) * i32::from(*q))
-                    .sum();
-                dot as f32 * scale * query.scale
+                // Whole numbers over slices of one length, unsigned halves: the compiler
+                // makes this a vector loop (floats would have to be added in order).
+                // Σ (stored − 8) × q is Σ stored × q − 8 × Σ q.
+                let (values, even, odd) = (
+                    &chunk[4..][..pairs],
+                    &query.even[..pairs],
+                    &query.odd[..pairs],
+                );
+                let mut dot = 0_i32;
+                for i in 0..pairs {
+                    let pair = i16::from(values[i]);
+                    dot += i32::from((pair & 0x0F) * even[i] + (pair >> 4) * odd[i]);
+                }
+                (dot - OFFSET as i32 * query.sum) as f32 * scale * query.scale
             })
             .reduce(f32::max)
     }
@@ -350,8 +383,12 @@ impl Vectors {
 /// A query's vector quantised as stored vectors are, for comparing with many of them.
 #[derive(Clone, Debug)]
 pub struct QueryVector {
-    values: Vec<i8>,
+    /// The even dimensions' values and the odd ones' (as stored vectors pair them).
+    even: Vec<i16>,
+    odd: Vec<i16>,
     scale: f32,
+    /// The values' sum.
+    sum: i32,
 }
 
 impl QueryVector {
@@ -359,24 +396,35 @@ impl QueryVector {
     pub fn new(vector: &[f32]) -> QueryVector {
         let largest = vector.iter().fold(0.0_f32, |max, x| max.max(x.abs()));
         let scale = if largest > 0.0 { largest / 127.0 } else { 1.0 };
+        let values: Vec<i16> = vector
+            .iter()
+            .map(|x| (x / scale).round().clamp(-127.0, 127.0) as i16)
+            .collect();
+        let sum = values.iter().map(|value| i32::from(*value)).sum();
+        let (even, odd) = values
+            .chunks_exact(2)
+            .map(|pair| (pair[0], pair[1]))
+            .unzip();
         QueryVector {
-            values: vector
-                .iter()
-                .map(|x| (x / scale).round().clamp(-127.0, 127.0) as i8)
-                .collect(),
+            even,
+            odd,
             scale,
+            sum,
         }
     }
 }
 
-/// The best cosine similarity between `query` (normalised) and any chunk of `text` as
-/// `embedder` cuts it; `None` when the text has no known token.
-pub fn nearness(embedder: &dyn Embedder, text: &str, query: &[f32]) -> Option<f32> {
-    embedder
-        .embed_chunks(text)
-        .iter()
-        .map(|chunk| similarity(chunk, query))
-        .reduce(f32::max)
+/// The best cosine similarity between `query` and any chunk of `text` (a row of `role`) as
+/// `embedder` cuts it and as it would be stored (so that a row read from the database scores
+/// exactly as the index scores it); `None` when the text has no known token.
+pub fn nearness(
+    embedder: &dyn Embedder,
+    text: &str,
+    role: &str,
+    query: &QueryVector,
+) -> Option<f32> {
+    let chunks = embedder.embed_chunks(text, chunks_for(role));
+    Vectors::best_similarity(&Vectors::encode(&chunks).0, query)
 }
 
 /// Cosine similarity of two normalised vectors.
@@ -411,8 +459,10 @@ mod tests {
     fn stored_vectors_keep_the_similarity_and_long_texts_keep_their_parts() {
         let model = builtin();
         let query = model.embed("database password rotation").unwrap();
-        let chunks =
-            model.embed_chunks("the ticket for the staging database password rotation is OPS-1");
+        let chunks = model.embed_chunks(
+            "the ticket for the staging database password rotation is OPS-1",
+            MAX_CHUNKS,
+        );
         assert_eq!(chunks.len(), 1);
         let exact = similarity(&chunks[0], &query);
         let stored =
@@ -425,8 +475,12 @@ mod tests {
             "compile the crate and run the linter. ".repeat(120),
             "upload the artefacts and tag the release. ".repeat(120)
         );
-        let chunks = model.embed_chunks(&long);
-        assert!(chunks.len() > 1 && chunks.len() <= MAX_CHUNKS);
+        let chunks = model.embed_chunks(&long, MAX_CHUNKS);
+        assert_eq!(chunks.len(), MAX_CHUNKS);
+        assert_eq!(
+            model.embed_chunks(&long, chunks_for("toolResult")).len(),
+            MAX_TOOL_OUTPUT_CHUNKS
+        );
         let best = Vectors::best_similarity(&Vectors::encode(&chunks).0, &QueryVector::new(&query))
             .unwrap();
         let whole = similarity(&model.embed(&long).unwrap(), &query);

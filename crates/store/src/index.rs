@@ -107,7 +107,8 @@ fn row_of(key: u64) -> IndexedRow {
 
 /// The vectors field's name for a model.
 fn vectors_field(model: &str) -> String {
-    format!("vectors of {model}")
+    // The stored format (four bits a dimension) is part of the name too.
+    format!("vectors4 of {model}")
 }
 
 fn schema(embedder: Option<&dyn Embedder>) -> (Schema, Fields) {
@@ -849,7 +850,7 @@ pub(crate) struct IndexSink {
     /// Documents still to embed, with their text: they are embedded and added when the index
     /// commits (or before a removal, which must follow them), not while the rows' writer
     /// waits for its answer.
-    unembedded: Vec<(u64, TantivyDocument, String)>,
+    unembedded: Vec<(u64, TantivyDocument, String, usize)>,
 }
 
 impl IndexSink {
@@ -887,8 +888,12 @@ impl IndexSink {
             fields.text => doc.text,
         );
         if fields.vectors.is_some() && self.embedder.is_some() {
-            self.unembedded
-                .push((key_of(doc.row), document, doc.text.to_owned()));
+            self.unembedded.push((
+                key_of(doc.row),
+                document,
+                doc.text.to_owned(),
+                vilvona_embed::chunks_for(doc.role),
+            ));
         } else {
             self.writer.add_document(document)?;
         }
@@ -902,8 +907,8 @@ impl IndexSink {
         let (Some(field), Some(embedder)) = (self.fields.vectors, &self.embedder) else {
             return Ok(());
         };
-        for (_, mut document, text) in self.unembedded.drain(..) {
-            let chunks = embedder.embed_chunks(&text);
+        for (_, mut document, text, most) in self.unembedded.drain(..) {
+            let chunks = embedder.embed_chunks(&text, most);
             if !chunks.is_empty() {
                 document.add_bytes(field, &Vectors::encode(&chunks).0);
             }

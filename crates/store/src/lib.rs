@@ -219,6 +219,9 @@ pub struct StoreConfig {
     pub embedder: Option<Arc<dyn Embedder>>,
 }
 
+/// The role a summary is indexed (and embedded) as.
+pub(crate) const SUMMARY_ROLE: &str = "summary";
+
 /// The built-in embedding model, as a store takes it.
 pub fn builtin_embedder() -> Option<Arc<dyn Embedder>> {
     Some(vilvona_embed::builtin())

@@ -800,7 +800,7 @@ fn for_each_summary_between(
             row: IndexedRow::Summary(row.get(0)?),
             conversation: row.get(1)?,
             agent: row.get(2)?,
-            role: "summary".to_owned(),
+            role: crate::SUMMARY_ROLE.to_owned(),
             time_ms: row.get(3)?,
             text: row.get(4)?,
         })?;

@@ -8,9 +8,9 @@ use crate::blobs::{self, BLOB_ID_KEY};
 use crate::error::{Result, StoreError};
 use crate::highlight::{Marks, QueryWords, snippet};
 use crate::index::{IndexRow, IndexedRow, RecallIndex, Watermark, key_of};
-use crate::read;
 use crate::tokenize::{Terms, Word, words};
 use crate::types::*;
+use crate::{SUMMARY_ROLE, read};
 use vilvona_embed::Embedder;
 
 /// Bound on the compiled size of a user regex.
@@ -70,20 +70,25 @@ pub(crate) fn run(
             meaning_search(connection, index, embedder, query)?
         }
         SearchMode::Hybrid => {
-            let text = indexed_search(connection, index, &widened(query, SearchMode::Text))?;
-            match embedder {
-                Some(embedder) => fuse(
-                    text,
-                    meaning_search(
-                        connection,
-                        index,
-                        embedder,
-                        &widened(query, SearchMode::Semantic),
-                    )?,
-                    query,
-                ),
-                None => fuse(text, Vec::new(), query),
-            }
+            // Fused by row, so that only the rows returned are read for their snippets.
+            let text = indexed_rows(connection, index, &widened(query, SearchMode::Text))?;
+            let meaning = match embedder {
+                Some(embedder) => meaning_rows(
+                    connection,
+                    index,
+                    embedder,
+                    &widened(query, SearchMode::Semantic),
+                )?,
+                None => Vec::new(),
+            };
+            let query_words = words(&query.text);
+            let query_marks = QueryWords::new(&query.text, &query_words);
+            hits_of(
+                connection,
+                fuse(&text, &meaning, query.limit),
+                Marks::Words(&query_marks),
+                query,
+            )?
         }
     };
     // In the same read: which summary covers each hit now.
@@ -104,12 +109,22 @@ fn indexed_search(
     index: Option<&RecallIndex>,
     query: &SearchQuery,
 ) -> Result<Vec<SearchHit>> {
+    let rows = indexed_rows(connection, index, query)?;
+    let query_words = words(&query.text);
+    let query_marks = QueryWords::new(&query.text, &query_words);
+    hits_of(connection, rows, Marks::Words(&query_marks), query)
+}
+
+/// [`indexed_search`]'s rows and scores, best first (or as the index orders them).
+fn indexed_rows(
+    connection: &Connection,
+    index: Option<&RecallIndex>,
+    query: &SearchQuery,
+) -> Result<Vec<(IndexedRow, f32)>> {
     let query_words = words(&query.text);
     if query_words.is_empty() {
         return Ok(Vec::new());
     }
-    let query_marks = QueryWords::new(&query.text, &query_words);
-    let marks = Marks::Words(&query_marks);
     let (through, mut rows) = read_index(index, "searching", |index| index.search(query));
     let best = rows.iter().map(|(_, score)| *score).fold(1.0_f32, f32::max);
     let mut unindexed = unindexed_matches(connection, query, &query_words, through, best)?;
@@ -126,7 +141,7 @@ fn indexed_search(
             });
         }
     }
-    hits_of(connection, rows, marks, query)
+    Ok(rows)
 }
 
 /// The hits of scored rows, each with a snippet around what matched (for a message, in the
@@ -203,6 +218,19 @@ fn meaning_search(
     embedder: &dyn Embedder,
     query: &SearchQuery,
 ) -> Result<Vec<SearchHit>> {
+    let rows = meaning_rows(connection, index, embedder, query)?;
+    let query_words = words(&query.text);
+    let query_marks = QueryWords::new(&query.text, &query_words);
+    hits_of(connection, rows, Marks::Words(&query_marks), query)
+}
+
+/// [`meaning_search`]'s rows and similarities, nearest first.
+fn meaning_rows(
+    connection: &Connection,
+    index: Option<&RecallIndex>,
+    embedder: &dyn Embedder,
+    query: &SearchQuery,
+) -> Result<Vec<(IndexedRow, f32)>> {
     let Some(vector) = embedder.embed(&query.text) else {
         return Ok(Vec::new());
     };
@@ -214,7 +242,9 @@ fn meaning_search(
     });
     let (through, mut rows) =
         read_index(usable, "embedding", |index| index.nearest(query, &vector));
-    let nearness = |text: &str| vilvona_embed::nearness(embedder, text, &vector);
+    let quantised = vilvona_embed::QueryVector::new(&vector);
+    let nearness =
+        |text: &str, role: &str| vilvona_embed::nearness(embedder, text, role, &quantised);
     let in_scope = |conversation: i64, time_ms: i64| {
         query.conversations.contains(&ConversationId(conversation))
             && query.since_ms.is_none_or(|since| time_ms >= since)
@@ -224,7 +254,7 @@ fn meaning_search(
         let doc = row.doc();
         if doc.agent == query.agent_id
             && in_scope(doc.conversation, doc.time_ms)
-            && let Some(score) = nearness(doc.text)
+            && let Some(score) = nearness(doc.text, doc.role)
         {
             rows.push((doc.row, score));
         }
@@ -243,9 +273,7 @@ fn meaning_search(
     });
     rows.dedup_by_key(|(row, _)| *row);
     rows.truncate(query.limit);
-    let query_words = words(&query.text);
-    let query_marks = QueryWords::new(&query.text, &query_words);
-    hits_of(connection, rows, Marks::Words(&query_marks), query)
+    Ok(rows)
 }
 
 /// A hybrid search's lists are read deeper than its limit, so that a row ranked just below the
@@ -277,58 +305,83 @@ const MIN_TEXT_SCORE: f32 = 1.0;
 /// hit, in no meaning list) below rows that half-match both ways.
 const TEXT_LEADERS_KEPT: usize = 3;
 
-/// Reciprocal rank fusion of the text and the meaning hits: a row's score is the sum over the
-/// lists it is in of `1 / (FUSION_K + rank)`; its snippet comes from the text search when it
-/// is in both (where the words are). Text search's first [`TEXT_LEADERS_KEPT`] hits are always
-/// among the results. Best first, or newest first for recency; at most the query's limit.
+/// Reciprocal rank fusion of the text and the meaning rows: a row's score is the sum over the
+/// lists it is in of `1 / (FUSION_K + rank)`; a text row that scored under [`MIN_TEXT_SCORE`]
+/// does not vote. Text search's first [`TEXT_LEADERS_KEPT`] rows are always among the
+/// results. Best first (equal scores: the newest row first); at most `limit`.
 pub(crate) fn fuse(
-    text: Vec<SearchHit>,
-    meaning: Vec<SearchHit>,
-    query: &SearchQuery,
-) -> Vec<SearchHit> {
-    let key_of = |hit: &SearchHit| match &hit.source {
-        HitSource::Message { id, .. } => (false, id.0),
-        HitSource::Summary { row_id, .. } => (true, row_id.0),
-    };
+    text: &[(IndexedRow, f32)],
+    meaning: &[(IndexedRow, f32)],
+    limit: usize,
+) -> Vec<(IndexedRow, f32)> {
     // A text hit that matched only words found nearly everywhere ("the", "what") says
-    // nothing: it does not vote.
-    let text: Vec<SearchHit> = text
-        .into_iter()
-        .filter(|hit| hit.score >= MIN_TEXT_SCORE)
+    // nothing.
+    let text: Vec<IndexedRow> = text
+        .iter()
+        .filter(|(_, score)| *score >= MIN_TEXT_SCORE)
+        .map(|(row, _)| *row)
         .collect();
-    let leaders: Vec<(bool, i64)> = text.iter().take(TEXT_LEADERS_KEPT).map(key_of).collect();
-    let mut fused: Vec<(f32, SearchHit)> = Vec::with_capacity(text.len() + meaning.len());
-    let mut at: std::collections::HashMap<(bool, i64), usize> = std::collections::HashMap::new();
-    for list in [text, meaning] {
-        for (rank, hit) in list.into_iter().enumerate() {
+    let leaders = &text[..text.len().min(TEXT_LEADERS_KEPT)];
+    let mut fused: Vec<(IndexedRow, f32)> = Vec::with_capacity(text.len() + meaning.len());
+    let mut at: std::collections::HashMap<IndexedRow, usize> = std::collections::HashMap::new();
+    let meaning = meaning.iter().map(|(row, _)| *row);
+    for list in [
+        Box::new(text.iter().copied()) as Box<dyn Iterator<Item = IndexedRow>>,
+        Box::new(meaning),
+    ] {
+        for (rank, row) in list.enumerate() {
             let share = 1.0 / (FUSION_K + rank as f32 + 1.0);
-            let key = key_of(&hit);
-            match at.get(&key) {
-                Some(index) => fused[*index].0 += share,
+            match at.get(&row) {
+                Some(index) => fused[*index].1 += share,
                 None => {
-                    at.insert(key, fused.len());
-                    fused.push((share, hit));
+                    at.insert(row, fused.len());
+                    fused.push((row, share));
                 }
             }
         }
     }
     fused.sort_by(|a, b| {
-        b.0.total_cmp(&a.0)
-            .then_with(|| b.1.time_ms.cmp(&a.1.time_ms))
+        b.1.total_cmp(&a.1)
+            .then_with(|| key_of(b.0).cmp(&key_of(a.0)))
     });
     // Room for the leaders first; the other rows fill the rest in fused order.
-    let room = query.limit.saturating_sub(leaders.len());
+    let room = limit.saturating_sub(leaders.len());
     let mut others = 0;
-    fused.retain(|(_, hit)| {
-        leaders.contains(&key_of(hit)) || {
+    fused.retain(|(row, _)| {
+        leaders.contains(row) || {
             others += 1;
             others <= room
         }
     });
-    fused.truncate(query.limit);
+    fused.truncate(limit);
+    fused
+}
+
+/// [`fuse`] for lists of hits (their snippets made already): the fused hits, each with its
+/// fused score and the text search's snippet when both lists hold it; newest first for
+/// recency.
+pub(crate) fn fuse_hits(
+    text: Vec<SearchHit>,
+    meaning: Vec<SearchHit>,
+    query: &SearchQuery,
+) -> Vec<SearchHit> {
+    let row_of = |hit: &SearchHit| match &hit.source {
+        HitSource::Message { id, .. } => IndexedRow::Message(id.0),
+        HitSource::Summary { row_id, .. } => IndexedRow::Summary(row_id.0),
+    };
+    let ranked = |hits: &[SearchHit]| -> Vec<(IndexedRow, f32)> {
+        hits.iter().map(|hit| (row_of(hit), hit.score)).collect()
+    };
+    let fused = fuse(&ranked(&text), &ranked(&meaning), query.limit);
+    let mut by_row: std::collections::HashMap<IndexedRow, SearchHit> =
+        std::collections::HashMap::new();
+    // Meaning first, so that text's hit (its snippet is where the words are) replaces it.
+    for hit in meaning.into_iter().chain(text) {
+        by_row.insert(row_of(&hit), hit);
+    }
     let mut hits: Vec<SearchHit> = fused
         .into_iter()
-        .map(|(score, hit)| SearchHit { score, ..hit })
+        .filter_map(|(row, score)| by_row.remove(&row).map(|hit| SearchHit { score, ..hit }))
         .collect();
     if query.order == SearchOrder::Recency {
         hits.sort_by_key(|hit| std::cmp::Reverse(hit.time_ms));
@@ -400,17 +453,17 @@ fn archived_matches(
     query_words: &[Word],
     best: f32,
 ) -> Result<Vec<(IndexedRow, f32)>> {
-    archived_rows(connection, query, |text| {
+    archived_rows(connection, query, |text, _| {
         match_share(query.mode, text, query_words).map(|share| best * share)
     })
 }
 
 /// Rows of archived conversations in the query's scope, with the score `score` gives their
-/// text (none: not a match).
+/// text and role (none: not a match).
 fn archived_rows(
     connection: &Connection,
     query: &SearchQuery,
-    score: impl Fn(&str) -> Option<f32>,
+    score: impl Fn(&str, &str) -> Option<f32>,
 ) -> Result<Vec<(IndexedRow, f32)>> {
     let archived = read::archived_conversations(connection)?;
     let mut found = Vec::new();
@@ -421,7 +474,7 @@ fn archived_rows(
         if query.target != SearchTarget::Summaries {
             // Rows on damaged pages are skipped (and counted in the log), as text search does.
             read::for_each_message_in(connection, *conversation, query, |message| {
-                if let Some(score) = score(&message.text()) {
+                if let Some(score) = score(&message.text(), &message.role) {
                     found.push((IndexedRow::Message(message.id.0), score));
                 }
                 Ok(true)
@@ -429,7 +482,7 @@ fn archived_rows(
         }
         if query.target != SearchTarget::Messages {
             read::for_each_summary_in(connection, *conversation, query, |summary| {
-                if let Some(score) = score(&summary.content) {
+                if let Some(score) = score(&summary.content, SUMMARY_ROLE) {
                     found.push((IndexedRow::Summary(summary.row_id.0), score));
                 }
                 Ok(true)

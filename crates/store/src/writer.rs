@@ -820,7 +820,7 @@ impl Writer {
             row: IndexedRow::Summary(row_id),
             conversation: plan.conversation.0,
             agent: &agent,
-            role: "summary",
+            role: crate::SUMMARY_ROLE,
             time_ms: stored.latest_at_ms.unwrap_or(created_at),
             text: &stored.content,
         }])?;

@@ -242,4 +242,30 @@ mod tests {
                 .is_empty()
         );
     }
+
+    #[test]
+    fn a_question_in_other_words_is_answered_by_the_nearest_sentences() {
+        let request = QuestionRequest {
+            question: "What does the user do to unwind?".to_owned(),
+            evidence: vec![
+                evidence("msg_1", "Refactor the parser cache. Run the tests."),
+                evidence("msg_3", "Thanks. Painting at night helps me relax."),
+            ],
+            max_answer_tokens: 200,
+        };
+        // Similarities as a model would give them: the painting sentence is near, "Thanks."
+        // within the spread of it is quoted too, the rest below the floor is not.
+        let nearness = |sentence: &str| -> Option<f32> {
+            Some(match sentence {
+                "Painting at night helps me relax." => 0.62,
+                "Thanks." => 0.58,
+                _ => 0.2,
+            })
+        };
+        let answer = meaning_answer(&request, &HeuristicEstimator, nearness).unwrap();
+        assert_eq!(answer.text, "Thanks. Painting at night helps me relax.");
+        assert_eq!(answer.citations, ["msg_3"]);
+        // Nothing near enough: no answer by meaning.
+        assert!(meaning_answer(&request, &HeuristicEstimator, |_| Some(0.3)).is_none());
+    }
 }

@@ -245,7 +245,7 @@ fn summary_doc(row: &tokio_postgres::Row) -> Result<IndexRow> {
         row: IndexedRow::Summary(at(row, 0)?),
         conversation: at(row, 1)?,
         agent: at(row, 2)?,
-        role: "summary".to_owned(),
+        role: crate::SUMMARY_ROLE.to_owned(),
         time_ms: at(row, 4)?,
         text: at(row, 3)?,
     })

@@ -6,6 +6,7 @@
 //! the database answers alone.
 
 use super::Sql;
+use crate::SUMMARY_ROLE;
 
 use super::follow::Follower;
 use super::{MESSAGE_COLUMNS, SUMMARY_COLUMNS, at, message_row, summary_row, top_ancestor_row};
@@ -15,7 +16,7 @@ use crate::error::StoreError;
 use crate::highlight::{Marks, QueryWords, snippet};
 use crate::index::{IndexedRow, Watermark, key_of};
 use crate::search::{
-    REGEX_BLOB_BYTES, check_bounds, fuse, match_share, message_hit, query_regex, summary_hit,
+    REGEX_BLOB_BYTES, check_bounds, fuse_hits, match_share, message_hit, query_regex, summary_hit,
     widened,
 };
 use crate::tokenize::words;
@@ -65,7 +66,7 @@ pub(crate) async fn run(
                 }
                 None => Vec::new(),
             };
-            fuse(text, meaning, query)
+            fuse_hits(text, meaning, query)
         }
     };
     for hit in &mut hits {
@@ -322,7 +323,9 @@ async fn meaning_search(
         }
         None => (Watermark::default(), Vec::new()),
     };
-    let nearness = |text: &str| vilvona_embed::nearness(embedder, text, &vector);
+    let quantised = vilvona_embed::QueryVector::new(&vector);
+    let nearness =
+        |text: &str, role: &str| vilvona_embed::nearness(embedder, text, role, &quantised);
     let query_words = words(&query.text);
     let query_marks = QueryWords::new(&query.text, &query_words);
     let marks = Marks::Words(&query_marks);
@@ -362,7 +365,7 @@ async fn meaning_search(
         for row in rows {
             let message = message_row(&row, 0)?;
             let text = message.text();
-            if let Some(score) = nearness(&text) {
+            if let Some(score) = nearness(&text, &message.role) {
                 let key = key_of(IndexedRow::Message(message.id.0));
                 let snippet = snippet(&text, marks);
                 found.push((key, score, message_hit(message, score, snippet, None)));
@@ -384,7 +387,7 @@ async fn meaning_search(
             .await?;
         for row in rows {
             let summary = summary_row(&row, 0)?;
-            if let Some(score) = nearness(&summary.content) {
+            if let Some(score) = nearness(&summary.content, SUMMARY_ROLE) {
                 let key = key_of(IndexedRow::Summary(summary.row_id.0));
                 found.push((key, score, summary_hit(summary, score, marks)));
             }
