@@ -266,6 +266,21 @@ struct Run {
     span: Span,
 }
 
+impl Run {
+    /// The header of a summary of this run, before it has an id.
+    fn header(&self, kind: SummaryKind, depth: u32) -> SummaryHeader<'static> {
+        SummaryHeader {
+            summary_id: PLACEHOLDER_ID,
+            depth,
+            kind,
+            earliest_ms: self.span.earliest_ms,
+            latest_ms: self.span.latest_ms,
+            first_seq: self.span.first_seq,
+            last_seq: self.span.last_seq,
+        }
+    }
+}
+
 impl LosslessEngine {
     /// Incremental compaction: above the trigger (or when forced), summarize the oldest units
     /// outside the fresh tail and condense same-depth runs down to the goal, bounded by passes
@@ -735,15 +750,7 @@ impl LosslessEngine {
             .min(candidate.tokens / 3)
             .min(limits.share.max(limits.ceiling / 4) / SUMMARY_SHARE)
             .max(MIN_SUMMARY_TEXT_TOKENS);
-        let header = SummaryHeader {
-            summary_id: PLACEHOLDER_ID,
-            depth,
-            kind,
-            earliest_ms: run.span.earliest_ms,
-            latest_ms: run.span.latest_ms,
-            first_seq: run.span.first_seq,
-            last_seq: run.span.last_seq,
-        };
+        let header = run.header(kind, depth);
         let mut request = SummaryRequest {
             previous_context,
             custom_instructions: custom_instructions.map(str::to_owned),
@@ -816,15 +823,7 @@ impl LosslessEngine {
             None => (SummaryKind::Leaf, 0),
             Some(depth) => (SummaryKind::Condensed, depth + 1),
         };
-        let header = SummaryHeader {
-            summary_id: PLACEHOLDER_ID,
-            depth,
-            kind,
-            earliest_ms: run.span.earliest_ms,
-            latest_ms: run.span.latest_ms,
-            first_seq: run.span.first_seq,
-            last_seq: run.span.last_seq,
-        };
+        let header = run.header(kind, depth);
         let estimator = &*self.inner.estimator;
         let bare = summary_tokens(estimator, &header, "");
         let Some(room) = fits.checked_sub(bare).filter(|room| *room >= 8) else {

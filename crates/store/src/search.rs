@@ -81,14 +81,7 @@ pub(crate) fn run(
                 )?,
                 None => Vec::new(),
             };
-            let query_words = words(&query.text);
-            let query_marks = QueryWords::new(&query.text, &query_words);
-            hits_of(
-                connection,
-                fuse(&text, &meaning, query.limit),
-                Marks::Words(&query_marks),
-                query,
-            )?
+            word_hits(connection, fuse(&text, &meaning, query.limit), query)?
         }
     };
     // In the same read: which summary covers each hit now.
@@ -110,9 +103,7 @@ fn indexed_search(
     query: &SearchQuery,
 ) -> Result<Vec<SearchHit>> {
     let rows = indexed_rows(connection, index, query)?;
-    let query_words = words(&query.text);
-    let query_marks = QueryWords::new(&query.text, &query_words);
-    hits_of(connection, rows, Marks::Words(&query_marks), query)
+    word_hits(connection, rows, query)
 }
 
 /// [`indexed_search`]'s rows and scores, best first (or as the index orders them).
@@ -142,6 +133,17 @@ fn indexed_rows(
         }
     }
     Ok(rows)
+}
+
+/// [`hits_of`] with the query's words marked in the snippets.
+fn word_hits(
+    connection: &Connection,
+    rows: Vec<(IndexedRow, f32)>,
+    query: &SearchQuery,
+) -> Result<Vec<SearchHit>> {
+    let query_words = words(&query.text);
+    let query_marks = QueryWords::new(&query.text, &query_words);
+    hits_of(connection, rows, Marks::Words(&query_marks), query)
 }
 
 /// The hits of scored rows, each with a snippet around what matched (for a message, in the
@@ -219,9 +221,7 @@ fn meaning_search(
     query: &SearchQuery,
 ) -> Result<Vec<SearchHit>> {
     let rows = meaning_rows(connection, index, embedder, query)?;
-    let query_words = words(&query.text);
-    let query_marks = QueryWords::new(&query.text, &query_words);
-    hits_of(connection, rows, Marks::Words(&query_marks), query)
+    word_hits(connection, rows, query)
 }
 
 /// [`meaning_search`]'s rows and similarities, nearest first.
