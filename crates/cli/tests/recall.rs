@@ -513,3 +513,88 @@ fn meaning_is_recalled_with_the_network_unplugged() {
         "{answered}"
     );
 }
+
+/// The embedding model is the lossless entry's `embedding` setting: a model file of the
+/// built-in format works as the built-in one does, `none` turns recall by meaning off (hybrid
+/// search is then text search), and a file that is not a model is one line naming the key.
+#[test]
+fn the_embedding_model_is_a_file_or_none() {
+    let dir = TempDir::new().unwrap();
+    let state = dir.path();
+    let model = state.join("model.safetensors");
+    std::fs::copy(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../embed/model/minilm-l6-static-128.safetensors"),
+        &model,
+    )
+    .unwrap();
+    let configure = |embedding: &str| {
+        std::fs::write(
+            state.join("vilvona.json5"),
+            format!(
+                r#"{{ plugins: {{ slots: {{ contextEngine: "lossless" }}, entries: {{ lossless: {{ config: {{ embedding: {embedding} }} }} }} }} }}"#
+            ),
+        )
+        .unwrap();
+    };
+    configure(&format!(
+        r#"{{ kind: "file", path: "{}" }}"#,
+        model.display()
+    ));
+    let file = transcript(
+        state,
+        "chosen",
+        &[
+            json!({"role": "user", "content": "Refactor the parser cache in src/cache.rs and run the tests."}),
+            json!({"role": "user", "content": "Thanks. Painting watercolours at night helps me relax after long days."}),
+            json!({"role": "user", "content": "Now update the serde dependency and rerun the benchmark suite."}),
+        ],
+    );
+    let replayed = vilvona(state, &["replay", &file, "--json"]);
+    assert!(
+        replayed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&replayed.stderr)
+    );
+    let question = "What does the user do to unwind?";
+    let grep = |mode: &str| {
+        vilvona(
+            state,
+            &[
+                "grep",
+                question,
+                "--session",
+                "chosen",
+                "--mode",
+                mode,
+                "--json",
+            ],
+        )
+    };
+    let found = ok_json(&grep("semantic"));
+    assert!(
+        found["results"][0]["snippet"]
+            .as_str()
+            .unwrap()
+            .contains("Painting watercolours"),
+        "{found}"
+    );
+
+    configure(r#"{ kind: "none" }"#);
+    let error = one_line_error(&grep("semantic"));
+    assert!(error.contains("recall by meaning is off"), "{error}");
+    let words = ok_json(&grep("hybrid"));
+    assert!(!words.to_string().contains("Painting"), "{words}");
+
+    std::fs::write(&model, b"not a model").unwrap();
+    configure(&format!(
+        r#"{{ kind: "file", path: "{}" }}"#,
+        model.display()
+    ));
+    let error = one_line_error(&grep("hybrid"));
+    assert!(
+        error.contains("plugins.entries.lossless.config.embedding.path")
+            && error.contains("model.safetensors"),
+        "{error}"
+    );
+}

@@ -343,6 +343,10 @@ impl LosslessEngine {
                             ToolError::InvalidArguments(format!("regex {pattern:?}: {detail}"))
                         }
                         StoreError::QueryTooLarge(problem) => ToolError::InvalidArguments(problem),
+                        // Asking by meaning where it is off is the caller's to change.
+                        StoreError::NoEmbeddings => {
+                            ToolError::InvalidArguments(StoreError::NoEmbeddings.to_string())
+                        }
                         other => ToolError::Store(other),
                     })?,
             );

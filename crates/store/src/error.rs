@@ -195,6 +195,15 @@ impl From<tantivy::TantivyError> for StoreError {
 }
 
 impl StoreError {
+    /// Whether the recall index was written with another schema (another build, another
+    /// embedding model).
+    pub(crate) fn is_other_index_schema(&self) -> bool {
+        matches!(
+            self,
+            StoreError::Index(IndexError(tantivy::TantivyError::SchemaError(_)))
+        )
+    }
+
     /// Whether SQLite found a damaged page (the row it was reading cannot be read; others may).
     pub(crate) fn is_damaged_page(&self) -> bool {
         matches!(

@@ -391,6 +391,12 @@ impl Store {
                 embedder.clone(),
             ) {
                 Ok(index) => (index.map(|index| Arc::new(IndexSlot::new(index))), None),
+                // Written by another build or with another embedding model: nothing is wrong,
+                // the next writer rebuilds it.
+                Err(error) if error.is_other_index_schema() => {
+                    tracing::info!(dir = %dir.display(), "the recall index was written by another build or with another embedding model; searching the database until a writer rebuilds it");
+                    (None, None)
+                }
                 Err(error) => {
                     let problem = vilvona_core::error_chain(&error);
                     tracing::warn!(dir = %dir.display(), %problem, "the recall index cannot be read; searching the database directly");
