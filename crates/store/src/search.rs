@@ -245,27 +245,7 @@ fn meaning_rows(
     let quantised = vilvona_embed::QueryVector::new(&vector);
     let nearness =
         |text: &str, role: &str| vilvona_embed::nearness(embedder, text, role, &quantised);
-    let in_scope = |conversation: i64, time_ms: i64| {
-        query.conversations.contains(&ConversationId(conversation))
-            && query.since_ms.is_none_or(|since| time_ms >= since)
-            && query.before_ms.is_none_or(|before| time_ms < before)
-    };
-    let mut consider = |row: IndexRow| -> Result<()> {
-        let doc = row.doc();
-        if doc.agent == query.agent_id
-            && in_scope(doc.conversation, doc.time_ms)
-            && let Some(score) = nearness(doc.text, doc.role)
-        {
-            rows.push((doc.row, score));
-        }
-        Ok(())
-    };
-    if query.target != SearchTarget::Summaries {
-        read::for_each_message_after_where(connection, through.messages, |_| true, &mut consider)?;
-    }
-    if query.target != SearchTarget::Messages {
-        read::for_each_summary_after(connection, through.summaries, &mut consider)?;
-    }
+    rows.extend(rows_after(connection, query, through, |_| true, nearness)?);
     rows.extend(archived_rows(connection, query, nearness)?);
     rows.sort_by(|a, b| {
         b.1.total_cmp(&a.1)
@@ -398,27 +378,10 @@ fn unindexed_matches(
     through: Watermark,
     best: f32,
 ) -> Result<Vec<(IndexedRow, f32)>> {
-    let mut found = Vec::new();
     let all_terms: Vec<String> = query_words
         .iter()
         .flat_map(|word| word.terms.clone())
         .collect();
-    let in_scope = |conversation: i64, time_ms: i64| {
-        query.conversations.contains(&ConversationId(conversation))
-            && query.since_ms.is_none_or(|since| time_ms >= since)
-            && query.before_ms.is_none_or(|before| time_ms < before)
-    };
-    let mut consider = |row: IndexRow| -> Result<()> {
-        let doc = row.doc();
-        if doc.agent != query.agent_id || !in_scope(doc.conversation, doc.time_ms) {
-            return Ok(());
-        }
-        let score = match_share(query.mode, doc.text, query_words);
-        if let Some(share) = score {
-            found.push((doc.row, best * share));
-        }
-        Ok(())
-    };
     // A cheap screen before parsing a row: its JSON, lowercased, must contain the query's terms
     // (any of them for text, all for a phrase). JSON escapes no letter unless asked to: a row
     // holding `\u` escapes is always parsed, so the screen only ever lets too much through.
@@ -435,9 +398,39 @@ fn unindexed_matches(
             present.any(|found| found)
         }
     };
+    rows_after(connection, query, through, screen, |text, _| {
+        match_share(query.mode, text, query_words).map(|share| best * share)
+    })
+}
+
+/// Rows beyond the watermark in the query's scope (its agent, conversations, times and
+/// target), with the score `score` gives their text and role (none: not a match); a message
+/// is read only when `screen` passes its JSON. Rows that cannot be decoded are skipped
+/// (doctor names them).
+fn rows_after(
+    connection: &Connection,
+    query: &SearchQuery,
+    through: Watermark,
+    screen: impl Fn(&str) -> bool + Sync,
+    score: impl Fn(&str, &str) -> Option<f32>,
+) -> Result<Vec<(IndexedRow, f32)>> {
+    let mut found = Vec::new();
+    let mut consider = |row: IndexRow| -> Result<()> {
+        let doc = row.doc();
+        if doc.agent == query.agent_id
+            && query
+                .conversations
+                .contains(&ConversationId(doc.conversation))
+            && query.since_ms.is_none_or(|since| doc.time_ms >= since)
+            && query.before_ms.is_none_or(|before| doc.time_ms < before)
+            && let Some(score) = score(doc.text, doc.role)
+        {
+            found.push((doc.row, score));
+        }
+        Ok(())
+    };
     if query.target != SearchTarget::Summaries {
         read::for_each_message_after_where(connection, through.messages, screen, &mut consider)?;
-        // (Rows that cannot be decoded are skipped; doctor names them.)
     }
     if query.target != SearchTarget::Messages {
         read::for_each_summary_after(connection, through.summaries, &mut consider)?;
