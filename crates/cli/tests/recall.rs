@@ -598,3 +598,86 @@ fn the_embedding_model_is_a_file_or_none() {
         "{error}"
     );
 }
+
+/// A model behind an OpenAI-compatible endpoint (a real HTTP server on 127.0.0.1), chosen by
+/// the `embedding` setting with its key in the environment: the replay embeds in batches
+/// before it ends, and a later grep finds by meaning through it; an endpoint that is down makes
+/// semantic grep one line naming it, and hybrid grep still answers by words; a key variable
+/// that is not set is one line naming the key.
+#[test]
+fn an_embedding_endpoint_is_used_through_its_settings() {
+    use vilvona_embed::endpoint::TestEndpoint;
+
+    let dir = TempDir::new().unwrap();
+    let state = dir.path();
+    let endpoint = TestEndpoint::start().unwrap();
+    endpoint.require_key("sk-cli-test");
+    std::fs::write(
+        state.join("vilvona.json5"),
+        format!(
+            r#"{{ plugins: {{ slots: {{ contextEngine: "lossless" }}, entries: {{ lossless: {{ config: {{ embedding: {{ kind: "openai", baseUrl: "{}", model: "test-model", apiKeyEnv: "VILVONA_TEST_EMBEDDING_KEY", batchSize: 4 }} }} }} }} }} }}"#,
+            endpoint.base_url()
+        ),
+    )
+    .unwrap();
+    let run = |args: &[&str], key: Option<&str>| {
+        let mut command = common::command(state, args);
+        match key {
+            Some(key) => command.env("VILVONA_TEST_EMBEDDING_KEY", key),
+            None => command.env_remove("VILVONA_TEST_EMBEDDING_KEY"),
+        };
+        command.output().unwrap()
+    };
+    let file = transcript(
+        state,
+        "remote",
+        &[
+            json!({"role": "user", "content": "Refactor the parser cache in src/cache.rs and run the tests."}),
+            json!({"role": "user", "content": "Painting watercolours at night helps me relax."}),
+            json!({"role": "user", "content": "Now update the serde dependency and rerun the benchmark suite."}),
+        ],
+    );
+    ok_json(&run(&["replay", &file, "--json"], Some("sk-cli-test")));
+    assert!(endpoint.inputs() >= 3 && endpoint.largest_batch() <= 4);
+    let grep = |mode: &str, key: Option<&str>| {
+        run(
+            &[
+                "grep",
+                "at night, what helps me relax?",
+                "--session",
+                "remote",
+                "--mode",
+                mode,
+                "--json",
+            ],
+            key,
+        )
+    };
+    let found = ok_json(&grep("semantic", Some("sk-cli-test")));
+    assert!(
+        found["results"][0]["snippet"]
+            .as_str()
+            .unwrap()
+            .contains("Painting watercolours"),
+        "{found}"
+    );
+
+    endpoint.fail_with(Some(503));
+    let error = one_line_error(&grep("semantic", Some("sk-cli-test")));
+    assert!(
+        error.contains("unavailable") && error.contains(&endpoint.base_url()),
+        "{error}"
+    );
+    let words = ok_json(&grep("hybrid", Some("sk-cli-test")));
+    assert!(
+        words.to_string().contains("Painting watercolours"),
+        "{words}"
+    );
+
+    let error = one_line_error(&grep("semantic", None));
+    assert!(
+        error.contains("plugins.entries.lossless.config.embedding.apiKeyEnv")
+            && error.contains("VILVONA_TEST_EMBEDDING_KEY"),
+        "{error}"
+    );
+}

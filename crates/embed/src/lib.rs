@@ -12,7 +12,12 @@
 //! [`MAX_TOOL_OUTPUT_CHUNKS`]); a stored [`Vectors`] value holds them quantised to four bits
 //! per dimension, and a query is compared with its best chunk.
 
+#[cfg(feature = "test-endpoint")]
+pub mod endpoint;
+mod remote;
 mod wordpiece;
+
+pub use remote::{RemoteEmbedder, RemoteSettings};
 
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
@@ -57,21 +62,38 @@ pub enum ModelError {
     Format { what: String, problem: String },
 }
 
+/// Why texts could not be embedded (a model reached over the network).
+#[derive(Clone, Debug, thiserror::Error)]
+pub enum EmbedError {
+    /// Not reachable now (a timeout, a refused connection, a rate limit, a server error, or
+    /// credentials refused within the cooldown): worth trying again later.
+    #[error("the embedding model is unavailable: {0}")]
+    Unavailable(String),
+    /// It answered with something that is not embeddings of the texts sent.
+    #[error("the embedding model failed: {0}")]
+    Failed(String),
+}
+
 /// What turns text into vectors: a name (recorded with the vectors it made, so that another
 /// model's vectors are never compared with them) and the embedding.
 pub trait Embedder: Send + Sync + std::fmt::Debug {
     /// The model's name, as recorded with its vectors.
     fn name(&self) -> &str;
 
-    /// Dimensions of each vector.
-    fn dims(&self) -> usize;
+    /// Each text's chunk vectors, normalised, at most as many as the number paired with it
+    /// (none for a text with nothing to embed), in the texts' order.
+    fn embed_texts(&self, texts: &[(&str, usize)]) -> Result<Vec<Vec<Vec<f32>>>, EmbedError>;
 
-    /// The text's chunk vectors (at most `most`), each normalised; none for a text with no
-    /// known token.
-    fn embed_chunks(&self, text: &str, most: usize) -> Vec<Vec<f32>>;
+    /// One normalised vector for the whole text (a query); `None` when there is nothing to
+    /// embed.
+    fn embed_query(&self, text: &str) -> Result<Option<Vec<f32>>, EmbedError>;
 
-    /// One normalised vector for the whole text (a query); `None` when no token is known.
-    fn embed(&self, text: &str) -> Option<Vec<f32>>;
+    /// Whether embedding is local computation (microseconds, no network): rows can then be
+    /// embedded as they are committed or read. A model behind an endpoint embeds in the
+    /// background instead.
+    fn local(&self) -> bool {
+        true
+    }
 }
 
 /// A static embedding model: a vector per vocabulary token.
@@ -222,16 +244,15 @@ impl StaticModel {
     }
 }
 
-impl Embedder for StaticModel {
-    fn name(&self) -> &str {
-        &self.name
-    }
-
-    fn dims(&self) -> usize {
+impl StaticModel {
+    /// Dimensions of each vector.
+    pub fn dims(&self) -> usize {
         self.dims
     }
 
-    fn embed_chunks(&self, text: &str, most: usize) -> Vec<Vec<f32>> {
+    /// The text's chunk vectors (at most `most`), each normalised; none for a text with no
+    /// known token.
+    pub fn embed_chunks(&self, text: &str, most: usize) -> Vec<Vec<f32>> {
         let most = most.max(1);
         // Sentences, each its tokens (a sentence longer than a chunk is cut): a fact stated in
         // one sentence of a long message keeps a vector of its own instead of being averaged
@@ -242,31 +263,62 @@ impl Embedder for StaticModel {
             let tokens = self.tokens(sentence);
             pieces.extend(tokens.chunks(CHUNK_TOKENS).map(<[u32]>::to_vec));
         }
-        // Too many: consecutive pieces are grouped into `most` chunks of about equal length. (Grouping a short text's sentences too, to store fewer vectors, costs most of
-        // the recall: a fact stated in passing is averaged with its neighbours.)
-        if pieces.len() > most {
-            let total: usize = pieces.iter().map(Vec::len).sum();
-            let share = total.div_ceil(most);
-            let mut grouped: Vec<Vec<u32>> = vec![Vec::new()];
-            for piece in pieces {
-                if let Some(last) = grouped.last_mut()
-                    && !last.is_empty()
-                    && last.len() + piece.len() > share
-                    && grouped.len() < most
-                {
-                    grouped.push(piece);
-                } else if let Some(last) = grouped.last_mut() {
-                    last.extend(piece);
-                }
-            }
-            pieces = grouped;
-        }
-        pieces.iter().filter_map(|chunk| self.pool(chunk)).collect()
+        let lengths: Vec<usize> = pieces.iter().map(Vec::len).collect();
+        grouped(&lengths, most)
+            .into_iter()
+            .filter_map(|group| self.pool(&pieces[group].concat()))
+            .collect()
     }
 
-    fn embed(&self, text: &str) -> Option<Vec<f32>> {
+    /// One normalised vector for the whole text; `None` when no token is known.
+    pub fn embed(&self, text: &str) -> Option<Vec<f32>> {
         self.pool(&self.tokens(text))
     }
+}
+
+impl Embedder for StaticModel {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn embed_texts(&self, texts: &[(&str, usize)]) -> Result<Vec<Vec<Vec<f32>>>, EmbedError> {
+        Ok(texts
+            .iter()
+            .map(|(text, most)| self.embed_chunks(text, *most))
+            .collect())
+    }
+
+    fn embed_query(&self, text: &str) -> Result<Option<Vec<f32>>, EmbedError> {
+        Ok(self.embed(text))
+    }
+}
+
+/// Consecutive pieces (of these lengths) grouped into at most `most` chunks: each piece its
+/// own chunk when there are few enough, else groups of about equal length. (Grouping a short
+/// text's sentences too, to store fewer vectors, costs most of the recall: a fact stated in
+/// passing is averaged with its neighbours.)
+fn grouped(lengths: &[usize], most: usize) -> Vec<std::ops::Range<usize>> {
+    let most = most.max(1);
+    if lengths.len() <= most {
+        return (0..lengths.len()).map(|at| at..at + 1).collect();
+    }
+    let share = lengths.iter().sum::<usize>().div_ceil(most);
+    let mut groups: Vec<std::ops::Range<usize>> = Vec::new();
+    let mut length = 0;
+    for (at, piece) in lengths.iter().enumerate() {
+        let starts = length > 0 && length + piece > share && groups.len() < most;
+        match groups.last_mut() {
+            Some(last) if !starts => {
+                last.end = at + 1;
+                length += piece;
+            }
+            _ => {
+                groups.push(at..at + 1);
+                length = *piece;
+            }
+        }
+    }
+    groups
 }
 
 /// The largest char boundary at or below `index`.
@@ -414,17 +466,11 @@ impl QueryVector {
     }
 }
 
-/// The best cosine similarity between `query` and any chunk of `text` (a row of `role`) as
-/// `embedder` cuts it and as it would be stored (so that a row read from the database scores
-/// exactly as the index scores it); `None` when the text has no known token.
-pub fn nearness(
-    embedder: &dyn Embedder,
-    text: &str,
-    role: &str,
-    query: &QueryVector,
-) -> Option<f32> {
-    let chunks = embedder.embed_chunks(text, chunks_for(role));
-    Vectors::best_similarity(&Vectors::encode(&chunks).0, query)
+/// The best cosine similarity between `query` and any of a text's chunk vectors as they
+/// would be stored (so that a row read from the database scores exactly as the index scores
+/// it); `None` when there are none.
+pub fn nearness(chunks: &[Vec<f32>], query: &QueryVector) -> Option<f32> {
+    Vectors::best_similarity(&Vectors::encode(chunks).0, query)
 }
 
 /// Cosine similarity of two normalised vectors.

@@ -174,6 +174,51 @@ pub enum EmbeddingSelection {
     },
     /// No vectors: semantic search is refused, hybrid search is text search.
     None,
+    /// An OpenAI-compatible `/embeddings` endpoint; documents are embedded in the background.
+    #[serde(rename = "openai", rename_all = "camelCase")]
+    OpenAi {
+        /// The endpoint's base URL (`…/v1`).
+        base_url: String,
+        /// The model asked.
+        model: String,
+        /// The environment variable holding the API key.
+        #[serde(default)]
+        api_key_env: Option<String>,
+        /// Dimensions asked for (models that can shorten their vectors).
+        #[serde(default)]
+        dimensions: Option<usize>,
+        /// Texts per request at most.
+        #[serde(default = "default_embedding_batch")]
+        batch_size: usize,
+        /// Time limit of one request.
+        #[serde(default = "default_embedding_timeout_ms")]
+        timeout_ms: u64,
+        /// Retries of a failing request.
+        #[serde(default = "default_embedding_retries")]
+        retries: u32,
+        /// The first retry's wait, doubled each time.
+        #[serde(default = "default_embedding_backoff_ms")]
+        backoff_ms: u64,
+        /// How long refused credentials stop requests.
+        #[serde(default = "default_embedding_cooldown_ms")]
+        auth_cooldown_ms: u64,
+    },
+}
+
+fn default_embedding_batch() -> usize {
+    64
+}
+fn default_embedding_timeout_ms() -> u64 {
+    30_000
+}
+fn default_embedding_retries() -> u32 {
+    2
+}
+fn default_embedding_backoff_ms() -> u64 {
+    500
+}
+fn default_embedding_cooldown_ms() -> u64 {
+    300_000
 }
 
 impl Default for LosslessConfig {

@@ -3,6 +3,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use vilvona_core::registry::{EngineFactory, engine_factory};
 use vilvona_core::summarize::{Summarizer, SummarizerConfig};
@@ -49,6 +50,44 @@ impl LosslessConfig {
                 })?,
             )),
             EmbeddingSelection::None => None,
+            EmbeddingSelection::OpenAi {
+                base_url,
+                model,
+                api_key_env,
+                dimensions,
+                batch_size,
+                timeout_ms,
+                retries,
+                backoff_ms,
+                auth_cooldown_ms,
+            } => {
+                let api_key = match api_key_env {
+                    Some(name) => Some(std::env::var(name).map_err(|_| {
+                        EngineError::InvalidConfig(format!(
+                            "plugins.entries.lossless.config.embedding.apiKeyEnv: the environment variable {name} is not set"
+                        ))
+                    })?),
+                    None => None,
+                };
+                let settings = vilvona_embed::RemoteSettings {
+                    base_url: base_url.clone(),
+                    model: model.clone(),
+                    api_key,
+                    dimensions: *dimensions,
+                    batch_size: *batch_size,
+                    timeout: Duration::from_millis(*timeout_ms),
+                    retries: *retries,
+                    backoff: Duration::from_millis(*backoff_ms),
+                    auth_cooldown: Duration::from_millis(*auth_cooldown_ms),
+                };
+                Some(Arc::new(
+                    vilvona_embed::RemoteEmbedder::new(settings).map_err(|error| {
+                        EngineError::InvalidConfig(format!(
+                            "plugins.entries.lossless.config.embedding: {error}"
+                        ))
+                    })?,
+                ))
+            }
         })
     }
 

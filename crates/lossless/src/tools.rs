@@ -91,6 +91,9 @@ pub enum ToolError {
         /// The agent whose session it is.
         agent: String,
     },
+    /// Something the tool needs cannot be reached now (an embedding endpoint).
+    #[error("{0}")]
+    Unavailable(String),
     /// The store failed.
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -347,6 +350,11 @@ impl LosslessEngine {
                         StoreError::NoEmbeddings => {
                             ToolError::InvalidArguments(StoreError::NoEmbeddings.to_string())
                         }
+                        // So is an embedding endpoint that cannot be reached now (the
+                        // engine is fine; text and hybrid search work meanwhile).
+                        StoreError::Embedding(error) => ToolError::Unavailable(format!(
+                            "{error}; text and hybrid search work meanwhile"
+                        )),
                         other => ToolError::Store(other),
                     })?,
             );
@@ -728,17 +736,21 @@ impl LosslessEngine {
             }
         };
         // Offline, a question that shares no word with its answer is answered by meaning.
+        // (With a local model: a model behind an endpoint would be asked once per sentence.)
         let answer = match self.inner.store.embedder() {
             Some(embedder)
-                if answer.citations.is_empty()
+                if embedder.local()
+                    && answer.citations.is_empty()
                     && answer.answered_by == vilvona_summarize::ExtractiveSummarizer::ID =>
             {
-                let question_vector = embedder.embed(&question);
+                let question_vector = embedder.embed_query(&question).ok().flatten();
                 question_vector
                     .and_then(|vector| {
                         vilvona_summarize::meaning_answer(&request, &**estimator, |sentence| {
                             embedder
-                                .embed(sentence)
+                                .embed_query(sentence)
+                                .ok()
+                                .flatten()
                                 .map(|said| vilvona_embed::similarity(&said, &vector))
                         })
                     })

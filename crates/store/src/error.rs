@@ -75,6 +75,10 @@ pub enum StoreError {
         "recall by meaning is off: no embedding model is configured (plugins.entries.lossless.config.embedding)"
     )]
     NoEmbeddings,
+    /// The embedding model could not embed the query (a model behind an endpoint that is
+    /// unreachable or refused it).
+    #[error(transparent)]
+    Embedding(#[from] vilvona_embed::EmbedError),
     /// No such row.
     #[error("unknown {what} {id}")]
     NotFound {

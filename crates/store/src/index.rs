@@ -32,11 +32,16 @@ use crate::types::{SearchMode, SearchOrder, SearchQuery, SearchTarget};
 /// Memory for the index writer: modest, so the store's footprint does not grow with history.
 const WRITER_HEAP_BYTES: usize = 24 * 1024 * 1024;
 
+pub(crate) mod filler;
 mod top;
 mod vectors;
 
 /// What embeds the index's documents, when recall by meaning is on.
 pub(crate) type SharedEmbedder = Option<Arc<dyn Embedder>>;
+
+/// The vectors of a document that has nothing to embed (so it does not wait for any): one
+/// byte, which no chunk's vectors are.
+const NOTHING_EMBEDDED: [u8; 1] = [0];
 
 const KIND_MESSAGE: u64 = 0;
 const KIND_SUMMARY: u64 = 1;
@@ -497,6 +502,7 @@ impl RecallIndex {
                     pending: 0,
                     first_pending_at: None,
                     unembedded: Vec::new(),
+                    embed_later: false,
                 }))
             }
             Err(tantivy::TantivyError::LockFailure(..)) => Ok(None),
@@ -602,6 +608,20 @@ impl RecallIndex {
             .into_iter()
             .map(|(score, key)| (row_of(key), score))
             .collect())
+    }
+
+    /// Up to `limit` rows whose documents wait for vectors (see `filler`), in the index's
+    /// order; none when the index does not embed.
+    pub(crate) fn waiting_for_vectors(&self, limit: usize) -> Result<Vec<IndexedRow>> {
+        let Some(embedder) = &self.embedder else {
+            return Ok(Vec::new());
+        };
+        let keys = vectors::waiting(
+            &self.reader.searcher(),
+            &vectors_field(embedder.name()),
+            limit,
+        )?;
+        Ok(keys.into_iter().map(row_of).collect())
     }
 
     /// What embeds this index's documents.
@@ -851,6 +871,9 @@ pub(crate) struct IndexSink {
     /// commits (or before a removal, which must follow them), not while the rows' writer
     /// waits for its answer.
     unembedded: Vec<(u64, TantivyDocument, String, usize)>,
+    /// Documents are added without vectors, for the filler to embed in the background (a
+    /// whole index being rebuilt or caught up must not hold the store's open or its writer).
+    embed_later: bool,
 }
 
 impl IndexSink {
@@ -866,19 +889,14 @@ impl IndexSink {
         self.first_pending_at
     }
 
-    pub(crate) fn add(&mut self, doc: IndexDoc<'_>) -> Result<()> {
+    /// A row's document, without vectors.
+    fn document(&self, doc: IndexDoc<'_>) -> TantivyDocument {
         let fields = self.fields;
         let kind = match doc.row {
-            IndexedRow::Message(id) => {
-                self.watermark.messages = self.watermark.messages.max(id);
-                KIND_MESSAGE
-            }
-            IndexedRow::Summary(id) => {
-                self.watermark.summaries = self.watermark.summaries.max(id);
-                KIND_SUMMARY
-            }
+            IndexedRow::Message(_) => KIND_MESSAGE,
+            IndexedRow::Summary(_) => KIND_SUMMARY,
         };
-        let document = doc!(
+        doc!(
             fields.key => key_of(doc.row),
             fields.conversation => doc.conversation as u64,
             fields.agent => doc.agent,
@@ -886,34 +904,99 @@ impl IndexSink {
             fields.role => doc.role,
             fields.time => doc.time_ms,
             fields.text => doc.text,
-        );
-        if fields.vectors.is_some() && self.embedder.is_some() {
-            self.unembedded.push((
-                key_of(doc.row),
-                document,
-                doc.text.to_owned(),
-                vilvona_embed::chunks_for(doc.role),
-            ));
-        } else {
-            self.writer.add_document(document)?;
+        )
+    }
+
+    pub(crate) fn add(&mut self, doc: IndexDoc<'_>) -> Result<()> {
+        let fields = self.fields;
+        match doc.row {
+            IndexedRow::Message(id) => self.watermark.messages = self.watermark.messages.max(id),
+            IndexedRow::Summary(id) => self.watermark.summaries = self.watermark.summaries.max(id),
+        }
+        let document = self.document(doc);
+        match &self.embedder {
+            // A local model embeds when the index commits; a model behind an endpoint (or a
+            // local one while a whole index is filled), in the background: the document waits
+            // without vectors (see `waiting_for_vectors`).
+            Some(embedder) if fields.vectors.is_some() && embedder.local() && !self.embed_later => {
+                self.unembedded.push((
+                    key_of(doc.row),
+                    document,
+                    doc.text.to_owned(),
+                    vilvona_embed::chunks_for(doc.role),
+                ));
+            }
+            _ => {
+                self.writer.add_document(document)?;
+            }
         }
         self.pending += 1;
         self.first_pending_at.get_or_insert_with(Instant::now);
         Ok(())
     }
 
-    /// Embeds the documents that wait for their vectors and adds them.
+    /// Embeds the documents that wait for their vectors and adds them. A document the model
+    /// could not embed is added without vectors (text search must not wait for the model).
     fn add_unembedded(&mut self) -> Result<()> {
         let (Some(field), Some(embedder)) = (self.fields.vectors, &self.embedder) else {
             return Ok(());
         };
-        for (_, mut document, text, most) in self.unembedded.drain(..) {
-            let chunks = embedder.embed_chunks(&text, most);
-            if !chunks.is_empty() {
-                document.add_bytes(field, &Vectors::encode(&chunks).0);
+        if self.unembedded.is_empty() {
+            return Ok(());
+        }
+        let waiting = std::mem::take(&mut self.unembedded);
+        let texts: Vec<(&str, usize)> = waiting
+            .iter()
+            .map(|(_, _, text, most)| (text.as_str(), *most))
+            .collect();
+        let mut embedded = match embedder.embed_texts(&texts) {
+            Ok(embedded) => embedded,
+            Err(error) => {
+                tracing::warn!(%error, documents = waiting.len(), "indexing documents without vectors");
+                Vec::new()
+            }
+        }
+        .into_iter();
+        for (_, mut document, ..) in waiting {
+            match embedded.next() {
+                Some(chunks) if chunks.is_empty() => document.add_bytes(field, &NOTHING_EMBEDDED),
+                Some(chunks) => document.add_bytes(field, &Vectors::encode(&chunks).0),
+                // Not embedded: it waits for the filler.
+                None => {}
             }
             self.writer.add_document(document)?;
         }
+        Ok(())
+    }
+
+    /// Whether documents added from now on wait for the filler's vectors (see `embed_later`).
+    pub(crate) fn embed_later(&mut self, later: bool) {
+        self.embed_later = later;
+    }
+
+    /// Adds a row's document again with the vectors made for it in the background (its old
+    /// document, which waited without them, is removed first). Empty vectors (nothing to
+    /// embed) are recorded as such, so the row stops waiting.
+    pub(crate) fn add_with_vectors(&mut self, doc: IndexDoc<'_>, vectors: &[u8]) -> Result<()> {
+        let Some(field) = self.fields.vectors else {
+            return Ok(());
+        };
+        // This document replaces any of the row's that waits to be embedded at the commit.
+        self.unembedded.retain(|(key, ..)| *key != key_of(doc.row));
+        self.writer
+            .delete_term(Term::from_field_u64(self.fields.key, key_of(doc.row)));
+        let mut document = self.document(doc);
+        document.add_bytes(
+            field,
+            if vectors.is_empty() {
+                &NOTHING_EMBEDDED
+            } else {
+                vectors
+            },
+        );
+        self.writer.add_document(document)?;
+        self.pending += 1;
+        self.first_pending_at.get_or_insert_with(Instant::now);
         Ok(())
     }
 

@@ -965,6 +965,18 @@ impl HistoryStore for Store {
             };
             report.indexed_messages_through = watermark.messages;
             report.recall = format!("index through message {}", watermark.messages);
+            // Which model's vectors it holds, and how many documents wait for theirs (the
+            // background is making them; not a problem).
+            if let Some(embedder) = index.as_ref().and_then(|index| index.embedder()) {
+                let waiting = index
+                    .as_ref()
+                    .map_or(Ok(0), |index| index.waiting_for_vectors(usize::MAX).map(|rows| rows.len()))
+                    .unwrap_or(0);
+                report.recall.push_str(&format!(", vectors of {}", embedder.name()));
+                if waiting > 0 {
+                    report.recall.push_str(&format!(" ({waiting} documents wait for theirs)"));
+                }
+            }
             report.indexed_summaries_through = watermark.summaries;
             if let Some(index) = &index {
                 // The index opens, every segment reads, and it answers for a row it claims.

@@ -73,12 +73,12 @@ pub(crate) fn run(
             // Fused by row, so that only the rows returned are read for their snippets.
             let text = indexed_rows(connection, index, &widened(query, SearchMode::Text))?;
             let meaning = match embedder {
-                Some(embedder) => meaning_rows(
+                Some(embedder) => without_unavailable_model(meaning_rows(
                     connection,
                     index,
                     embedder,
                     &widened(query, SearchMode::Semantic),
-                )?,
+                ))?,
                 None => Vec::new(),
             };
             word_hits(connection, fuse(&text, &meaning, query.limit), query)?
@@ -231,7 +231,7 @@ fn meaning_rows(
     embedder: &dyn Embedder,
     query: &SearchQuery,
 ) -> Result<Vec<(IndexedRow, f32)>> {
-    let Some(vector) = embedder.embed(&query.text) else {
+    let Some(vector) = embedder.embed_query(&query.text)? else {
         return Ok(Vec::new());
     };
     // An index that embeds with another model (or not at all) holds no vectors to compare.
@@ -243,10 +243,9 @@ fn meaning_rows(
     let (through, mut rows) =
         read_index(usable, "embedding", |index| index.nearest(query, &vector));
     let quantised = vilvona_embed::QueryVector::new(&vector);
-    let nearness =
-        |text: &str, role: &str| vilvona_embed::nearness(embedder, text, role, &quantised);
-    rows.extend(rows_after(connection, query, through, |_| true, nearness)?);
-    rows.extend(archived_rows(connection, query, nearness)?);
+    let nearness = row_nearness(embedder, &quantised);
+    rows.extend(rows_after(connection, query, through, |_| true, &nearness)?);
+    rows.extend(archived_rows(connection, query, &nearness)?);
     rows.sort_by(|a, b| {
         b.1.total_cmp(&a.1)
             .then_with(|| key_of(b.0).cmp(&key_of(a.0)))
@@ -254,6 +253,37 @@ fn meaning_rows(
     rows.dedup_by_key(|(row, _)| *row);
     rows.truncate(query.limit);
     Ok(rows)
+}
+
+/// How near a row read from the database (one the index does not hold) is to the query: a
+/// local model embeds it as it is read; a model behind an endpoint is not asked per search
+/// (the row is compared once the index holds its vectors).
+pub(crate) fn row_nearness<'a>(
+    embedder: &'a dyn Embedder,
+    query: &'a vilvona_embed::QueryVector,
+) -> impl Fn(&str, &str) -> Option<f32> + 'a {
+    move |text, role| {
+        if !embedder.local() {
+            return None;
+        }
+        let chunks = embedder
+            .embed_texts(&[(text, vilvona_embed::chunks_for(role))])
+            .ok()?
+            .pop()?;
+        vilvona_embed::nearness(&chunks, query)
+    }
+}
+
+/// A hybrid search's meaning list, or none (text search alone) when the model could not embed
+/// the query.
+pub(crate) fn without_unavailable_model<T: Default>(list: Result<T>) -> Result<T> {
+    match list {
+        Err(StoreError::Embedding(error)) => {
+            tracing::warn!(%error, "searching by words alone");
+            Ok(T::default())
+        }
+        other => other,
+    }
 }
 
 /// A hybrid search's lists are read deeper than its limit, so that a row ranked just below the

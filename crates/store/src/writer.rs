@@ -18,6 +18,7 @@ use crate::blobs;
 use crate::codec::{self, EncoderSlot};
 use crate::error::{Result, StoreError};
 use crate::forget;
+use crate::index::filler::{FILL_BATCH, VectorFiller, embed_rows};
 use crate::index::{IndexDoc, IndexRow, IndexSink, IndexSlot, IndexedRow};
 use crate::read;
 use crate::types::*;
@@ -173,10 +174,16 @@ pub(crate) struct Writer {
     /// The message id past which, without a dictionary, one is trained (grows when training
     /// finds too little to learn from).
     train_dictionary_after: Option<i64>,
+    /// Makes vectors in the background when the model is behind an endpoint.
+    filler: Option<VectorFiller>,
 }
 
 /// How often a writer without the index lock tries to take it over.
 const LOCK_RETRY: Duration = Duration::from_secs(2);
+/// Rows behind the index's watermark from which catching up leaves the vectors to the filler.
+const EMBED_LATER_ROWS: i64 = 1_000;
+/// How often the writer looks for a batch of vectors the filler is making.
+const FILL_POLL: Duration = Duration::from_millis(50);
 /// How often the index's maintainer looks for rows written by other processes.
 const FOREIGN_ROWS_POLL: Duration = Duration::from_secs(1);
 
@@ -192,9 +199,11 @@ impl Writer {
         if sink.is_none() {
             tracing::info!(dir = %index.current().dir().display(), "another process maintains the recall index; this one writes the database only");
         }
+        let filler = VectorFiller::for_embedder(index.current().embedder());
         Ok(Writer {
             connection,
             sink,
+            filler,
             index,
             agents: HashMap::new(),
             undecodable: Vec::new(),
@@ -216,6 +225,13 @@ impl Writer {
         let watermark = sink.watermark();
         let mut added = 0;
         let connection = &self.connection;
+        // A whole index (a new model's, a lost one) or a long way behind: the vectors are made
+        // in the background, so that opening the store does not wait for them.
+        let (messages, summaries) = read::max_ids(connection)?;
+        let behind =
+            (messages - watermark.messages).max(0) + (summaries - watermark.summaries).max(0);
+        let whole = watermark.messages == 0 && watermark.summaries == 0;
+        sink.embed_later(whole || behind >= EMBED_LATER_ROWS);
         let archived = read::archived_conversations(connection)?;
         let mut add = |row: IndexRow| -> Result<()> {
             added += u64::from(sink.add_unless_archived(&row, &archived)?);
@@ -230,16 +246,22 @@ impl Writer {
                 "caught the recall index up with the database"
             );
         }
-        self.commit_index()?;
-        self.apply_index_tasks()?;
+        let caught_up = self.commit_index().and_then(|()| self.apply_index_tasks());
+        if let Some(sink) = self.sink.as_mut() {
+            sink.embed_later(false);
+        }
+        caught_up?;
         Ok(added)
     }
 
     /// How long the loop may wait for a command before index work is due.
     fn next_wake(&self) -> Duration {
-        let index_check = self
+        let mut index_check = self
             .next_index_check
             .saturating_duration_since(Instant::now());
+        if self.filler.as_ref().is_some_and(VectorFiller::in_flight) {
+            index_check = index_check.min(FILL_POLL);
+        }
         match self.sink.as_ref().and_then(IndexSink::first_pending_at) {
             Some(first) => self
                 .commit_delay
@@ -263,7 +285,11 @@ impl Writer {
         if commit_due {
             self.commit_index_logged();
         }
-        if Instant::now() < self.next_index_check {
+        let looking = Instant::now() >= self.next_index_check;
+        if let Err(error) = self.fill_vectors(looking) {
+            tracing::warn!(%error, "adding vectors to the recall index failed; it will be retried");
+        }
+        if !looking {
             return;
         }
         if self.sink.is_none() {
@@ -303,10 +329,84 @@ impl Writer {
             tracing::warn!(
                 "a search could not read the recall index; rebuilding it from the database"
             );
-            if let Err(error) = self.rebuild_index() {
+            if let Err(error) = self.rebuild_index(true) {
                 tracing::warn!(%error, "rebuilding the recall index failed; searches read the database meanwhile");
                 self.next_index_check = Instant::now() + REBUILD_RETRY;
             }
+        }
+    }
+
+    /// Adds the vectors the filler made (when a batch is done) and, when `looking` or right
+    /// after a batch, hands it the next documents that wait for theirs.
+    fn fill_vectors(&mut self, looking: bool) -> Result<()> {
+        let (Some(filler), Some(sink)) = (self.filler.as_mut(), self.sink.as_mut()) else {
+            return Ok(());
+        };
+        let done = filler.take_done();
+        if let Some(filled) = &done {
+            let archived = read::archived_conversations(&self.connection)?;
+            for (row, vectors) in filled.rows.iter().zip(&filled.vectors) {
+                // Forgotten, rewritten or archived since it was read: not this batch's.
+                if let Some(current) = read::index_row(&self.connection, row.row)?
+                    && current.text == row.text
+                    && !archived.contains(&current.conversation())
+                {
+                    sink.add_with_vectors(current.doc(), vectors)?;
+                }
+            }
+        }
+        if done.is_some() {
+            self.commit_index()?;
+        }
+        let Some(filler) = self.filler.as_mut() else {
+            return Ok(());
+        };
+        if (looking || done.is_some()) && filler.ready() {
+            let rows = waiting_rows(&self.connection, &self.index.current())?;
+            filler.send(rows);
+        }
+        Ok(())
+    }
+
+    /// Before the writer stops: the vectors the filler has not made yet are made here and now
+    /// (for a local model, the work opening the store left for later; for an endpoint, while
+    /// it answers), so that a reading command after this one finds every row by meaning.
+    fn fill_before_stopping(&mut self) -> Result<()> {
+        let Some(embedder) = self.index.current().embedder().cloned() else {
+            return Ok(());
+        };
+        if self.sink.is_none() || self.counter.skips_index_commits() {
+            return Ok(());
+        }
+        self.commit_index()?;
+        let waiting = self.index.current().waiting_for_vectors(usize::MAX)?.len();
+        if waiting > FILL_BATCH {
+            tracing::info!(
+                documents = waiting,
+                model = embedder.name(),
+                "making the vectors that wait before the store closes"
+            );
+        }
+        loop {
+            let rows = waiting_rows(&self.connection, &self.index.current())?;
+            // Rows the database no longer has (or cannot decode) are left as they are.
+            if rows.is_empty() {
+                return Ok(());
+            }
+            let vectors = match embed_rows(&*embedder, &rows) {
+                Ok(vectors) => vectors,
+                Err(error) => {
+                    tracing::warn!(%error, "documents wait for their vectors; the next writer makes them");
+                    return Ok(());
+                }
+            };
+            let Some(sink) = self.sink.as_mut() else {
+                return Ok(());
+            };
+            for (row, vectors) in rows.iter().zip(&vectors) {
+                sink.add_with_vectors(row.doc(), vectors)?;
+            }
+            self.commit_index()?;
         }
     }
 
@@ -315,12 +415,18 @@ impl Writer {
             let received = commands.recv_timeout(self.next_wake());
             match received {
                 Ok(Command::Shutdown { reply }) => {
-                    let _ = reply.send(self.commit_index());
+                    let _ = reply.send(
+                        self.fill_before_stopping()
+                            .and_then(|()| self.commit_index()),
+                    );
                     return;
                 }
                 Ok(command) => self.handle(command),
                 Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => {
+                    if let Err(error) = self.fill_before_stopping() {
+                        tracing::warn!(%error, "adding vectors to the recall index failed; the next writer adds them");
+                    }
                     self.commit_index_logged();
                     return;
                 }
@@ -448,7 +554,8 @@ impl Writer {
                 let _ = reply.send(self.commit_index());
             }
             Command::RebuildIndex { reply } => {
-                let _ = reply.send(self.rebuild_index());
+                // Asked for and waited on: the vectors are made before it answers.
+                let _ = reply.send(self.rebuild_index(false));
             }
             Command::Shutdown { reply } => {
                 let _ = reply.send(Ok(()));
@@ -1025,7 +1132,8 @@ impl Writer {
 
     /// Rebuilds the index from SQLite beside the current one and swaps it in (see
     /// [`IndexSlot::rebuild_beside`]); rows that cannot be decoded are skipped and named.
-    fn rebuild_index(&mut self) -> Result<u64> {
+    /// `embed_later`: the documents' vectors are made in the background afterwards.
+    fn rebuild_index(&mut self, embed_later: bool) -> Result<u64> {
         // Another process may be maintaining the index: wait a little for its lock.
         let deadline = Instant::now() + REBUILD_LOCK_WAIT;
         while self.sink.is_none() {
@@ -1042,6 +1150,7 @@ impl Writer {
         let sink_slot = &mut self.sink;
         let ((added, undecodable), sink) = self.index.rebuild_beside(
             |sink| {
+                sink.embed_later(embed_later);
                 let mut added = 0;
                 let mut add = |row: IndexRow| -> Result<()> {
                     added += u64::from(sink.add_unless_archived(&row, &archived)?);
@@ -1196,6 +1305,21 @@ impl Writer {
             .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))?;
         Ok(())
     }
+}
+
+/// The next batch of rows whose documents wait for vectors, as the database holds them (not
+/// an archived conversation's).
+fn waiting_rows(
+    connection: &Connection,
+    index: &crate::index::RecallIndex,
+) -> Result<Vec<IndexRow>> {
+    let archived = read::archived_conversations(connection)?;
+    let mut rows = Vec::new();
+    for row in index.waiting_for_vectors(FILL_BATCH)? {
+        rows.extend(read::index_row(connection, row)?);
+    }
+    rows.retain(|row| !archived.contains(&row.conversation()));
+    Ok(rows)
 }
 
 pub(crate) fn hex16(bytes: &[u8]) -> String {

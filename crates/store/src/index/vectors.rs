@@ -174,3 +174,33 @@ fn compare(
     }
     Ok(top)
 }
+
+/// Up to `limit` keys of live documents with no vectors (waiting for a model behind an
+/// endpoint), in the segments' order.
+pub(super) fn waiting(
+    searcher: &Searcher,
+    field: &str,
+    limit: usize,
+) -> crate::error::Result<Vec<u64>> {
+    let mut keys = Vec::new();
+    for segment in searcher.segment_readers() {
+        let fast = segment.fast_fields();
+        let (key_column, vectors) = (fast.u64("key")?, fast.bytes(field)?);
+        let alive = segment.alive_bitset();
+        for doc in 0..segment.max_doc() {
+            if keys.len() >= limit {
+                return Ok(keys);
+            }
+            let embedded = vectors
+                .as_ref()
+                .is_some_and(|column| column.ords().first(doc).is_some());
+            if !embedded
+                && alive.is_none_or(|alive| alive.is_alive(doc))
+                && let Some(key) = key_column.first(doc)
+            {
+                keys.push(key);
+            }
+        }
+    }
+    Ok(keys)
+}

@@ -21,6 +21,7 @@ use super::Sql;
 use super::at;
 use crate::blobs::{BLOB_ID_KEY, INDEXED_BLOB_BYTES};
 use crate::error::{Result, StoreError};
+use crate::index::filler::{FILL_BATCH, VectorFiller};
 use crate::index::{IndexRow, IndexSink, IndexedRow, RecallIndex, SharedEmbedder, Watermark};
 
 /// Taken (for the rest of the transaction) before a transaction allocates a row id or a
@@ -36,6 +37,11 @@ pub(crate) struct Follower {
     sink: Mutex<Option<IndexSink>>,
     /// Serializes following (the background task and searches may both ask).
     following: tokio::sync::Mutex<()>,
+    /// Makes vectors in the background (see `index::filler`).
+    filler: Mutex<Option<VectorFiller>>,
+    /// The index was created when opened: its first following leaves the vectors to the
+    /// filler (a new model's index, a new node).
+    whole: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for Follower {
@@ -49,8 +55,9 @@ impl std::fmt::Debug for Follower {
 impl Follower {
     /// Opens (or creates) the index in `dir` and takes its writer lock if it is free.
     pub(crate) fn open(dir: &Path, embedder: SharedEmbedder) -> Result<Follower> {
-        let (index, _) = RecallIndex::open(dir, embedder)?;
+        let (index, created) = RecallIndex::open(dir, embedder)?;
         let sink = index.try_writer()?;
+        let filler = VectorFiller::for_embedder(index.embedder());
         if sink.is_none() {
             tracing::info!(dir = %dir.display(), "another process maintains this node's recall index; this one reads it");
         }
@@ -58,6 +65,8 @@ impl Follower {
             index,
             sink: Mutex::new(sink),
             following: tokio::sync::Mutex::new(()),
+            filler: Mutex::new(filler),
+            whole: std::sync::atomic::AtomicBool::new(created),
         })
     }
 
@@ -68,6 +77,8 @@ impl Follower {
                 index,
                 sink: Mutex::new(None),
                 following: tokio::sync::Mutex::new(()),
+                filler: Mutex::new(None),
+                whole: std::sync::atomic::AtomicBool::new(false),
             }),
         )
     }
@@ -107,7 +118,10 @@ impl Follower {
                     Some(IndexedRow::Summary(id)) => watermark.summaries = id,
                 }
                 added += docs.len() as u64;
-                self.add(docs, Vec::new(), None).await?;
+                // A whole index, or a long way behind: the vectors are made in the background.
+                let later = self.whole.load(std::sync::atomic::Ordering::SeqCst)
+                    || docs.len() as i64 >= BATCH;
+                self.add(docs, Vec::new(), None, later).await?;
             }
         }
         loop {
@@ -131,8 +145,9 @@ impl Follower {
                 }
             }
             watermark.changes = last;
-            self.add(again, removed, Some(last)).await?;
+            self.add(again, removed, Some(last), false).await?;
         }
+        let filled = self.add_vectors(client).await?;
         // Also what an interrupted pass added: its documents are pending in the writer.
         if self.sink().as_ref().is_some_and(|sink| sink.pending() > 0) {
             let follower = self.clone();
@@ -145,7 +160,64 @@ impl Follower {
             .await
             .map_err(StoreError::TaskFailed)??;
         }
+        self.whole.store(false, std::sync::atomic::Ordering::SeqCst);
+        self.send_waiting(client, filled).await?;
         Ok(added)
+    }
+
+    fn filler(&self) -> std::sync::MutexGuard<'_, Option<VectorFiller>> {
+        self.filler.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Adds the vectors the filler made, when a batch is done (the rows as the database holds
+    /// them now: one forgotten or rewritten since is not the batch's). Returns whether one was.
+    async fn add_vectors(self: &Arc<Self>, client: &impl Sql) -> Result<bool> {
+        if !self.maintains() {
+            return Ok(false);
+        }
+        let Some(filled) = self.filler().as_mut().and_then(VectorFiller::take_done) else {
+            return Ok(false);
+        };
+        let mut current = Vec::with_capacity(filled.rows.len());
+        for (row, vectors) in filled.rows.into_iter().zip(filled.vectors) {
+            if let Some(now) = doc_of(client, row.row).await?
+                && now.text == row.text
+            {
+                current.push((now, vectors));
+            }
+        }
+        let follower = self.clone();
+        tokio::task::spawn_blocking(move || -> Result<()> {
+            if let Some(sink) = follower.sink().as_mut() {
+                for (row, vectors) in &current {
+                    sink.add_with_vectors(row.doc(), vectors)?;
+                }
+            }
+            Ok(())
+        })
+        .await
+        .map_err(StoreError::TaskFailed)??;
+        Ok(true)
+    }
+
+    /// Hands the filler the next documents that wait for vectors, when it is free and it is
+    /// time to look (`now`: a batch was just added).
+    async fn send_waiting(&self, client: &impl Sql, now: bool) -> Result<()> {
+        let ready = self
+            .filler()
+            .as_ref()
+            .is_some_and(|filler| filler.ready() && (now || filler.due()));
+        if !ready || !self.maintains() {
+            return Ok(());
+        }
+        let mut rows = Vec::new();
+        for row in self.index.waiting_for_vectors(FILL_BATCH)? {
+            rows.extend(doc_of(client, row).await?);
+        }
+        if let Some(filler) = self.filler().as_mut() {
+            filler.send(rows);
+        }
+        Ok(())
     }
 
     /// Removes then adds documents on a blocking thread (tantivy's writer may wait on its
@@ -155,6 +227,7 @@ impl Follower {
         docs: Vec<IndexRow>,
         removed: Vec<IndexedRow>,
         changes_through: Option<i64>,
+        embed_later: bool,
     ) -> Result<()> {
         let follower = self.clone();
         tokio::task::spawn_blocking(move || -> Result<()> {
@@ -165,9 +238,11 @@ impl Follower {
             for row in removed {
                 sink.remove(row);
             }
+            sink.embed_later(embed_later);
             for doc in &docs {
                 sink.add(doc.doc())?;
             }
+            sink.embed_later(false);
             if let Some(seq) = changes_through {
                 sink.pass_changes(seq);
             }

@@ -16,8 +16,8 @@ use crate::error::StoreError;
 use crate::highlight::{Marks, QueryWords, snippet};
 use crate::index::{IndexedRow, Watermark, key_of};
 use crate::search::{
-    REGEX_BLOB_BYTES, check_bounds, fuse_hits, match_share, message_hit, query_regex, summary_hit,
-    widened,
+    REGEX_BLOB_BYTES, check_bounds, fuse_hits, match_share, message_hit, query_regex, row_nearness,
+    summary_hit, widened, without_unavailable_model,
 };
 use crate::tokenize::words;
 use crate::types::*;
@@ -55,15 +55,15 @@ pub(crate) async fn run(
         SearchMode::Hybrid => {
             let text = word_search(client, index, &widened(query, SearchMode::Text)).await?;
             let meaning = match embedder {
-                Some(embedder) => {
+                Some(embedder) => without_unavailable_model(
                     meaning_search(
                         client,
                         index,
                         embedder,
                         &widened(query, SearchMode::Semantic),
                     )
-                    .await?
-                }
+                    .await,
+                )?,
                 None => Vec::new(),
             };
             fuse_hits(text, meaning, query)
@@ -300,7 +300,7 @@ async fn meaning_search(
     embedder: &dyn Embedder,
     query: &SearchQuery,
 ) -> Result<Vec<SearchHit>> {
-    let Some(vector) = embedder.embed(&query.text) else {
+    let Some(vector) = embedder.embed_query(&query.text)? else {
         return Ok(Vec::new());
     };
     let usable = index.filter(|index| {
@@ -324,8 +324,7 @@ async fn meaning_search(
         None => (Watermark::default(), Vec::new()),
     };
     let quantised = vilvona_embed::QueryVector::new(&vector);
-    let nearness =
-        |text: &str, role: &str| vilvona_embed::nearness(embedder, text, role, &quantised);
+    let nearness = row_nearness(embedder, &quantised);
     let query_words = words(&query.text);
     let query_marks = QueryWords::new(&query.text, &query_words);
     let marks = Marks::Words(&query_marks);

@@ -150,6 +150,7 @@ on_both_backends!(
     export_and_import_round_trip,
     forgetting_removes_rows_and_what_derives_from_them,
     every_node_finds_what_another_wrote_and_loses_what_it_forgot,
+    a_model_behind_an_endpoint_embeds_in_the_background,
 );
 
 fn turn_message(text: &str, key: &str, index: u32) -> NewMessage {
@@ -634,6 +635,111 @@ async fn forks_grants_state_and_blobs(backend: &Backend) {
 }
 
 /// What a hit names, whichever backend found it.
+/// A model behind an OpenAI-compatible endpoint (a real HTTP server on 127.0.0.1): rows are
+/// found by their words at once and by meaning once the background has embedded them; while
+/// the endpoint fails, text and hybrid search work, semantic search names the endpoint, and
+/// what waits is embedded after a restart once it is back.
+async fn a_model_behind_an_endpoint_embeds_in_the_background(backend: &Backend) {
+    use std::time::Duration;
+    use vilvona_embed::endpoint::TestEndpoint;
+
+    let endpoint = TestEndpoint::start().unwrap();
+    let remote = || -> Option<Arc<dyn Embedder>> {
+        Some(Arc::new(
+            vilvona_embed::RemoteEmbedder::new(vilvona_embed::RemoteSettings {
+                base_url: endpoint.base_url(),
+                model: "test-model".to_owned(),
+                api_key: None,
+                dimensions: None,
+                batch_size: 8,
+                timeout: Duration::from_secs(10),
+                retries: 0,
+                backoff: Duration::from_millis(1),
+                auth_cooldown: Duration::from_secs(60),
+            })
+            .unwrap(),
+        ))
+    };
+    let store = backend.open_with(remote()).await;
+    let id = store.conversation(&key("main", "s1")).await.unwrap().id;
+    let mut texts = vec!["Painting helps me relax after work.".to_owned()];
+    texts.extend((1..12).map(|n| format!("Status line {n}: the build is green.")));
+    let messages: Vec<NewMessage> = texts
+        .iter()
+        .enumerate()
+        .map(|(n, text)| new_message(text, 1_000 * (n as i64 + 1), None))
+        .collect();
+    store.ingest(id, messages, None).await.unwrap();
+    let search = |text: &str, mode: SearchMode| {
+        let mut query = query("main", vec![id], text);
+        query.mode = mode;
+        query
+    };
+    let found = store
+        .search(search("painting", SearchMode::Text))
+        .await
+        .unwrap();
+    assert_eq!(named(&found), ["m0"]);
+    // The background embeds within seconds; a minute is the bound of a stuck filler.
+    let first_by_meaning = |store: Arc<dyn HistoryStore>, text: &'static str, row: &'static str| async move {
+        let mut first = Vec::new();
+        for _ in 0..1_200 {
+            let hits = store
+                .search(search(text, SearchMode::Semantic))
+                .await
+                .unwrap();
+            first = named(&hits[..hits.len().min(1)]);
+            if first == [row] {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("{row} was not found first by meaning for {text:?} within a minute: {first:?}");
+    };
+    first_by_meaning(store.clone(), "after work, what helps me relax?", "m0").await;
+    assert!(endpoint.inputs() >= texts.len(), "{}", endpoint.inputs());
+    assert!(endpoint.largest_batch() <= 8);
+
+    // The endpoint fails: words still find the new row; by meaning, the endpoint is named.
+    endpoint.fail_with(Some(503));
+    store
+        .ingest(
+            id,
+            vec![new_message(
+                "The harbour ferry leaves at noon.",
+                20_000,
+                None,
+            )],
+            None,
+        )
+        .await
+        .unwrap();
+    let found = store
+        .search(search("harbour ferry", SearchMode::Text))
+        .await
+        .unwrap();
+    assert_eq!(named(&found), ["m12"]);
+    let hybrid = store
+        .search(search("harbour ferry", SearchMode::Hybrid))
+        .await
+        .unwrap();
+    assert_eq!(named(&hybrid)[0], "m12");
+    let error = store
+        .search(search("when does the ferry leave", SearchMode::Semantic))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&error, StoreError::Embedding(_))
+            && error.to_string().contains(&endpoint.base_url()),
+        "{error}"
+    );
+    // Closed while it waits; embedded after the endpoint is back.
+    drop(store);
+    endpoint.fail_with(None);
+    let store = backend.open_with(remote()).await;
+    first_by_meaning(store.clone(), "ferry leaves harbour at noon", "m12").await;
+}
+
 fn named(hits: &[SearchHit]) -> Vec<String> {
     hits.iter()
         .map(|hit| match &hit.source {

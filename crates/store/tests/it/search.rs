@@ -1,5 +1,7 @@
 //! Recall: terms, phrases, regex, time ranges, order, snippets, and scope isolation.
 
+use std::sync::Arc;
+
 use tempfile::TempDir;
 use vilvona_store::*;
 
@@ -16,6 +18,7 @@ on_both_backends!(
     cjk_words_are_found_inside_runs,
     oversize_queries_are_refused_with_one_line,
     meaning_is_found_in_other_words,
+    another_model_embeds_in_the_background,
 );
 
 struct Fixture {
@@ -563,14 +566,100 @@ async fn meaning_is_found_in_other_words(backend: &Backend) {
     hybrid.mode = SearchMode::Hybrid;
     assert_eq!(plain.search(hybrid).await.unwrap().len(), 1);
     drop(plain);
-    // With the model again: the index is rebuilt with vectors, and meaning is found again.
+    // With the model again: the index is rebuilt, its vectors are made in the background,
+    // and meaning is found again.
     let embedding = backend.open().await;
-    embedding.index_doc_count().await.unwrap();
     semantic.text = "What do I do to unwind?".to_owned();
-    let hits = embedding.search(semantic).await.unwrap();
+    let hits = found_by_meaning(&*embedding, &semantic, "Painting watercolours").await;
     assert!(
         hits[0].snippet.starts_with("Painting watercolours"),
         "{:?}",
+        texts(&hits)
+    );
+}
+
+/// A model that embeds documents only once its gate is open (queries at once).
+#[derive(Debug)]
+struct GatedModel(Arc<std::sync::atomic::AtomicBool>);
+
+impl Embedder for GatedModel {
+    fn name(&self) -> &str {
+        "gated test model"
+    }
+
+    fn embed_texts(
+        &self,
+        texts: &[(&str, usize)],
+    ) -> Result<Vec<Vec<Vec<f32>>>, vilvona_embed::EmbedError> {
+        while !self.0.load(std::sync::atomic::Ordering::SeqCst) {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        vilvona_embed::builtin().embed_texts(texts)
+    }
+
+    fn embed_query(&self, text: &str) -> Result<Option<Vec<f32>>, vilvona_embed::EmbedError> {
+        vilvona_embed::builtin().embed_query(text)
+    }
+}
+
+/// Opening a store with another model does not wait for its vectors: words are found at
+/// once, meaning once the background has embedded every row with the new model.
+async fn another_model_embeds_in_the_background(backend: &Backend) {
+    let f = fixture(backend).await;
+    f.store
+        .ingest(
+            f.main,
+            vec![new_message(
+                "Painting watercolours in the evening helps me relax after long days.",
+                5_000,
+                None,
+            )],
+            None,
+        )
+        .await
+        .unwrap();
+    drop(f.store);
+    let gate = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // Were the vectors made while the store opens, this would never return.
+    let store = tokio::time::timeout(
+        std::time::Duration::from_secs(60),
+        backend.open_with(Some(Arc::new(GatedModel(gate.clone())))),
+    )
+    .await
+    .expect("the store opens without waiting for the new model's vectors");
+    let mut words = query("main", vec![f.main], "watercolours");
+    words.mode = SearchMode::Text;
+    assert_eq!(store.search(words).await.unwrap().len(), 1);
+    let mut meaning = query("main", vec![f.main], "What do I do to unwind?");
+    meaning.mode = SearchMode::Semantic;
+    assert!(
+        store.search(meaning.clone()).await.unwrap().is_empty(),
+        "no vectors of the new model yet"
+    );
+    gate.store(true, std::sync::atomic::Ordering::SeqCst);
+    found_by_meaning(&*store, &meaning, "Painting watercolours").await;
+}
+
+/// Searches until the first hit starts with `first` (the background makes the vectors within
+/// seconds; a minute is the bound of a stuck one).
+async fn found_by_meaning(
+    store: &dyn HistoryStore,
+    query: &SearchQuery,
+    first: &str,
+) -> Vec<SearchHit> {
+    let mut hits = Vec::new();
+    for _ in 0..1_200 {
+        hits = store.search(query.clone()).await.unwrap();
+        if hits
+            .first()
+            .is_some_and(|hit| hit.snippet.starts_with(first))
+        {
+            return hits;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    panic!(
+        "{first:?} was not found first within a minute: {:?}",
         texts(&hits)
     );
 }
