@@ -61,7 +61,7 @@ enum Failure {
 pub struct RemoteEmbedder {
     name: String,
     settings: RemoteSettings,
-    calls: Mutex<Sender<Call>>,
+    calls: Sender<Call>,
     circuit_open_until: Mutex<Option<Instant>>,
 }
 
@@ -104,7 +104,7 @@ impl RemoteEmbedder {
         Ok(RemoteEmbedder {
             name,
             settings,
-            calls: Mutex::new(calls),
+            calls,
             circuit_open_until: Mutex::new(None),
         })
     }
@@ -128,14 +128,10 @@ impl RemoteEmbedder {
                 )));
             }
             let (reply, answer) = channel();
-            let sent = self
-                .calls
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .send(Call {
-                    inputs: batch.to_vec(),
-                    reply,
-                });
+            let sent = self.calls.send(Call {
+                inputs: batch.to_vec(),
+                reply,
+            });
             let outcome = match sent {
                 Ok(()) => answer
                     .recv()

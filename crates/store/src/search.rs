@@ -242,10 +242,15 @@ fn meaning_rows(
     });
     let (through, mut rows) =
         read_index(usable, "embedding", |index| index.nearest(query, &vector));
-    let quantised = vilvona_embed::QueryVector::new(&vector);
-    let nearness = row_nearness(embedder, &quantised);
-    rows.extend(rows_after(connection, query, through, |_| true, &nearness)?);
-    rows.extend(archived_rows(connection, query, &nearness)?);
+    // Rows the index does not hold are embedded as they are read, with a local model only (a
+    // model behind an endpoint is not asked per search: they are compared once the index
+    // holds their vectors).
+    if embedder.local() {
+        let quantised = vilvona_embed::QueryVector::new(&vector);
+        let nearness = row_nearness(embedder, &quantised);
+        rows.extend(rows_after(connection, query, through, |_| true, &nearness)?);
+        rows.extend(archived_rows(connection, query, &nearness)?);
+    }
     rows.sort_by(|a, b| {
         b.1.total_cmp(&a.1)
             .then_with(|| key_of(b.0).cmp(&key_of(a.0)))
@@ -255,17 +260,13 @@ fn meaning_rows(
     Ok(rows)
 }
 
-/// How near a row read from the database (one the index does not hold) is to the query: a
-/// local model embeds it as it is read; a model behind an endpoint is not asked per search
-/// (the row is compared once the index holds its vectors).
+/// How near a row read from the database (one the index does not hold) is to the query,
+/// embedded as it is read (a local model's work: see `meaning_rows`).
 pub(crate) fn row_nearness<'a>(
     embedder: &'a dyn Embedder,
     query: &'a vilvona_embed::QueryVector,
 ) -> impl Fn(&str, &str) -> Option<f32> + 'a {
     move |text, role| {
-        if !embedder.local() {
-            return None;
-        }
         let chunks = embedder
             .embed_texts(&[(text, vilvona_embed::chunks_for(role))])
             .ok()?

@@ -285,11 +285,10 @@ impl Writer {
         if commit_due {
             self.commit_index_logged();
         }
-        let looking = Instant::now() >= self.next_index_check;
-        if let Err(error) = self.fill_vectors(looking) {
+        if let Err(error) = self.fill_vectors() {
             tracing::warn!(%error, "adding vectors to the recall index failed; it will be retried");
         }
-        if !looking {
+        if Instant::now() < self.next_index_check {
             return;
         }
         if self.sink.is_none() {
@@ -336,9 +335,9 @@ impl Writer {
         }
     }
 
-    /// Adds the vectors the filler made (when a batch is done) and, when `looking` or right
-    /// after a batch, hands it the next documents that wait for theirs.
-    fn fill_vectors(&mut self, looking: bool) -> Result<()> {
+    /// Adds the vectors the filler made (when a batch is done) and, when it is time to look
+    /// again or right after a batch, hands it the next documents that wait for theirs.
+    fn fill_vectors(&mut self) -> Result<()> {
         let (Some(filler), Some(sink)) = (self.filler.as_mut(), self.sink.as_mut()) else {
             return Ok(());
         };
@@ -361,7 +360,7 @@ impl Writer {
         let Some(filler) = self.filler.as_mut() else {
             return Ok(());
         };
-        if (looking || done.is_some()) && filler.ready() {
+        if (done.is_some() || filler.due()) && filler.ready() {
             let rows = waiting_rows(&self.connection, &self.index.current())?;
             filler.send(rows);
         }

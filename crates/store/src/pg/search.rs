@@ -348,7 +348,10 @@ async fn meaning_search(
             found.push((key_of(row), score, hit));
         }
     }
-    if query.target != SearchTarget::Summaries {
+    // Rows beyond the watermark: embedded as they are read, with a local model only (as on
+    // SQLite).
+    let local = embedder.local();
+    if local && query.target != SearchTarget::Summaries {
         let rows = client
             .rows(
                 &format!(
@@ -371,7 +374,7 @@ async fn meaning_search(
             }
         }
     }
-    if query.target != SearchTarget::Messages {
+    if local && query.target != SearchTarget::Messages {
         let rows = client
             .rows(
                 &format!(
