@@ -590,9 +590,17 @@ impl LosslessEngine {
                 .map(|(_, item)| item.tokens)
                 .sum();
             let fits = room.saturating_sub(others);
-            let plan = self
+            let mut plan = self
                 .truncated_plan(conversation, &items, &candidate, fits)
                 .await?;
+            if plan.is_none() && candidate.condensing_depth.is_none() && others > 0 {
+                // No leaf fits beside the summaries already there (a short tool call after two
+                // summaries): this run's leaf takes the whole room for now, and a later round
+                // folds every summary into one.
+                plan = self
+                    .truncated_plan(conversation, &items, &candidate, room)
+                    .await?;
+            }
             let range = candidate.range.clone();
             match self.publish(plan).await? {
                 Published::Replaced { summary, degraded } => {

@@ -367,3 +367,25 @@ proptest! {
         runtime.block_on(overflow_case(turns, writer, budget_share));
     }
 }
+
+/// A case the property found (CI, round 3): a 3,000-word request with a one-word tool result
+/// and a one-word answer after it, at the smallest budget the property allows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+async fn a_long_request_before_a_one_word_answer_still_fits() {
+    let shape = |request, results: &[usize], answer| Shape {
+        request,
+        results: results.to_vec(),
+        answer,
+    };
+    overflow_case(
+        vec![
+            shape(3_000, &[150], 1),
+            shape(900, &[], 900),
+            shape(150, &[150], 3_000),
+            shape(3_000, &[1], 1),
+        ],
+        Writer::Extractive,
+        0.0,
+    )
+    .await;
+}
