@@ -29,12 +29,25 @@ impl Scope<'_> {
         kinds: &Column<u64>,
         times: &Column<i64>,
     ) -> bool {
-        conversations
-            .first(doc)
-            .is_some_and(|value| self.conversations.binary_search(&value).is_ok())
-            && self.kind.is_none_or(|kind| kinds.first(doc) == Some(kind))
+        self.admits(
+            conversations.first(doc),
+            || kinds.first(doc),
+            || times.first(doc),
+        )
+    }
+
+    /// Whether a document of these values is in the scope (its kind and time asked for only
+    /// when the scope limits them).
+    pub(super) fn admits(
+        &self,
+        conversation: Option<u64>,
+        kind: impl FnOnce() -> Option<u64>,
+        time: impl FnOnce() -> Option<i64>,
+    ) -> bool {
+        conversation.is_some_and(|value| self.conversations.binary_search(&value).is_ok())
+            && self.kind.is_none_or(|wanted| kind() == Some(wanted))
             && (self.since_ms.is_none() && self.before_ms.is_none()
-                || times.first(doc).is_some_and(|time| {
+                || time().is_some_and(|time| {
                     self.since_ms.is_none_or(|since| time >= since)
                         && self.before_ms.is_none_or(|before| time < before)
                 }))

@@ -20,12 +20,24 @@ use vilvona_embed::{QueryVector, Vectors};
 use super::top::{Scope, Top};
 
 /// One segment's vectors, laid out in document order in one buffer (a search reads them
-/// front to back).
+/// front to back), with the fast-field values a scope is checked by.
 pub(super) struct SegmentVectors {
     bytes: Vec<u8>,
     /// Per document, where its vectors end in `bytes` (they start where the previous
     /// document's end).
     ends: Vec<u32>,
+    /// Per document, its key and what a scope checks (read from the columns once: a search
+    /// checks every document).
+    facts: Vec<Facts>,
+}
+
+/// A document's fast-field values.
+#[derive(Clone, Copy)]
+struct Facts {
+    key: Option<u64>,
+    conversation: Option<u64>,
+    kind: Option<u64>,
+    time: Option<i64>,
 }
 
 impl SegmentVectors {
@@ -68,9 +80,19 @@ impl VectorCache {
         while values.advance() {
             by_ord.push(values.key().into());
         }
+        let fast = segment.fast_fields();
+        let (keys, conversations) = (fast.u64("key")?, fast.u64("conversation")?);
+        let (kinds, times) = (fast.u64("kind")?, fast.i64("time")?);
         let mut bytes = Vec::new();
         let mut ends = Vec::with_capacity(segment.max_doc() as usize);
+        let mut facts = Vec::with_capacity(segment.max_doc() as usize);
         for doc in 0..segment.max_doc() {
+            facts.push(Facts {
+                key: keys.first(doc),
+                conversation: conversations.first(doc),
+                kind: kinds.first(doc),
+                time: times.first(doc),
+            });
             if let Some(value) = column
                 .ords()
                 .first(doc)
@@ -80,7 +102,7 @@ impl VectorCache {
             }
             ends.push(u32::try_from(bytes.len()).unwrap_or(u32::MAX));
         }
-        let read = Arc::new(SegmentVectors { bytes, ends });
+        let read = Arc::new(SegmentVectors { bytes, ends, facts });
         self.0
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -103,7 +125,7 @@ impl VectorCache {
 }
 
 /// Documents compared in one piece of work (pieces run across the cores).
-const DOCS_PER_PIECE: u32 = 4_096;
+const DOCS_PER_PIECE: u32 = 1_024;
 
 /// The `limit` documents in `scope` whose best chunk is nearest `query` (normalised), as
 /// `(cosine similarity, key)`, best first; equal scores: the newest row first. The segments'
@@ -136,7 +158,7 @@ pub(super) fn nearest(
         .into_par_iter()
         .map(|(segment, vectors, docs)| {
             // Contained here too: a damaged file may panic in any thread that reads it.
-            super::contained(|| compare(segment, &vectors, docs, &query, scope, limit))
+            super::contained(|| Ok(compare(segment, &vectors, docs, &query, scope, limit)))
         })
         .collect::<crate::error::Result<Vec<Top>>>()?;
     let mut best = Top::new(limit);
@@ -154,25 +176,23 @@ fn compare(
     query: &QueryVector,
     scope: &Scope,
     limit: usize,
-) -> crate::error::Result<Top> {
-    let fast = segment.fast_fields();
-    let (keys, conversations) = (fast.u64("key")?, fast.u64("conversation")?);
-    let (kinds, times) = (fast.u64("kind")?, fast.i64("time")?);
+) -> Top {
     let alive = segment.alive_bitset();
     let mut top = Top::new(limit);
     for doc in docs {
+        let facts = vectors.facts[doc as usize];
         if !alive.is_none_or(|alive| alive.is_alive(doc))
-            || !scope.holds(doc, &conversations, &kinds, &times)
+            || !scope.admits(facts.conversation, || facts.kind, || facts.time)
         {
             continue;
         }
         if let Some(similarity) = Vectors::best_similarity(vectors.of(doc), query)
-            && let Some(key) = keys.first(doc)
+            && let Some(key) = facts.key
         {
             top.offer(similarity, key);
         }
     }
-    Ok(top)
+    top
 }
 
 /// Up to `limit` keys of live documents with no vectors (waiting for a model behind an
