@@ -189,6 +189,9 @@ pub trait HistoryStore: Send + Sync + std::fmt::Debug {
 
     /// Documents the recall index serves.
     async fn index_doc_count(&self) -> Result<u64>;
+    /// Documents the recall index serves without their vectors yet (the background makes
+    /// them; see `index::filler`); 0 when the index does not embed.
+    async fn documents_waiting_for_vectors(&self) -> Result<u64>;
     /// Rebuilds the recall index from the source of truth; returns the documents indexed.
     async fn rebuild_index(&self) -> Result<u64>;
     /// Bytes the store occupies on disk.
@@ -915,6 +918,18 @@ impl HistoryStore for Store {
 
     async fn index_doc_count(&self) -> Result<u64> {
         Store::index_doc_count(self).await
+    }
+
+    async fn documents_waiting_for_vectors(&self) -> Result<u64> {
+        self.flush_index().await?;
+        match &self.inner.index {
+            Some(slot) => {
+                let index = slot.current();
+                index.refresh()?;
+                Ok(index.waiting_for_vectors(usize::MAX)?.len() as u64)
+            }
+            None => Ok(0),
+        }
     }
 
     fn embedder(&self) -> Option<Arc<dyn Embedder>> {

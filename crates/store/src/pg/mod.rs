@@ -1814,6 +1814,17 @@ impl HistoryStore for PgStore {
         }
     }
 
+    async fn documents_waiting_for_vectors(&self) -> Result<u64> {
+        self.follow().await?;
+        match self.follower() {
+            Some(follower) => {
+                follower.index().refresh()?;
+                Ok(follower.index().waiting_for_vectors(usize::MAX)?.len() as u64)
+            }
+            None => Ok(0),
+        }
+    }
+
     async fn rebuild_index(&self) -> Result<u64> {
         self.writable()?;
         let follower = self.follower().ok_or(StoreError::NotOnPostgres(

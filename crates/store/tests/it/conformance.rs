@@ -733,11 +733,13 @@ async fn a_model_behind_an_endpoint_embeds_in_the_background(backend: &Backend) 
             && error.to_string().contains(&endpoint.base_url()),
         "{error}"
     );
+    assert_eq!(store.documents_waiting_for_vectors().await.unwrap(), 1);
     // Closed while it waits; embedded after the endpoint is back.
     drop(store);
     endpoint.fail_with(None);
     let store = backend.open_with(remote()).await;
     first_by_meaning(store.clone(), "ferry leaves harbour at noon", "m12").await;
+    assert_eq!(store.documents_waiting_for_vectors().await.unwrap(), 0);
 }
 
 fn named(hits: &[SearchHit]) -> Vec<String> {
