@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Instruction counts per call of ingest, compaction, assemble at 128k and grep, at T = 1,000,
+# Instruction counts per call of ingest, compaction, assemble at 128k and grep (by words, by
+# meaning and both: grep-semantic, grep-hybrid; every thread's instructions), at T = 1,000,
 # under callgrind: figures that do not drift with a shared machine's speed.
 #
 #   bash benches/instructions.sh TRANSCRIPT NEEDLES [WORKLOAD]

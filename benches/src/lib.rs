@@ -628,6 +628,7 @@ pub async fn run(options: &RunOptions) -> Result<Figures> {
         let mut timed = Vec::with_capacity(needles.len() * GREP_ROUNDS);
         for needle in &needles {
             for _ in 0..GREP_ROUNDS {
+                counting.start();
                 let begin = Instant::now();
                 engine
                     .call_tool(
@@ -637,8 +638,10 @@ pub async fn run(options: &RunOptions) -> Result<Figures> {
                     )
                     .await?;
                 timed.push(begin.elapsed());
+                counting.stop();
             }
         }
+        counting.dump(&format!("grep-{mode}"), timed.len());
         by_mode.push(Some(spread(&timed)));
     }
     let (grep_semantic, grep_hybrid) = (by_mode[0], by_mode[1]);

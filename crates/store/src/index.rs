@@ -1156,6 +1156,112 @@ mod tests {
         index
     }
 
+    /// The nearest documents, compared in pieces across the cores (several segments, several
+    /// pieces each, a deleted document, a scope of one conversation, messages only, a time
+    /// range), are the ones a plain walk over every document finds, with the same
+    /// similarities.
+    #[test]
+    fn the_nearest_in_pieces_are_the_nearest_of_all() {
+        const SUBJECTS: [&str; 8] = [
+            "the harbour ferry",
+            "my sister",
+            "the database migration",
+            "painting at night",
+            "the staging cluster",
+            "our team lunch",
+            "a flaky test",
+            "the quarterly report",
+        ];
+        const VERBS: [&str; 6] = [
+            "leaves at noon",
+            "was rescheduled",
+            "helps me relax",
+            "failed again",
+            "needs a review",
+            "moved to Friday",
+        ];
+        let dir = tempfile::tempdir().unwrap();
+        let embedder: Arc<dyn Embedder> = vilvona_embed::builtin();
+        let (index, _) =
+            RecallIndex::open(&dir.path().join("index"), Some(embedder.clone())).unwrap();
+        let mut sink = index.try_writer().unwrap().unwrap();
+        let docs: Vec<(IndexedRow, i64, i64, String)> = (0..3_000_i64)
+            .map(|id| {
+                let row = if id % 5 == 4 {
+                    IndexedRow::Summary(id + 1)
+                } else {
+                    IndexedRow::Message(id + 1)
+                };
+                let (a, b) = (
+                    id as usize * 7 % SUBJECTS.len(),
+                    id as usize * 11 % VERBS.len(),
+                );
+                let text = format!("Note {id}: {} {}.", SUBJECTS[a], VERBS[b]);
+                (row, id % 3, id * 1_000, text)
+            })
+            .collect();
+        for (at, (row, conversation, time_ms, text)) in docs.iter().enumerate() {
+            sink.add(IndexDoc {
+                row: *row,
+                conversation: *conversation,
+                agent: "main",
+                role: "user",
+                time_ms: *time_ms,
+                text,
+            })
+            .unwrap();
+            if at == 1_700 {
+                sink.commit().unwrap();
+            }
+        }
+        let deleted = IndexedRow::Message(1_201);
+        sink.remove(deleted);
+        sink.commit().unwrap();
+        index.reload().unwrap();
+
+        let question = "when does the ferry leave the harbour?";
+        let vector = embedder.embed_query(question).unwrap().unwrap();
+        let query = SearchQuery {
+            agent_id: "main".to_owned(),
+            conversations: vec![ConversationId(1)],
+            text: question.to_owned(),
+            mode: SearchMode::Semantic,
+            target: SearchTarget::Messages,
+            since_ms: Some(200_000),
+            before_ms: Some(2_900_000),
+            limit: 25,
+            order: SearchOrder::Relevance,
+        };
+        let found = index.nearest(&query, &vector).unwrap();
+        let quantised = vilvona_embed::QueryVector::new(&vector);
+        let mut all: Vec<(f32, u64)> = docs
+            .iter()
+            .filter(|(row, conversation, time_ms, _)| {
+                matches!(row, IndexedRow::Message(_))
+                    && *row != deleted
+                    && *conversation == 1
+                    && (200_000..2_900_000).contains(time_ms)
+            })
+            .map(|(row, _, _, text)| {
+                let chunks = embedder
+                    .embed_texts(&[(text, vilvona_embed::chunks_for("user"))])
+                    .unwrap()
+                    .remove(0);
+                (
+                    vilvona_embed::nearness(&chunks, &quantised).unwrap(),
+                    key_of(*row),
+                )
+            })
+            .collect();
+        all.sort_by(|a, b| b.0.total_cmp(&a.0).then(b.1.cmp(&a.1)));
+        let expected: Vec<(IndexedRow, f32)> = all
+            .into_iter()
+            .take(query.limit)
+            .map(|(similarity, key)| (row_of(key), similarity))
+            .collect();
+        assert_eq!(found, expected);
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
 

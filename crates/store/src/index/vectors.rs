@@ -2,13 +2,14 @@
 //! vectors (a bytes fast field: each document's chunk vectors, see `vilvona_embed::Vectors`).
 //!
 //! A segment's vectors are read once into memory, in document order (segments never change),
-//! and kept while the segment is searched. Comparing a 128-dimension query with a chunk is
-//! about 50 ns on one core (four bits a dimension, whole-number arithmetic the compiler
-//! vectorises), and pieces of 4,096 documents are compared across the cores: a scope of 5,000
-//! turns (27,000 documents, 78,000 chunks) takes about 1.5 ms on two cores, and the cost grows
-//! with the scope. Past that, an approximate nearest-neighbour index (HNSW, e.g. the `hnsw_rs`
-//! or `instant-distance` crates) over the chunks would answer in well under a millisecond;
-//! nothing here has one yet.
+//! with each document's key and scope values, and kept while the segment is searched.
+//! Comparing a 128-dimension query with a chunk is about 30 ns on one core (four bits a
+//! dimension, whole numbers in 16-bit lanes the compiler vectorises), and pieces of 1,024
+//! documents are compared across the cores. The work grows with the scope: a scope of 5,000
+//! turns (27,000 documents, 78,000 chunks) is about 2.3 ms of one core's time (callgrind
+//! counts are in BENCHMARKS.md). Past a few times that, an approximate nearest-neighbour index
+//! (HNSW, e.g. the `hnsw_rs` or `instant-distance` crates) over the chunks would answer in
+//! well under a millisecond; nothing here has one yet.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -154,31 +155,43 @@ pub(super) fn nearest(
             start = end;
         }
     }
-    let tops = pieces
+    // One top per run of pieces a core takes (not one per piece: a fresh top takes nearly
+    // every document it is offered until it is full).
+    let best = pieces
         .into_par_iter()
-        .map(|(segment, vectors, docs)| {
-            // Contained here too: a damaged file may panic in any thread that reads it.
-            super::contained(|| Ok(compare(segment, &vectors, docs, &query, scope, limit)))
-        })
-        .collect::<crate::error::Result<Vec<Top>>>()?;
-    let mut best = Top::new(limit);
-    for (similarity, key) in tops.into_iter().flat_map(Top::into_best) {
-        best.offer(similarity, key);
-    }
+        .try_fold(
+            || Top::new(limit),
+            |mut top, (segment, vectors, docs)| {
+                // Contained here too: a panic in a worker thread is quieted only inside.
+                super::contained(|| {
+                    compare(segment, &vectors, docs, &query, scope, &mut top);
+                    Ok(())
+                })?;
+                Ok::<Top, crate::error::StoreError>(top)
+            },
+        )
+        .try_reduce(
+            || Top::new(limit),
+            |mut best, other| {
+                for (similarity, key) in other.into_best() {
+                    best.offer(similarity, key);
+                }
+                Ok(best)
+            },
+        )?;
     Ok(best.into_best())
 }
 
-/// The best `limit` of a segment's documents `docs` in `scope`.
+/// Offers `top` the segment's documents `docs` that are in `scope`.
 fn compare(
     segment: &tantivy::SegmentReader,
     vectors: &SegmentVectors,
     docs: std::ops::Range<tantivy::DocId>,
     query: &QueryVector,
     scope: &Scope,
-    limit: usize,
-) -> Top {
+    top: &mut Top,
+) {
     let alive = segment.alive_bitset();
-    let mut top = Top::new(limit);
     for doc in docs {
         let facts = vectors.facts[doc as usize];
         if !alive.is_none_or(|alive| alive.is_alive(doc))
@@ -192,7 +205,6 @@ fn compare(
             top.offer(similarity, key);
         }
     }
-    top
 }
 
 /// Up to `limit` keys of live documents with no vectors (waiting for a model behind an
