@@ -155,43 +155,31 @@ pub(super) fn nearest(
             start = end;
         }
     }
-    // One top per run of pieces a core takes (not one per piece: a fresh top takes nearly
-    // every document it is offered until it is full).
-    let best = pieces
+    let tops = pieces
         .into_par_iter()
-        .try_fold(
-            || Top::new(limit),
-            |mut top, (segment, vectors, docs)| {
-                // Contained here too: a panic in a worker thread is quieted only inside.
-                super::contained(|| {
-                    compare(segment, &vectors, docs, &query, scope, &mut top);
-                    Ok(())
-                })?;
-                Ok::<Top, crate::error::StoreError>(top)
-            },
-        )
-        .try_reduce(
-            || Top::new(limit),
-            |mut best, other| {
-                for (similarity, key) in other.into_best() {
-                    best.offer(similarity, key);
-                }
-                Ok(best)
-            },
-        )?;
+        .map(|(segment, vectors, docs)| {
+            // Contained here too: a panic in a worker thread is quieted only inside.
+            super::contained(|| Ok(compare(segment, &vectors, docs, &query, scope, limit)))
+        })
+        .collect::<crate::error::Result<Vec<Top>>>()?;
+    let mut best = Top::new(limit);
+    for (similarity, key) in tops.into_iter().flat_map(Top::into_best) {
+        best.offer(similarity, key);
+    }
     Ok(best.into_best())
 }
 
-/// Offers `top` the segment's documents `docs` that are in `scope`.
+/// The best `limit` of a segment's documents `docs` in `scope`.
 fn compare(
     segment: &tantivy::SegmentReader,
     vectors: &SegmentVectors,
     docs: std::ops::Range<tantivy::DocId>,
     query: &QueryVector,
     scope: &Scope,
-    top: &mut Top,
-) {
+    limit: usize,
+) -> Top {
     let alive = segment.alive_bitset();
+    let mut top = Top::new(limit);
     for doc in docs {
         let facts = vectors.facts[doc as usize];
         if !alive.is_none_or(|alive| alive.is_alive(doc))
@@ -205,6 +193,7 @@ fn compare(
             top.offer(similarity, key);
         }
     }
+    top
 }
 
 /// Up to `limit` keys of live documents with no vectors (waiting for a model behind an
