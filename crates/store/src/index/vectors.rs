@@ -207,6 +207,13 @@ pub(super) fn waiting(
     for segment in searcher.segment_readers() {
         let fast = segment.fast_fields();
         let (key_column, vectors) = (fast.u64("key")?, fast.bytes(field)?);
+        // Every document of the segment has vectors (or the mark that it has none to have):
+        // nothing to look at (the common case, looked for once a second).
+        if vectors.as_ref().is_some_and(|column| {
+            column.ords().get_cardinality() == tantivy::columnar::Cardinality::Full
+        }) {
+            continue;
+        }
         let alive = segment.alive_bitset();
         for doc in 0..segment.max_doc() {
             if keys.len() >= limit {
