@@ -405,32 +405,33 @@ impl Vectors {
     /// chunks of the query's dimensions.
     pub fn best_similarity(bytes: &[u8], query: &QueryVector) -> Option<f32> {
         let pairs = query.even.len();
-        let stride = 4 + pairs;
-        if bytes.is_empty() || !bytes.len().is_multiple_of(stride) {
-            return None;
+        let mut best: Option<f32> = None;
+        // Chunk by chunk, not `chunks_exact`: its remainder costs a division per document.
+        let mut rest = bytes;
+        while let Some((chunk, after)) = rest.split_at_checked(4 + pairs) {
+            rest = after;
+            let scale = f32::from_le_bytes([chunk[0], chunk[1], chunk[2], chunk[3]]);
+            let values = &chunk[4..];
+            let (blocks, tail) = values.as_chunks::<BLOCK>();
+            let (even_blocks, even_tail) = query.even.as_chunks::<BLOCK>();
+            let (high_blocks, _) = query.high.as_chunks::<BLOCK>();
+            let mut dot: i32 = blocks
+                .iter()
+                .zip(even_blocks)
+                .zip(high_blocks)
+                .map(|((values, even), high)| block_dot(values, even, high))
+                .sum();
+            let odd_tail = &query.odd[pairs - tail.len()..];
+            for ((value, even), odd) in tail.iter().zip(even_tail).zip(odd_tail) {
+                let pair = i32::from(*value);
+                dot += (pair & 0x0F) * i32::from(*even) + (pair >> 4) * i32::from(*odd);
+            }
+            // Σ (stored − 8) × q is Σ stored × q − 8 × Σ q.
+            let similarity = (dot - OFFSET as i32 * query.sum) as f32 * scale * query.scale;
+            best = Some(best.map_or(similarity, |best| best.max(similarity)));
         }
-        bytes
-            .chunks_exact(stride)
-            .map(|chunk| {
-                let scale = f32::from_le_bytes([chunk[0], chunk[1], chunk[2], chunk[3]]);
-                let values = &chunk[4..][..pairs];
-                // Σ (stored − 8) × q is Σ stored × q − 8 × Σ q.
-                let (blocks, rest) = values.as_chunks::<BLOCK>();
-                let (even_blocks, even_rest) = query.even[..pairs].as_chunks::<BLOCK>();
-                let (odd_blocks, odd_rest) = query.odd[..pairs].as_chunks::<BLOCK>();
-                let mut dot: i32 = blocks
-                    .iter()
-                    .zip(even_blocks)
-                    .zip(odd_blocks)
-                    .map(|((values, even), odd)| block_dot(values, even, odd))
-                    .sum();
-                for ((value, even), odd) in rest.iter().zip(even_rest).zip(odd_rest) {
-                    let pair = i16::from(*value);
-                    dot += i32::from((pair & 0x0F) * even + (pair >> 4) * odd);
-                }
-                (dot - OFFSET as i32 * query.sum) as f32 * scale * query.scale
-            })
-            .reduce(f32::max)
+        // A value that is not whole chunks of the query's size is not compared.
+        if rest.is_empty() { best } else { None }
     }
 }
 
@@ -438,22 +439,28 @@ impl Vectors {
 /// 128 dimensions are one).
 const BLOCK: usize = 64;
 
-/// `Σ stored × q` over a block of stored bytes (two dimensions each) and the query's even and
-/// odd values. Whole numbers in 16-bit lanes: a stored value is at most 15 and a query's at
-/// most 127 in size, so a pair's products are under 3,810 and a lane's eight sums under
+/// `Σ stored × q` over a block of stored bytes (two dimensions each), from the query's even
+/// values and its `high` ones (see [`QueryVector`]): a byte `b` holding `lo + 16 × hi`
+/// contributes `lo × even + hi × odd`, which is `b × even + hi × (odd − 16 × even)` — the
+/// whole byte and its high half, no masking of the low one. Whole numbers in 16-bit lanes,
+/// wrapping: the two products can each be up to 32,385 in size, but their sum is a pair's
+/// true `lo × even + hi × odd`, under 3,810 in size (a stored value is at most 15, a query's
+/// at most 127), so arithmetic modulo 2¹⁶ gives it exactly, and a lane's eight sums stay under
 /// 32,768. Arrays of one known length, and eight lanes summed apart, let the compiler make
-/// this a vector loop of eight 16-bit lanes (a single sum in 32 bits had it use four).
+/// this a vector loop of eight 16-bit lanes.
 #[inline(always)]
-fn block_dot(values: &[u8; BLOCK], even: &[i16; BLOCK], odd: &[i16; BLOCK]) -> i32 {
+fn block_dot(values: &[u8; BLOCK], even: &[i16; BLOCK], high: &[i16; BLOCK]) -> i32 {
     let mut products = [0_i16; BLOCK];
     for i in 0..BLOCK {
-        let pair = i16::from(values[i]);
-        products[i] = (pair & 0x0F) * even[i] + (pair >> 4) * odd[i];
+        let byte = i16::from(values[i]);
+        products[i] = byte
+            .wrapping_mul(even[i])
+            .wrapping_add((byte >> 4).wrapping_mul(high[i]));
     }
     let mut lanes = [0_i16; 8];
     for block in 0..BLOCK / 8 {
         for lane in 0..8 {
-            lanes[lane] += products[block * 8 + lane];
+            lanes[lane] = lanes[lane].wrapping_add(products[block * 8 + lane]);
         }
     }
     lanes.iter().map(|lane| i32::from(*lane)).sum()
@@ -465,6 +472,9 @@ pub struct QueryVector {
     /// The even dimensions' values and the odd ones' (as stored vectors pair them).
     even: Vec<i16>,
     odd: Vec<i16>,
+    /// Per pair, `odd − 16 × even` (what a stored byte's high half is multiplied by when the
+    /// whole byte is multiplied by the even value: see `block_dot`).
+    high: Vec<i16>,
     scale: f32,
     /// The values' sum.
     sum: i32,
@@ -480,13 +490,19 @@ impl QueryVector {
             .map(|x| (x / scale).round().clamp(-127.0, 127.0) as i16)
             .collect();
         let sum = values.iter().map(|value| i32::from(*value)).sum();
-        let (even, odd) = values
+        let (even, odd): (Vec<i16>, Vec<i16>) = values
             .chunks_exact(2)
             .map(|pair| (pair[0], pair[1]))
             .unzip();
+        let high = even
+            .iter()
+            .zip(&odd)
+            .map(|(even, odd)| odd - 16 * even)
+            .collect();
         QueryVector {
             even,
             odd,
+            high,
             scale,
             sum,
         }

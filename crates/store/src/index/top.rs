@@ -120,7 +120,7 @@ impl Top {
 
     /// Scores the query need not offer any more. The scorer offers only scores above it, and a
     /// score equal to the worst held one may still win on its key: just below that score.
-    fn threshold(&self) -> Score {
+    pub(super) fn threshold(&self) -> Score {
         match self.best.last() {
             Some(worst) if self.best.len() == self.limit => worst.0.next_down(),
             _ => Score::MIN,
