@@ -777,6 +777,10 @@ impl HistoryStore for Store {
         let index = self.inner.index.as_ref().map(|slot| slot.current());
         let embedder = self.inner.embedder.clone();
         self.read(move |connection| {
+            // One read transaction: one snapshot for the hits and the summaries covering them,
+            // and the database's shared memory locked once, not once per statement (a search
+            // runs a few dozen).
+            let _snapshot = connection.unchecked_transaction()?;
             search::run(connection, index.as_deref(), embedder.as_deref(), &query)
         })
         .await

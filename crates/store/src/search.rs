@@ -162,8 +162,10 @@ fn hits_of(
             IndexedRow::Message(id) => match read::message(connection, MessageId(id))? {
                 Some(message) => {
                     // The index matched: the snippet comes from where the words are.
-                    let (snippet, file) = message_match(connection, &message, marks, &mut budget)?
-                        .unwrap_or_else(|| (snippet(&message.text(), marks), None));
+                    let text = message.text();
+                    let (snippet, file) =
+                        message_match(connection, &message, &text, marks, &mut budget)?
+                            .unwrap_or_else(|| (snippet(&text, marks), None));
                     Some(message_hit(message, score, snippet, file))
                 }
                 None => None,
@@ -533,18 +535,18 @@ pub(crate) fn summary_hit(summary: StoredSummary, score: f32, marks: Marks) -> S
     }
 }
 
-/// Where `pattern` matches a message: a snippet of its own text, else of the first blob it
-/// references that matches (named as the file) while `budget` (bytes of blob text read by
-/// this search) lasts. `None` when it matches neither.
+/// Where `pattern` matches a message: a snippet of its own text (`text`), else of the first
+/// blob it references that matches (named as the file) while `budget` (bytes of blob text
+/// read by this search) lasts. `None` when it matches neither.
 fn message_match(
     connection: &Connection,
     message: &StoredMessage,
+    text: &str,
     marks: Marks,
     budget: &mut usize,
 ) -> Result<Option<(String, Option<String>)>> {
-    let text = message.text();
-    if marks.is_match(&text) {
-        return Ok(Some((snippet(&text, marks), None)));
+    if marks.is_match(text) {
+        return Ok(Some((snippet(text, marks), None)));
     }
     if !message.json.contains(BLOB_ID_KEY) {
         return Ok(None);
@@ -610,8 +612,10 @@ fn regex_search(connection: &Connection, query: &SearchQuery) -> Result<Vec<Sear
         if want_messages {
             // Rows on damaged pages are skipped (and counted in the log), as text search does.
             read::for_each_message_in(connection, *conversation, query, |message| {
+                let text = message.text();
+                let marks = Marks::Pattern(&pattern);
                 if let Some((snippet, file)) =
-                    message_match(connection, &message, Marks::Pattern(&pattern), &mut budget)?
+                    message_match(connection, &message, &text, marks, &mut budget)?
                 {
                     hits.push(message_hit(message, 0.0, snippet, file));
                 }
