@@ -12,9 +12,9 @@
 //! exactly (the first 32 or 64 dimensions, or one bit a dimension) kept only 61–90 % of the
 //! best 60 even when it passed on 20 times as many (BENCHMARKS.md). The work grows with the
 //! scope: a scope of 5,000 turns (27,000 documents, 78,000 chunks) is about 2 ms of one
-//! core's time (callgrind counts are in BENCHMARKS.md). Past a few times that, an approximate nearest-neighbour index
-//! (HNSW, e.g. the `hnsw_rs` or `instant-distance` crates) over the chunks would answer in
-//! well under a millisecond; nothing here has one yet.
+//! core's time (callgrind counts are in BENCHMARKS.md). Past a few times that, an approximate
+//! nearest-neighbour index over the chunks (HNSW, e.g. the `hnsw_rs` or `instant-distance`
+//! crates) would answer sooner, at the price of which rows are returned; nothing here has one.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
