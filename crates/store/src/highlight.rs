@@ -94,11 +94,6 @@ impl<'a> Marks<'a> {
             }),
         }
     }
-
-    /// Whether anything in `text` is marked.
-    pub(crate) fn is_match(self, text: &str) -> bool {
-        self.find_iter(text).next().is_some()
-    }
 }
 
 /// The query's words in a text, found in one pass over its runs.
@@ -178,7 +173,20 @@ fn best_window_start(text: &str, marks: Marks) -> Option<usize> {
 /// An excerpt around the densest cluster of marks, with marks wrapped in `«` `»` and
 /// whitespace folded.
 pub(crate) fn snippet(text: &str, marks: Marks) -> String {
-    let start = best_window_start(text, marks).map_or(0, |found| {
+    excerpt(text, marks, best_window_start(text, marks))
+}
+
+/// [`snippet`] when the text holds a mark, else `None`: one pass over the text says both (a
+/// check for a match first, then the snippet's own pass, read a long text twice).
+pub(crate) fn snippet_of_match(text: &str, marks: Marks) -> Option<String> {
+    let found = best_window_start(text, marks)?;
+    Some(excerpt(text, marks, Some(found)))
+}
+
+/// The excerpt of [`snippet`], its window starting a little before `found` (at the text's
+/// start when there is none).
+fn excerpt(text: &str, marks: Marks, found: Option<usize>) -> String {
+    let start = found.map_or(0, |found| {
         floor_boundary(text, found.saturating_sub(SNIPPET_LEAD))
     });
     let end = floor_boundary(text, start + SNIPPET_BYTES);

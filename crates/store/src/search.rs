@@ -6,7 +6,7 @@ use rusqlite::Connection;
 
 use crate::blobs::{self, BLOB_ID_KEY};
 use crate::error::{Result, StoreError};
-use crate::highlight::{Marks, QueryWords, snippet};
+use crate::highlight::{Marks, QueryWords, snippet, snippet_of_match};
 use crate::index::{IndexRow, IndexedRow, RecallIndex, Watermark, key_of};
 use crate::tokenize::{Terms, Word, words};
 use crate::types::*;
@@ -545,8 +545,8 @@ fn message_match(
     marks: Marks,
     budget: &mut usize,
 ) -> Result<Option<(String, Option<String>)>> {
-    if marks.is_match(text) {
-        return Ok(Some((snippet(text, marks), None)));
+    if let Some(snippet) = snippet_of_match(text, marks) {
+        return Ok(Some((snippet, None)));
     }
     if !message.json.contains(BLOB_ID_KEY) {
         return Ok(None);
@@ -563,8 +563,8 @@ fn message_match(
             continue;
         };
         *budget = budget.saturating_sub(content.len());
-        if marks.is_match(&content) {
-            return Ok(Some((snippet(&content, marks), Some(blob))));
+        if let Some(snippet) = snippet_of_match(&content, marks) {
+            return Ok(Some((snippet, Some(blob))));
         }
     }
     Ok(None)

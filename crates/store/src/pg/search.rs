@@ -13,7 +13,7 @@ use super::{MESSAGE_COLUMNS, SUMMARY_COLUMNS, at, message_row, summary_row, top_
 use crate::blobs::{BLOB_ID_KEY, INDEXED_BLOB_BYTES};
 use crate::error::Result;
 use crate::error::StoreError;
-use crate::highlight::{Marks, QueryWords, snippet};
+use crate::highlight::{Marks, QueryWords, snippet, snippet_of_match};
 use crate::index::{IndexedRow, Watermark, key_of};
 use crate::search::{
     REGEX_BLOB_BYTES, check_bounds, fuse_hits, match_share, message_hit, query_regex, row_nearness,
@@ -168,16 +168,17 @@ async fn word_search(
             IndexedRow::Message(id) => match super::message(client, MessageId(id)).await? {
                 Some(message) => {
                     let text = message.text();
-                    let (snippet_text, file) = if marks.is_match(&text) {
-                        (text, None)
-                    } else {
-                        match blob_match(client, &message, query, &query_words, &mut budget).await?
-                        {
-                            (Some(_), content, file) => (content, file),
-                            (None, _, _) => (text, None),
+                    let (snippet, file) = match snippet_of_match(&text, marks) {
+                        Some(snippet) => (snippet, None),
+                        None => {
+                            match blob_match(client, &message, query, &query_words, &mut budget)
+                                .await?
+                            {
+                                (Some(_), content, file) => (snippet(&content, marks), file),
+                                (None, _, _) => (snippet(&text, marks), None),
+                            }
                         }
                     };
-                    let snippet = snippet(&snippet_text, marks);
                     Some(message_hit(message, score, snippet, file))
                 }
                 None => None,
