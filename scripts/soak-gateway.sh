@@ -2,6 +2,16 @@
 # The gateway soak: one long session through a real OpenClaw gateway, as a user runs it.
 #
 #   scripts/soak-gateway.sh [--engine vilvona|legacy] [--window TOKENS] [--turns N] [--out DIR]
+#       [--shape chars4|tokenizer|no-usage] [--summarizer extractive|host] [--slow-summarizer MS]
+#       [--sessions N] [--kills N]
+#
+# One cell of the soak matrix (.ci/run runs several): the provider's shape (`chars4`: counts
+# characters/4 of the messages and reports usage; `tokenizer`: ~3.3 characters a token over the
+# messages and the tool schemas, the window holding the prompt plus max_tokens; `no-usage`:
+# reports no usage), vilvona's summarizer (`host`: OpenClaw's model, through the plugin), a
+# summarizer model that takes MS to answer (the next turn then arrives while OpenClaw's
+# background maintenance runs), N sessions at once, and N SIGKILLs of the `vilvona` child
+# during the session (in flight and between turns).
 #
 # `openclaw gateway run` serves the scripted session of bindings/openclaw/test/soak-session.mjs
 # through its OpenAI-compatible endpoint (one session, one request at a time), with OpenClaw's
@@ -10,8 +20,10 @@
 # request. vilvona is installed exactly as the README's "Use with OpenClaw" block says; `legacy`
 # is OpenClaw's built-in engine, for comparison.
 #
-# Checks: every turn succeeds, the prompt was compacted at least once, and every planted fact is
-# answered at the end (from the context or from the recall tool). Writes to DIR (default: a
+# Checks: every turn succeeds (with --kills, at most one failed turn a kill), the prompt was
+# compacted at least once, every planted fact is answered at the end (from the context or from
+# the recall tool), the gateway log says "quarantining" nowhere, the gateway is still up at the
+# end, and (vilvona) every turn the gateway answered is in the store. Writes to DIR (default: a
 # temporary directory): results.jsonl (a line per turn), mock.jsonl (every model request) and
 # figures.json (turns, wall per turn, compactions, prompt tokens, prompt-cache economics).
 set -euo pipefail
@@ -22,17 +34,39 @@ ENGINE=vilvona
 WINDOW=32000
 TURNS=60
 OUT=""
+SHAPE=chars4
+SUMMARIZER=extractive
+SLOW_SUMMARIZER=0
+SESSIONS=1
+KILLS=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --engine) ENGINE="$2"; shift 2 ;;
     --window) WINDOW="$2"; shift 2 ;;
     --turns) TURNS="$2"; shift 2 ;;
     --out) OUT="$2"; shift 2 ;;
-    *) echo "usage: $0 [--engine vilvona|legacy] [--window TOKENS] [--turns N] [--out DIR]" >&2; exit 2 ;;
+    --shape) SHAPE="$2"; shift 2 ;;
+    --summarizer) SUMMARIZER="$2"; shift 2 ;;
+    --slow-summarizer) SLOW_SUMMARIZER="$2"; shift 2 ;;
+    --sessions) SESSIONS="$2"; shift 2 ;;
+    --kills) KILLS="$2"; shift 2 ;;
+    *) echo "usage: $0 [--engine vilvona|legacy] [--window TOKENS] [--turns N] [--out DIR] [--shape chars4|tokenizer|no-usage] [--summarizer extractive|host] [--slow-summarizer MS] [--sessions N] [--kills N]" >&2; exit 2 ;;
   esac
 done
 case "$ENGINE" in vilvona | legacy) ;; *) echo "$0: --engine is vilvona or legacy" >&2; exit 2 ;; esac
-NAME="soak-gateway[$ENGINE, $WINDOW, $TURNS turns]"
+case "$SHAPE" in
+  chars4) ;;
+  tokenizer) export MOCK_CHARS_PER_TOKEN=3.3 MOCK_COUNT_TOOLS=1 MOCK_MAX_TOKENS=1 ;;
+  no-usage) export MOCK_USAGE=0 ;;
+  *) echo "$0: --shape is chars4, tokenizer or no-usage" >&2; exit 2 ;;
+esac
+case "$SUMMARIZER" in
+  extractive) ;;
+  host) [ -n "${VILVONA_SOAK_ENGINE:-}" ] || VILVONA_SOAK_ENGINE='{"summarizer": {"kind": "host"}}' ;;
+  *) echo "$0: --summarizer is extractive or host" >&2; exit 2 ;;
+esac
+export MOCK_SUMMARIZER_DELAY_MS="$SLOW_SUMMARIZER"
+NAME="soak-gateway[$ENGINE, $WINDOW, $TURNS turns, $SHAPE, $SUMMARIZER summarizer${SLOW_SUMMARIZER:+, slow $SLOW_SUMMARIZER ms}, $SESSIONS sessions, $KILLS kills]"
 FIGURES_BIN="${VILVONA_FIGURES_BIN:-$ROOT/target/debug/economics}"
 [ -x "$FIGURES_BIN" ] || fail "$FIGURES_BIN is missing (cargo build -p vilvona-benches --bin economics)"
 
@@ -106,9 +140,46 @@ OPENCLAW_GATEWAY_TOKEN="$TOKEN" openclaw gateway run >"$WORK/gateway.out" 2>&1 &
 GATEWAY_PID=$!
 wait_http "http://127.0.0.1:$GATEWAY_PORT/v1/models" 180 "$TOKEN" || fail "the gateway did not answer on 127.0.0.1:$GATEWAY_PORT within 180 s"
 
-step "driving $TURNS turns"
+# The `vilvona serve` children of the gateway this script started (by parent id, never by name).
+vilvona_children() {
+  local pid
+  for pid in $(ps -o pid= --ppid "$GATEWAY_PID" 2>/dev/null); do
+    [ "$(ps -o comm= -p "$pid" 2>/dev/null)" = vilvona ] && echo "$pid"
+  done
+}
+
+# --kills: SIGKILL the child at evenly spaced turns, alternately at once (between turns, most
+# often) and 0.4 s later (in flight, most often).
+killer() {
+  local kill=1 target pid
+  while [ "$kill" -le "$KILLS" ]; do
+    target=$((kill * TURNS * SESSIONS / (KILLS + 1)))
+    while [ "$(wc -l <"$OUT/results.jsonl")" -lt "$target" ]; do
+      kill -0 "$DRIVER_PID" 2>/dev/null || return 0
+      sleep 0.1
+    done
+    [ $((kill % 2)) -eq 0 ] && sleep 0.4
+    for pid in $(vilvona_children); do
+      kill -KILL "$pid" 2>/dev/null && echo "killed vilvona $pid after $target turns" >>"$OUT/kills.log"
+    done
+    kill=$((kill + 1))
+  done
+}
+
+step "driving $TURNS turns in $SESSIONS session(s)"
 DRIVEN=0
-node "$ROOT/bindings/openclaw/test/soak-driver.mjs" "http://127.0.0.1:$GATEWAY_PORT" "$TOKEN" "$TURNS" "$OUT/results.jsonl" >"$WORK/driver.out" 2>&1 || DRIVEN=$?
+: >"$OUT/kills.log"
+node "$ROOT/bindings/openclaw/test/soak-driver.mjs" "http://127.0.0.1:$GATEWAY_PORT" "$TOKEN" "$TURNS" "$OUT/results.jsonl" "$SESSIONS" >"$WORK/driver.out" 2>&1 &
+DRIVER_PID=$!
+KILLER_PID=""
+if [ "$KILLS" -gt 0 ] && [ "$ENGINE" = vilvona ]; then
+  killer &
+  KILLER_PID=$!
+fi
+wait "$DRIVER_PID" || DRIVEN=$?
+[ -n "$KILLER_PID" ] && { kill "$KILLER_PID" 2>/dev/null; wait "$KILLER_PID" 2>/dev/null || true; }
+GATEWAY_UP=1
+kill -0 "$GATEWAY_PID" 2>/dev/null || GATEWAY_UP=0
 kill "$GATEWAY_PID" 2>/dev/null && wait "$GATEWAY_PID" 2>/dev/null || true
 GATEWAY_PID=""
 # The gateway's own logs stay with the figures, for whoever reads a surprising one.
@@ -126,7 +197,44 @@ node -e '
     `summarizer share ${pct(f.summarizerShare)}`);
 ' "$OUT/figures.json"
 
-[ "$DRIVEN" -eq 0 ] || fail "turns failed: $(grep -v '"status":200' "$OUT/results.jsonl" | head -n 3 | cut -c1-400)"
+[ "$GATEWAY_UP" -eq 1 ] || fail "the gateway was not running at the end (it crashed): $(tail -n 5 "$OUT/gateway.out" | cut -c1-400)"
+QUARANTINES=$(cat "$OUT/gateway.out" "$OUT/openclaw.log" 2>/dev/null | grep -ac "quarantining" || true)
+[ "$QUARANTINES" -eq 0 ] || fail "OpenClaw quarantined the engine: $(cat "$OUT/gateway.out" "$OUT/openclaw.log" 2>/dev/null | grep -a "quarantining" | head -n 2 | cut -c1-400)"
+KILLED=$(wc -l <"$OUT/kills.log")
+FAILED=$(grep -vc '"status":200' "$OUT/results.jsonl" || true)
+if [ "$KILLS" -gt 0 ]; then
+  [ "$KILLED" -gt 0 ] || fail "--kills $KILLS: no vilvona child was found to kill"
+  [ "$FAILED" -le "$KILLED" ] || fail "$FAILED turns failed with $KILLED kills (at most the turn in flight a kill): $(grep -v '"status":200' "$OUT/results.jsonl" | head -n 3 | cut -c1-400)"
+else
+  [ "$DRIVEN" -eq 0 ] || fail "turns failed: $(grep -v '"status":200' "$OUT/results.jsonl" | head -n 3 | cut -c1-400)"
+fi
+if [ "$ENGINE" = vilvona ]; then
+  # Every work turn the gateway answered is in the store: its STEP line, in its session.
+  "$VILVONA" --state-dir "$HOME/.vilvona" sessions --json >"$OUT/sessions.json" || fail "vilvona sessions failed"
+  node -e '
+    const { execFileSync } = require("child_process");
+    const fs = require("fs");
+    const [binary, stateDir, results, sessionsFile, out] = process.argv.slice(1);
+    const sessions = JSON.parse(fs.readFileSync(sessionsFile, "utf8"));
+    const list = Array.isArray(sessions) ? sessions : sessions.sessions ?? [];
+    // The store of each driver session: OpenClaw keys a session by its client user.
+    const stored = new Map();
+    for (const session of list) {
+      const id = session.sessionId ?? session.id;
+      const key = session.sessionKey ?? "";
+      const file = `${out}/export-${id}.jsonl`;
+      execFileSync(binary, ["--state-dir", stateDir, "export", "--session", id, "--out", file]);
+      const user = key.split(":").pop();
+      stored.set(user, (stored.get(user) ?? "") + fs.readFileSync(file, "utf8"));
+      fs.rmSync(file);
+    }
+    const answered = fs.readFileSync(results, "utf8").split("\n").filter(Boolean).map(JSON.parse)
+      .filter((turn) => turn.status === 200 && turn.kind === "work");
+    const lost = answered.filter((turn) => !(stored.get(turn.session) ?? "").includes(`STEP-${turn.turn}: refactor step ${turn.turn} `));
+    console.log(`stored: ${list.length} session(s) (${[...stored.keys()].join(", ")}), ${answered.length} answered work turns, ${lost.length} missing from the store`);
+    if (lost.length) { console.error(`missing from the store: ${lost.slice(0, 5).map((t) => `${t.session} turn ${t.turn}`).join(", ")}`); process.exit(1); }
+  ' "$VILVONA" "$HOME/.vilvona" "$OUT/results.jsonl" "$OUT/sessions.json" "$OUT" || fail "acknowledged turns are missing from the store"
+fi
 node -e '
   const f = JSON.parse(require("fs").readFileSync(process.argv[1], "utf8"));
   const problems = [];

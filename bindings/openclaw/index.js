@@ -6,6 +6,7 @@
 // dies. Sets become arrays, an AbortSignal becomes `$/cancel`, a spawn rollback becomes a
 // handle, and the host's `runtimeContext.llm.complete` answers the server's `llm.complete`.
 
+import { AsyncLocalStorage } from "node:async_hooks";
 import { spawn, spawnSync } from "node:child_process";
 import { accessSync, constants, statSync } from "node:fs";
 import { createRequire } from "node:module";
@@ -145,6 +146,63 @@ export function declaredTools(proc, run = spawnSync) {
   return proc.tools;
 }
 
+// `vilvona serve`'s error codes (crates/runtime/src/serve.rs). Only ENGINE_ERROR says the
+// engine cannot work; the others are about this call.
+const CANCELLED = -32800;
+const NOT_INITIALIZED = -32002;
+const TRANSIENT = -32006;
+const TRANSIENT_CODES = new Set([CANCELLED, NOT_INITIALIZED, TRANSIENT]);
+
+// A call that failed for a passing reason (the process died, the store was busy) is sent
+// again at most this many times, after these pauses.
+const RETRY_PAUSES_MS = [100, 400];
+
+/**
+ * An error of one call, not of the engine: the process died under it, the store was busy, the
+ * server was shutting down. The plugin retries it, answers without the work, or (for a turn's
+ * own messages) fails only the call — OpenClaw must never quarantine the engine for it.
+ */
+export class TransientError extends Error {
+  constructor(message, options) {
+    super(message, options);
+    this.name = "VilvonaTransientError";
+    this.transient = true;
+  }
+}
+
+/**
+ * What an aborted call rejects with: the signal's own reason, which OpenClaw recognises as the
+ * abort it asked for (`isContextEngineAbortRejection`), never as the engine's failure.
+ */
+export function abortReason(signal) {
+  if (signal.reason !== undefined) return signal.reason;
+  const error = new Error("The operation was aborted");
+  error.name = "AbortError";
+  return error;
+}
+
+/** `promise`, or the signal's reason as soon as it aborts. */
+function abortable(promise, signal) {
+  if (!signal) return promise;
+  if (signal.aborted) return Promise.reject(abortReason(signal));
+  return new Promise((resolve, reject) => {
+    const onAbort = () => reject(abortReason(signal));
+    signal.addEventListener("abort", onAbort, { once: true });
+    promise.then(
+      (value) => {
+        signal.removeEventListener("abort", onAbort);
+        resolve(value);
+      },
+      (error) => {
+        signal.removeEventListener("abort", onAbort);
+        reject(error);
+      },
+    );
+  });
+}
+
+const pause = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+
 class VilvonaProcess {
   constructor(config) {
     this.config = config ?? {};
@@ -152,17 +210,19 @@ class VilvonaProcess {
     this.nextId = 1;
     this.pending = new Map();
     this.ready = null;
-    // The host's model, per call in flight: OpenClaw scopes `runtimeContext.llm.complete` to
-    // one run, so a summary requested during a call is answered by that call's model (the
-    // newest in flight), never by one kept from an earlier run.
-    this.llms = [];
-    this.lastSession = null;
+    // The host's model of each request in flight, by request id: OpenClaw scopes
+    // `runtimeContext.llm.complete` to the call it passes it to, and the server names the
+    // request whose work asks for a summary (`scope`), so each summary is written by its own
+    // call's model — never another session's, never one kept from an earlier run.
+    this.llms = new Map();
     // The engine's tool definitions (declaredTools), once listed.
     this.tools = null;
     this.toolsRegistered = false;
     // Per session, the last assembled context as the engine numbered it (`revision`), and
-    // whether the engine holds the session's history (then assemble leaves it out).
+    // whether the engine holds the session's history (then assemble leaves it out). Belongs
+    // to one process: forgotten when it exits.
     this.assembled = new Map();
+    this.restarts = 0;
   }
 
   /**
@@ -170,19 +230,21 @@ class VilvonaProcess {
    * once the engine said it holds the session (and sent again if the engine needs it after
    * all), and the reply carries only the messages this process does not already hold.
    */
-  async assemble(params) {
+  async assemble(params, options) {
     const sessionId = params.sessionId;
+    // Revisions are unique across server processes: after a restart the new one knows none
+    // of them and answers whole.
     const base = this.assembled.get(sessionId);
     const request = { ...params, assembledRevision: base?.revision };
     let result;
     if (base?.holdsHistory) {
       try {
-        result = await this.request("assemble", { ...request, messages: [], historyElided: true });
+        result = await this.call("assemble", { ...request, messages: [], historyElided: true }, options);
       } catch (error) {
-        if (error.code !== HISTORY_NEEDED) throw error;
+        if (error?.code !== HISTORY_NEEDED) throw error;
       }
     }
-    result ??= await this.request("assemble", request);
+    result ??= await this.call("assemble", request, options);
     const { revision, held, holdsHistory, ...rest } = result;
     const messages = held ? rebuild(base.messages, held, rest.messages) : rest.messages;
     this.assembled.delete(sessionId);
@@ -191,37 +253,65 @@ class VilvonaProcess {
     return { ...rest, messages: messages.slice() };
   }
 
-  start() {
+  /** Starts `vilvona serve --stdio`; a missing binary throws (the engine cannot work). */
+  spawnChild() {
     const binary = resolveBinary(this.config);
-    const stateDir = stateDirOf(this.config);
     const env = { ...process.env };
     if (this.config.log) env.RUST_LOG = this.config.log;
-    const child = spawn(binary, ["--state-dir", stateDir, "serve", "--stdio"], {
+    const child = spawn(binary, ["--state-dir", stateDirOf(this.config), "serve", "--stdio"], {
       stdio: ["pipe", "pipe", "inherit"],
       env,
     });
     this.child = child;
-    child.on("exit", () => {
-      if (this.child !== child) return;
-      this.child = null;
-      this.ready = null;
-      for (const { reject } of this.pending.values()) reject(new Error("vilvona process exited"));
-      this.pending.clear();
+    // A write after the child died fails with EPIPE on its stdin: without a listener that is
+    // an uncaught error that takes the whole gateway down. The exit handler settles the calls.
+    child.stdin.on("error", () => {});
+    // A child that exits by itself before it answered `initialize` cannot start (it said why
+    // on stderr): that is a broken engine. Killed by a signal, or lost once it served, it is
+    // a passing failure of the calls in flight.
+    child.on("exit", (code, signal) => {
+      const broken = signal === null && code !== 0 && !child.initialized;
+      this.lost(child, `the vilvona process exited (${signal ?? `status ${code}`})${broken ? " before it started; see the gateway's log for its reason" : ""}`, !broken);
     });
-    child.on("error", (error) => {
-      for (const { reject } of this.pending.values()) reject(error);
-      this.pending.clear();
-    });
-    createInterface({ input: child.stdout }).on("line", (line) => this.receive(line));
-    this.ready = this.send("initialize", {
-      stateDir,
-      engineId: "lossless",
-      config: this.config.engine ?? null,
-    });
+    child.on("error", (error) => this.lost(child, `the vilvona process failed: ${error.message}`, false));
+    createInterface({ input: child.stdout }).on("line", (line) => this.receive(child, line));
+    return child;
+  }
+
+  /** The child is gone: every call waiting on it fails as transient, and what it held is forgotten. */
+  lost(child, why, transient = true) {
+    if (this.child !== child) return;
+    this.child = null;
+    this.ready = null;
+    this.restarts += 1;
+    this.assembled.clear();
+    // Each waiter's reject takes itself out of `pending` (and its model out of `llms`).
+    for (const { reject } of [...this.pending.values()]) reject(transient ? new TransientError(`vilvona: ${why}`) : new Error(`vilvona: ${why}`));
+  }
+
+  /** A running, initialized child: started (again) when there is none, initialized (again) when the last try failed. */
+  ensureReady() {
+    if (!this.child) this.spawnChild();
+    if (!this.ready) {
+      const ready = this.send("initialize", {
+        stateDir: stateDirOf(this.config),
+        engineId: "lossless",
+        config: this.config.engine ?? null,
+      });
+      const child = this.child;
+      // A failed start is tried again on the next call, not remembered.
+      ready.then(
+        () => (child.initialized = true),
+        () => {
+          if (this.ready === ready) this.ready = null;
+        },
+      );
+      this.ready = ready;
+    }
     return this.ready;
   }
 
-  receive(line) {
+  receive(child, line) {
     let message;
     try {
       message = JSON.parse(line);
@@ -229,14 +319,14 @@ class VilvonaProcess {
       return;
     }
     if (message.method === "llm.complete" && message.id !== undefined) {
-      this.answerLlm(message);
+      this.answerLlm(child, message);
       return;
     }
     const waiter = this.pending.get(message.id);
     if (!waiter) return;
-    this.pending.delete(message.id);
     if (message.error) {
-      const error = new Error(`vilvona: ${message.error.message}`);
+      const text = `vilvona: ${message.error.message}`;
+      const error = TRANSIENT_CODES.has(message.error.code) ? new TransientError(text) : new Error(text);
       error.code = message.error.code;
       waiter.reject(error);
     } else {
@@ -244,28 +334,17 @@ class VilvonaProcess {
     }
   }
 
-  /** Runs `call` with the host model of `params.runtimeContext` in scope while it is in flight. */
-  async withHostModel(params, call) {
-    const llm = params?.runtimeContext?.llm;
-    if (typeof llm?.complete !== "function") return call();
-    const scope = { complete: llm.complete.bind(llm) };
-    this.llms.push(scope);
-    try {
-      return await call();
-    } finally {
-      this.llms.splice(this.llms.indexOf(scope), 1);
-    }
-  }
-
-  async answerLlm(message) {
-    const reply = (payload) => this.child?.stdin.write(JSON.stringify({ jsonrpc: "2.0", id: message.id, ...payload }) + "\n");
-    const scope = this.llms[this.llms.length - 1];
+  /** Answers the server's `llm.complete` with the model of the call it serves (`params.scope`). */
+  async answerLlm(child, message) {
+    const reply = (payload) => this.write(child, { jsonrpc: "2.0", id: message.id, ...payload });
+    const scope = this.llms.get(message.params?.scope);
     if (!scope) {
       reply({ error: { code: -32004, message: "no host model in scope: OpenClaw offers llm.complete only during the call it passes it to" } });
       return;
     }
     try {
-      const result = await scope.complete(message.params);
+      const { scope: _served, ...request } = message.params ?? {};
+      const result = await scope.complete(request);
       const text =
         typeof result === "string"
           ? result
@@ -276,25 +355,69 @@ class VilvonaProcess {
     }
   }
 
-  send(method, params, signal) {
-    if (!this.child) throw new Error("vilvona process is not running");
-    const id = this.nextId++;
-    const promise = new Promise((resolve, reject) => {
-      this.pending.set(id, { resolve, reject });
-    });
-    this.child.stdin.write(JSON.stringify({ jsonrpc: "2.0", id, method, params }, jsonReplacer) + "\n");
-    if (signal) {
-      const cancel = () => this.child?.stdin.write(JSON.stringify({ jsonrpc: "2.0", method: "$/cancel", params: { id } }) + "\n");
-      if (signal.aborted) cancel();
-      else signal.addEventListener("abort", cancel, { once: true });
+  /** Writes one message to `child`; a child that is gone is its exit handler's business. */
+  write(child, message) {
+    if (!child || child.stdin.destroyed || !child.stdin.writable) return;
+    try {
+      child.stdin.write(JSON.stringify(message, jsonReplacer) + "\n");
+    } catch {
+      // The exit handler settles every call waiting on this child.
     }
-    return promise;
   }
 
+  /**
+   * One request to the running child. With `signal`, an abort cancels it on the server and
+   * rejects at once with the signal's reason; with `llm`, the server's `llm.complete` for
+   * this request is answered by that model.
+   */
+  send(method, params, { signal, llm } = {}) {
+    const child = this.child;
+    if (!child) return Promise.reject(new TransientError("vilvona: the vilvona process is not running"));
+    if (signal?.aborted) return Promise.reject(abortReason(signal));
+    const id = this.nextId++;
+    return new Promise((resolve, reject) => {
+      let onAbort = null;
+      const settle = (finish) => (value) => {
+        if (!this.pending.has(id)) return;
+        this.pending.delete(id);
+        this.llms.delete(id);
+        if (onAbort) signal.removeEventListener("abort", onAbort);
+        finish(value);
+      };
+      this.pending.set(id, { resolve: settle(resolve), reject: settle(reject) });
+      if (llm) this.llms.set(id, llm);
+      if (signal) {
+        onAbort = () => {
+          this.write(child, { jsonrpc: "2.0", method: "$/cancel", params: { id } });
+          settle(reject)(abortReason(signal));
+        };
+        signal.addEventListener("abort", onAbort, { once: true });
+      }
+      this.write(child, { jsonrpc: "2.0", id, method, params });
+    });
+  }
+
+  /**
+   * A call as the engine's methods make it: the child started (again) if needed, a transient
+   * failure sent again after a pause (a bounded number of times), an abort rejected with the
+   * signal's own reason whenever it comes.
+   */
+  async call(method, params, { signal, llm } = {}) {
+    for (let attempt = 0; ; attempt++) {
+      try {
+        await abortable(this.ensureReady(), signal);
+        return await this.send(method, params, { signal, llm });
+      } catch (error) {
+        if (signal?.aborted) throw abortReason(signal);
+        if (!error?.transient || attempt >= RETRY_PAUSES_MS.length) throw error;
+        await abortable(pause(RETRY_PAUSES_MS[attempt]), signal);
+      }
+    }
+  }
+
+  /** A call from outside the engine's methods (tests, tools). */
   async request(method, params, signal) {
-    if (!this.child) this.start();
-    await this.ready;
-    return this.send(method, params, signal);
+    return this.call(method, params, { signal });
   }
 }
 
@@ -330,11 +453,51 @@ function session(params) {
   return { sessionId: params.sessionId, sessionKey: params.sessionKey };
 }
 
-function remember(proc, params) {
-  if (params?.sessionId) proc.lastSession = session(params);
+/**
+ * The host's model a call brings (`runtimeContext.llm`), bound to it and to the call's async
+ * context; none when it brings none. OpenClaw tracks a call's async work in its async context
+ * and closes it when the call settles: a completion started from elsewhere (the child's output
+ * handler runs in the context of whichever call started the child) fails with "Async work scope
+ * is closed", so the model is asked from inside the context of the call it belongs to.
+ */
+function hostModel(params) {
+  const llm = params?.runtimeContext?.llm;
+  if (typeof llm?.complete !== "function") return undefined;
+  const inCallContext = AsyncLocalStorage.snapshot();
+  return { complete: (request) => inCallContext(() => llm.complete(request)) };
 }
 
-function createEngine(proc) {
+/** What a call sends along besides its parameters: its abort signal and its own host model. */
+function options(params) {
+  return { signal: params?.abortSignal, llm: hostModel(params) };
+}
+
+/** A rough count of a message list's tokens (characters / 4), for an answer made without the engine. */
+function roughTokens(messages) {
+  return Math.ceil(JSON.stringify(messages ?? [], jsonReplacer).length / 4);
+}
+
+/**
+ * How each method answers OpenClaw when its call failed for a passing reason
+ * (`TransientError`, after the retries): without the work, saying why — never a rejection
+ * that OpenClaw would count as the engine's failure and quarantine it for. `null`: the call
+ * rejects (a turn's messages must not be acknowledged unless stored; OpenClaw keeps the turn
+ * queued and delivers it again).
+ */
+const DEGRADED = {
+  bootstrap: (why) => ({ bootstrapped: false, reason: why }),
+  assemble: (why, params) => ({ messages: params.messages ?? [], estimatedTokens: roughTokens(params.messages) }),
+  afterTurn: () => undefined,
+  compact: (why) => ({ ok: true, compacted: false, reason: why }),
+  maintain: (why) => ({ changed: false, bytesFreed: 0, rewrittenEntries: 0, reason: why }),
+  prepareSubagentSpawn: () => undefined,
+  onSubagentEnded: () => undefined,
+  commitTurn: null,
+  ingest: null,
+  ingestBatch: null,
+};
+
+function createEngine(proc, logger) {
   const engine = {
     info: {
       id: ENGINE_ID,
@@ -346,66 +509,70 @@ function createEngine(proc) {
       hostRequirements: HOST_REQUIREMENTS,
     },
     async bootstrap(params) {
-      remember(proc, params);
-      return proc.request("bootstrap", { ...session(params), sessionFile: typeof params.sessionFile === "string" ? params.sessionFile : undefined });
+      return proc.call("bootstrap", { ...session(params), sessionFile: typeof params.sessionFile === "string" ? params.sessionFile : undefined }, options(params));
     },
     async ingest(params) {
-      remember(proc, params);
-      return proc.request("ingest", { ...session(params), message: params.message, isHeartbeat: !!params.isHeartbeat });
+      return proc.call("ingest", { ...session(params), message: params.message, isHeartbeat: !!params.isHeartbeat }, options(params));
     },
     async ingestBatch(params) {
-      remember(proc, params);
-      return proc.request("ingestBatch", { ...session(params), messages: params.messages, isHeartbeat: !!params.isHeartbeat });
+      return proc.call("ingestBatch", { ...session(params), messages: params.messages, isHeartbeat: !!params.isHeartbeat }, options(params));
     },
     async afterTurn(params) {
-      remember(proc, params);
-      await proc.request("afterTurn", {
-        ...session(params),
-        messages: params.messages,
-        prePromptMessageCount: params.prePromptMessageCount ?? 0,
-        tokenBudget: params.tokenBudget,
-        isHeartbeat: !!params.isHeartbeat,
-        runtimeSettings: limits(params),
-      });
+      await proc.call(
+        "afterTurn",
+        {
+          ...session(params),
+          messages: params.messages,
+          prePromptMessageCount: params.prePromptMessageCount ?? 0,
+          tokenBudget: params.tokenBudget,
+          isHeartbeat: !!params.isHeartbeat,
+          runtimeSettings: limits(params),
+        },
+        options(params),
+      );
     },
     async assemble(params) {
-      remember(proc, params);
       const model = typeof params.model === "string" ? params.model : params.model?.id;
-      return proc.assemble({
-        ...session(params),
-        messages: params.messages ?? [],
-        tokenBudget: params.tokenBudget,
-        // The recall tools are this plugin's own; tool search may defer their schemas, but they
-        // are callable, so the engine's recall guidance applies.
-        availableTools: [
-          ...Array.from(params.availableTools ?? []),
-          ...(proc.toolsRegistered ? proc.tools.map((tool) => tool.name) : []),
-        ],
-        citationsMode: typeof params.citationsMode === "string" ? params.citationsMode : undefined,
-        model,
-        prompt: typeof params.prompt === "string" ? params.prompt : undefined,
-        runtimeSettings: limits(params),
-      });
+      return proc.assemble(
+        {
+          ...session(params),
+          messages: params.messages ?? [],
+          tokenBudget: params.tokenBudget,
+          // The recall tools are this plugin's own; tool search may defer their schemas, but they
+          // are callable, so the engine's recall guidance applies.
+          availableTools: [
+            ...Array.from(params.availableTools ?? []),
+            ...(proc.toolsRegistered ? proc.tools.map((tool) => tool.name) : []),
+          ],
+          citationsMode: typeof params.citationsMode === "string" ? params.citationsMode : undefined,
+          model,
+          prompt: typeof params.prompt === "string" ? params.prompt : undefined,
+          runtimeSettings: limits(params),
+        },
+        options(params),
+      );
     },
     async commitTurn(params) {
-      remember(proc, params);
-      return proc.request("commitTurn", {
-        ...session(params),
-        advancementKey: params.advancementKey,
-        messages: params.messages ?? [],
-        prePromptMessageCount: params.prePromptMessageCount ?? 0,
-        // OpenClaw 2026.9 sends messages without entry ids: the advancement key and each
-        // message's index identify them; the anchors travel along as the host sent them.
-        admission: params.admission,
-        terminal: params.terminal,
-        isHeartbeat: !!params.isHeartbeat,
-        tokenBudget: params.tokenBudget,
-        runtimeSettings: limits(params),
-      });
+      return proc.call(
+        "commitTurn",
+        {
+          ...session(params),
+          advancementKey: params.advancementKey,
+          messages: params.messages ?? [],
+          prePromptMessageCount: params.prePromptMessageCount ?? 0,
+          // OpenClaw 2026.9 sends messages without entry ids: the advancement key and each
+          // message's index identify them; the anchors travel along as the host sent them.
+          admission: params.admission,
+          terminal: params.terminal,
+          isHeartbeat: !!params.isHeartbeat,
+          tokenBudget: params.tokenBudget,
+          runtimeSettings: limits(params),
+        },
+        options(params),
+      );
     },
     async compact(params) {
-      remember(proc, params);
-      return proc.request(
+      return proc.call(
         "compact",
         {
           ...session(params),
@@ -416,48 +583,64 @@ function createEngine(proc) {
           customInstructions: params.customInstructions,
           runtimeSettings: limits(params),
         },
-        params.abortSignal,
+        options(params),
       );
     },
     async maintain(params) {
-      remember(proc, params);
-      return proc.request(
+      return proc.call(
         "maintain",
         { ...session(params), reason: MAINTAIN_REASONS.has(params.reason) ? params.reason : undefined, tokenBudget: params.tokenBudget, runtimeSettings: limits(params) },
-        params.abortSignal,
+        options(params),
       );
     },
     async prepareSubagentSpawn(params) {
-      const result = await proc.request("prepareSubagentSpawn", {
-        parentSessionKey: params.parentSessionKey,
-        childSessionKey: params.childSessionKey,
-        contextMode: params.contextMode,
-        parentSessionId: params.parentSessionId,
-        parentSessionFile: typeof params.parentSessionFile === "string" ? params.parentSessionFile : undefined,
-        childSessionId: params.childSessionId,
-        childSessionFile: typeof params.childSessionFile === "string" ? params.childSessionFile : undefined,
-        ttlMs: params.ttlMs,
-      });
+      const result = await proc.call(
+        "prepareSubagentSpawn",
+        {
+          parentSessionKey: params.parentSessionKey,
+          childSessionKey: params.childSessionKey,
+          contextMode: params.contextMode,
+          parentSessionId: params.parentSessionId,
+          parentSessionFile: typeof params.parentSessionFile === "string" ? params.parentSessionFile : undefined,
+          childSessionId: params.childSessionId,
+          childSessionFile: typeof params.childSessionFile === "string" ? params.childSessionFile : undefined,
+          ttlMs: params.ttlMs,
+        },
+        options(params),
+      );
       if (!result?.rollbackHandle) return undefined;
-      return { rollback: () => proc.request("rollback", { handle: result.rollbackHandle }) };
+      return { rollback: () => proc.call("rollback", { handle: result.rollbackHandle }) };
     },
     async onSubagentEnded(params) {
-      await proc.request("onSubagentEnded", { childSessionKey: params.childSessionKey, reason: params.reason });
+      await proc.call("onSubagentEnded", { childSessionKey: params.childSessionKey, reason: params.reason }, options(params));
     },
     async dispose() {
       // Engines are per logical turn in OpenClaw; the shared process outlives them.
     },
   };
-  // Each call's own host model answers the summaries it asks for.
+  // The three answers OpenClaw may get: a result, an abort (the signal's own reason), or a
+  // failure that means the engine cannot work. A passing failure becomes a result that says
+  // why (DEGRADED), or, for a turn's messages, a rejection of that call alone.
   for (const [name, method] of Object.entries(engine)) {
-    if (typeof method === "function") engine[name] = (params) => proc.withHostModel(params, () => method(params));
+    const degraded = DEGRADED[name];
+    if (typeof method !== "function" || !degraded) continue;
+    engine[name] = async (params) => {
+      try {
+        return await method(params);
+      } catch (error) {
+        if (!error?.transient || params?.abortSignal?.aborted) throw error;
+        const why = `${error.message} (answered without the engine's work; the next call tries again)`;
+        logger?.warn?.(`vilvona: ${name}: ${why}`);
+        return degraded(why, params);
+      }
+    };
   }
   return engine;
 }
 
 export default function register(api) {
   const proc = shared(api.pluginConfig);
-  api.registerContextEngine(ENGINE_ID, () => createEngine(proc));
+  api.registerContextEngine(ENGINE_ID, () => createEngine(proc, api.logger));
   if (typeof api.registerTool === "function") {
     let tools = [];
     try {
@@ -471,12 +654,14 @@ export default function register(api) {
       api.registerTool(
         (toolContext) => ({
           ...tool,
-          async execute(_toolCallId, args) {
-            // The tool reads the calling session's history (and what its grants allow).
-            const scope = toolContext?.sessionId
-              ? { sessionId: toolContext.sessionId, sessionKey: toolContext.sessionKey }
-              : proc.lastSession ?? {};
-            const result = await proc.request("tools/call", { name: tool.name, arguments: args ?? {}, ...scope });
+          async execute(_toolCallId, args, signal) {
+            // The tool reads the calling session's history (and what its grants allow); a
+            // call that names no session reads nothing rather than another session's.
+            if (!toolContext?.sessionId) {
+              throw new Error(`vilvona: ${tool.name} was called without a session; OpenClaw names the session of every agent run`);
+            }
+            const scope = { sessionId: toolContext.sessionId, sessionKey: toolContext.sessionKey };
+            const result = await proc.call("tools/call", { name: tool.name, arguments: args ?? {}, ...scope }, { signal: signal instanceof AbortSignal ? signal : undefined });
             return { content: [{ type: "text", text: JSON.stringify(result) }], details: result };
           },
         }),

@@ -36,15 +36,15 @@ test("assemble over the pipe: deltas each way, the whole context for the host", 
   const proc = globalThis[Symbol.for("vilvona.openclaw.process")];
   const sent = [];
   const send = proc.send.bind(proc);
-  proc.send = (method, params, signal) => {
+  proc.send = (method, params, options) => {
     sent.push({ method, params });
-    return send(method, params, signal);
+    return send(method, params, options);
   };
   let deltas = 0;
   const receive = proc.receive.bind(proc);
-  proc.receive = (line) => {
+  proc.receive = (child, line) => {
     if (JSON.parse(line).result?.held) deltas += 1;
-    return receive(line);
+    return receive(child, line);
   };
   const llm = { complete: async () => "Earlier turns: gauges read and parsers counted rows." };
   const scope = { sessionId: "delta-1", sessionKey: "agent:main:delta" };

@@ -7,7 +7,18 @@
 // reported as `usage.prompt_tokens`) and whether it was rejected.
 //
 // Like a provider, it enforces its window: a request above WINDOW prompt tokens (when given) gets
-// 400 context_length_exceeded. Replies are deterministic:
+// 400 context_length_exceeded.
+//
+// Providers differ in how they count and what they report; the environment chooses the shape:
+//   MOCK_CHARS_PER_TOKEN  characters a token when counting (default 4; a tokenizer on code: ~3.3)
+//   MOCK_COUNT_TOOLS=1    the tool schemas count toward the prompt, as every real provider does
+//   MOCK_MAX_TOKENS=1     the window holds the prompt plus the request's max_tokens
+//   MOCK_USAGE=0          no usage is reported (servers streaming without include_usage)
+//   MOCK_SUMMARIZER_DELAY_MS  summaries take this long (a slow summarizer model)
+// The count that is enforced and reported is `countedTokens`; `promptTokens` stays characters/4
+// of the messages, so the cost of runs of different shapes compares.
+//
+// Replies are deterministic:
 //   - a request without tools that mentions summarizing: a naive digest (the first 80 characters
 //     of each line, at most 1,600) under the sections OpenClaw's compaction audit requires;
 //   - a user message containing a new TRIGGER_OVERFLOW_<n> token: one 400, then normal replies;
@@ -23,6 +34,13 @@ import { FACTS } from "./soak-session.mjs";
 const [port, logFile, windowArg] = process.argv.slice(2);
 const window = windowArg ? Number(windowArg) : Infinity;
 const overflowed = new Set();
+const SHAPE = {
+  charsPerToken: Number(process.env.MOCK_CHARS_PER_TOKEN ?? 4),
+  countTools: process.env.MOCK_COUNT_TOOLS === "1",
+  maxTokens: process.env.MOCK_MAX_TOKENS === "1",
+  usage: process.env.MOCK_USAGE !== "0",
+  summarizerDelayMs: Number(process.env.MOCK_SUMMARIZER_DELAY_MS ?? 0),
+};
 let counter = 0;
 
 const REQUIRED_SECTIONS = ["## Decisions", "## Open TODOs", "## Constraints/Rules", "## Pending user asks", "## Exact identifiers"];
@@ -43,7 +61,7 @@ function respond(res, reply, stream, promptTokens) {
   if (!stream) {
     const message = call ? { role: "assistant", content: null, tool_calls: [call] } : { role: "assistant", content: body };
     res.writeHead(200, { "content-type": "application/json" });
-    res.end(JSON.stringify({ id, object: "chat.completion", created, model: "mock-1", choices: [{ index: 0, message, finish_reason: call ? "tool_calls" : "stop" }], usage }));
+    res.end(JSON.stringify({ id, object: "chat.completion", created, model: "mock-1", choices: [{ index: 0, message, finish_reason: call ? "tool_calls" : "stop" }], ...(SHAPE.usage ? { usage } : {}) }));
     return;
   }
   res.writeHead(200, { "content-type": "text/event-stream", "cache-control": "no-cache", connection: "keep-alive" });
@@ -55,7 +73,7 @@ function respond(res, reply, stream, promptTokens) {
     chunk([{ index: 0, delta: { role: "assistant", content: body }, finish_reason: null }]);
     chunk([{ index: 0, delta: {}, finish_reason: "stop" }]);
   }
-  chunk([], { usage });
+  if (SHAPE.usage) chunk([], { usage });
   res.write("data: [DONE]\n\n");
   res.end();
 }
@@ -163,17 +181,22 @@ createServer((req, res) => {
     }
     const messages = body.messages ?? [];
     const promptTokens = Math.ceil(JSON.stringify(messages).length / 4);
+    const countedChars = JSON.stringify(messages).length + (SHAPE.countTools ? JSON.stringify(body.tools ?? []).length : 0);
+    const countedTokens = Math.ceil(countedChars / SHAPE.charsPerToken);
+    const reserved = SHAPE.maxTokens ? Number(body.max_completion_tokens ?? body.max_tokens ?? 0) : 0;
     const summarizing = (body.tools ?? []).length === 0 && /summar/i.test(messages.map((m) => text(m.content)).join("\n"));
     const users = messages.filter((m) => m.role === "user").map((m) => text(m.content));
     const overflow = users.join("\n").match(/TRIGGER_OVERFLOW_\d+/g)?.find((token) => !overflowed.has(token));
-    const rejected = promptTokens > window || Boolean(overflow);
-    appendFileSync(logFile, JSON.stringify({ ...body, __mock: { stream: summarizing ? "summarizer" : "turn", promptTokens, rejected } }) + "\n");
+    const rejected = countedTokens + reserved > window || Boolean(overflow);
+    appendFileSync(logFile, JSON.stringify({ ...body, __mock: { stream: summarizing ? "summarizer" : "turn", promptTokens, countedTokens, reserved, rejected } }) + "\n");
     if (rejected) {
       if (overflow) overflowed.add(overflow);
-      reject(res, promptTokens);
+      reject(res, countedTokens + reserved);
       return;
     }
-    respond(res, reply(body), body.stream, promptTokens);
+    const answer = () => respond(res, reply(body), body.stream, countedTokens);
+    if (summarizing && SHAPE.summarizerDelayMs > 0) setTimeout(answer, SHAPE.summarizerDelayMs);
+    else answer();
   });
 }).listen(Number(port), "127.0.0.1", () => {
   console.error(`mock-openai listening on 127.0.0.1:${port}`);

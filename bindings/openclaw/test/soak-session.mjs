@@ -20,6 +20,10 @@ export const FACTS = [
   { id: "oncall", turn: 9, sentence: "Please remember: the on-call engineer this week is Oriana Blevins.", value: "Oriana Blevins", question: "Who is the on-call engineer this week?", query: "on-call engineer" },
   { id: "branch", turn: 12, sentence: "Please remember: the release branch is release/2026.12-wren.", value: "release/2026.12-wren", question: "What is the release branch?", query: "release branch" },
   { id: "bucket", turn: 15, sentence: "Please remember: the nightly backup bucket is acme-nightly-bk-4410.", value: "acme-nightly-bk-4410", question: "Which bucket holds the nightly backups?", query: "nightly backup bucket" },
+  // Stated in passing (no "remember", nothing a summarizer pins) and asked in other words: only
+  // recall through the tools finds them once their turns are summarized.
+  { id: "canary", turn: 4, sentence: "By the way we moved the canary fleet over to eu-north-3 yesterday, which is why the latency graphs shifted.", value: "eu-north-3", question: "In which region do the canary machines run these days?", query: "canary fleet moved" },
+  { id: "flaky", turn: 7, sentence: "Side note, the flaky login test is tracked as QA-3318 and Dmitri owns it.", value: "QA-3318", question: "Which ticket tracks the unstable sign-in test?", query: "flaky login test tracked" },
 ];
 
 /** A small deterministic generator (mulberry32), seeded per turn or file. */

@@ -214,6 +214,18 @@ pub enum EngineError {
     /// quarantine an engine.
     #[error("the engine needs the host's history for this session; send it again")]
     HistoryNeeded,
+    /// The engine works, but this call could not be done now: a busy or locked store, a
+    /// database that is restarting, a model that timed out. The same call may succeed if
+    /// tried again. Never a reason to quarantine an engine: a host retries it, degrades
+    /// (answers without the work) or fails only the call.
+    #[error("{message}")]
+    Transient {
+        /// What could not be done.
+        message: String,
+        /// Why, when another error caused it.
+        #[source]
+        source: Option<Box<dyn std::error::Error + Send + Sync>>,
+    },
     /// Any other failure, with its source.
     #[error("{message}")]
     Failed {
@@ -245,6 +257,22 @@ impl EngineError {
         }
     }
 
+    /// A transient failure caused by another error: the call may succeed if tried again.
+    pub fn transient(
+        message: impl Into<String>,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> EngineError {
+        EngineError::Transient {
+            message: message.into(),
+            source: Some(Box::new(source)),
+        }
+    }
+
+    /// True when the call may succeed if tried again ([`EngineError::Transient`]).
+    pub fn is_transient(&self) -> bool {
+        matches!(self, EngineError::Transient { .. })
+    }
+
     /// A refusal described by a message.
     pub fn refused(message: impl Into<String>) -> EngineError {
         EngineError::Refused(message.into().into())
@@ -255,8 +283,8 @@ impl EngineError {
         matches!(self, EngineError::Cancelled)
     }
 
-    /// True for errors that say nothing about the engine's health: cancellations, refusals
-    /// and optional methods it does not implement.
+    /// True for errors that say nothing about the engine's health: cancellations, refusals,
+    /// optional methods it does not implement, and transient failures.
     pub fn is_callers_concern(&self) -> bool {
         matches!(
             self,
@@ -264,6 +292,7 @@ impl EngineError {
                 | EngineError::Refused(_)
                 | EngineError::Unsupported { .. }
                 | EngineError::HistoryNeeded
+                | EngineError::Transient { .. }
         )
     }
 }

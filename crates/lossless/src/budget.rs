@@ -43,9 +43,23 @@ pub struct HostPrompt {
     /// prompt and the engine's context against together.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub window: Option<u64>,
-    /// What the host adds around the engine's context, as last observed.
+    /// What the host adds around the engine's context, as last observed: the provider's
+    /// count when a turn reported usage (`overhead_observed`), else the host's own estimate.
+    /// It follows the latest observation down as well as up.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub overhead: Option<u64>,
+    /// Whether `overhead` came from a provider's usage (what the provider counted), not from
+    /// a host's estimate (a compaction's `currentTokenCount`). A provider's count is not
+    /// replaced by an estimate: OpenClaw's preflight estimate adds a safety margin of its own
+    /// and, without usage, counts the history it holds rather than the prompt it sends.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub overhead_observed: bool,
+    /// The provider's latest counts of the overhead, newest first (0: none yet). The overhead
+    /// is the largest of them: a turn whose usage belongs to a smaller call than the one the
+    /// engine measures against (a count from before a mid-turn compaction, a provider that
+    /// reports its first call's usage) lowers it only once four turns agree.
+    #[serde(default, skip_serializing_if = "no_observations")]
+    pub observations: [u64; OBSERVATIONS],
     /// The latest user prompt: what the next turn adds before the engine's context is assembled.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prompt: Option<u64>,
@@ -87,6 +101,17 @@ impl Limits {
     }
 }
 
+/// How many of the provider's latest overhead counts the overhead is taken from.
+pub(crate) const OBSERVATIONS: usize = 4;
+
+fn no_observations(observations: &[u64; OBSERVATIONS]) -> bool {
+    observations.iter().all(|count| *count == 0)
+}
+
+/// The most of the window (less the reply's reserve) that a host's estimate of its own prompt
+/// may claim; the rest stays the engine's context.
+pub(crate) const ESTIMATED_OVERHEAD_SHARE: f64 = 0.75;
+
 fn share(tokens: u64, ratio: f64) -> u64 {
     (tokens as f64 * ratio) as u64
 }
@@ -104,9 +129,9 @@ impl HostPrompt {
     ///   is tighter, at most the ceiling. The trigger is `contextThreshold` of it, the goal
     ///   `targetRatio`.
     pub fn limits(&self, config: &LosslessConfig) -> Limits {
-        let overhead = self.overhead.unwrap_or(0);
+        let overhead = self.overhead_estimate();
         let observed_room = match (self.window, self.overhead) {
-            (Some(window), Some(overhead)) => Some(window.saturating_sub(overhead)),
+            (Some(window), Some(_)) => Some(window.saturating_sub(overhead)),
             _ => None,
         };
         let ceiling = observed_room
@@ -130,6 +155,21 @@ impl HostPrompt {
             goal: share(planned, config.target_ratio).min(trigger),
             share: planned,
             ceiling,
+        }
+    }
+
+    /// The overhead the limits use. A provider's count is taken as it is; a host's estimate
+    /// never claims more than [`ESTIMATED_OVERHEAD_SHARE`] of what the window leaves beside the
+    /// reply's reserve, so an estimate that grows with the host's own history (a provider
+    /// without usage) cannot starve the context to nothing.
+    pub fn overhead_estimate(&self) -> u64 {
+        let overhead = self.overhead.unwrap_or(0);
+        match self.window {
+            Some(window) if !self.overhead_observed => {
+                let room = window.saturating_sub(self.reserve.unwrap_or(0));
+                overhead.min(share(room, ESTIMATED_OVERHEAD_SHARE))
+            }
+            _ => overhead,
         }
     }
 
@@ -190,17 +230,21 @@ impl HostPrompt {
         if let Some((index, observed)) = observed {
             let own = context_before + tokens[..index].iter().sum::<u64>();
             if observed > own {
-                self.overhead = Some(observed - own);
+                self.observations.rotate_right(1);
+                self.observations[0] = observed - own;
+                self.overhead = self.observations.iter().copied().max();
+                self.overhead_observed = true;
             }
         }
     }
 
     /// What a compaction call shows: the whole prompt's budget, and the host's count of the
     /// whole prompt (its latest request, and the prompt to come) against the context that
-    /// request held (`seen`, else the context's `own` tokens now). It can only raise the
-    /// overhead: a count taken before the engine's last compaction is measured against what
-    /// that request held, and a host may count generously (OpenClaw's preflight estimate adds a
-    /// fifth); the next turn's reported usage sets it precisely again.
+    /// request held (`seen`, else the context's `own` tokens now). A count taken before the
+    /// engine's last compaction is measured against what that request held. The count sets
+    /// the overhead only while no provider's count is known, and then as the latest estimate,
+    /// down as well as up: a host's estimate is generous (OpenClaw's preflight adds a fifth),
+    /// and a ratchet on it would shrink the context for good.
     pub(crate) fn note_compaction(
         &mut self,
         token_budget: Option<u64>,
@@ -213,9 +257,10 @@ impl HostPrompt {
         }
         self.note_window(settings, None);
         let held = self.seen.unwrap_or(own) + self.prompt.unwrap_or(0);
-        if let Some(current) = current_token_count.filter(|count| *count > held) {
-            let counted = current - held;
-            self.overhead = Some(self.overhead.map_or(counted, |known| known.max(counted)));
+        if let Some(current) = current_token_count.filter(|count| *count > held)
+            && !self.overhead_observed
+        {
+            self.overhead = Some(current - held);
         }
     }
 }
@@ -258,11 +303,74 @@ mod tests {
             prompt: Some(1_000),
             reserve: Some(8_000),
             seen: None,
+            overhead_observed: true,
+            observations: [10_500, 0, 0, 0],
         };
         let limits = prompt.limits(&config());
         assert_eq!(limits.ceiling, 32_000 - 10_500);
         assert_eq!(limits.share, 32_000 - 8_000 - 11_500);
         assert_eq!(limits.trigger, limits.share * 3 / 4);
+    }
+
+    /// The remembered overhead follows what the host observes, down as well as up: a
+    /// provider's count is kept against the host's generous estimates, and without usage the
+    /// latest estimate counts, bounded so the context keeps room.
+    #[test]
+    fn the_overhead_follows_observations_without_a_ratchet() {
+        let estimator = vilvona_core::tokens::HeuristicEstimator::default();
+        let turn = |input: u64| -> Vec<AgentMessage> {
+            let assistant = serde_json::json!({
+                "role": "assistant",
+                "content": [{"type": "text", "text": "done"}],
+                "usage": {"input": input, "output": 10},
+            });
+            vec![
+                serde_json::from_value(serde_json::json!({"role": "user", "content": "go on"}))
+                    .unwrap(),
+                serde_json::from_value(assistant).unwrap(),
+            ]
+        };
+        let mut prompt = HostPrompt {
+            window: Some(32_000),
+            ..HostPrompt::default()
+        };
+        // Usage of 10k over a 1k context: about 9k of overhead, observed.
+        prompt.note_turn(&turn(10_000), 1_000, &estimator);
+        let observed = prompt.overhead.unwrap();
+        assert!((8_900..9_000).contains(&observed), "{observed}");
+        // OpenClaw's preflight estimates 25k: the provider's count stays.
+        prompt.note_compaction(Some(32_000), None, Some(25_000), 1_000);
+        assert_eq!(prompt.overhead, Some(observed));
+        // Smaller counts later lower it, once the last four agree.
+        for _ in 0..OBSERVATIONS - 1 {
+            prompt.note_turn(&turn(6_000), 1_000, &estimator);
+            assert_eq!(prompt.overhead, Some(observed));
+        }
+        prompt.note_turn(&turn(6_000), 1_000, &estimator);
+        assert!(prompt.overhead.unwrap() < 5_000);
+        // A larger one raises it at once.
+        prompt.note_turn(&turn(12_000), 1_000, &estimator);
+        assert!(prompt.overhead.unwrap() > 10_000);
+
+        // No usage at all: the estimate is the latest count, down as well as up, and never
+        // more than three quarters of the window.
+        let mut prompt = HostPrompt {
+            window: Some(32_000),
+            seen: Some(2_000),
+            ..HostPrompt::default()
+        };
+        prompt.note_compaction(Some(32_000), None, Some(14_000), 2_000);
+        assert_eq!(prompt.overhead, Some(12_000));
+        prompt.note_compaction(Some(32_000), None, Some(60_000), 2_000);
+        assert_eq!(prompt.overhead, Some(58_000));
+        assert_eq!(prompt.overhead_estimate(), 24_000);
+        assert_eq!(prompt.limits(&config()).ceiling, 8_000);
+        prompt.note_compaction(Some(32_000), None, Some(13_000), 2_000);
+        assert_eq!(
+            prompt.overhead,
+            Some(11_000),
+            "the estimate came down again"
+        );
     }
 
     #[test]
@@ -275,6 +383,8 @@ mod tests {
             prompt: Some(1_000),
             reserve: Some(8_000),
             seen: None,
+            overhead_observed: true,
+            observations: [10_500, 0, 0, 0],
         };
         let limits = at_32k.limits(&config());
         assert_eq!((limits.share, limits.ceiling), (10_700, 21_500));

@@ -97,8 +97,14 @@ impl std::fmt::Debug for LosslessEngine {
     }
 }
 
+/// A store error as the engine's: transient when the store says a retry may succeed (a busy
+/// database, a PostgreSQL restart), so that a host never quarantines the engine for it.
 pub(crate) fn store_error(operation: &str, error: StoreError) -> EngineError {
-    EngineError::caused_by(format!("lossless {operation}"), error)
+    if error.is_transient() {
+        EngineError::transient(format!("lossless {operation}"), error)
+    } else {
+        EngineError::caused_by(format!("lossless {operation}"), error)
+    }
 }
 
 impl LosslessEngine {

@@ -10,7 +10,13 @@
 //! Error codes: -32700 parse error, -32600 invalid request, -32601 unknown method, -32602
 //! invalid params, -32800 cancelled, -32001 engine error, -32002 not initialized, -32003
 //! recall tool error, -32004 host's `llm.complete` failed, -32005 the engine needs the history
-//! an `assemble` left out (`historyElided`): send it again with the history.
+//! an `assemble` left out (`historyElided`): send it again with the history, -32006 transient:
+//! the engine works but could not do this call now (a busy store, a database restarting);
+//! the same call may succeed if sent again. A client tells -32001 (the engine cannot work)
+//! from the others: only -32001 means "broken".
+//!
+//! `llm.complete` names the request it serves (`scope`, the id of the client's call whose
+//! work asked for it): the client answers it with that call's own host model.
 //!
 //! `assemble` replies name a `revision`. A client that sends back the revision it holds
 //! (`assembledRevision`) gets only what changed: `held` lists runs `[at, from, count]` (the
@@ -54,6 +60,13 @@ const NOT_INITIALIZED: i64 = -32002;
 const TOOL_ERROR: i64 = -32003;
 const HOST_LLM_ERROR: i64 = -32004;
 const HISTORY_NEEDED: i64 = -32005;
+const TRANSIENT: i64 = -32006;
+
+tokio::task_local! {
+    /// The id of the client's request whose work runs in this task: the scope a host-model
+    /// request (`llm.complete`) names, so the client answers it with that call's model.
+    static CALLER: Value;
+}
 
 /// How many sessions' last assembled context the server remembers (as hashes); past it, it
 /// starts over and those clients get whole replies once.
@@ -90,16 +103,33 @@ fn engine_error(method: &str, error: EngineError) -> RpcError {
     if matches!(error, EngineError::HistoryNeeded) {
         return RpcError::new(HISTORY_NEEDED, format!("{method}: {error}"));
     }
+    if error.is_transient() {
+        return RpcError::new(TRANSIENT, format!("{method}: {}", error_chain(&error)));
+    }
     RpcError::new(ENGINE_ERROR, format!("{method}: {}", error_chain(&error)))
 }
 
 type Job = Pin<Box<dyn Future<Output = ()> + Send>>;
 
 /// What each session's client was last sent by `assemble`: a revision and one hash per message.
-#[derive(Default)]
 struct SentContexts {
     next_revision: u64,
     sessions: HashMap<String, (u64, Vec<u64>)>,
+}
+
+impl Default for SentContexts {
+    /// Revisions start from the clock (microseconds), so a process started after another one
+    /// died never names a revision the client holds from the dead one: the client is sent
+    /// whole contexts until it holds one of this process's.
+    fn default() -> SentContexts {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |since| since.as_micros() as u64);
+        SentContexts {
+            next_revision: now,
+            sessions: HashMap::new(),
+        }
+    }
 }
 
 impl SentContexts {
@@ -365,7 +395,7 @@ impl Server {
         .and_then(Value::as_str)
         .map(str::to_owned);
         let job: Job = Box::pin(async move {
-            let work = server.call(&method, params, cancelled.clone());
+            let work = CALLER.scope(id.clone(), server.call(&method, params, cancelled.clone()));
             let outcome = tokio::select! {
                 outcome = work => outcome,
                 _ = cancelled.wait_for(|flag| *flag) => Err(RpcError::new(CANCELLED, format!("{method} was cancelled"))),
@@ -754,7 +784,10 @@ impl HostLlmSummarizer {
         max_tokens: u64,
         (system, user): (String, String),
     ) -> Result<String, SummarizeError> {
+        // No caller outside a client's call: the client then has no model to answer with.
+        let scope = CALLER.try_with(Value::clone).unwrap_or(Value::Null);
         let params = json!({
+            "scope": scope,
             "purpose": purpose,
             "maxTokens": max_tokens,
             "messages": [

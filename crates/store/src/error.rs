@@ -115,6 +115,30 @@ pub enum StoreError {
     ImportRefused(String),
 }
 
+impl StoreError {
+    /// True when the same call may succeed if tried again: the database is busy or locked by
+    /// another process, a PostgreSQL server is restarting or unreachable, an embedding endpoint
+    /// is down, a file operation was interrupted. A broken store (corrupt, newer schema, a
+    /// writer that stopped) is not transient.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            StoreError::Sqlite(DatabaseError(error)) => matches!(
+                error.sqlite_error_code(),
+                Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
+            ),
+            StoreError::Postgres(error) => error.is_transient(),
+            StoreError::Embedding(_) => true,
+            StoreError::Io { source, .. } => matches!(
+                source.kind(),
+                std::io::ErrorKind::Interrupted
+                    | std::io::ErrorKind::WouldBlock
+                    | std::io::ErrorKind::TimedOut
+            ),
+            _ => false,
+        }
+    }
+}
+
 /// An error of the embedded database, opaque: the store's callers do not depend on its driver.
 #[derive(Debug, thiserror::Error)]
 #[error(transparent)]
@@ -132,6 +156,26 @@ impl std::fmt::Display for PostgresError {
 }
 
 impl std::error::Error for PostgresError {}
+
+impl PostgresError {
+    /// A connection that failed or was lost, a server shutting down or out of resources, a
+    /// serialization failure or deadlock (SQLSTATE classes 08, 53, 57P, 40): what a retry can
+    /// outlive. A message without a SQLSTATE came from the way to the server (no connection).
+    pub(crate) fn is_transient(&self) -> bool {
+        let code = self
+            .0
+            .split_whitespace()
+            .nth(1)
+            .filter(|code| code.len() == 6 && code.ends_with(':'))
+            .map(|code| code.trim_end_matches(':'));
+        match code {
+            None => true,
+            Some(code) => ["08", "53", "57P", "40"]
+                .iter()
+                .any(|class| code.starts_with(class)),
+        }
+    }
+}
 
 impl PostgresError {
     /// What the server said (its severity, SQLSTATE and message), else the driver's chain.

@@ -1,0 +1,223 @@
+// The plugin inside OpenClaw answers in one of three ways: a result, an abort (the signal's
+// own reason, so OpenClaw does not quarantine the engine for it), or a failure that means the
+// engine cannot work. Its child process may die at any moment without taking the gateway down.
+// Each call's summaries are written by that call's own host model.
+//   VILVONA_BIN=target/debug/vilvona node --test bindings/openclaw/test/
+import { AsyncLocalStorage } from "node:async_hooks";
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import { chmodSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+
+import register, { TransientError } from "../index.js";
+
+const binary = process.env.VILVONA_BIN;
+const SHARED = Symbol.for("vilvona.openclaw.process");
+
+// OpenClaw 2026.9.6's rule (`isContextEngineAbortRejection`): an aborted call is forgiven only
+// when it rejects with the signal's reason or an AbortError; anything else quarantines.
+const forgiven = (error, signal) => error === signal.reason || error?.name === "AbortError";
+
+/** A fresh plugin (its own child process) over a fresh state directory. */
+function plugin(config = {}) {
+  delete globalThis[SHARED];
+  const stateDir = config.stateDir ?? mkdtempSync(join(tmpdir(), "vilvona-survive-"));
+  let factory;
+  const warnings = [];
+  register({
+    pluginConfig: { binary, stateDir, ...config },
+    registerContextEngine: (_id, make) => (factory = make),
+    logger: { warn: (line) => warnings.push(line), info: () => {}, error: () => {} },
+  });
+  const proc = globalThis[SHARED];
+  return {
+    engine: factory(),
+    proc,
+    stateDir,
+    warnings,
+    async close() {
+      const child = proc.child;
+      child?.stdin.end();
+      if (child && child.exitCode === null && child.signalCode === null) await new Promise((resolve) => child.once("exit", resolve));
+      rmSync(stateDir, { recursive: true, force: true });
+    },
+  };
+}
+
+function turn(index, topic = "ledger") {
+  const notes = `step ${index}: the ${topic} shard ${index} was rebalanced and the cursor moved ${index * 3} rows. `.repeat(30);
+  return [
+    { role: "user", content: `Request ${index} about the ${topic}: ${notes}`, timestamp: 1772442351000 + index * 1000 },
+    { role: "assistant", content: [{ type: "text", text: `Done ${index} with the ${topic}: ${notes}` }], timestamp: 1772442351500 + index * 1000 },
+  ];
+}
+
+async function commitTurns(engine, scope, count, topic) {
+  for (let index = 1; index <= count; index++) {
+    await engine.commitTurn({ ...scope, advancementKey: `${scope.sessionId}-${index}`, messages: turn(index, topic), prePromptMessageCount: 0 });
+  }
+}
+
+const abortError = () => Object.assign(new Error("Session maintenance yielded to a foreground turn"), { name: "AbortError" });
+
+test("an aborted call rejects with the signal's own reason, whatever it was doing", async () => {
+  assert.ok(binary, "set VILVONA_BIN to a built vilvona binary (.ci/run does)");
+  const { engine, close } = plugin();
+  const scope = { sessionId: "abort-1", sessionKey: "agent:main:abort-1" };
+  try {
+    await commitTurns(engine, scope, 8);
+    const calls = {
+      compact: (signal) => engine.compact({ ...scope, tokenBudget: 2000, force: true, compactionTarget: "budget", currentTokenCount: 9000, abortSignal: signal }),
+      maintain: (signal) => engine.maintain({ ...scope, reason: "turn", abortSignal: signal }),
+      assemble: (signal) => engine.assemble({ ...scope, messages: [], tokenBudget: 2000, abortSignal: signal }),
+      commitTurn: (signal) => engine.commitTurn({ ...scope, advancementKey: "abort-late", messages: turn(9), prePromptMessageCount: 0, abortSignal: signal }),
+    };
+    for (const [name, call] of Object.entries(calls)) {
+      for (const when of ["in flight", "before the call"]) {
+        const controller = new AbortController();
+        // Reasons of both kinds: an AbortError, and a plain reason (forgiven only as itself).
+        const reason = when === "in flight" ? abortError() : new Error("the run ended");
+        if (when === "before the call") controller.abort(reason);
+        const pending = call(controller.signal);
+        if (when === "in flight") setImmediate(() => controller.abort(reason));
+        try {
+          await pending;
+        } catch (error) {
+          assert.ok(forgiven(error, controller.signal), `${name} aborted ${when} rejected with ${error?.name}: ${error?.message}`);
+        }
+      }
+    }
+    // The next turn goes on as usual.
+    const result = await engine.commitTurn({ ...scope, advancementKey: "after-aborts", messages: turn(10), prePromptMessageCount: 0 });
+    assert.equal(result.status, "committed");
+    const assembled = await engine.assemble({ ...scope, messages: [], tokenBudget: 4000 });
+    assert.ok(assembled.messages.length > 0);
+  } finally {
+    await close();
+  }
+});
+
+test("a child killed mid-call takes nothing down: the call is sent again to a new one, with the history", async () => {
+  const { engine, proc, close } = plugin();
+  const scope = { sessionId: "kill-1", sessionKey: "agent:main:kill-1" };
+  const uncaught = [];
+  const onUncaught = (error) => uncaught.push(error);
+  process.on("uncaughtException", onUncaught);
+  try {
+    await commitTurns(engine, scope, 6);
+    const history = turn(1).concat(turn(2));
+    await engine.assemble({ ...scope, messages: history, tokenBudget: 4000 });
+    await engine.assemble({ ...scope, messages: history, tokenBudget: 4000 });
+    for (let kill = 0; kill < 4; kill++) {
+      const first = proc.child;
+      // A call in flight, the child killed under it, and more calls written to the dead pipe
+      // before its exit is seen (the write that crashed the gateway with EPIPE).
+      const inFlight = engine.commitTurn({ ...scope, advancementKey: `after-kill-${kill}`, messages: turn(20 + kill), prePromptMessageCount: 0 });
+      first.kill("SIGKILL");
+      const written = engine.assemble({ ...scope, messages: history, tokenBudget: 4000 });
+      const [committed, assembled] = await Promise.all([inFlight, written]);
+      assert.ok(["committed", "duplicate"].includes(committed.status), JSON.stringify(committed));
+      assert.ok(assembled.messages.length > 0);
+      assert.notEqual(proc.child, first, "a new child serves");
+    }
+    // Every turn acknowledged before and after the kills is in the store.
+    const assembled = await engine.assemble({ ...scope, messages: [], tokenBudget: 100000 });
+    const text = JSON.stringify(assembled.messages);
+    for (let kill = 0; kill < 4; kill++) assert.ok(text.includes(`Request ${20 + kill} about`), `turn ${20 + kill} is missing`);
+    await new Promise((resolve) => setTimeout(resolve, 50));
+    assert.deepEqual(uncaught.map(String), []);
+  } finally {
+    process.off("uncaughtException", onUncaught);
+    await close();
+  }
+});
+
+test("two sessions at once: each call's summaries are written by its own host model, in its own call", async () => {
+  const { engine, close } = plugin({ engine: { summarizer: { kind: "host" } } });
+  const sessions = ["alpha", "omega"].map((name) => ({ sessionId: `model-${name}`, sessionKey: `agent:main:${name}`, topic: `${name}ledger` }));
+  const asked = [];
+  // OpenClaw tracks each call's async work in its async context and refuses work started
+  // outside a live one ("Async work scope is closed"): the model checks the same.
+  const calls = new AsyncLocalStorage();
+  try {
+    // The child starts inside a call whose scope is closed long before the summaries.
+    await calls.run({ session: "bootstrap", open: false }, () => engine.bootstrap({ sessionId: "starter", sessionKey: "agent:main:starter" }));
+    for (const { topic, ...scope } of sessions) await commitTurns(engine, scope, 10, topic);
+    const model = (session) => ({
+      complete: async (params) => {
+        const call = calls.getStore();
+        if (!call?.open || call.session !== session) throw new Error(`Async work scope is closed (asked from ${call?.session}'s call)`);
+        assert.equal(params.scope, undefined, "the server's routing field is not the host's business");
+        const prompt = JSON.stringify(params.messages);
+        asked.push({ session, sawAlpha: prompt.includes("alphaledger"), sawOmega: prompt.includes("omegaledger") });
+        // Slow enough that the two sessions' summaries overlap.
+        await new Promise((resolve) => setTimeout(resolve, 20));
+        return { text: `Summary by ${session}'s model.` };
+      },
+    });
+    const results = await Promise.all(
+      sessions.map(({ topic, ...scope }) =>
+        calls.run({ session: scope.sessionId, open: true }, () => engine.compact({ ...scope, tokenBudget: 3000, force: true, runtimeContext: { llm: model(scope.sessionId) } })),
+      ),
+    );
+    for (const result of results) assert.equal(result.result?.details?.degradedSummaries ?? 0, 0, JSON.stringify(result.result?.details));
+    for (const result of results) assert.ok(result.compacted, JSON.stringify(result));
+    assert.ok(asked.some((call) => call.session === "model-alpha"), "alpha's model was never asked");
+    assert.ok(asked.some((call) => call.session === "model-omega"), "omega's model was never asked");
+    for (const call of asked) {
+      const own = call.session === "model-alpha" ? call.sawAlpha : call.sawOmega;
+      const other = call.session === "model-alpha" ? call.sawOmega : call.sawAlpha;
+      assert.ok(own && !other, `${call.session}'s model was asked to summarize another session's history`);
+    }
+    // A call without a model gets no other call's model: its summaries fall back, and say so.
+    const { topic, ...alpha } = sessions[0];
+    await commitTurns(engine, { ...alpha, sessionId: "model-none" }, 10, topic);
+    const late = await engine.compact({ sessionId: "model-none", sessionKey: "agent:main:none", tokenBudget: 3000, force: true });
+    assert.match(late.result?.details?.degradedReason ?? "", /no host model in scope/);
+  } finally {
+    await close();
+  }
+});
+
+test("a child that cannot start fails as broken; the next call starts it again", async () => {
+  const root = mkdtempSync(join(tmpdir(), "vilvona-start-"));
+  const stateDir = join(root, "state");
+  // The state directory is a file at first: the engine cannot open its store.
+  writeFileSync(stateDir, "not a directory");
+  const { engine, close } = plugin({ stateDir });
+  const scope = { sessionId: "start-1", sessionKey: "agent:main:start-1" };
+  try {
+    await assert.rejects(engine.commitTurn({ ...scope, advancementKey: "k1", messages: turn(1), prePromptMessageCount: 0 }), (error) => !error.transient);
+    rmSync(stateDir);
+    const result = await engine.commitTurn({ ...scope, advancementKey: "k1", messages: turn(1), prePromptMessageCount: 0 });
+    assert.equal(result.status, "committed");
+  } finally {
+    await close();
+    rmSync(root, { recursive: true, force: true });
+  }
+});
+
+test("a child that keeps dying: maintenance answers without the work, a turn's messages are refused", async () => {
+  const root = mkdtempSync(join(tmpdir(), "vilvona-dying-"));
+  const dying = join(root, "vilvona");
+  // Killed by a signal at every start (as the OOM killer would): a passing failure, each time.
+  writeFileSync(dying, "#!/bin/sh\nkill -9 $$\n");
+  chmodSync(dying, 0o755);
+  const { engine, warnings, close } = plugin({ binary: dying });
+  const scope = { sessionId: "dying-1", sessionKey: "agent:main:dying-1" };
+  try {
+    const compacted = await engine.compact({ ...scope, tokenBudget: 2000, force: true });
+    assert.equal(compacted.compacted, false);
+    assert.match(compacted.reason, /exited \(SIGKILL\).*next call tries again/);
+    const maintained = await engine.maintain({ ...scope, reason: "turn" });
+    assert.equal(maintained.changed, false);
+    const assembled = await engine.assemble({ ...scope, messages: turn(1), tokenBudget: 2000 });
+    assert.equal(assembled.messages.length, 2, "the host's own messages, as OpenClaw would use them");
+    await assert.rejects(engine.commitTurn({ ...scope, advancementKey: "k", messages: turn(1), prePromptMessageCount: 0 }), TransientError);
+    assert.ok(warnings.some((line) => /compact/.test(line)), warnings.join("\n"));
+  } finally {
+    await close();
+    rmSync(root, { recursive: true, force: true });
+  }
+});
