@@ -18,11 +18,16 @@ struct Client {
 
 impl Client {
     fn start(state: &std::path::Path) -> Client {
+        Client::start_logging(state, Stdio::null())
+    }
+
+    /// A server whose log (stderr) goes to `log`.
+    fn start_logging(state: &std::path::Path, log: impl Into<Stdio>) -> Client {
         let mut child = Command::new(env!("CARGO_BIN_EXE_vilvona"))
             .args(["--state-dir", state.to_str().unwrap(), "serve", "--stdio"])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            .stderr(log)
             .spawn()
             .unwrap();
         let stdout = child.stdout.take().unwrap();
@@ -379,6 +384,8 @@ fn the_summarizer_can_be_the_hosts_model_and_a_call_can_be_cancelled() {
         json!({"sessionId": "h", "tokenBudget": 2000, "force": true}),
     );
     let ask = client.wait(|value| value["method"] == "llm.complete");
+    // The request names the call whose work asks: the client answers with that call's model.
+    assert_eq!(ask["params"]["scope"], 3, "{ask}");
     assert!(
         ask["params"]["messages"][1]["content"]
             .as_str()
@@ -777,4 +784,104 @@ fn the_command_line_sees_the_sessions_a_gateway_stored() {
     assert_eq!(report["report"]["engine"], "lossless", "{report}");
     let doctor: Value = serde_json::from_slice(&run(&["doctor", "--json"]).stdout).unwrap();
     assert_eq!(doctor["sessions"], 1, "{doctor}");
+}
+
+/// The recall index deleted under a running server while turns go on: every turn succeeds,
+/// search finds everything meanwhile (from the database), the index is rebuilt in place
+/// without a restart, and the log says so in a few lines (it once wrote millions).
+#[test]
+fn an_index_deleted_under_a_running_server_is_rebuilt_with_a_bounded_log() {
+    let dir = TempDir::new().unwrap();
+    let log_path = dir.path().join("serve.log");
+    let log = std::fs::File::create(&log_path).unwrap();
+    let mut client = Client::start_logging(dir.path(), log);
+    initialize(&mut client, json!({}));
+    let mut id = 10;
+    let mut turn = |client: &mut Client, n: i64| {
+        id += 1;
+        let messages = json!([
+            user(&format!("turn {n}: the kestrel{n} shard moved"), n),
+            assistant(&format!("done {n}"))
+        ]);
+        let result = client.call(
+            id,
+            "commitTurn",
+            json!({"sessionId": "damaged", "sessionKey": "agent:main:damaged", "advancementKey": format!("k{n}"), "messages": messages}),
+        );
+        assert_eq!(result["status"], "committed", "turn {n}");
+    };
+    for n in 0..10 {
+        turn(&mut client, n);
+    }
+    let index = dir.path().join("agents/main/lossless/index");
+    // Doctor's verdict on the store (another process, read-only): its integrity check.
+    let doctor = |dir: &std::path::Path| -> (bool, String) {
+        let output = Command::new(env!("CARGO_BIN_EXE_vilvona"))
+            .args(["--state-dir", dir.to_str().unwrap(), "doctor", "--json"])
+            .output()
+            .unwrap();
+        let report: Value = serde_json::from_slice(&output.stdout).unwrap();
+        let store = report["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|check| check["name"] == "store integrity")
+            .cloned()
+            .unwrap_or_default();
+        (store["ok"] == true, store.to_string())
+    };
+    // The index exists (committed a moment after the turns), then is deleted whole.
+    let mut waited = 0;
+    while !index.join("meta.json").exists() && waited < 100 {
+        std::thread::sleep(Duration::from_millis(100));
+        waited += 1;
+    }
+    assert!(
+        index.join("meta.json").exists(),
+        "the index was never written"
+    );
+    std::fs::remove_dir_all(&index).unwrap();
+    for n in 10..40 {
+        turn(&mut client, n);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Search finds old and new turns meanwhile.
+    for n in [3, 35] {
+        let hits = client.call(
+            100 + n as u64,
+            "tools/call",
+            json!({"name": "vilvona_grep", "arguments": {"query": format!("kestrel{n}")}, "sessionId": "damaged", "sessionKey": "agent:main:damaged"}),
+        );
+        assert!(hits.to_string().contains(&format!("kestrel{n}")), "{hits}");
+    }
+    // Rebuilt in place while the server runs: doctor (another process) finds it healthy.
+    let mut healthy = false;
+    for _ in 0..150 {
+        if index.join("meta.json").exists() && doctor(dir.path()).0 {
+            healthy = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(
+        healthy,
+        "the index was not rebuilt: {}",
+        doctor(dir.path()).1
+    );
+    // The rebuilt index holds every turn (searched again, now through the index).
+    let hits = client.call(
+        200,
+        "tools/call",
+        json!({"name": "vilvona_grep", "arguments": {"query": "kestrel12"}, "sessionId": "damaged", "sessionKey": "agent:main:damaged"}),
+    );
+    assert!(hits.to_string().contains("kestrel12"), "{hits}");
+    drop(client.stdin.take());
+    client.child.wait().unwrap();
+    let text = std::fs::read_to_string(&log_path).unwrap();
+    let lines = text.lines().count();
+    assert!(
+        lines < 100,
+        "{lines} log lines:\n{}",
+        text.lines().take(20).collect::<Vec<_>>().join("\n")
+    );
 }

@@ -518,10 +518,10 @@ pub const PROBE_PLUGIN_ID: &str = "probe-plugin";
 /// How the probe engine is registered for a row.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ProbeSetup {
-    /// Registered and healthy, except that `fail_at` stages fail (or are cancelled).
+    /// Registered and healthy, except that `fail_at` stages fail (as `fail_as` says).
     Engine {
         fail_at: &'static [Stage],
-        cancel: bool,
+        fail_as: Failure,
     },
     /// Registered with a factory that errors.
     FailingFactory,
@@ -529,6 +529,17 @@ pub enum ProbeSetup {
     InvalidContract,
     /// Not registered at all.
     Unregistered,
+}
+
+/// How the probe's failing stages fail.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Failure {
+    /// An error: the engine is broken.
+    Error,
+    /// [`EngineError::Cancelled`].
+    Cancelled,
+    /// [`EngineError::Transient`]: the call may succeed if tried again.
+    Transient,
 }
 
 /// A call the row makes after resolution.
@@ -561,7 +572,7 @@ pub struct SelectionCase {
 
 const HEALTHY: ProbeSetup = ProbeSetup::Engine {
     fail_at: &[],
-    cancel: false,
+    fail_as: Failure::Error,
 };
 
 /// The slot/policy/quarantine table, mined from OpenClaw's registry and quarantine behaviour.
@@ -595,7 +606,7 @@ pub fn selection_cases() -> Vec<SelectionCase> {
                     Stage::OnSubagentEnded => &[Stage::OnSubagentEnded],
                     _ => &[],
                 },
-                cancel: false,
+                fail_as: Failure::Error,
             },
             match stage {
                 Stage::Bootstrap => &[Call::Stage(Stage::Bootstrap)],
@@ -780,7 +791,7 @@ pub fn selection_cases() -> Vec<SelectionCase> {
                 Some("probe"),
                 ProbeSetup::Engine {
                     fail_at: &[Stage::Compact],
-                    cancel: false,
+                    fail_as: Failure::Error,
                 },
                 &[Call::Stage(Stage::Compact)],
                 LEGACY_ENGINE_ID,
@@ -795,7 +806,7 @@ pub fn selection_cases() -> Vec<SelectionCase> {
                 Some("probe"),
                 ProbeSetup::Engine {
                     fail_at: &[Stage::PrepareSubagentSpawn],
-                    cancel: false,
+                    fail_as: Failure::Error,
                 },
                 &[Call::Stage(Stage::PrepareSubagentSpawn)],
                 LEGACY_ENGINE_ID,
@@ -809,7 +820,7 @@ pub fn selection_cases() -> Vec<SelectionCase> {
                 Some("probe"),
                 ProbeSetup::Engine {
                     fail_at: &[Stage::Assemble],
-                    cancel: false,
+                    fail_as: Failure::Error,
                 },
                 &[
                     Call::Stage(Stage::Assemble),
@@ -827,7 +838,7 @@ pub fn selection_cases() -> Vec<SelectionCase> {
                 Some("probe"),
                 ProbeSetup::Engine {
                     fail_at: &[Stage::Ingest, Stage::Assemble],
-                    cancel: false,
+                    fail_as: Failure::Error,
                 },
                 &[Call::Stage(Stage::Ingest), Call::Stage(Stage::Assemble)],
                 LEGACY_ENGINE_ID,
@@ -840,9 +851,22 @@ pub fn selection_cases() -> Vec<SelectionCase> {
                 Some("probe"),
                 ProbeSetup::Engine {
                     fail_at: &[Stage::Assemble],
-                    cancel: true,
+                    fail_as: Failure::Cancelled,
                 },
                 &[Call::Stage(Stage::Assemble)],
+                PROBE_ENGINE_ID,
+            )
+        },
+        SelectionCase {
+            expect_error: Some("probe's store was busy during compact"),
+            ..row(
+                "a transient failure never quarantines, and is not retried on legacy",
+                Some("probe"),
+                ProbeSetup::Engine {
+                    fail_at: &[Stage::Assemble, Stage::Compact],
+                    fail_as: Failure::Transient,
+                },
+                &[Call::Stage(Stage::Assemble), Call::Stage(Stage::Compact)],
                 PROBE_ENGINE_ID,
             )
         },
@@ -865,7 +889,7 @@ pub fn selection_cases() -> Vec<SelectionCase> {
                 Some("probe"),
                 ProbeSetup::Engine {
                     fail_at: &[Stage::Assemble],
-                    cancel: false,
+                    fail_as: Failure::Error,
                 },
                 &[Call::Stage(Stage::Assemble)],
                 PROBE_ENGINE_ID,
@@ -880,7 +904,7 @@ pub fn selection_cases() -> Vec<SelectionCase> {
                 Some("probe"),
                 ProbeSetup::Engine {
                     fail_at: &[Stage::Assemble],
-                    cancel: false,
+                    fail_as: Failure::Error,
                 },
                 &[Call::Stage(Stage::Assemble), Call::Stage(Stage::Ingest)],
                 PROBE_ENGINE_ID,
@@ -993,12 +1017,12 @@ fn probe_factory(setup: ProbeSetup, calls: Arc<AtomicUsize>) -> Option<EngineFac
                 Ok(engine)
             }
         })),
-        ProbeSetup::Engine { fail_at, cancel } => Some(engine_factory(move |_| {
+        ProbeSetup::Engine { fail_at, fail_as } => Some(engine_factory(move |_| {
             calls.fetch_add(1, Ordering::SeqCst);
             async move {
                 let engine: Arc<dyn ContextEngine> = Arc::new(ProbeEngine {
                     fail_at: fail_at.to_vec(),
-                    cancel,
+                    fail_as,
                     ..ProbeEngine::default()
                 });
                 Ok(engine)
@@ -1123,8 +1147,8 @@ async fn run_call(engine: &dyn ContextEngine, call: Call) -> Result<(), EngineEr
 pub struct ProbeEngine {
     pub name: String,
     pub fail_at: Vec<Stage>,
-    /// Fail with [`EngineError::Cancelled`] instead of an error.
-    pub cancel: bool,
+    /// How the `fail_at` stages fail.
+    pub fail_as: Failure,
     pub calls: Mutex<Vec<Stage>>,
 }
 
@@ -1133,7 +1157,7 @@ impl Default for ProbeEngine {
         ProbeEngine {
             name: "Probe Engine".to_owned(),
             fail_at: Vec::new(),
-            cancel: false,
+            fail_as: Failure::Error,
             calls: Mutex::new(Vec::new()),
         }
     }
@@ -1147,10 +1171,15 @@ impl ProbeEngine {
             .push(stage);
         if !self.fail_at.contains(&stage) {
             Ok(())
-        } else if self.cancel {
-            Err(EngineError::Cancelled)
         } else {
-            Err(EngineError::failed(format!("probe failed during {stage}")))
+            Err(match self.fail_as {
+                Failure::Cancelled => EngineError::Cancelled,
+                Failure::Transient => EngineError::Transient {
+                    message: format!("probe's store was busy during {stage}"),
+                    source: None,
+                },
+                Failure::Error => EngineError::failed(format!("probe failed during {stage}")),
+            })
         }
     }
 }

@@ -961,6 +961,33 @@ mod tests {
         }
     }
 
+    /// A client tells a broken engine (-32001) from everything else by the code alone.
+    #[test]
+    fn errors_are_sorted_into_broken_and_the_rest() {
+        let cases = [
+            (EngineError::Cancelled, CANCELLED),
+            (EngineError::HistoryNeeded, HISTORY_NEEDED),
+            (
+                EngineError::transient("lossless compact", std::io::Error::other("busy")),
+                TRANSIENT,
+            ),
+            (EngineError::failed("the store is corrupt"), ENGINE_ERROR),
+        ];
+        for (error, code) in cases {
+            let text = error.to_string();
+            assert_eq!(engine_error("compact", error).code, code, "{text}");
+        }
+    }
+
+    /// A process started after another died numbers its revisions above the dead one's.
+    #[test]
+    fn revisions_of_a_new_process_follow_the_old_ones() {
+        let old = SentContexts::default().record("s", None, vec![1]).0;
+        std::thread::sleep(Duration::from_millis(2));
+        let new = SentContexts::default().record("s", None, vec![1]).0;
+        assert!(new > old + 1, "{old} then {new}");
+    }
+
     #[test]
     fn a_client_without_the_last_revision_gets_the_whole_context() {
         let mut sent = SentContexts::default();

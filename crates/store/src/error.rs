@@ -271,3 +271,49 @@ impl StoreError {
 
 /// The store's results.
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What a retry can outlive is transient; a broken store is not.
+    #[test]
+    fn transient_errors_are_those_a_retry_can_outlive() {
+        let postgres = |text: &str| StoreError::Postgres(PostgresError(text.to_owned()));
+        let cases = [
+            (
+                postgres("FATAL 57P01: terminating connection due to administrator command"),
+                true,
+            ),
+            (postgres("ERROR 40001: could not serialize access"), true),
+            (postgres("FATAL 08006: connection failure"), true),
+            (
+                postgres("error connecting to server: Connection refused (os error 111)"),
+                true,
+            ),
+            (
+                postgres("ERROR 42P01: relation \"messages\" does not exist"),
+                false,
+            ),
+            (
+                StoreError::Sqlite(DatabaseError(rusqlite::Error::SqliteFailure(
+                    rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_BUSY),
+                    None,
+                ))),
+                true,
+            ),
+            (
+                StoreError::Sqlite(DatabaseError(rusqlite::Error::SqliteFailure(
+                    rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_CORRUPT),
+                    None,
+                ))),
+                false,
+            ),
+            (StoreError::WriterStopped("the writer panicked"), false),
+            (StoreError::CorruptRow("message 4".to_owned()), false),
+        ];
+        for (error, transient) in cases {
+            assert_eq!(error.is_transient(), transient, "{error:?}");
+        }
+    }
+}

@@ -821,12 +821,18 @@ impl IndexSlot {
             filled
         };
         release();
-        std::fs::rename(&dir, &old_dir).map_err(|error| StoreError::io(&dir, error))?;
+        // The index being replaced may be gone altogether (deleted under a running process).
+        let replaced = dir.exists();
+        if replaced {
+            std::fs::rename(&dir, &old_dir).map_err(|error| StoreError::io(&dir, error))?;
+        }
         if let Err(error) = std::fs::rename(&fresh_dir, &dir) {
-            let _ = std::fs::rename(&old_dir, &dir);
+            if replaced {
+                let _ = std::fs::rename(&old_dir, &dir);
+            }
             return Err(StoreError::io(&fresh_dir, error));
         }
-        if let Err(error) = std::fs::remove_dir_all(&old_dir) {
+        if replaced && let Err(error) = std::fs::remove_dir_all(&old_dir) {
             tracing::warn!(dir = %old_dir.display(), %error, "could not remove the replaced index");
         }
         let (swapped, _) = RecallIndex::open_or_create(&dir, embedder)?;

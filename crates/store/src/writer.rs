@@ -34,8 +34,6 @@ pub(crate) const POSITION_STEP: i64 = 1024;
 const INDEX_COMMIT_DELAY: Duration = Duration::from_millis(250);
 /// How long `rebuild-index` waits for another process to release the index.
 const REBUILD_LOCK_WAIT: Duration = Duration::from_secs(10);
-/// How long after a failed automatic rebuild the next one is tried.
-const REBUILD_RETRY: Duration = Duration::from_secs(60);
 /// Commit the index once this many documents wait.
 const INDEX_COMMIT_DOCS: usize = 4096;
 
@@ -176,6 +174,65 @@ pub(crate) struct Writer {
     train_dictionary_after: Option<i64>,
     /// Makes vectors in the background when the model is behind an endpoint.
     filler: Option<VectorFiller>,
+    /// The index work that keeps failing (a deleted or damaged index, a full disk): when to
+    /// try it again, and which failures to log.
+    index_retry: Retry,
+}
+
+/// A background job that keeps failing: when to try it again (a pause that doubles from
+/// [`RETRY_FIRST`] to [`RETRY_MOST`]) and which failures to log (the 1st, 2nd, 4th, 8th …,
+/// each with the count), so a fault that lasts neither floods the log nor spins a core.
+#[derive(Debug)]
+struct Retry {
+    failures: u32,
+    next_try: Instant,
+}
+
+/// The first pause after a failure of background index work.
+const RETRY_FIRST: Duration = Duration::from_secs(1);
+/// The longest pause between tries of failing background index work.
+const RETRY_MOST: Duration = Duration::from_secs(60);
+
+impl Retry {
+    fn new() -> Retry {
+        Retry {
+            failures: 0,
+            next_try: Instant::now(),
+        }
+    }
+
+    fn due(&self) -> bool {
+        Instant::now() >= self.next_try
+    }
+
+    /// How long until the next try (zero when due).
+    fn wait(&self) -> Duration {
+        self.next_try.saturating_duration_since(Instant::now())
+    }
+
+    fn failed(&mut self, what: &str, error: &StoreError) {
+        self.failures = self.failures.saturating_add(1);
+        let pause = RETRY_FIRST
+            .saturating_mul(1 << (self.failures - 1).min(6))
+            .min(RETRY_MOST);
+        self.next_try = Instant::now() + pause;
+        if self.failures.is_power_of_two() {
+            tracing::warn!(
+                %error,
+                failures = self.failures,
+                retry_in_s = pause.as_secs(),
+                "{what} failed; it is tried again after a pause (logged at the 1st, 2nd, 4th, 8th … failure)"
+            );
+        }
+    }
+
+    fn succeeded(&mut self, what: &str) {
+        if self.failures > 0 {
+            tracing::info!(failures = self.failures, "{what} works again");
+        }
+        self.failures = 0;
+        self.next_try = Instant::now();
+    }
 }
 
 /// How often a writer without the index lock tries to take it over.
@@ -212,6 +269,7 @@ impl Writer {
             commit_delay: commit_delay.unwrap_or(INDEX_COMMIT_DELAY),
             train_dictionary_after: encoder.get().is_none().then_some(codec::DICTIONARY_AFTER),
             encoder,
+            index_retry: Retry::new(),
         })
     }
 
@@ -256,6 +314,9 @@ impl Writer {
 
     /// How long the loop may wait for a command before index work is due.
     fn next_wake(&self) -> Duration {
+        if !self.index_retry.due() {
+            return self.index_retry.wait();
+        }
         let mut index_check = self
             .next_index_check
             .saturating_duration_since(Instant::now());
@@ -274,19 +335,40 @@ impl Writer {
     /// Index work that is due: commit what waits, take the lock over when it is free, index
     /// what other processes wrote.
     fn index_work(&mut self) {
-        if self.counter.skips_index_commits() {
+        if self.counter.skips_index_commits() || !self.index_retry.due() {
             return;
+        }
+        // A damaged or missing index (a search could not read it, a commit failed) is rebuilt
+        // from the database in place, by the maintainer only (a writer without the lock would
+        // wait on it); searches read the database meanwhile. A failed rebuild pauses too.
+        if self.sink.is_some() && self.index.current().is_broken() {
+            tracing::warn!(
+                "the recall index is damaged or missing; rebuilding it from the database"
+            );
+            match self.rebuild_index(true) {
+                Ok(documents) => {
+                    tracing::info!(documents, "rebuilt the recall index");
+                    self.index_retry.succeeded("maintaining the recall index");
+                }
+                Err(error) => {
+                    self.index_retry
+                        .failed("rebuilding the recall index", &error);
+                    return;
+                }
+            }
         }
         let commit_due = self
             .sink
             .as_ref()
             .and_then(IndexSink::first_pending_at)
             .is_some_and(|first| first.elapsed() >= self.commit_delay);
-        if commit_due {
-            self.commit_index_logged();
+        if commit_due && !self.commit_index_logged() {
+            return;
         }
         if let Err(error) = self.fill_vectors() {
-            tracing::warn!(%error, "adding vectors to the recall index failed; it will be retried");
+            self.index_retry
+                .failed("adding vectors to the recall index", &error);
+            return;
         }
         if Instant::now() < self.next_index_check {
             return;
@@ -317,20 +399,16 @@ impl Writer {
             }
             (None, _) => false,
         };
-        if behind && let Err(error) = self.catch_up_index() {
-            tracing::warn!(%error, "catching the recall index up failed; it will be retried");
-        } else if let Err(error) = self.apply_index_tasks() {
-            tracing::warn!(%error, "applying queued index work failed; it will be retried");
-        }
-        // Only the maintainer rebuilds (a writer without the lock would wait on it); a failed
-        // rebuild is retried after a pause, not on every tick.
-        if self.sink.is_some() && self.index.current().is_broken() {
-            tracing::warn!(
-                "a search could not read the recall index; rebuilding it from the database"
-            );
-            if let Err(error) = self.rebuild_index(true) {
-                tracing::warn!(%error, "rebuilding the recall index failed; searches read the database meanwhile");
-                self.next_index_check = Instant::now() + REBUILD_RETRY;
+        let work = if behind {
+            self.catch_up_index().map(drop)
+        } else {
+            self.apply_index_tasks().map(drop)
+        };
+        match work {
+            Ok(()) => self.index_retry.succeeded("maintaining the recall index"),
+            Err(error) => {
+                self.index_failed("catching the recall index up", &error);
+                return;
             }
         }
     }
@@ -426,7 +504,7 @@ impl Writer {
                     if let Err(error) = self.fill_before_stopping() {
                         tracing::warn!(%error, "adding vectors to the recall index failed; the next writer adds them");
                     }
-                    self.commit_index_logged();
+                    let _ = self.commit_index_logged();
                     return;
                 }
             }
@@ -440,7 +518,7 @@ impl Writer {
                 .as_ref()
                 .is_some_and(|sink| sink.pending() >= INDEX_COMMIT_DOCS)
             {
-                self.commit_index_logged();
+                let _ = self.commit_index_logged();
             }
             self.index_work();
         }
@@ -1123,10 +1201,29 @@ impl Writer {
         self.set_store_state("index_watermark", &watermark)
     }
 
-    fn commit_index_logged(&mut self) {
-        if let Err(error) = self.commit_index() {
-            tracing::warn!(%error, "committing the recall index failed; it will be retried and caught up on the next open");
+    /// Commits the index unless its last failure is too recent; false when it failed (now or
+    /// lately). What was not committed is caught up from the database later.
+    fn commit_index_logged(&mut self) -> bool {
+        if !self.index_retry.due() {
+            return false;
         }
+        match self.commit_index() {
+            Ok(()) => true,
+            Err(error) => {
+                self.index_failed("committing the recall index", &error);
+                false
+            }
+        }
+    }
+
+    /// Index work failed: a fault of the index's own files (deleted, damaged, unwritable)
+    /// marks it broken, so the maintainer rebuilds it from the database in place (searches
+    /// read the database meanwhile); and the work pauses before it is tried again.
+    fn index_failed(&mut self, what: &str, error: &StoreError) {
+        if matches!(error, StoreError::Index(_) | StoreError::Io { .. }) {
+            self.index.current().mark_broken();
+        }
+        self.index_retry.failed(what, error);
     }
 
     /// Rebuilds the index from SQLite beside the current one and swaps it in (see
