@@ -3,7 +3,7 @@
 #
 #   scripts/soak-gateway.sh [--engine vilvona|legacy] [--window TOKENS] [--turns N] [--out DIR]
 #       [--shape chars4|tokenizer|no-usage] [--summarizer extractive|host] [--slow-summarizer MS]
-#       [--sessions N] [--kills N]
+#       [--sessions N] [--kills N] [--cell NAME]
 #
 # One cell of the soak matrix (.ci/run runs several): the provider's shape (`chars4`: counts
 # characters/4 of the messages and reports usage; `tokenizer`: ~3.3 characters a token over the
@@ -39,6 +39,7 @@ SUMMARIZER=extractive
 SLOW_SUMMARIZER=0
 SESSIONS=1
 KILLS=0
+CELL=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --engine) ENGINE="$2"; shift 2 ;;
@@ -50,6 +51,7 @@ while [ $# -gt 0 ]; do
     --slow-summarizer) SLOW_SUMMARIZER="$2"; shift 2 ;;
     --sessions) SESSIONS="$2"; shift 2 ;;
     --kills) KILLS="$2"; shift 2 ;;
+    --cell) CELL="$2"; shift 2 ;;
     *) echo "usage: $0 [--engine vilvona|legacy] [--window TOKENS] [--turns N] [--out DIR] [--shape chars4|tokenizer|no-usage] [--summarizer extractive|host] [--slow-summarizer MS] [--sessions N] [--kills N]" >&2; exit 2 ;;
   esac
 done
@@ -189,7 +191,7 @@ GATEWAY_PID=""
 cp "$WORK/gateway.out" "$OUT/gateway.out" 2>/dev/null || true
 cp "$WORK/openclaw.log" "$OUT/openclaw.log" 2>/dev/null || true
 
-"$FIGURES_BIN" soak --requests "$OUT/mock.jsonl" --turns "$OUT/results.jsonl" --engine "$ENGINE" --window "$WINDOW" >"$OUT/figures.json" \
+"$FIGURES_BIN" soak --requests "$OUT/mock.jsonl" --turns "$OUT/results.jsonl" --engine "$ENGINE" --window "$WINDOW" ${CELL:+--cell "$CELL"} >"$OUT/figures.json" \
   || fail "could not compute the figures"
 node -e '
   const f = JSON.parse(require("fs").readFileSync(process.argv[1], "utf8"));
@@ -204,6 +206,12 @@ node -e '
 QUARANTINES=$(cat "$OUT/gateway.out" "$OUT/openclaw.log" 2>/dev/null | grep -ac "quarantining" || true)
 [ "$QUARANTINES" -eq 0 ] || fail "OpenClaw quarantined the engine: $(cat "$OUT/gateway.out" "$OUT/openclaw.log" 2>/dev/null | grep -a "quarantining" | head -n 2 | cut -c1-400)"
 KILLED=$(wc -l <"$OUT/kills.log")
+if [ "$SLOW_SUMMARIZER" -gt 0 ]; then
+  # The cell is about OpenClaw aborting background maintenance for the next turn: it must have.
+  ABORTS=$(grep -ac "yielded to a foreground turn" "$OUT/gateway.out" || true)
+  echo "$NAME: OpenClaw aborted background maintenance $ABORTS time(s)"
+  [ "$ABORTS" -gt 0 ] || fail "OpenClaw never aborted a maintenance compaction: the cell tested no abort (a slower summarizer, or more turns)"
+fi
 FAILED=$(grep -vc '"status":200' "$OUT/results.jsonl" || true)
 if [ "$KILLS" -gt 0 ]; then
   [ "$KILLED" -gt 0 ] || fail "--kills $KILLS: no vilvona child was found to kill"

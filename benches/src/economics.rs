@@ -248,6 +248,9 @@ pub fn median_p90(values: &[f64]) -> MedianP90 {
 pub struct SoakFigures {
     pub engine: String,
     pub window: u64,
+    /// The soak matrix's cell this run is (its column's name in a table), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cell: Option<String>,
     pub turns: usize,
     pub turns_ok: usize,
     pub wall_per_turn_ms: MedianP90,
@@ -294,6 +297,7 @@ pub fn soak_figures(
     SoakFigures {
         engine: engine.to_owned(),
         window,
+        cell: None,
         turns: turns.len(),
         turns_ok: turns.iter().filter(|turn| turn.status == 200).count(),
         wall_per_turn_ms: median_p90(&wall),
@@ -362,7 +366,10 @@ const SOAK_ROWS: &[Row] = &[
 pub fn soak_table(runs: &[&SoakFigures]) -> String {
     let mut out = String::from("| figure |");
     for run in runs {
-        out.push_str(&format!(" {} ({}k) |", run.engine, run.window / 1_000));
+        match &run.cell {
+            Some(cell) => out.push_str(&format!(" {cell}: {} |", run.engine)),
+            None => out.push_str(&format!(" {} ({}k) |", run.engine, run.window / 1_000)),
+        }
     }
     out.push_str("\n|---|");
     out.push_str(&"---|".repeat(runs.len()));

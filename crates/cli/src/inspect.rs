@@ -93,6 +93,9 @@ pub(crate) async fn doctor(global: &Global, json: bool, fix: bool) -> Result<Exi
             global.state_dir.display()
         );
     }
+    if fix {
+        fix_recall_index(global).await;
+    }
     let loose = vilvona_runtime::privacy::loose_paths(&global.state_dir);
     let mut options = global.options();
     options.read_only = true;
@@ -442,6 +445,27 @@ pub(crate) async fn sessions(global: &Global, json: bool) -> Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `doctor --fix`: a recall index the store check finds missing, unreadable, damaged or ahead
+/// of the database is rebuilt from the database (when the process that maintains it lets go
+/// of it within 10 s; else the reason is printed and the check below still reports it).
+async fn fix_recall_index(global: &Global) {
+    let rebuilt = async {
+        let host = global.host().await?;
+        let admin = admin(&host).await?;
+        if !admin.check().await?.index_needs_rebuild {
+            return Ok(None);
+        }
+        anyhow::Ok(Some(admin.rebuild_index().await?))
+    };
+    match rebuilt.await {
+        Ok(None) => {}
+        Ok(Some(documents)) => eprintln!(
+            "doctor --fix: rebuilt the recall index from the database ({documents} documents)"
+        ),
+        Err(error) => eprintln!("doctor --fix: the recall index could not be rebuilt: {error:#}"),
+    }
 }
 
 pub(crate) async fn rebuild_index(global: &Global) -> Result<ExitCode> {

@@ -788,7 +788,9 @@ fn the_command_line_sees_the_sessions_a_gateway_stored() {
 
 /// The recall index deleted under a running server while turns go on: every turn succeeds,
 /// search finds everything meanwhile (from the database), the index is rebuilt in place
-/// without a restart, and the log says so in a few lines (it once wrote millions).
+/// without a restart, and the log says so in a few lines (it once wrote millions). Then bytes
+/// overwritten in a segment: doctor sees them (it once said "healthy") and `doctor --fix` has
+/// the running server rebuild the index.
 #[test]
 fn an_index_deleted_under_a_running_server_is_rebuilt_with_a_bounded_log() {
     let dir = TempDir::new().unwrap();
@@ -875,6 +877,62 @@ fn an_index_deleted_under_a_running_server_is_rebuilt_with_a_bounded_log() {
         json!({"name": "vilvona_grep", "arguments": {"query": "kestrel12"}, "sessionId": "damaged", "sessionKey": "agent:main:damaged"}),
     );
     assert!(hits.to_string().contains("kestrel12"), "{hits}");
+
+    // Bytes overwritten in the newest segment's fast fields (its vectors and keys): doctor's
+    // checksums see it, and `doctor --fix` has the running server rebuild the index.
+    let newest_fast = std::fs::read_dir(&index)
+        .unwrap()
+        .flatten()
+        .map(|entry| entry.path())
+        .filter(|path| {
+            path.extension()
+                .is_some_and(|extension| extension == "fast")
+        })
+        .max_by_key(|path| std::fs::metadata(path).unwrap().modified().unwrap())
+        .expect("a segment with fast fields");
+    let mut bytes = std::fs::read(&newest_fast).unwrap();
+    // Inside the file, its footer left whole: only the checksum can tell.
+    let (from, count) = (bytes.len() / 4, (bytes.len() / 2).min(4096));
+    for (offset, byte) in bytes[from..from + count].iter_mut().enumerate() {
+        *byte = !*byte ^ (offset as u8);
+    }
+    std::fs::write(&newest_fast, bytes).unwrap();
+    let (ok, detail) = doctor(dir.path());
+    assert!(
+        !ok && detail.contains("checksum"),
+        "doctor missed the damage: {detail}"
+    );
+    let fixed = Command::new(env!("CARGO_BIN_EXE_vilvona"))
+        .args([
+            "--state-dir",
+            dir.path().to_str().unwrap(),
+            "doctor",
+            "--fix",
+        ])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&fixed.stderr);
+    assert!(said.contains("asked to rebuild"), "{said}");
+    let mut healed = false;
+    for n in 40..190 {
+        // Turns go on meanwhile.
+        if n % 10 == 0 {
+            turn(&mut client, n);
+        }
+        if doctor(dir.path()).0 {
+            healed = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(healed, "not healed: {}", doctor(dir.path()).1);
+    let hits = client.call(
+        201,
+        "tools/call",
+        json!({"name": "vilvona_grep", "arguments": {"query": "kestrel36"}, "sessionId": "damaged", "sessionKey": "agent:main:damaged"}),
+    );
+    assert!(hits.to_string().contains("kestrel36"), "{hits}");
+
     drop(client.stdin.take());
     client.child.wait().unwrap();
     let text = std::fs::read_to_string(&log_path).unwrap();

@@ -56,6 +56,10 @@ pub struct StorageCheck {
     pub summaries: u64,
     /// What is wrong; empty when healthy.
     pub problems: Vec<String>,
+    /// Whether rebuilding the derived search index from the store heals one of the problems
+    /// (what `doctor --fix` does).
+    #[serde(default)]
+    pub index_needs_rebuild: bool,
 }
 
 impl StorageCheck {

@@ -36,6 +36,7 @@ impl EngineAdmin for LosslessEngine {
             ),
             summaries: report.summaries,
             problems: report.problems,
+            index_needs_rebuild: report.index_needs_rebuild,
         })
     }
 

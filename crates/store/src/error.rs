@@ -101,7 +101,7 @@ pub enum StoreError {
     CorruptRow(String),
     /// `rebuild-index` while another process keeps maintaining the index.
     #[error(
-        "{0}: another process (a running `vilvona serve` or replay) maintains the recall index and keeps it current; stop it to rebuild the index"
+        "{0}: another process (a running `vilvona serve` or replay) maintains the recall index; on SQLite it was asked to rebuild it and does within seconds, else stop it and run this again"
     )]
     IndexBusy(PathBuf),
     /// A write on a store opened for reading only (an inspection command).

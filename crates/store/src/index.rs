@@ -417,6 +417,15 @@ impl RecallIndex {
         Ok(())
     }
 
+    /// The index's files whose contents no longer match their checksums (bytes overwritten in
+    /// place: a probe reads only what a query touches, so it may not see them). Reads every
+    /// file whole: for doctor, not for searches.
+    pub(crate) fn damaged_files(&self) -> Result<Vec<PathBuf>> {
+        let mut damaged: Vec<PathBuf> = self.index.validate_checksum()?.into_iter().collect();
+        damaged.sort();
+        Ok(damaged)
+    }
+
     /// Opens an existing index for reading only: never creates, repairs or locks anything.
     /// `Ok(None)` when there is none; an error when it is there but cannot be read (searches
     /// then read SQLite alone, and the next writer rebuilds it).

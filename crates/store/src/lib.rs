@@ -974,6 +974,7 @@ impl HistoryStore for Store {
             let checked = (|| -> Result<()> {
             read::integrity_problems(connection, &mut report)?;
             if let Some(problem) = index_problem {
+                report.index_needs_rebuild = true;
                 report.problems.push(format!(
                     "the recall index cannot be read ({problem}); searches read the database meanwhile; any writing command (or rebuild-index) rebuilds it"
                 ));
@@ -1006,8 +1007,18 @@ impl HistoryStore for Store {
                         [watermark.messages],
                         |row| row.get(0),
                     )?;
+                // Bytes overwritten in place are seen by the files' checksums alone.
+                let probed = probed.map_err(|error| error.to_string()).and_then(|()| {
+                    match index.damaged_files().map_err(|error| error.to_string())?.as_slice() {
+                        [] => Ok(()),
+                        files => Err(format!(
+                            "its files {} fail their checksums",
+                            files.iter().map(|file| file.display().to_string()).collect::<Vec<_>>().join(", ")
+                        )),
+                    }
+                });
                 let answered = match (probed, known) {
-                    (Err(error), _) => Err(error.to_string()),
+                    (Err(problem), _) => Err(problem),
                     (Ok(()), Some(id)) => match index.holds(index::IndexedRow::Message(id)) {
                         Ok(true) => Ok(()),
                         Ok(false) => Err(format!("it does not find message {id}, which it claims to hold")),
@@ -1016,8 +1027,9 @@ impl HistoryStore for Store {
                     (Ok(()), None) => Ok(()),
                 };
                 if let Err(problem) = answered {
+                    report.index_needs_rebuild = true;
                     report.problems.push(format!(
-                        "the recall index cannot be read ({problem}); searches read the database meanwhile; run rebuild-index"
+                        "the recall index cannot be read ({problem}); searches read the database meanwhile; run `vilvona doctor --fix` (or rebuild-index)"
                     ));
                 }
             }
@@ -1038,6 +1050,7 @@ impl HistoryStore for Store {
             // searches still work (they read the database), but every one reads all of it. (An
             // index that is there but behind is a writer catching up, not damage.)
             if index.is_none() && max_message > 0 && index_problem_absent(&report) {
+                report.index_needs_rebuild = true;
                 report.problems.push(format!(
                     "the recall index is missing while the database holds messages through {max_message}: searches read the database meanwhile (slower); any writing command (or rebuild-index) rebuilds it"
                 ));
@@ -1045,8 +1058,9 @@ impl HistoryStore for Store {
             // Behind is normal while writers run (those rows are searched in SQLite); ahead
             // means the database lost rows the index still points at.
             if watermark.messages > max_message || watermark.summaries > max_summary {
+                report.index_needs_rebuild = true;
                 report.problems.push(format!(
-                    "the recall index holds messages through {} and summaries through {}, but the database only has {max_message} and {max_summary} (rows were lost, e.g. with a deleted WAL); run rebuild-index",
+                    "the recall index holds messages through {} and summaries through {}, but the database only has {max_message} and {max_summary} (rows were lost, e.g. with a deleted WAL); run `vilvona doctor --fix` (or rebuild-index)",
                     watermark.messages, watermark.summaries
                 ));
             }

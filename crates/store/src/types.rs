@@ -698,6 +698,9 @@ pub struct IntegrityReport {
     pub stand_in_summaries: u64,
     /// What is wrong; empty when healthy.
     pub problems: Vec<String>,
+    /// Whether one of the problems is the recall index's (missing, unreadable, damaged, or
+    /// ahead of the database): rebuilding it from the database heals it.
+    pub index_needs_rebuild: bool,
 }
 
 /// Counts the summaries a fallback wrote in place of the configured summarizer (both backends).

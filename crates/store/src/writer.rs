@@ -179,6 +179,16 @@ pub(crate) struct Writer {
     index_retry: Retry,
 }
 
+/// The file by which a process that cannot take the index's lock (`rebuild-index`, `doctor
+/// --fix`) asks the process that holds it to rebuild it: beside the index directory.
+fn rebuild_request(index_dir: &std::path::Path) -> std::path::PathBuf {
+    let name = index_dir
+        .file_name()
+        .and_then(|name| name.to_str())
+        .unwrap_or("index");
+    index_dir.with_file_name(format!("{name}.rebuild-requested"))
+}
+
 /// A background job that keeps failing: when to try it again (a pause that doubles from
 /// [`RETRY_FIRST`] to [`RETRY_MOST`]) and which failures to log (the 1st, 2nd, 4th, 8th …,
 /// each with the count), so a fault that lasts neither floods the log nor spins a core.
@@ -338,9 +348,18 @@ impl Writer {
         if self.counter.skips_index_commits() || !self.index_retry.due() {
             return;
         }
-        // A damaged or missing index (a search could not read it, a commit failed) is rebuilt
-        // from the database in place, by the maintainer only (a writer without the lock would
-        // wait on it); searches read the database meanwhile. A failed rebuild pauses too.
+        // A damaged or missing index (a search could not read it, a commit failed, another
+        // process found it damaged and asked) is rebuilt from the database in place, by the
+        // maintainer only (a writer without the lock would wait on it); searches read the
+        // database meanwhile. A failed rebuild pauses too.
+        let request = rebuild_request(self.index.current().dir());
+        if self.sink.is_some() && request.exists() {
+            tracing::info!(file = %request.display(), "another process asked for the recall index to be rebuilt");
+            self.index.current().mark_broken();
+            if let Err(error) = std::fs::remove_file(&request) {
+                tracing::warn!(%error, file = %request.display(), "could not remove the rebuild request");
+            }
+        }
         if self.sink.is_some() && self.index.current().is_broken() {
             tracing::warn!(
                 "the recall index is damaged or missing; rebuilding it from the database"
@@ -1236,6 +1255,11 @@ impl Writer {
             self.sink = self.index.current().try_writer()?;
             if self.sink.is_none() {
                 if Instant::now() >= deadline {
+                    // The process that maintains it rebuilds it instead, when it next looks.
+                    let request = rebuild_request(self.index.current().dir());
+                    if let Err(error) = std::fs::write(&request, b"") {
+                        tracing::warn!(%error, file = %request.display(), "could not ask the index's maintainer to rebuild it");
+                    }
                     return Err(StoreError::IndexBusy(self.index.current().dir().to_owned()));
                 }
                 std::thread::sleep(Duration::from_millis(100));

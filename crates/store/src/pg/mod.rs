@@ -1557,6 +1557,7 @@ impl HistoryStore for PgStore {
             report.indexed_summaries_through = watermark.summaries;
             report.recall = format!("this node's index through message {}", watermark.messages);
             if let Err(error) = index.refresh().and_then(|()| index.probe()) {
+                report.index_needs_rebuild = true;
                 report.problems.push(format!(
                     "this node's recall index in {} cannot be read ({}); rebuild-index rebuilds it, searches read the database meanwhile",
                     index.dir().display(),
