@@ -14,6 +14,10 @@ use crate::assembly::Rendition;
 use crate::compaction::CompactionRequest;
 use crate::engine::{LosslessEngine, store_error};
 
+/// The smallest threshold above which content moves to a blob, however small the room: below
+/// it, a reference and a description would save little.
+const MIN_LARGE_CONTENT_TOKENS: u64 = 1_000;
+
 /// Most messages of one ingest whose rendered form is kept for the next assembly.
 const RENDER_ON_INGEST: usize = 64;
 
@@ -25,10 +29,27 @@ impl LosslessEngine {
         messages: &[AgentMessage],
         identity: impl Fn(usize) -> MessageIdentity,
     ) -> Result<Vec<NewMessage>, EngineError> {
+        // Large content moves to a blob above the configured threshold, or above half of what
+        // the context may hold beside the host's prompt, whichever is smaller: a tool's output
+        // larger than the whole room would leave a newest unit no compaction can fit (at 16k,
+        // OpenClaw's own prompt leaves ~5k; the configured 25k is for large windows).
+        let ceiling = self
+            .host_prompt(conversation)
+            .await?
+            .limits(&self.inner.config)
+            .ceiling;
+        let threshold = self
+            .inner
+            .config
+            .large_content_threshold_tokens
+            .min((ceiling / 2).max(MIN_LARGE_CONTENT_TOKENS));
         let mut prepared = Vec::with_capacity(messages.len());
         for (index, message) in messages.iter().enumerate() {
             let tokens = self.inner.estimator.message_tokens(message);
-            let (message, tokens) = match self.externalize(conversation, message, tokens).await? {
+            let (message, tokens) = match self
+                .externalize(conversation, message, tokens, threshold)
+                .await?
+            {
                 Some(moved) => {
                     let tokens = self.inner.estimator.message_tokens(&moved);
                     (moved, tokens)
@@ -44,7 +65,7 @@ impl LosslessEngine {
         Ok(prepared)
     }
 
-    /// A tool result (or user content) larger than the threshold: each large text block is stored
+    /// A tool result (or user content) larger than `threshold`: each large text block is stored
     /// once as a blob and replaced by a reference and a description. The original is restorable:
     /// the block keeps the blob id. `None` when the message (of `tokens`) stays as it is.
     async fn externalize(
@@ -52,8 +73,8 @@ impl LosslessEngine {
         conversation: ConversationId,
         message: &AgentMessage,
         tokens: u64,
+        threshold: u64,
     ) -> Result<Option<AgentMessage>, EngineError> {
-        let threshold = self.inner.config.large_content_threshold_tokens;
         let is_candidate = matches!(message, AgentMessage::ToolResult(_) | AgentMessage::User(_));
         if !is_candidate || tokens <= threshold {
             return Ok(None);

@@ -226,6 +226,79 @@ async fn with_the_reported_usage_the_whole_prompt_stays_under_the_hosts_threshol
     }
 }
 
+/// At a 16k window OpenClaw's own prompt leaves ~5.5k tokens: a turn that ends in an 8k-token
+/// tool output was a newest unit no compaction could fit (`no_progress`: large content moved
+/// out only above 25k tokens). Now the output is kept whole in the store, recallable, and the
+/// context holds its reference; the host's request for room is met.
+#[tokio::test]
+async fn a_tool_output_larger_than_the_room_is_kept_aside_so_compaction_fits() {
+    const SMALL_WINDOW: u64 = 16_000;
+    let dir = TempDir::new().unwrap();
+    let engine = engine_in(
+        &dir,
+        LosslessConfig::default(),
+        Arc::new(ExtractiveSummarizer::new(estimator())),
+    )
+    .await;
+    let session = "small";
+    for n in 1..=3 {
+        assemble(&engine, session, 1).await;
+        let mut turn = gateway_turn(n, None);
+        if n == 3 {
+            // The last turn reads a file four times the room.
+            turn[2] = message(
+                json!({"role": "toolResult", "toolCallId": "call_3", "toolName": "read", "content": [{"type": "text", "text": format!("{} the kestrel ledger closes here", words(9, 6_000))}], "isError": false, "timestamp": 1_796_211_318_105_i64}),
+            );
+        }
+        // What the provider counted: the host's own prompt around the engine's context.
+        let before = context_tokens(&engine, session).await;
+        let tokens: Vec<u64> = turn.iter().map(|m| estimator().message_tokens(m)).collect();
+        let first = 10_500 + before + tokens[0];
+        let second = first + tokens[1] + tokens[2];
+        let with_usage = {
+            let mut turn = turn.clone();
+            for (index, input) in [(1, first), (3, second)] {
+                let mut value = serde_json::to_value(&turn[index]).unwrap();
+                value["usage"] = json!({"input": input, "output": 40});
+                turn[index] = message(value);
+            }
+            if n == 3 {
+                // The turn ends in the tool's output (the host asks for room inside its tool
+                // loop): the output is part of the newest unit, which compaction never folds.
+                turn.truncate(3);
+            }
+            turn
+        };
+        commit(&engine, session, n, with_usage).await;
+    }
+    let result = engine
+        .compact(&CompactParams {
+            session_id: session.to_owned(),
+            session_key: Some(format!("agent:main:{session}")),
+            token_budget: Some(SMALL_WINDOW),
+            force: true,
+            current_token_count: Some(10_500 + context_tokens(&engine, session).await),
+            compaction_target: Some(CompactionTarget::Budget),
+            ..CompactParams::default()
+        })
+        .await
+        .unwrap();
+    let reason = result.reason.clone().unwrap();
+    assert_ne!(reason, CompactReason::NoProgress, "{:?}", result.result);
+    let after = context_tokens(&engine, session).await;
+    assert!(after + 10_500 <= SMALL_WINDOW, "{after} tokens of context");
+    // The whole output is kept and found.
+    let hits = engine
+        .call_tool(
+            &vilvona_core::admin::ToolCaller::new(session, Some(format!("agent:main:{session}"))),
+            "vilvona_grep",
+            &json!({"query": "kestrel ledger"}),
+        )
+        .await
+        .unwrap();
+    assert!(hits.to_string().contains("kestrel"), "{hits}");
+}
+
 /// A one-word answer at the oldest point after the summaries: its summary, header and all,
 /// would be larger than it, so a pass over it alone can make no progress. Compaction takes it
 /// with more, or leaves it.
