@@ -317,7 +317,7 @@ mod tests {
     /// latest estimate counts, bounded so the context keeps room.
     #[test]
     fn the_overhead_follows_observations_without_a_ratchet() {
-        let estimator = vilvona_core::tokens::HeuristicEstimator::default();
+        let estimator = vilvona_core::tokens::HeuristicEstimator;
         let turn = |input: u64| -> Vec<AgentMessage> {
             let assistant = serde_json::json!({
                 "role": "assistant",

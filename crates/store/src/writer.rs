@@ -425,10 +425,7 @@ impl Writer {
         };
         match work {
             Ok(()) => self.index_retry.succeeded("maintaining the recall index"),
-            Err(error) => {
-                self.index_failed("catching the recall index up", &error);
-                return;
-            }
+            Err(error) => self.index_failed("catching the recall index up", &error),
         }
     }
 
