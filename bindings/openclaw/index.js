@@ -2,9 +2,12 @@
 // `vilvona serve --stdio` process over JSON-RPC 2.0 (one JSON object per line).
 //
 // The process starts lazily on first use (register() runs several times per OpenClaw process
-// and must stay cheap), is shared by every engine instance of this process, and restarts if it
-// dies. Sets become arrays, an AbortSignal becomes `$/cancel`, a spawn rollback becomes a
-// handle, and the host's `runtimeContext.llm.complete` answers the server's `llm.complete`.
+// and must stay cheap), is shared by every engine instance of this process, and is restarted
+// (and the call sent again) if it dies. Sets become arrays, an AbortSignal becomes `$/cancel`
+// and the call rejects with the signal's own reason, a spawn rollback becomes a handle, and
+// each call's own `runtimeContext.llm.complete` answers the server's `llm.complete` for it.
+// OpenClaw gets one of three answers: a result, an abort, or a failure that means the engine
+// cannot work (see DEGRADED, and ARCHITECTURE.md's table).
 
 import { AsyncLocalStorage } from "node:async_hooks";
 import { spawn, spawnSync } from "node:child_process";
@@ -174,7 +177,7 @@ export class TransientError extends Error {
  * What an aborted call rejects with: the signal's own reason, which OpenClaw recognises as the
  * abort it asked for (`isContextEngineAbortRejection`), never as the engine's failure.
  */
-export function abortReason(signal) {
+function abortReason(signal) {
   if (signal.reason !== undefined) return signal.reason;
   const error = new Error("The operation was aborted");
   error.name = "AbortError";
@@ -222,7 +225,6 @@ class VilvonaProcess {
     // whether the engine holds the session's history (then assemble leaves it out). Belongs
     // to one process: forgotten when it exits.
     this.assembled = new Map();
-    this.restarts = 0;
   }
 
   /**
@@ -283,7 +285,6 @@ class VilvonaProcess {
     if (this.child !== child) return;
     this.child = null;
     this.ready = null;
-    this.restarts += 1;
     this.assembled.clear();
     // Each waiter's reject takes itself out of `pending` (and its model out of `llms`).
     for (const { reject } of [...this.pending.values()]) reject(transient ? new TransientError(`vilvona: ${why}`) : new Error(`vilvona: ${why}`));

@@ -221,3 +221,29 @@ test("a child that keeps dying: maintenance answers without the work, a turn's m
     rmSync(root, { recursive: true, force: true });
   }
 });
+
+test("a recall tool called without a session reads nothing, not the last session's history", async () => {
+  delete globalThis[SHARED];
+  const stateDir = mkdtempSync(join(tmpdir(), "vilvona-tool-scope-"));
+  let factory;
+  const tools = new Map();
+  register({
+    pluginConfig: { binary, stateDir },
+    registerContextEngine: (_id, make) => (factory = make),
+    registerTool: (make, { name }) => tools.set(name, make),
+    logger: { warn: () => {} },
+  });
+  const proc = globalThis[SHARED];
+  const engine = factory();
+  try {
+    await commitTurns(engine, { sessionId: "tool-a", sessionKey: "agent:main:tool-a" }, 2, "heron");
+    const grep = tools.get("vilvona_grep");
+    const own = await grep({ sessionId: "tool-a", sessionKey: "agent:main:tool-a" }).execute("c1", { query: "heron" });
+    assert.match(own.content[0].text, /heron/);
+    await assert.rejects(grep({}).execute("c2", { query: "heron" }), /without a session/);
+  } finally {
+    proc.child?.stdin.end();
+    await new Promise((resolve) => (proc.child ? proc.child.once("exit", resolve) : resolve()));
+    rmSync(stateDir, { recursive: true, force: true });
+  }
+});

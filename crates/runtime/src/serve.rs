@@ -118,15 +118,13 @@ struct SentContexts {
 }
 
 impl Default for SentContexts {
-    /// Revisions start from the clock (microseconds), so a process started after another one
-    /// died never names a revision the client holds from the dead one: the client is sent
-    /// whole contexts until it holds one of this process's.
+    /// Revisions start from the clock (a thousand a millisecond, more than any process
+    /// assembles), so a process started after another one died never names a revision the
+    /// client holds from the dead one: the client is sent whole contexts until it holds one
+    /// of this process's.
     fn default() -> SentContexts {
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |since| since.as_micros() as u64);
         SentContexts {
-            next_revision: now,
+            next_revision: u64::try_from(vilvona_core::clock::now_ms()).unwrap_or(0) * 1_000,
             sessions: HashMap::new(),
         }
     }

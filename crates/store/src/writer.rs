@@ -177,6 +177,9 @@ pub(crate) struct Writer {
     /// The index work that keeps failing (a deleted or damaged index, a full disk): when to
     /// try it again, and which failures to log.
     index_retry: Retry,
+    /// The same for adding vectors (an embedding endpoint that is down), apart: an outage of
+    /// the model must not hold up the index's commits.
+    vector_retry: Retry,
 }
 
 /// The file by which a process that cannot take the index's lock (`rebuild-index`, `doctor
@@ -280,6 +283,7 @@ impl Writer {
             train_dictionary_after: encoder.get().is_none().then_some(codec::DICTIONARY_AFTER),
             encoder,
             index_retry: Retry::new(),
+            vector_retry: Retry::new(),
         })
     }
 
@@ -352,14 +356,6 @@ impl Writer {
         // process found it damaged and asked) is rebuilt from the database in place, by the
         // maintainer only (a writer without the lock would wait on it); searches read the
         // database meanwhile. A failed rebuild pauses too.
-        let request = rebuild_request(self.index.current().dir());
-        if self.sink.is_some() && request.exists() {
-            tracing::info!(file = %request.display(), "another process asked for the recall index to be rebuilt");
-            self.index.current().mark_broken();
-            if let Err(error) = std::fs::remove_file(&request) {
-                tracing::warn!(%error, file = %request.display(), "could not remove the rebuild request");
-            }
-        }
         if self.sink.is_some() && self.index.current().is_broken() {
             tracing::warn!(
                 "the recall index is damaged or missing; rebuilding it from the database"
@@ -384,13 +380,27 @@ impl Writer {
         if commit_due && !self.commit_index_logged() {
             return;
         }
-        if let Err(error) = self.fill_vectors() {
-            self.index_retry
-                .failed("adding vectors to the recall index", &error);
-            return;
+        if self.vector_retry.due() {
+            match self.fill_vectors() {
+                Ok(()) => self
+                    .vector_retry
+                    .succeeded("adding vectors to the recall index"),
+                Err(error) => self
+                    .vector_retry
+                    .failed("adding vectors to the recall index", &error),
+            }
         }
         if Instant::now() < self.next_index_check {
             return;
+        }
+        // Another process asked for a rebuild: looked for once a second, done on the next pass.
+        let request = rebuild_request(self.index.current().dir());
+        if self.sink.is_some() && request.exists() {
+            tracing::info!(file = %request.display(), "another process asked for the recall index to be rebuilt");
+            self.index.current().mark_broken();
+            if let Err(error) = std::fs::remove_file(&request) {
+                tracing::warn!(%error, file = %request.display(), "could not remove the rebuild request");
+            }
         }
         if self.sink.is_none() {
             self.next_index_check = Instant::now() + LOCK_RETRY;

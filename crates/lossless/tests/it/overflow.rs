@@ -226,6 +226,48 @@ async fn with_the_reported_usage_the_whole_prompt_stays_under_the_hosts_threshol
     }
 }
 
+/// Providers count differently from the engine's estimate (characters / 4): a tokenizer on
+/// code gives ~3 characters a token, prose ~4.5, and the tool schemas count too. Whatever the
+/// ratio, the overhead is learned from the provider's own count and the whole prompt, as the
+/// provider counts it, stays within the window turn after turn (no ratchet shrinks it to
+/// nothing either: the context keeps room for a turn).
+#[tokio::test]
+async fn the_whole_prompt_fits_whatever_the_providers_count() {
+    for chars_per_token in [3.0_f64, 4.0, 4.5] {
+        let dir = TempDir::new().unwrap();
+        let engine = engine_in(
+            &dir,
+            LosslessConfig::default(),
+            Arc::new(ExtractiveSummarizer::new(estimator())),
+        )
+        .await;
+        // The provider's count of what the engine estimates as `tokens`.
+        let counted = |tokens: u64| (tokens as f64 * 4.0 / chars_per_token) as u64;
+        let session = "ratio";
+        for n in 1..=30 {
+            assemble(&engine, session, 10_700).await;
+            let before = context_tokens(&engine, session).await;
+            let tokens: Vec<u64> = gateway_turn(n, None)
+                .iter()
+                .map(|message| estimator().message_tokens(message))
+                .collect();
+            let first = counted(HOST_OVERHEAD + before + tokens[0]);
+            let second = counted(HOST_OVERHEAD + before + tokens[0] + tokens[1] + tokens[2]);
+            commit(&engine, session, n, gateway_turn(n, Some((first, second)))).await;
+            let context = context_tokens(&engine, session).await;
+            let next_prompt = counted(HOST_OVERHEAD + context + tokens[0]);
+            assert!(
+                next_prompt <= WINDOW,
+                "{chars_per_token} characters a token, turn {n}: the next prompt would be {next_prompt} tokens"
+            );
+            assert!(
+                n < 4 || context > 2_000,
+                "{chars_per_token} characters a token, turn {n}: the context was starved to {context} tokens"
+            );
+        }
+    }
+}
+
 /// At a 16k window OpenClaw's own prompt leaves ~5.5k tokens: a turn that ends in an 8k-token
 /// tool output was a newest unit no compaction could fit (`no_progress`: large content moved
 /// out only above 25k tokens). Now the output is kept whole in the store, recallable, and the
@@ -243,33 +285,24 @@ async fn a_tool_output_larger_than_the_room_is_kept_aside_so_compaction_fits() {
     let session = "small";
     for n in 1..=3 {
         assemble(&engine, session, 1).await;
-        let mut turn = gateway_turn(n, None);
+        // What the provider counted: the host's own prompt around the engine's context.
+        let before = context_tokens(&engine, session).await;
+        let tokens: Vec<u64> = gateway_turn(n, None)
+            .iter()
+            .map(|message| estimator().message_tokens(message))
+            .collect();
+        let first = 10_500 + before + tokens[0];
+        let mut turn = gateway_turn(n, Some((first, first + tokens[1] + tokens[2])));
         if n == 3 {
-            // The last turn reads a file four times the room.
+            // The last turn reads a file about twice the room and ends in its output (the host
+            // asks for room inside its tool loop): the output is part of the newest unit, which
+            // compaction never folds.
             turn[2] = message(
                 json!({"role": "toolResult", "toolCallId": "call_3", "toolName": "read", "content": [{"type": "text", "text": format!("{} the kestrel ledger closes here", words(9, 6_000))}], "isError": false, "timestamp": 1_796_211_318_105_i64}),
             );
+            turn.truncate(3);
         }
-        // What the provider counted: the host's own prompt around the engine's context.
-        let before = context_tokens(&engine, session).await;
-        let tokens: Vec<u64> = turn.iter().map(|m| estimator().message_tokens(m)).collect();
-        let first = 10_500 + before + tokens[0];
-        let second = first + tokens[1] + tokens[2];
-        let with_usage = {
-            let mut turn = turn.clone();
-            for (index, input) in [(1, first), (3, second)] {
-                let mut value = serde_json::to_value(&turn[index]).unwrap();
-                value["usage"] = json!({"input": input, "output": 40});
-                turn[index] = message(value);
-            }
-            if n == 3 {
-                // The turn ends in the tool's output (the host asks for room inside its tool
-                // loop): the output is part of the newest unit, which compaction never folds.
-                turn.truncate(3);
-            }
-            turn
-        };
-        commit(&engine, session, n, with_usage).await;
+        commit(&engine, session, n, turn).await;
     }
     let result = engine
         .compact(&CompactParams {
