@@ -453,7 +453,12 @@ pub(crate) async fn sessions(global: &Global, json: bool) -> Result<ExitCode> {
 async fn fix_recall_index(global: &Global) {
     let rebuilt = async {
         let host = global.host().await?;
-        let admin = admin(&host).await?;
+        let engine = match host.history().await {
+            // No engine keeps history here: no index to fix.
+            Err(HostError::NoHistory { reasons, .. }) if reasons.is_empty() => return Ok(None),
+            engine => engine?,
+        };
+        let admin = admin_of(&engine)?;
         if !admin.check().await?.index_needs_rebuild {
             return Ok(None);
         }

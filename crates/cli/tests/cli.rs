@@ -598,3 +598,14 @@ fn invalid_utf8_in_a_transcript_line_is_kept_with_a_warning() {
     let report: Value = serde_json::from_slice(&output.stdout).unwrap();
     assert_eq!(report["ingested"], report["messages"]);
 }
+
+/// `doctor --fix` where no engine keeps history: nothing to rebuild, and nothing said of an
+/// index (it once printed that "the recall index could not be rebuilt").
+#[test]
+fn doctor_fix_without_a_store_says_nothing_of_an_index() {
+    let dir = TempDir::new().unwrap();
+    let fixed = vilvona(dir.path(), &["doctor", "--fix"]);
+    let said = stderr(&fixed);
+    assert!(!said.contains("index"), "{said}");
+    assert!(said.contains("tightened"), "{said}");
+}
