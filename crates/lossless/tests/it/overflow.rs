@@ -127,6 +127,31 @@ async fn commit(engine: &LosslessEngine, session: &str, n: usize, messages: Vec<
     assert_eq!(result.status, CommitStatus::Committed);
 }
 
+/// Commits gateway turn `n` with the usage its provider reports: the host's `overhead` around
+/// the engine's context, the whole counted as `counted` counts (the provider's tokens for what
+/// the engine estimates). `edit` may change the turn after its usage is set. Returns the
+/// estimated tokens of the turn's messages as generated.
+async fn commit_with_usage(
+    engine: &LosslessEngine,
+    session: &str,
+    n: usize,
+    overhead: u64,
+    counted: impl Fn(u64) -> u64,
+    edit: impl FnOnce(&mut Vec<AgentMessage>),
+) -> Vec<u64> {
+    let before = context_tokens(engine, session).await;
+    let tokens: Vec<u64> = gateway_turn(n, None)
+        .iter()
+        .map(|message| estimator().message_tokens(message))
+        .collect();
+    let first = overhead + before + tokens[0];
+    let second = first + tokens[1] + tokens[2];
+    let mut turn = gateway_turn(n, Some((counted(first), counted(second))));
+    edit(&mut turn);
+    commit(engine, session, n, turn).await;
+    tokens
+}
+
 /// The host asks for room, as OpenClaw's preflight does: the window as budget, its count of
 /// the whole prompt, the budget target.
 async fn preflight(engine: &LosslessEngine, session: &str, current: u64) -> CompactResult {
@@ -209,15 +234,8 @@ async fn with_the_reported_usage_the_whole_prompt_stays_under_the_hosts_threshol
         // OpenClaw's first assembly of a turn: its message budget (the window less its reserve
         // and a fifth more than its system prompt).
         assemble(&engine, "usage", 10_700).await;
-        let before = context_tokens(&engine, "usage").await;
-        let turn = gateway_turn(n, None);
-        let tokens: Vec<u64> = turn
-            .iter()
-            .map(|message| estimator().message_tokens(message))
-            .collect();
-        let first = HOST_OVERHEAD + before + tokens[0];
-        let second = first + tokens[1] + tokens[2];
-        commit(&engine, "usage", n, gateway_turn(n, Some((first, second)))).await;
+        let tokens =
+            commit_with_usage(&engine, "usage", n, HOST_OVERHEAD, |tokens| tokens, |_| {}).await;
         let next_prompt = HOST_OVERHEAD + context_tokens(&engine, "usage").await + tokens[0];
         assert!(
             next_prompt < WINDOW * 3 / 4,
@@ -246,14 +264,8 @@ async fn the_whole_prompt_fits_whatever_the_providers_count() {
         let session = "ratio";
         for n in 1..=30 {
             assemble(&engine, session, 10_700).await;
-            let before = context_tokens(&engine, session).await;
-            let tokens: Vec<u64> = gateway_turn(n, None)
-                .iter()
-                .map(|message| estimator().message_tokens(message))
-                .collect();
-            let first = counted(HOST_OVERHEAD + before + tokens[0]);
-            let second = counted(HOST_OVERHEAD + before + tokens[0] + tokens[1] + tokens[2]);
-            commit(&engine, session, n, gateway_turn(n, Some((first, second)))).await;
+            let tokens =
+                commit_with_usage(&engine, session, n, HOST_OVERHEAD, counted, |_| {}).await;
             let context = context_tokens(&engine, session).await;
             let next_prompt = counted(HOST_OVERHEAD + context + tokens[0]);
             assert!(
@@ -285,24 +297,18 @@ async fn a_tool_output_larger_than_the_room_is_kept_aside_so_compaction_fits() {
     let session = "small";
     for n in 1..=3 {
         assemble(&engine, session, 1).await;
-        // What the provider counted: the host's own prompt around the engine's context.
-        let before = context_tokens(&engine, session).await;
-        let tokens: Vec<u64> = gateway_turn(n, None)
-            .iter()
-            .map(|message| estimator().message_tokens(message))
-            .collect();
-        let first = 10_500 + before + tokens[0];
-        let mut turn = gateway_turn(n, Some((first, first + tokens[1] + tokens[2])));
-        if n == 3 {
-            // The last turn reads a file about twice the room and ends in its output (the host
-            // asks for room inside its tool loop): the output is part of the newest unit, which
-            // compaction never folds.
-            turn[2] = message(
-                json!({"role": "toolResult", "toolCallId": "call_3", "toolName": "read", "content": [{"type": "text", "text": format!("{} the kestrel ledger closes here", words(9, 6_000))}], "isError": false, "timestamp": 1_796_211_318_105_i64}),
-            );
-            turn.truncate(3);
-        }
-        commit(&engine, session, n, turn).await;
+        commit_with_usage(&engine, session, n, 10_500, |tokens| tokens, |turn| {
+            if n == 3 {
+                // The last turn reads a file about twice the room and ends in its output (the
+                // host asks for room inside its tool loop): the output is part of the newest
+                // unit, which compaction never folds.
+                turn[2] = message(
+                    json!({"role": "toolResult", "toolCallId": "call_3", "toolName": "read", "content": [{"type": "text", "text": format!("{} the kestrel ledger closes here", words(9, 6_000))}], "isError": false, "timestamp": 1_796_211_318_105_i64}),
+                );
+                turn.truncate(3);
+            }
+        })
+        .await;
     }
     let result = engine
         .compact(&CompactParams {
