@@ -878,25 +878,38 @@ fn an_index_deleted_under_a_running_server_is_rebuilt_with_a_bounded_log() {
     );
     assert!(hits.to_string().contains("kestrel12"), "{hits}");
 
-    // Bytes overwritten in the newest segment's fast fields (its vectors and keys): doctor's
-    // checksums see it, and `doctor --fix` has the running server rebuild the index.
-    let newest_fast = std::fs::read_dir(&index)
+    // Bytes overwritten in a live segment's fast fields (its vectors and keys): doctor's
+    // checksums see it, and `doctor --fix` has the running server rebuild the index. First the
+    // server finishes its vectors, so no later commit or merge replaces the garbled segment.
+    let mut settled = false;
+    for _ in 0..150 {
+        let (ok, detail) = doctor(dir.path());
+        if ok && !detail.contains("wait for") {
+            settled = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(settled, "vectors never caught up: {}", doctor(dir.path()).1);
+    let meta: Value =
+        serde_json::from_slice(&std::fs::read(index.join("meta.json")).unwrap()).unwrap();
+    let fast = meta["segments"]
+        .as_array()
         .unwrap()
-        .flatten()
-        .map(|entry| entry.path())
-        .filter(|path| {
-            path.extension()
-                .is_some_and(|extension| extension == "fast")
+        .iter()
+        .map(|segment| {
+            let id = segment["segment_id"].as_str().unwrap().replace('-', "");
+            index.join(format!("{id}.fast"))
         })
-        .max_by_key(|path| std::fs::metadata(path).unwrap().modified().unwrap())
-        .expect("a segment with fast fields");
-    let mut bytes = std::fs::read(&newest_fast).unwrap();
+        .find(|path| path.exists())
+        .expect("a live segment with fast fields");
+    let mut bytes = std::fs::read(&fast).unwrap();
     // Inside the file, its footer left whole: only the checksum can tell.
     let (from, count) = (bytes.len() / 4, (bytes.len() / 2).min(4096));
     for (offset, byte) in bytes[from..from + count].iter_mut().enumerate() {
         *byte = !*byte ^ (offset as u8);
     }
-    std::fs::write(&newest_fast, bytes).unwrap();
+    std::fs::write(&fast, bytes).unwrap();
     let (ok, detail) = doctor(dir.path());
     assert!(
         !ok && detail.contains("checksum"),
