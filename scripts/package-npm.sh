@@ -54,6 +54,7 @@ node -e '
 
 # The plugin: its files, the version, and the platform packages as optional dependencies.
 cp "$ROOT/bindings/openclaw/index.js" "$ROOT/bindings/openclaw/openclaw.plugin.json" "$OUT/stage/plugin/"
+mkdir -p "$OUT/stage/plugin/dist" && cp -r "$ROOT/bindings/openclaw/dist/control-ui" "$OUT/stage/plugin/dist/"
 node -e '
   const fs = require("fs");
   const [source, platformsFile, version, out] = process.argv.slice(1);

@@ -445,6 +445,82 @@ function jsonReplacer(_key, value) {
   return value;
 }
 
+/**
+ * `vilvona ui` beside the engine, for the Control UI panel: started on the first request, its
+ * URL and token read from its first line, started again if it exits. It reads the store
+ * read-only, so it never competes with `serve` for the writer's lock.
+ */
+export class UiServer {
+  constructor(config) {
+    this.config = config;
+    this.started = null;
+  }
+
+  start() {
+    this.started ??= new Promise((resolve, reject) => {
+      const child = spawn(resolveBinary(this.config), ["--state-dir", stateDirOf(this.config), "ui", "--port", "0"], {
+        stdio: ["ignore", "pipe", "inherit"],
+      });
+      const lines = createInterface({ input: child.stdout });
+      lines.once("line", (line) => {
+        const url = new URL(line.replace(/^vilvona ui: /, ""));
+        // Once it serves, the panel's server never keeps the gateway from ending.
+        child.unref();
+        child.stdout.unref?.();
+        resolve({ child, origin: url.origin, token: new URLSearchParams(url.hash.slice(1)).get("token") });
+      });
+      child.once("error", reject);
+      child.once("exit", (code, signal) => {
+        this.started = null;
+        reject(new Error(`vilvona ui exited (${signal ?? `status ${code}`}) before it served`));
+      });
+    });
+    return this.started;
+  }
+
+  /** One view (crates/cli/src/views.rs), as `vilvona ui` answers it. */
+  async view(payload) {
+    const { origin, token } = await this.start();
+    const response = await fetch(`${origin}/api/view`, {
+      method: "POST",
+      headers: { "Content-Type": "application/json", Authorization: `Bearer ${token}` },
+      body: JSON.stringify(payload),
+    });
+    const answer = await response.json();
+    if (!response.ok) throw new Error(answer?.error ?? `vilvona ui answered HTTP ${response.status}`);
+    return answer;
+  }
+}
+
+/** The views the panel may ask of its own session (never another session's, never the list). */
+const PANEL_VIEWS = new Set(["context", "dag", "grep", "expand", "describe", "health", "watch"]);
+
+/**
+ * The Control UI panel's backend: one read-only session action, `view`, answered by
+ * `vilvona ui` for the session the panel is open on.
+ */
+export function registerPanelAction(api, ui) {
+  const controls = api.session?.controls ?? api;
+  if (typeof controls.registerSessionAction !== "function") return false;
+  controls.registerSessionAction({
+    id: "view",
+    description: "What vilvona holds of this session: the context against the window, the summary DAG, search, the store's health.",
+    schema: { type: "object", properties: { view: { type: "string" } }, required: ["view"], additionalProperties: true },
+    requiredScopes: ["operator.read"],
+    async handler(action) {
+      const payload = action?.payload ?? {};
+      if (!PANEL_VIEWS.has(payload.view)) return { ok: false, error: `vilvona: unknown view "${payload.view}"` };
+      if (!action?.sessionKey) return { ok: false, error: "vilvona: the panel names no session" };
+      try {
+        return { ok: true, result: await ui.view({ ...payload, session: action.sessionKey }) };
+      } catch (error) {
+        return { ok: false, error: String(error?.message ?? error) };
+      }
+    },
+  });
+  return true;
+}
+
 function shared(config) {
   globalThis[SHARED] ??= new VilvonaProcess(config);
   return globalThis[SHARED];
@@ -642,6 +718,13 @@ function createEngine(proc, logger) {
 export default function register(api) {
   const proc = shared(api.pluginConfig);
   api.registerContextEngine(ENGINE_ID, () => createEngine(proc, api.logger));
+  proc.ui ??= new UiServer(proc.config);
+  try {
+    registerPanelAction(api, proc.ui);
+  } catch (error) {
+    // The panel is an extra: a host whose plugin UI API differs still gets the engine.
+    api.logger?.warn?.(`vilvona: the Control UI panel's action could not be registered: ${error?.message ?? error}`);
+  }
   if (typeof api.registerTool === "function") {
     let tools = [];
     try {

@@ -4,7 +4,6 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use anyhow::{Context as _, Result};
-use serde_json::json;
 use vilvona_runtime::context_report::{ContextReport, Part, context_report};
 use vilvona_runtime::workspace::FileStatus;
 
@@ -181,12 +180,17 @@ async fn dag(
     out: Option<&Path>,
 ) -> Result<ExitCode> {
     let host = global.reader().await?;
+    if let crate::DagFormat::Json = format {
+        print_json(&crate::views::dag(&host, session).await?)?;
+        return Ok(ExitCode::SUCCESS);
+    }
     let (key, record) = crate::inspect::find_session(&host, session).await?;
     let view = crate::inspect::admin(&host)
         .await?
         .dag(&crate::inspect::caller(&key, &record))
         .await?;
     match format {
+        crate::DagFormat::Json => {}
         crate::DagFormat::Dot => {
             let text = crate::dag::dot(&record.session_id, &view);
             match out {
@@ -223,9 +227,7 @@ pub(crate) async fn context(
     match view {
         ContextView::List => print_list(&report, false),
         ContextView::Detail => print_list(&report, true),
-        ContextView::Json => print_json(
-            &json!({"report": report, "session": {"totalTokens": report.session_tokens, "contextTokens": report.window, "inputTokens": report.input_tokens, "outputTokens": report.output_tokens}}),
-        )?,
+        ContextView::Json => print_json(&crate::views::context_json(&report))?,
         ContextView::Dag => {}
         ContextView::Map => {
             let mut tiles = vec![Tile {

@@ -71,12 +71,7 @@ async fn call_recall_tool(
     tool: &str,
     arguments: &Value,
 ) -> Result<Value> {
-    let host = global.reader().await?;
-    let (key, record) = find_session(&host, session).await?;
-    let engine = host.history().await?;
-    Ok(engine
-        .call_tool(&caller(&key, &record), tool, arguments)
-        .await?)
+    crate::views::recall(&global.reader().await?, session, tool, arguments).await
 }
 
 pub(crate) fn caller(key: &str, record: &SessionRecord) -> ToolCaller {
@@ -116,11 +111,7 @@ pub(crate) async fn doctor(global: &Global, json: bool, fix: bool) -> Result<Exi
             checks.push(Check {
                 name: "store integrity".to_owned(),
                 ok: report.is_healthy(),
-                detail: if report.is_healthy() {
-                    report.summary
-                } else {
-                    report.problems.join("; ")
-                },
+                detail: crate::views::integrity_detail(&report),
             });
         }
     }
@@ -394,40 +385,8 @@ pub(crate) async fn stats(global: &Global, session: &str, json: bool) -> Result<
 }
 
 pub(crate) async fn sessions(global: &Global, json: bool) -> Result<ExitCode> {
-    let host = global.reader().await?;
-    let admin = admin(&host).await.ok();
-    let mut rows = Vec::new();
-    for (key, record) in host.listed_sessions().await {
-        let messages = match &admin {
-            Some(admin) => admin
-                .session_stats(&caller(&key, &record))
-                .await
-                .ok()
-                .map(|stats| stats.messages),
-            None => None,
-        };
-        let messages = match messages {
-            Some(count) => count,
-            None => vilvona_transcript::read_transcript(&record.session_file)
-                .map(|t| {
-                    t.entries
-                        .iter()
-                        .filter(|l| matches!(l.entry, vilvona_transcript::Entry::Message(_)))
-                        .count() as u64
-                })
-                .unwrap_or(0),
-        };
-        // A session only the store holds (a gateway's) has no record of its own here.
-        let recorded = !record.session_file.as_os_str().is_empty();
-        rows.push(json!({
-            "agent": host.options().agent_id,
-            "key": key,
-            "id": record.session_id,
-            "messages": messages,
-            "lastActivity": recorded.then(|| vilvona_summarize::format_utc_rfc3339(record.updated_at_ms)),
-            "compactions": recorded.then_some(record.compaction_count),
-        }));
-    }
+    let rows = crate::views::sessions(&global.reader().await?).await?;
+    let rows = rows.as_array().cloned().unwrap_or_default();
     if json {
         print_json(&Value::Array(rows))?;
     } else if rows.is_empty() {

@@ -7,6 +7,8 @@ mod inspect;
 mod replay;
 mod retention;
 mod treemap;
+mod ui;
+mod views;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -252,6 +254,13 @@ enum Command {
         #[command(subcommand)]
         action: PluginsAction,
     },
+    /// The context panel in a browser: what the model sees, the summary DAG, search, the
+    /// store's health. Serves 127.0.0.1 read-only and prints the URL (with its token)
+    Ui {
+        /// The port (0: any free one).
+        #[arg(long, default_value_t = 0)]
+        port: u16,
+    },
     /// Serve one engine over JSON-RPC 2.0 (for the OpenClaw plugin in bindings/openclaw).
     Serve {
         /// Use stdin/stdout (one JSON object per line; logs go to stderr).
@@ -291,6 +300,9 @@ pub(crate) enum DagFormat {
     Dot,
     /// A PNG picture, one row per depth.
     Png,
+    /// JSON: every summary with its depth, tokens and children, and whether the context
+    /// holds it (what `vilvona ui` draws).
+    Json,
 }
 
 #[derive(Copy, Clone, Debug, ValueEnum)]
@@ -496,6 +508,7 @@ async fn run(command: Command, global: &Global) -> Result<ExitCode> {
             json,
         } => replay::replay(global, &file, engine, context_window, json).await,
         Command::Doctor { json, fix } => inspect::doctor(global, json, fix).await,
+        Command::Ui { port } => ui::ui(global, port).await,
         Command::Context {
             view,
             session,

@@ -1,0 +1,329 @@
+// vilvona's context panel: how full the window is and with what, the summary DAG down to the
+// source messages, search over the whole history, the store's health. One module for two
+// pages: OpenClaw's Control UI mounts it through the default export (its data comes from the
+// plugin's "view" session action), `vilvona ui` mounts it through `mountPanel` (its data comes
+// from the same views over HTTP). Every stored text is put in the page as text, never as markup.
+
+const PLUGIN_ID = "vilvona";
+/** How long typing may pause before a search runs. */
+const SEARCH_PAUSE_MS = 150;
+/** After a failed watch, the next try waits this long. */
+const WATCH_RETRY_MS = 5000;
+
+/** An element with attributes and children (strings become text nodes). */
+function el(tag, attributes = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [name, value] of Object.entries(attributes)) {
+    if (value === undefined || value === null || value === false) continue;
+    if (name.startsWith("on")) node.addEventListener(name.slice(2), value);
+    else node.setAttribute(name, value === true ? "" : String(value));
+  }
+  for (const child of children.flat()) {
+    if (child === undefined || child === null || child === false) continue;
+    node.append(typeof child === "string" || typeof child === "number" ? document.createTextNode(String(child)) : child);
+  }
+  return node;
+}
+
+const grouped = (n) => Number(n ?? 0).toLocaleString("en-US");
+const percent = (part, whole) => (whole > 0 ? Math.round((1000 * part) / whole) / 10 : 0);
+
+/** A snippet with the engine's «highlights» as <mark> elements, all of it text. */
+function snippet(text) {
+  const out = el("span", { class: "vv-snippet" });
+  const parts = String(text ?? "").split(/[«»]/);
+  parts.forEach((part, index) => {
+    if (!part) return;
+    out.append(index % 2 === 1 ? el("mark", {}, part) : document.createTextNode(part));
+  });
+  return out;
+}
+
+/**
+ * The parts of the prompt against the window, from `context` (the report `vilvona context
+ * json` prints): the system prompt with the tools' schemas, summaries by depth, messages, and
+ * what is left of the window.
+ */
+export function windowParts(context) {
+  const report = context.report;
+  const tools = (report.tools ?? []).reduce((sum, tool) => sum + (tool.tokens ?? 0), 0);
+  const parts = [{ name: "System prompt and tools", kind: "system", tokens: report.systemPromptTokens + report.engineAdditionTokens + tools }];
+  for (const part of report.conversation ?? []) {
+    const summary = part.name.startsWith("Summaries");
+    parts.push({ name: `${part.name} ×${part.count}`, kind: summary ? "summary" : "message", tokens: part.tokens });
+  }
+  return { parts, total: report.sessionTokens, window: report.window, budget: report.promptBudget };
+}
+
+/** Mounts the panel; `request(payload)` answers a view (see crates/cli/src/views.rs). */
+export function mountPanel(container, options) {
+  const state = { sessionKey: options.sessionKey, stamp: undefined, expanded: new Set(), disposed: false, generation: 0 };
+  const controller = new AbortController();
+  options.signal?.addEventListener("abort", () => dispose());
+  const root = el("section", { class: "vv-panel", "aria-label": "vilvona context" });
+  container.replaceChildren(root);
+
+  const status = el("p", { class: "vv-status", role: "status" });
+  const windowBox = el("div", { class: "vv-window", "data-part": "window" });
+  const searchInput = el("input", { type: "search", placeholder: "Search the whole history", "aria-label": "Search the whole history", "data-part": "search" });
+  const searchMode = el("select", { "aria-label": "How to search" },
+    el("option", { value: "text" }, "words"), el("option", { value: "phrase" }, "phrase"), el("option", { value: "hybrid" }, "hybrid"));
+  const hits = el("ol", { class: "vv-hits", "data-part": "hits" });
+  const dagList = el("ul", { class: "vv-dag", "data-part": "dag" });
+  const health = el("div", { class: "vv-health", "data-part": "health" });
+  root.append(
+    el("h2", {}, "Context"), status, windowBox,
+    el("h3", {}, "Search"), el("div", { class: "vv-search" }, searchInput, searchMode), hits,
+    el("h3", {}, "Summaries in the context"), dagList,
+    el("h3", {}, "Store"), health,
+  );
+
+  const ask = (payload) => options.request({ session: state.sessionKey, ...payload });
+  const say = (text) => { status.textContent = text; };
+
+  function drawWindow(context) {
+    const { parts, total, window, budget } = windowParts(context);
+    const bar = el("div", { class: "vv-bar", role: "img", "aria-label": `${grouped(total)} of ${grouped(window)} tokens` });
+    for (const part of parts) {
+      if (!part.tokens) continue;
+      // Through the style object, which a page's content security policy allows.
+      const segment = el("span", { class: `vv-seg vv-${part.kind}`, title: `${part.name}: ${grouped(part.tokens)} tokens` });
+      segment.style.width = `${percent(part.tokens, window)}%`;
+      bar.append(segment);
+    }
+    const legend = el("ul", { class: "vv-legend" }, parts.map((part) =>
+      el("li", { "data-tokens": part.tokens }, el("span", { class: `vv-swatch vv-${part.kind}` }), `${part.name}: ${grouped(part.tokens)} tok (${percent(part.tokens, window)} %)`)));
+    windowBox.replaceChildren(
+      el("p", { class: "vv-total" },
+        el("strong", { "data-total": total }, grouped(total)), " of ",
+        el("span", { "data-window": window }, grouped(window)), " tokens — ",
+        el("span", { "data-percent": percent(total, window) }, `${percent(total, window)} %`),
+        ` of the window; the prompt's budget ${grouped(budget)}`),
+      bar, legend,
+    );
+  }
+
+  /** A row of the DAG: a summary (expandable) or a message. */
+  function row(item, path) {
+    const id = item.id ?? item.summaryId;
+    const isSummary = item.kind === "summary" || item.summaryId !== undefined || String(id).startsWith("sum_");
+    const li = el("li", { class: isSummary ? "vv-summary" : "vv-message", "data-id": id });
+    const head = el("div", { class: "vv-row" });
+    if (isSummary) {
+      head.append(el("span", { class: "vv-depth", title: `depth ${item.depth}` }, `D${item.depth ?? "?"}`));
+    } else {
+      head.append(el("span", { class: "vv-role" }, item.role ?? item.kind ?? "message"));
+    }
+    head.append(el("code", {}, id));
+    const tokens = item.tokens ?? item.childMessageTokens;
+    if (tokens !== undefined) head.append(el("span", { class: "vv-muted" }, `${grouped(tokens)} tok`));
+    const when = item.earliest && item.latest ? `${item.earliest} → ${item.latest}` : item.time;
+    if (when) head.append(el("span", { class: "vv-muted" }, when));
+    if (item.childSummaries || item.childMessages) {
+      head.append(el("span", { class: "vv-muted" }, `${item.childSummaries?.length ?? 0} summaries, ${grouped(item.childMessages ?? 0)} messages below`));
+    }
+    if (item.inContext) head.append(el("span", { class: "vv-badge" }, "in context"));
+    li.append(head);
+    const body = item.content ?? item.text;
+    if (body) li.append(el("pre", { class: "vv-text" }, String(body)));
+    if (isSummary && !path.includes(id)) {
+      const children = el("ul", { class: "vv-children" });
+      const button = el("button", { type: "button", "aria-expanded": "false", "data-expand": id }, "Expand");
+      const open = async (cursor) => {
+        button.disabled = true;
+        try {
+          const expanded = await ask({ view: "expand", id, cursor });
+          if (cursor === undefined) children.replaceChildren();
+          for (const child of expanded.items ?? []) children.append(row(child, [...path, id]));
+          if (expanded.nextCursor !== undefined && expanded.nextCursor !== null) {
+            const more = el("button", { type: "button" }, `More (${grouped(expanded.total ?? 0)} in all)`);
+            more.addEventListener("click", () => { more.remove(); open(expanded.nextCursor); });
+            children.append(el("li", {}, more));
+          }
+          state.expanded.add(id);
+          button.textContent = "Collapse";
+          button.setAttribute("aria-expanded", "true");
+        } catch (error) {
+          children.replaceChildren(el("li", { class: "vv-error" }, `Could not expand ${id}: ${error.message ?? error}`));
+        } finally {
+          button.disabled = false;
+        }
+      };
+      button.addEventListener("click", () => {
+        if (state.expanded.has(id)) {
+          state.expanded.delete(id);
+          children.replaceChildren();
+          button.textContent = "Expand";
+          button.setAttribute("aria-expanded", "false");
+        } else {
+          open();
+        }
+      });
+      head.append(button);
+      li.append(children);
+      li.open = open;
+      // What the user had open stays open when the view is redrawn.
+      if (state.expanded.has(id)) open();
+    }
+    return li;
+  }
+
+  function drawDag(dag) {
+    const tops = (dag.summaries ?? []).filter((summary) => summary.inContext);
+    const rows = tops.map((summary) => row({ ...summary, id: summary.summaryId, kind: "summary" }, []));
+    rows.push(el("li", { class: "vv-message" }, el("div", { class: "vv-row" },
+      el("span", { class: "vv-role" }, "fresh"), `${grouped(dag.rawMessages)} messages kept whole, ${grouped(dag.rawMessageTokens)} tok`)));
+    dagList.replaceChildren(...rows);
+  }
+
+  function drawHealth(check) {
+    health.replaceChildren(
+      el("p", { class: check.ok ? "vv-ok" : "vv-error", "data-ok": check.ok }, check.ok ? "Healthy: " : "Needs attention: ", check.detail),
+      check.indexNeedsRebuild ? el("p", {}, "Rebuilding the recall index from the database heals this: `vilvona doctor --fix`.") : "",
+    );
+  }
+
+  /** Opens the summary a hit lies under, at the top of the DAG, and shows it. */
+  async function reveal(hit) {
+    const target = hit.coveredBy ?? (hit.kind === "summary" ? hit.id : undefined);
+    if (!target) return;
+    const top = dagList.querySelector(`li[data-id="${CSS.escape(target)}"]`);
+    if (top?.open && !state.expanded.has(target)) await top.open();
+    top?.scrollIntoView({ block: "nearest" });
+    top?.querySelector("button")?.focus();
+  }
+
+  let searchTimer;
+  let searchRun = 0;
+  async function search() {
+    const query = searchInput.value.trim();
+    const run = ++searchRun;
+    if (!query) { hits.replaceChildren(); return; }
+    try {
+      const found = await ask({ view: "grep", query, mode: searchMode.value, limit: 20 });
+      if (run !== searchRun) return;
+      const results = found.results ?? [];
+      hits.replaceChildren(...(results.length ? results.map((hit) => {
+        const open = el("button", { type: "button" }, "Show in the DAG");
+        open.addEventListener("click", () => reveal(hit));
+        return el("li", { "data-id": hit.id },
+          el("div", { class: "vv-row" }, el("code", {}, hit.id), el("span", { class: "vv-muted" }, hit.kind, hit.depth !== undefined ? ` D${hit.depth}` : "", hit.time ? ` ${hit.time}` : ""),
+            hit.coveredBy ? el("span", { class: "vv-muted" }, `under ${hit.coveredBy}`) : "", hit.coveredBy || hit.kind === "summary" ? open : ""),
+          snippet(hit.snippet));
+      }) : [el("li", { class: "vv-muted" }, `No matches for “${query}”.`)]));
+      root.dataset.searched = query;
+    } catch (error) {
+      if (run === searchRun) hits.replaceChildren(el("li", { class: "vv-error" }, `Search failed: ${error.message ?? error}`));
+    }
+  }
+  searchInput.addEventListener("input", () => { clearTimeout(searchTimer); searchTimer = setTimeout(search, SEARCH_PAUSE_MS); });
+  searchInput.addEventListener("keydown", (event) => { if (event.key === "Enter") { clearTimeout(searchTimer); search(); } });
+  searchMode.addEventListener("change", search);
+
+  async function refresh() {
+    const generation = state.generation;
+    const started = performance.now();
+    const checked = ask({ view: "health" });
+    const [context, dag] = await Promise.all([ask({ view: "context" }), ask({ view: "dag" })]);
+    if (state.disposed || generation !== state.generation) return;
+    drawWindow(context);
+    drawDag(dag);
+    root.dataset.painted = String(Math.round(performance.now() - started));
+    say(`Session ${state.sessionKey}`);
+    // The store check reads every index file: it comes after the paint.
+    checked.then((check) => generation === state.generation && drawHealth(check))
+      .catch((error) => health.replaceChildren(el("p", { class: "vv-error" }, `The store could not be checked: ${error.message ?? error}`)));
+  }
+
+  /** Redraws when a turn commits or compaction publishes (the `watch` view answers then). */
+  async function live() {
+    while (!state.disposed) {
+      if (document.hidden) {
+        await new Promise((resolve) => document.addEventListener("visibilitychange", resolve, { once: true, signal: controller.signal }));
+        continue;
+      }
+      const generation = state.generation;
+      try {
+        const watched = await ask({ view: "watch", since: state.stamp });
+        if (state.disposed || generation !== state.generation) continue;
+        const first = state.stamp === undefined;
+        state.stamp = watched.stamp;
+        if (watched.changed && !first) await refresh();
+      } catch (error) {
+        if (state.disposed) return;
+        say(`Not updating: ${error.message ?? error}`);
+        await new Promise((resolve) => setTimeout(resolve, WATCH_RETRY_MS));
+      }
+    }
+  }
+
+  function start() {
+    state.generation += 1;
+    state.stamp = undefined;
+    hits.replaceChildren();
+    say(`Loading ${state.sessionKey} …`);
+    refresh().catch((error) => say(`Could not read ${state.sessionKey}: ${error.message ?? error}`));
+  }
+
+  function dispose() {
+    state.disposed = true;
+    controller.abort();
+    clearTimeout(searchTimer);
+  }
+
+  start();
+  live();
+  return {
+    update(props) {
+      if (props?.sessionKey && props.sessionKey !== state.sessionKey) {
+        // Another session: nothing of the last one is kept.
+        state.sessionKey = props.sessionKey;
+        state.expanded.clear();
+        searchInput.value = "";
+        start();
+      }
+    },
+    dispose,
+  };
+}
+
+/** What a session action answered, or its error thrown. */
+function unwrap(answer) {
+  const reply = answer?.result !== undefined && answer?.ok !== undefined ? answer : { ok: true, result: answer };
+  if (!reply.ok) throw new Error(reply.error?.message ?? reply.error ?? "the vilvona action failed");
+  const result = reply.result;
+  if (result?.error) throw new Error(result.error);
+  return result;
+}
+
+export default {
+  id: PLUGIN_ID,
+  activate(host) {
+    host.ui.registerPanel({
+      id: "context",
+      label: "vilvona context",
+      mount(container, ctx) {
+        let props = ctx.props ?? {};
+        const panel = mountPanel(container, {
+          sessionKey: props.sessionKey,
+          signal: ctx.signal,
+          request: (payload) => host.request("plugins.sessionAction", {
+            pluginId: PLUGIN_ID,
+            actionId: "view",
+            payload,
+            sessionKey: props.sessionKey,
+            agentId: props.agentId,
+          }).then(unwrap),
+        });
+        return {
+          // OpenClaw hands the whole context again when the session changes.
+          update(next) {
+            props = next?.props ?? props;
+            panel.update({ sessionKey: props.sessionKey });
+          },
+          dispose: panel.dispose,
+        };
+      },
+    });
+  },
+};

@@ -1,0 +1,169 @@
+// `vilvona ui` in a real browser (Debian's Chromium, driven by playwright-core): a replayed
+// session whose history holds a planted fact and a `<script>`, the page opened at 1280 px and
+// 360 px. It checks the bar's numbers against `vilvona context json`, finds the fact by
+// search, expands a summary down to its source messages, shows the script as text (it never
+// runs), and the plugin's panel action (the Control UI's backend) answers the same view.
+// Screenshots and timings go to target/ui/.
+//
+//   VILVONA_BIN=target/debug/vilvona PLAYWRIGHT_CORE=<dir with node_modules/playwright-core> \
+//     node --test bindings/openclaw/test/ui.browser.mjs      (scripts/ui-browser.sh does this)
+import { test, after } from "node:test";
+import assert from "node:assert/strict";
+import { spawn, execFileSync } from "node:child_process";
+import { mkdtempSync, mkdirSync, readFileSync, writeFileSync } from "node:fs";
+import { createRequire } from "node:module";
+import { tmpdir } from "node:os";
+import { dirname, join } from "node:path";
+import { createInterface } from "node:readline";
+import { fileURLToPath } from "node:url";
+
+import { UiServer, registerPanelAction } from "../index.js";
+
+const here = dirname(fileURLToPath(import.meta.url));
+const root = join(here, "..", "..", "..");
+const binary = process.env.VILVONA_BIN;
+const out = join(root, "target", "ui");
+const chromium = process.env.CHROMIUM ?? "/usr/bin/chromium";
+const SESSION = "synthetic-11-15";
+const SCRIPT = "<script>window.__vvRan = 1</script><img src=x onerror=\"window.__vvRan = 2\">";
+
+assert.ok(binary, "set VILVONA_BIN to a built vilvona binary (scripts/ui-browser.sh does)");
+assert.ok(process.env.PLAYWRIGHT_CORE, "set PLAYWRIGHT_CORE to the directory playwright-core is installed in (scripts/ui-browser.sh does)");
+const { chromium: browserType } = createRequire(join(process.env.PLAYWRIGHT_CORE, "package.json"))("playwright-core");
+
+const vilvona = (state, ...args) => execFileSync(binary, ["--state-dir", state, ...args], { encoding: "utf8" });
+
+/** A state directory holding the fixture session, with a script planted in its first message. */
+function replayedState() {
+  const state = mkdtempSync(join(tmpdir(), "vilvona-ui-"));
+  const lines = readFileSync(join(root, "fixtures", "gen-session-15.jsonl"), "utf8").trimEnd().split("\n");
+  const first = JSON.parse(lines[1]);
+  first.message.content = `${first.message.content} Keep this markup verbatim: ${SCRIPT}`;
+  lines[1] = JSON.stringify(first);
+  const file = join(state, "session.jsonl");
+  writeFileSync(file, `${lines.join("\n")}\n`);
+  vilvona(state, "replay", file, "--engine", "lossless", "--context-window", "6000");
+  return state;
+}
+
+const children = [];
+after(() => children.forEach((child) => child.kill()));
+
+/** `vilvona ui` started on a free port: its URL (with the token). */
+async function startUi(state) {
+  const child = spawn(binary, ["--state-dir", state, "ui", "--port", "0"], { stdio: ["ignore", "pipe", "inherit"] });
+  children.push(child);
+  const [line] = await Promise.race([
+    new Promise((resolve) => createInterface({ input: child.stdout }).once("line", (l) => resolve([l]))),
+    new Promise((_, reject) => child.once("exit", (code) => reject(new Error(`vilvona ui exited with ${code}`)))),
+  ]);
+  assert.match(line, /^vilvona ui: http:\/\/127\.0\.0\.1:\d+\/#token=[0-9a-f]{32}$/);
+  return line.replace("vilvona ui: ", "");
+}
+
+const grouped = (n) => Number(n).toLocaleString("en-US");
+
+test("vilvona ui: the window, search, the DAG to its sources, and stored markup as text", async () => {
+  mkdirSync(out, { recursive: true });
+  const state = replayedState();
+  const expected = JSON.parse(vilvona(state, "context", "json", "--session", SESSION)).report;
+  const dag = JSON.parse(vilvona(state, "context", "dag", "--format", "json", "--session", SESSION));
+  assert.ok(dag.summaries.some((s) => s.inContext), "the replay made no summaries to show");
+  const url = `${await startUi(state)}&session=${SESSION}`;
+
+  // A request without the token reads nothing.
+  const refused = await fetch(new URL("/api/view", url), { method: "POST", body: JSON.stringify({ view: "sessions" }) });
+  assert.equal(refused.status, 401);
+
+  const browser = await browserType.launch({
+    executablePath: chromium,
+    args: ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update", "--no-first-run", "--disable-sync"],
+  });
+  const timings = {};
+  try {
+    for (const width of [1280, 360]) {
+      const page = await browser.newPage({ viewport: { width, height: 900 } });
+      const errors = [];
+      page.on("pageerror", (error) => errors.push(String(error)));
+      const opened = Date.now();
+      await page.goto(url);
+      await page.waitForSelector("[data-total]");
+      const paint = Date.now() - opened;
+
+      // The bar's numbers are the report's.
+      assert.equal(await page.getAttribute("[data-total]", "data-total"), String(expected.sessionTokens));
+      assert.equal(await page.getAttribute("[data-window]", "data-window"), String(expected.window));
+      assert.equal(await page.textContent("[data-total]"), grouped(expected.sessionTokens));
+      const depths = expected.conversation.filter((part) => part.name.startsWith("Summaries"));
+      for (const part of depths) {
+        assert.ok((await page.textContent(".vv-legend")).includes(`${part.name} ×${part.count}: ${grouped(part.tokens)} tok`), part.name);
+      }
+
+      // Search finds the planted fact (its text shown), and leads to its place in the DAG.
+      const typed = Date.now();
+      await page.fill("[data-part=search]", "staging database password rotation");
+      await page.press("[data-part=search]", "Enter");
+      const hit = page.locator("[data-part=hits] li", { hasText: "OPS-48292" }).first();
+      await hit.waitFor();
+      const found = Date.now() - typed;
+      const reveal = hit.getByRole("button", { name: "Show in the DAG" });
+      if (await reveal.count()) {
+        await reveal.click();
+        await page.waitForSelector("[data-part=dag] [aria-expanded=true]");
+      }
+
+      // A summary expanded down to its source messages (the lowest one in the context).
+      const lowest = dag.summaries.filter((s) => s.inContext).sort((a, b) => a.depth - b.depth)[0];
+      let rowId = lowest.summaryId;
+      for (let depth = lowest.depth; ; depth -= 1) {
+        const row = page.locator(`[data-part=dag] li[data-id="${rowId}"]`).first();
+        const button = row.locator(`:scope > .vv-row > button[data-expand="${rowId}"]`);
+        if ((await button.getAttribute("aria-expanded")) !== "true") await button.click();
+        await row.locator(":scope > .vv-children > li").first().waitFor();
+        if (depth === 0) {
+          await row.locator(":scope > .vv-children > li.vv-message .vv-text").first().waitFor();
+          break;
+        }
+        rowId = await row.locator(":scope > .vv-children > li.vv-summary").first().getAttribute("data-id");
+      }
+
+      // Stored markup is text: searching for it shows it, and it never ran.
+      await page.fill("[data-part=search]", "markup verbatim");
+      await page.press("[data-part=search]", "Enter");
+      await page.locator("[data-part=hits] li", { hasText: "<script>" }).first().waitFor();
+      assert.equal(await page.evaluate(() => window.__vvRan), undefined);
+      assert.equal(await page.locator("#panel script, #panel img").count(), 0);
+
+      await page.screenshot({ path: join(out, `vilvona-ui-${width}.png`), fullPage: true });
+      assert.deepEqual(errors, []);
+      timings[width] = { firstPaintMs: paint, searchMs: found };
+      await page.close();
+    }
+  } finally {
+    await browser.close();
+  }
+  writeFileSync(join(out, "timings.json"), `${JSON.stringify(timings, null, 2)}\n`);
+  console.log(`vilvona ui in Chromium: ${JSON.stringify(timings)}`);
+});
+
+test("the Control UI panel's action answers the session's own views, read-only", async () => {
+  const state = replayedState();
+  const registered = [];
+  const api = { session: { controls: { registerSessionAction: (action) => registered.push(action) } } };
+  const ui = new UiServer({ binary, stateDir: state });
+  assert.equal(registerPanelAction(api, ui), true);
+  const [action] = registered;
+  assert.equal(action.id, "view");
+  assert.deepEqual(action.requiredScopes, ["operator.read"]);
+  const context = await action.handler({ sessionKey: SESSION, payload: { view: "context" } });
+  assert.equal(context.ok, true, JSON.stringify(context));
+  const cli = JSON.parse(vilvona(state, "context", "json", "--session", SESSION));
+  assert.deepEqual(context.result, cli);
+  // The panel asks for its own session only: the list of sessions is not offered.
+  const listed = await action.handler({ sessionKey: SESSION, payload: { view: "sessions" } });
+  assert.equal(listed.ok, false);
+  // A search, as the panel sends it.
+  const found = await action.handler({ sessionKey: SESSION, payload: { view: "grep", query: "OPS-48292" } });
+  assert.ok(JSON.stringify(found.result).includes("OPS-48292"), JSON.stringify(found));
+  (await ui.start()).child.kill();
+});

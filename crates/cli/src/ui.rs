@@ -1,0 +1,199 @@
+//! `vilvona ui`: the context panel in a browser, beside any host. A small HTTP server on
+//! 127.0.0.1 serves the page (the same module OpenClaw's Control UI mounts) and answers its
+//! requests from [`crate::views`] over a read-only host, so it can watch a store a gateway is
+//! writing. Every request for data needs the random token printed with the URL.
+//!
+//! The OpenClaw plugin starts one of these beside its `serve` child and forwards the panel's
+//! session actions to it, so both pages read the same answers.
+
+use std::io::Write as _;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::{Context as _, Result};
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::net::{TcpListener, TcpStream};
+use vilvona_runtime::Host;
+
+use crate::Global;
+
+/// The panel module, as the plugin ships it for OpenClaw's Control UI.
+const PANEL_JS: &str = include_str!("../../../bindings/openclaw/dist/control-ui/index.js");
+/// Its styles.
+const PANEL_CSS: &str = include_str!("../../../bindings/openclaw/dist/control-ui/index.css");
+/// The page around the panel when no host gives it one.
+const PAGE_HTML: &str = include_str!("ui/index.html");
+/// The page's script: the token, the session picker, the panel mounted.
+const PAGE_JS: &str = include_str!("ui/page.js");
+
+/// A request's head and body may take this many bytes.
+const REQUEST_BYTES: usize = 64 * 1024;
+
+/// Runs the server until the process is stopped. `port` 0 takes a free one.
+pub(crate) async fn ui(global: &Global, port: u16) -> Result<ExitCode> {
+    let host = Arc::new(global.reader().await?);
+    let listener = TcpListener::bind(("127.0.0.1", port))
+        .await
+        .with_context(|| format!("listening on 127.0.0.1:{port}"))?;
+    let address = listener.local_addr()?;
+    let token = Arc::new(random_token()?);
+    // One line on stdout, flushed: the URL to open (a parent process reads it too).
+    println!("vilvona ui: http://{address}/#token={token}");
+    std::io::stdout().flush()?;
+    eprintln!(
+        "vilvona ui: serving {} read-only; stop with Ctrl-C",
+        global.state_dir.display()
+    );
+    loop {
+        let (stream, _) = listener.accept().await?;
+        let (host, token) = (Arc::clone(&host), Arc::clone(&token));
+        tokio::spawn(async move {
+            if let Err(error) = serve_connection(stream, &host, &token).await {
+                tracing::debug!(%error, "a ui connection ended");
+            }
+        });
+    }
+}
+
+/// 32 hex digits from the system's random source.
+fn random_token() -> Result<String> {
+    let mut bytes = [0u8; 16];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut random| std::io::Read::read_exact(&mut random, &mut bytes))
+        .context("reading /dev/urandom for the ui's token")?;
+    Ok(bytes.iter().map(|byte| format!("{byte:02x}")).collect())
+}
+
+/// One request, one answer, then the connection closes.
+async fn serve_connection(mut stream: TcpStream, host: &Host, token: &str) -> Result<()> {
+    let Some(request) = read_request(&mut stream).await? else {
+        return respond(&mut stream, 400, "text/plain", b"bad request").await;
+    };
+    match (request.method.as_str(), request.path.as_str()) {
+        ("GET", "/") => respond(&mut stream, 200, "text/html", PAGE_HTML.as_bytes()).await,
+        ("GET", "/page.js") => {
+            respond(&mut stream, 200, "text/javascript", PAGE_JS.as_bytes()).await
+        }
+        ("GET", "/index.js") => {
+            respond(&mut stream, 200, "text/javascript", PANEL_JS.as_bytes()).await
+        }
+        ("GET", "/index.css") => respond(&mut stream, 200, "text/css", PANEL_CSS.as_bytes()).await,
+        ("POST", "/api/view") => {
+            if request.bearer.as_deref() != Some(token) {
+                return respond_json(
+                    &mut stream,
+                    401,
+                    &json!({"error": "a token is needed: open the URL vilvona ui printed"}),
+                )
+                .await;
+            }
+            let answer = match serde_json::from_slice::<Value>(&request.body) {
+                Err(error) => Err(anyhow::anyhow!("the request is not JSON: {error}")),
+                Ok(view) => crate::views::answer(host, &view).await,
+            };
+            match answer {
+                Ok(value) => respond_json(&mut stream, 200, &value).await,
+                Err(error) => {
+                    let chain: Vec<String> = error.chain().map(ToString::to_string).collect();
+                    respond_json(&mut stream, 422, &json!({"error": chain.join(": ")})).await
+                }
+            }
+        }
+        _ => respond(&mut stream, 404, "text/plain", b"not found").await,
+    }
+}
+
+struct Request {
+    method: String,
+    path: String,
+    bearer: Option<String>,
+    body: Vec<u8>,
+}
+
+/// Reads a request's head and its body (by Content-Length); `None` when it is not HTTP or too
+/// large.
+async fn read_request(stream: &mut TcpStream) -> Result<Option<Request>> {
+    let mut buffer = Vec::with_capacity(4096);
+    let mut chunk = [0u8; 4096];
+    let head_end = loop {
+        if let Some(end) = buffer.windows(4).position(|w| w == b"\r\n\r\n") {
+            break end + 4;
+        }
+        if buffer.len() > REQUEST_BYTES {
+            return Ok(None);
+        }
+        let read = stream.read(&mut chunk).await?;
+        if read == 0 {
+            return Ok(None);
+        }
+        buffer.extend_from_slice(&chunk[..read]);
+    };
+    let head = String::from_utf8_lossy(&buffer[..head_end]).into_owned();
+    let mut lines = head.split("\r\n");
+    let mut first = lines.next().unwrap_or_default().split(' ');
+    let (Some(method), Some(target)) = (first.next(), first.next()) else {
+        return Ok(None);
+    };
+    let path = target.split(['?', '#']).next().unwrap_or("/").to_owned();
+    let mut length = 0usize;
+    let mut bearer = None;
+    for line in lines {
+        let Some((name, value)) = line.split_once(':') else {
+            continue;
+        };
+        let value = value.trim();
+        match name.trim().to_ascii_lowercase().as_str() {
+            "content-length" => length = value.parse().unwrap_or(usize::MAX),
+            "authorization" => bearer = value.strip_prefix("Bearer ").map(str::to_owned),
+            _ => {}
+        }
+    }
+    if length > REQUEST_BYTES {
+        return Ok(None);
+    }
+    let mut body = buffer[head_end..].to_vec();
+    while body.len() < length {
+        let read = stream.read(&mut chunk).await?;
+        if read == 0 {
+            return Ok(None);
+        }
+        body.extend_from_slice(&chunk[..read]);
+    }
+    body.truncate(length);
+    Ok(Some(Request {
+        method: method.to_owned(),
+        path,
+        bearer,
+        body,
+    }))
+}
+
+async fn respond_json(stream: &mut TcpStream, status: u16, value: &Value) -> Result<()> {
+    respond(
+        stream,
+        status,
+        "application/json",
+        &serde_json::to_vec(value)?,
+    )
+    .await
+}
+
+async fn respond(stream: &mut TcpStream, status: u16, kind: &str, body: &[u8]) -> Result<()> {
+    let reason = match status {
+        200 => "OK",
+        400 => "Bad Request",
+        401 => "Unauthorized",
+        404 => "Not Found",
+        _ => "Unprocessable Content",
+    };
+    // The page runs only its own scripts and styles and talks only to this server.
+    let head = format!(
+        "HTTP/1.1 {status} {reason}\r\nContent-Type: {kind}; charset=utf-8\r\nContent-Length: {}\r\nCache-Control: no-store\r\nX-Content-Type-Options: nosniff\r\nContent-Security-Policy: default-src 'self'; img-src 'self' data:\r\nReferrer-Policy: no-referrer\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).await?;
+    stream.write_all(body).await?;
+    stream.shutdown().await?;
+    Ok(())
+}

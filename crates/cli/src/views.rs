@@ -1,0 +1,198 @@
+//! The read-only views of a store as JSON, in one place: the command line's `--json` outputs,
+//! `vilvona ui` and the OpenClaw panel (through `vilvona ui`) all call these, so the three never
+//! disagree on a number.
+//!
+//! A request names its view and carries that view's arguments, as the page sends it:
+//! `{"view": "grep", "session": "agent:main:x", "query": "…"}`.
+
+use std::time::Duration;
+
+use anyhow::{Context as _, Result, anyhow, bail};
+use serde_json::{Value, json};
+use vilvona_core::admin::StorageCheck;
+use vilvona_runtime::Host;
+use vilvona_runtime::context_report::{ContextReport, context_report};
+
+use crate::inspect::{admin, caller, find_session};
+
+/// How long a `watch` waits for a change before it answers "unchanged".
+const WATCH_WAIT: Duration = Duration::from_secs(20);
+/// How often a `watch` looks at the session.
+const WATCH_EVERY: Duration = Duration::from_millis(250);
+
+/// Answers one request of the page (see the module's documentation).
+pub(crate) async fn answer(host: &Host, request: &Value) -> Result<Value> {
+    let view = request["view"].as_str().unwrap_or_default();
+    let session = || {
+        request["session"]
+            .as_str()
+            .filter(|s| !s.is_empty())
+            .ok_or_else(|| anyhow!("the \"{view}\" view needs a \"session\""))
+    };
+    let tool = |name: &'static str, fields: &[&str]| {
+        let mut arguments = json!({});
+        for field in fields {
+            if !request[*field].is_null() {
+                arguments[*field] = request[*field].clone();
+            }
+        }
+        (name, arguments)
+    };
+    let (name, arguments) = match view {
+        "sessions" => return sessions(host).await,
+        "context" => return context(host, session()?).await,
+        "dag" => return dag(host, session()?).await,
+        "health" => return health(host).await,
+        "watch" => return watch(host, session()?, request["since"].as_str()).await,
+        "grep" => tool("vilvona_grep", &["query", "mode", "limit"]),
+        "expand" => tool("vilvona_expand", &["id", "cursor", "tokenCap"]),
+        "describe" => tool("vilvona_describe", &["id"]),
+        other => bail!(
+            "unknown view \"{other}\" (sessions, context, dag, health, watch, grep, expand, describe)"
+        ),
+    };
+    recall(host, session()?, name, &arguments).await
+}
+
+/// The stored sessions: key, id and messages (`vilvona sessions --json`).
+pub(crate) async fn sessions(host: &Host) -> Result<Value> {
+    let admin = admin(host).await.ok();
+    let mut rows = Vec::new();
+    for (key, record) in host.listed_sessions().await {
+        let messages = match &admin {
+            Some(admin) => admin
+                .session_stats(&caller(&key, &record))
+                .await
+                .ok()
+                .map(|stats| stats.messages),
+            None => None,
+        };
+        let messages = match messages {
+            Some(count) => count,
+            None => vilvona_transcript::read_transcript(&record.session_file)
+                .map(|t| {
+                    t.entries
+                        .iter()
+                        .filter(|l| matches!(l.entry, vilvona_transcript::Entry::Message(_)))
+                        .count() as u64
+                })
+                .unwrap_or(0),
+        };
+        // A session only the store holds (a gateway's) has no record of its own here.
+        let recorded = !record.session_file.as_os_str().is_empty();
+        rows.push(json!({
+            "agent": host.options().agent_id,
+            "key": key,
+            "id": record.session_id,
+            "messages": messages,
+            "lastActivity": recorded.then(|| vilvona_summarize::format_utc_rfc3339(record.updated_at_ms)),
+            "compactions": recorded.then_some(record.compaction_count),
+        }));
+    }
+    Ok(Value::Array(rows))
+}
+
+/// What the session's next prompt is made of (`vilvona context json`).
+pub(crate) async fn context(host: &Host, session: &str) -> Result<Value> {
+    let (key, record) = find_session(host, session).await?;
+    Ok(context_json(&context_report(host, &key, &record).await?))
+}
+
+/// The report as `context json` prints it.
+pub(crate) fn context_json(report: &ContextReport) -> Value {
+    json!({
+        "report": report,
+        "session": {
+            "totalTokens": report.session_tokens,
+            "contextTokens": report.window,
+            "inputTokens": report.input_tokens,
+            "outputTokens": report.output_tokens,
+        },
+    })
+}
+
+/// The session's summary DAG (`vilvona context dag --format json`).
+pub(crate) async fn dag(host: &Host, session: &str) -> Result<Value> {
+    let (key, record) = find_session(host, session).await?;
+    let view = admin(host).await?.dag(&caller(&key, &record)).await?;
+    let mut value = serde_json::to_value(&view)?;
+    value["session"] = json!(record.session_id);
+    Ok(value)
+}
+
+/// The store's integrity, as doctor's "store integrity" line says it.
+pub(crate) async fn health(host: &Host) -> Result<Value> {
+    let report = admin(host).await?.check().await?;
+    Ok(store_integrity(&report))
+}
+
+/// Doctor's "store integrity" check of a storage check: one wording for doctor and the page.
+pub(crate) fn store_integrity(report: &StorageCheck) -> Value {
+    json!({
+        "name": "store integrity",
+        "ok": report.is_healthy(),
+        "detail": integrity_detail(report),
+        "indexNeedsRebuild": report.index_needs_rebuild,
+    })
+}
+
+/// What was checked when the store is healthy, else what is wrong.
+pub(crate) fn integrity_detail(report: &StorageCheck) -> String {
+    if report.is_healthy() {
+        report.summary.clone()
+    } else {
+        report.problems.join("; ")
+    }
+}
+
+/// A recall tool's answer, called as the session would call it (grep, expand, describe).
+pub(crate) async fn recall(
+    host: &Host,
+    session: &str,
+    tool: &str,
+    arguments: &Value,
+) -> Result<Value> {
+    let (key, record) = find_session(host, session).await?;
+    let engine = host.history().await?;
+    Ok(engine
+        .call_tool(&caller(&key, &record), tool, arguments)
+        .await?)
+}
+
+/// What changes when a turn commits or compaction publishes: the messages held, the context's
+/// items and tokens, the summaries by depth. Short, and equal exactly when nothing changed.
+async fn stamp(host: &Host, session: &str) -> Result<String> {
+    let (key, record) = find_session(host, session).await?;
+    let stats = admin(host)
+        .await?
+        .session_stats(&caller(&key, &record))
+        .await?;
+    let depths: Vec<String> = stats
+        .summaries_by_depth
+        .iter()
+        .map(|(depth, count)| format!("{depth}:{count}"))
+        .collect();
+    Ok(format!(
+        "{}.{}.{}.{}",
+        stats.messages,
+        stats.context_items,
+        stats.context_tokens,
+        depths.join(",")
+    ))
+}
+
+/// Waits (up to 20 s) until the session differs from `since`, then answers its new stamp:
+/// the page's live view, without polling the whole report.
+async fn watch(host: &Host, session: &str, since: Option<&str>) -> Result<Value> {
+    let started = std::time::Instant::now();
+    loop {
+        let now = stamp(host, session)
+            .await
+            .with_context(|| format!("watching {session}"))?;
+        let changed = since != Some(now.as_str());
+        if changed || started.elapsed() >= WATCH_WAIT {
+            return Ok(json!({"stamp": now, "changed": changed}));
+        }
+        tokio::time::sleep(WATCH_EVERY).await;
+    }
+}
