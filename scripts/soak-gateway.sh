@@ -40,6 +40,7 @@ SLOW_SUMMARIZER=0
 SESSIONS=1
 KILLS=0
 CELL=""
+PANEL=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --engine) ENGINE="$2"; shift 2 ;;
@@ -52,7 +53,8 @@ while [ $# -gt 0 ]; do
     --sessions) SESSIONS="$2"; shift 2 ;;
     --kills) KILLS="$2"; shift 2 ;;
     --cell) CELL="$2"; shift 2 ;;
-    *) echo "usage: $0 [--engine vilvona|legacy] [--window TOKENS] [--turns N] [--out DIR] [--shape chars4|tokenizer|no-usage] [--summarizer extractive|host] [--slow-summarizer MS] [--sessions N] [--kills N]" >&2; exit 2 ;;
+    --panel) PANEL=1; shift ;;
+    *) echo "usage: $0 [--engine vilvona|legacy] [--window TOKENS] [--turns N] [--out DIR] [--shape chars4|tokenizer|no-usage] [--summarizer extractive|host] [--slow-summarizer MS] [--sessions N] [--kills N] [--panel]" >&2; exit 2 ;;
   esac
 done
 case "$ENGINE" in vilvona | legacy) ;; *) echo "$0: --engine is vilvona or legacy" >&2; exit 2 ;; esac
@@ -73,6 +75,8 @@ FIGURES_BIN="${VILVONA_FIGURES_BIN:-$ROOT/target/debug/economics}"
 [ -x "$FIGURES_BIN" ] || fail "$FIGURES_BIN is missing (cargo build -p vilvona-benches --bin economics)"
 
 install_openclaw
+# --panel's playwright-core stays in the user's cache (make_work moves HOME).
+export VILVONA_UI_CACHE="${VILVONA_UI_CACHE:-$HOME/.cache/vilvona-ui}"
 make_work
 OUT="${OUT:-$WORK/out}"
 mkdir -p "$OUT"
@@ -117,7 +121,9 @@ cat >"$OPENCLAW_CONFIG_PATH" <<JSON
         cost: { input: 0, output: 0, cacheRead: 0, cacheWrite: 0 }, contextWindow: $WINDOW, maxTokens: 4096 }] } } },
   agents: { defaults: { model: { primary: "mock/mock-1" }, workspace: "$WORK/workspace" } },
   gateway: { mode: "local", port: $GATEWAY_PORT, bind: "loopback", auth: { mode: "token", token: "$TOKEN" },
-    http: { endpoints: { chatCompletions: { enabled: true } } } },
+    http: { endpoints: { chatCompletions: { enabled: true } } },
+    // --panel: plugin UI loads (what the README's "See the context" says to set).
+    controlUi: { experimental: { customPlugins: $([ "$PANEL" -eq 1 ] && echo true || echo false) } } },
   // Only vilvona may load (the README's install block sets the same), so no bundled plugin
   // (a memory plugin's pre-compaction flush turns, say) differs between the engines compared;
   // for legacy, OpenClaw's own engine, it is not installed at all.
@@ -182,6 +188,13 @@ wait "$DRIVER_PID" || DRIVEN=$?
 if [ -n "$KILLER_PID" ]; then
   kill "$KILLER_PID" 2>/dev/null || true
   wait "$KILLER_PID" 2>/dev/null || true
+fi
+if [ "$PANEL" -eq 1 ] && [ "$ENGINE" = vilvona ] && [ "$DRIVEN" -eq 0 ]; then
+  # The panel in the gateway's own Control UI, in Chromium, while the gateway still runs.
+  step "opening the vilvona panel in the Control UI"
+  PLAYWRIGHT_CORE="$(bash "$ROOT/scripts/ui-browser.sh" --install-only)" \
+    node "$ROOT/bindings/openclaw/test/ui.gateway.mjs" "http://127.0.0.1:$GATEWAY_PORT" "$TOKEN" "$VILVONA" "$HOME/.vilvona" "$ROOT/target/ui" \
+    || fail "the vilvona panel in the Control UI (screenshots in target/ui)"
 fi
 GATEWAY_UP=1
 kill -0 "$GATEWAY_PID" 2>/dev/null || GATEWAY_UP=0

@@ -493,7 +493,7 @@ export class UiServer {
 }
 
 /** The views the panel may ask of its own session (never another session's, never the list). */
-const PANEL_VIEWS = new Set(["context", "dag", "grep", "expand", "describe", "health", "watch"]);
+const PANEL_VIEWS = new Set(["context", "stats", "dag", "grep", "expand", "describe", "health", "watch"]);
 
 /**
  * The Control UI panel's backend: one read-only session action, `view`, answered by

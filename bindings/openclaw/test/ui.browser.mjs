@@ -67,6 +67,9 @@ test("vilvona ui: the window, search, the DAG to its sources, and stored markup 
   mkdirSync(out, { recursive: true });
   const state = replayedState();
   const expected = JSON.parse(vilvona(state, "context", "json", "--session", SESSION)).report;
+  // A replay tells the engine a budget, not a window: the bar is the report's, the limits the engine's.
+  const { plan } = JSON.parse(vilvona(state, "stats", "--session", SESSION, "--json"));
+  assert.equal(plan.window, null);
   const dag = JSON.parse(vilvona(state, "context", "dag", "--format", "json", "--session", SESSION));
   assert.ok(dag.summaries.some((s) => s.inContext), "the replay made no summaries to show");
   const url = `${await startUi(state)}&session=${SESSION}`;
@@ -94,6 +97,8 @@ test("vilvona ui: the window, search, the DAG to its sources, and stored markup 
       assert.equal(await page.getAttribute("[data-total]", "data-total"), String(expected.sessionTokens));
       assert.equal(await page.getAttribute("[data-window]", "data-window"), String(expected.window));
       assert.equal(await page.textContent("[data-total]"), grouped(expected.sessionTokens));
+      const limits = await page.textContent("[data-part=limits]");
+      for (const limit of [plan.trigger, plan.goal, plan.ceiling]) assert.ok(limits.includes(grouped(limit)), limits);
       const depths = expected.conversation.filter((part) => part.name.startsWith("Summaries"));
       for (const part of depths) {
         assert.ok((await page.textContent(".vv-legend")).includes(`${part.name} ×${part.count}: ${grouped(part.tokens)} tok`), part.name);

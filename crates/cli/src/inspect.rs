@@ -334,16 +334,12 @@ pub(crate) async fn stats(global: &Global, session: &str, json: bool) -> Result<
     let engine = host.history().await?;
     let admin = admin_of(&engine)?;
     let stats = admin.session_stats(&caller(&key, &record)).await?;
-    let usage = admin.usage().await?;
-    let engine_id = engine.info().id;
     if json {
-        let mut value = serde_json::to_value(&stats)?;
-        value["engine"] = json!(engine_id);
-        value["databaseBytes"] = json!(usage.database_bytes);
-        value["indexDocs"] = json!(usage.index_docs);
-        print_json(&value)?;
+        print_json(&crate::views::stats(&host, session).await?)?;
         return Ok(ExitCode::SUCCESS);
     }
+    let usage = admin.usage().await?;
+    let engine_id = engine.info().id;
     let n = |value: u64| crate::context::grouped(value);
     let counted = |counts: &std::collections::BTreeMap<String, u64>, label: &str| {
         counts

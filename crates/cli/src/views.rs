@@ -42,13 +42,14 @@ pub(crate) async fn answer(host: &Host, request: &Value) -> Result<Value> {
         "sessions" => return sessions(host).await,
         "context" => return context(host, session()?).await,
         "dag" => return dag(host, session()?).await,
+        "stats" => return stats(host, session()?).await,
         "health" => return health(host).await,
         "watch" => return watch(host, session()?, request["since"].as_str()).await,
         "grep" => tool("vilvona_grep", &["query", "mode", "limit"]),
         "expand" => tool("vilvona_expand", &["id", "cursor", "tokenCap"]),
         "describe" => tool("vilvona_describe", &["id"]),
         other => bail!(
-            "unknown view \"{other}\" (sessions, context, dag, health, watch, grep, expand, describe)"
+            "unknown view \"{other}\" (sessions, context, dag, stats, health, watch, grep, expand, describe)"
         ),
     };
     recall(host, session()?, name, &arguments).await
@@ -117,6 +118,21 @@ pub(crate) async fn dag(host: &Host, session: &str) -> Result<Value> {
     let view = admin(host).await?.dag(&caller(&key, &record)).await?;
     let mut value = serde_json::to_value(&view)?;
     value["session"] = json!(record.session_id);
+    Ok(value)
+}
+
+/// What the engine keeps of the session and what it plans its context against
+/// (`vilvona stats --json`).
+pub(crate) async fn stats(host: &Host, session: &str) -> Result<Value> {
+    let (key, record) = find_session(host, session).await?;
+    let engine = host.history().await?;
+    let admin = admin(host).await?;
+    let stats = admin.session_stats(&caller(&key, &record)).await?;
+    let usage = admin.usage().await?;
+    let mut value = serde_json::to_value(&stats)?;
+    value["engine"] = json!(engine.info().id);
+    value["databaseBytes"] = json!(usage.database_bytes);
+    value["indexDocs"] = json!(usage.index_docs);
     Ok(value)
 }
 

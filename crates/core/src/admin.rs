@@ -108,6 +108,33 @@ pub struct SessionStats {
     pub context_tokens: u64,
     /// The context's items grouped by kind (`summary, depth 0`, `message, user`).
     pub context_by_kind: BTreeMap<String, ItemGroup>,
+    /// What the context is planned against, when the engine plans against a host's window.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub plan: Option<WindowPlan>,
+}
+
+/// What an engine plans a session's context against: what the host last said of its window
+/// and its own prompt, and the limits drawn from them (tokens).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WindowPlan {
+    /// The whole prompt's budget the host checks against (its model's window), when it said.
+    pub window: Option<u64>,
+    /// What the host adds around the engine's context (system prompt, tools, the user's
+    /// prompt), as last counted.
+    pub host_prompt: Option<u64>,
+    /// Whether that count is the provider's (from usage), not the host's estimate.
+    pub host_prompt_observed: bool,
+    /// What the host keeps free for the model's reply.
+    pub reserve: Option<u64>,
+    /// The room the host last gave the engine's context, when it said.
+    pub budget: Option<u64>,
+    /// A routine compaction runs above this many tokens of context.
+    pub trigger: u64,
+    /// A compaction folds the context down to this.
+    pub goal: u64,
+    /// The most the context may hold.
+    pub ceiling: u64,
 }
 
 /// Items of one kind in a context.

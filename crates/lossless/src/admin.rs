@@ -8,7 +8,7 @@ use async_trait::async_trait;
 use vilvona_core::EngineError;
 use vilvona_core::admin::{
     DagView, EngineAdmin, Forgotten, ItemGroup, RetentionRun, SessionStats, StorageCheck,
-    StorageUsage, StoredSession, ToolCaller,
+    StorageUsage, StoredSession, ToolCaller, WindowPlan,
 };
 use vilvona_core::archive::{ImportReport, SessionArchive};
 use vilvona_store::{ConversationId, ItemContent, MessageId, StoreError};
@@ -111,7 +111,29 @@ impl EngineAdmin for LosslessEngine {
             group.items += 1;
             group.tokens += item.tokens;
         }
+        // Read from the store, not this process's memory: another process (a gateway's
+        // `serve`) may be the one the host talks to.
+        let host = match store
+            .state(conversation.id, crate::budget::HOST_PROMPT)
+            .await
+            .map_err(|error| store_error("reading the host's prompt", error))?
+        {
+            Some(text) => serde_json::from_str(&text).unwrap_or_default(),
+            None => self.host_prompt(conversation.id).await?,
+        };
+        let limits = host.limits(self.config());
+        let plan = WindowPlan {
+            window: host.window,
+            host_prompt: host.overhead,
+            host_prompt_observed: host.overhead_observed,
+            reserve: host.reserve,
+            budget: host.budget,
+            trigger: limits.trigger,
+            goal: limits.goal,
+            ceiling: limits.ceiling,
+        };
         Ok(SessionStats {
+            plan: Some(plan),
             session: session.session_id.clone(),
             messages: row.stored_messages,
             summaries_by_depth,

@@ -40,11 +40,23 @@ function snippet(text) {
 }
 
 /**
- * The parts of the prompt against the window, from `context` (the report `vilvona context
- * json` prints): the system prompt with the tools' schemas, summaries by depth, messages, and
- * what is left of the window.
+ * The parts of the prompt against the window. Where the host told the engine its window (a
+ * gateway's session), from `stats`: the host's own prompt as last counted, the engine's
+ * context by kind, the reply's reserve. Else from `context` (the report `vilvona context json`
+ * prints): the system prompt with the tools' schemas, summaries by depth, messages.
  */
-export function windowParts(context) {
+export function windowParts(context, stats) {
+  const plan = stats?.plan;
+  if (plan?.window) {
+    const parts = [{ name: plan.hostPromptObserved ? "The host's prompt (as the provider counted it)" : "The host's prompt (its estimate)", kind: "system", tokens: plan.hostPrompt ?? 0 }];
+    for (const [name, group] of Object.entries(stats.contextByKind ?? {})) {
+      const summary = name.startsWith("summary");
+      parts.push({ name: `${summary ? "Summaries, " : "Messages, "}${name.replace(/^(summary|message), /, "")} ×${group.items}`, kind: summary ? "summary" : "message", tokens: group.tokens });
+    }
+    if (plan.reserve) parts.push({ name: "The reply's reserve", kind: "reserve", tokens: plan.reserve });
+    // What the next request sends: the host's prompt and the engine's whole context.
+    return { parts, total: (plan.hostPrompt ?? 0) + stats.contextTokens, window: plan.window, budget: plan.ceiling, plan };
+  }
   const report = context.report;
   const tools = (report.tools ?? []).reduce((sum, tool) => sum + (tool.tokens ?? 0), 0);
   const parts = [{ name: "System prompt and tools", kind: "system", tokens: report.systemPromptTokens + report.engineAdditionTokens + tools }];
@@ -52,7 +64,7 @@ export function windowParts(context) {
     const summary = part.name.startsWith("Summaries");
     parts.push({ name: `${part.name} ×${part.count}`, kind: summary ? "summary" : "message", tokens: part.tokens });
   }
-  return { parts, total: report.sessionTokens, window: report.window, budget: report.promptBudget };
+  return { parts, total: report.sessionTokens, window: report.window, budget: report.promptBudget, plan };
 }
 
 /** Mounts the panel; `request(payload)` answers a view (see crates/cli/src/views.rs). */
@@ -81,8 +93,8 @@ export function mountPanel(container, options) {
   const ask = (payload) => options.request({ session: state.sessionKey, ...payload });
   const say = (text) => { status.textContent = text; };
 
-  function drawWindow(context) {
-    const { parts, total, window, budget } = windowParts(context);
+  function drawWindow(context, stats) {
+    const { parts, total, window, budget, plan } = windowParts(context, stats);
     const bar = el("div", { class: "vv-bar", role: "img", "aria-label": `${grouped(total)} of ${grouped(window)} tokens` });
     for (const part of parts) {
       if (!part.tokens) continue;
@@ -98,8 +110,11 @@ export function mountPanel(container, options) {
         el("strong", { "data-total": total }, grouped(total)), " of ",
         el("span", { "data-window": window }, grouped(window)), " tokens — ",
         el("span", { "data-percent": percent(total, window) }, `${percent(total, window)} %`),
-        ` of the window; the prompt's budget ${grouped(budget)}`),
+        ` of the window; the context may hold ${grouped(budget)}`),
       bar, legend,
+      plan ? el("p", { class: "vv-muted", "data-part": "limits" },
+        `Compaction runs above ${grouped(plan.trigger)} tokens of context and folds it down to ${grouped(plan.goal)}; ` +
+        `it never holds more than ${grouped(plan.ceiling)}. Now ${grouped(stats.contextTokens)} in ${grouped(stats.contextItems)} items, ${grouped(stats.messages)} messages kept.`) : "",
     );
   }
 
@@ -224,9 +239,9 @@ export function mountPanel(container, options) {
     const generation = state.generation;
     const started = performance.now();
     const checked = ask({ view: "health" });
-    const [context, dag] = await Promise.all([ask({ view: "context" }), ask({ view: "dag" })]);
+    const [context, stats, dag] = await Promise.all([ask({ view: "context" }), ask({ view: "stats" }), ask({ view: "dag" })]);
     if (state.disposed || generation !== state.generation) return;
-    drawWindow(context);
+    drawWindow(context, stats);
     drawDag(dag);
     root.dataset.painted = String(Math.round(performance.now() - started));
     say(`Session ${state.sessionKey}`);
@@ -287,6 +302,51 @@ export function mountPanel(container, options) {
   };
 }
 
+/**
+ * The window meter for a session's header: how full the window is and with how many summaries
+ * and messages; it follows the session as the panel does (on the `watch` view).
+ */
+export function mountMeter(container, options) {
+  const meter = el("span", { class: "vv-meter", "data-part": "meter", role: "status" }, "vilvona …");
+  container.replaceChildren(meter);
+  let sessionKey = options.sessionKey;
+  let stamp;
+  let disposed = false;
+  options.signal?.addEventListener("abort", () => { disposed = true; });
+  const draw = async () => {
+    const [context, stats] = await Promise.all([
+      options.request({ session: sessionKey, view: "context" }),
+      options.request({ session: sessionKey, view: "stats" }),
+    ]);
+    const { total, window } = windowParts(context, stats);
+    const summaries = Object.values(stats.summariesByDepth ?? {}).reduce((sum, n) => sum + n, 0);
+    meter.textContent = `vilvona ${percent(total, window)} % · ${grouped(summaries)} summaries, ${grouped(stats.contextItems - summaries)} messages`;
+    meter.title = `${grouped(total)} of ${grouped(window)} tokens in the window`;
+    meter.dataset.percent = String(percent(total, window));
+  };
+  (async () => {
+    while (!disposed) {
+      try {
+        const watched = await options.request({ session: sessionKey, view: "watch", since: stamp });
+        if (disposed) return;
+        if (watched.stamp !== stamp) await draw();
+        stamp = watched.stamp;
+      } catch {
+        await new Promise((resolve) => setTimeout(resolve, WATCH_RETRY_MS));
+      }
+    }
+  })();
+  return {
+    update(props) {
+      if (props?.sessionKey && props.sessionKey !== sessionKey) {
+        sessionKey = props.sessionKey;
+        stamp = undefined;
+      }
+    },
+    dispose() { disposed = true; },
+  };
+}
+
 /** What a session action answered, or its error thrown. */
 function unwrap(answer) {
   const reply = answer?.result !== undefined && answer?.ok !== undefined ? answer : { ok: true, result: answer };
@@ -296,34 +356,39 @@ function unwrap(answer) {
   return result;
 }
 
+/**
+ * A view of OpenClaw's (panel or header accessory) mounted with `mount(container, options)`,
+ * its data read through the plugin's `view` session action for the session it is shown with.
+ */
+function hosted(host, mount) {
+  return (container, ctx) => {
+    let props = ctx.props ?? {};
+    const view = mount(container, {
+      sessionKey: props.sessionKey,
+      signal: ctx.signal,
+      request: (payload) => host.request("plugins.sessionAction", {
+        pluginId: PLUGIN_ID,
+        actionId: "view",
+        payload,
+        sessionKey: props.sessionKey,
+        agentId: props.agentId,
+      }).then(unwrap),
+    });
+    return {
+      // OpenClaw hands the whole context again when the session changes.
+      update(next) {
+        props = next?.props ?? props;
+        view.update({ sessionKey: props.sessionKey });
+      },
+      dispose: view.dispose,
+    };
+  };
+}
+
 export default {
   id: PLUGIN_ID,
   activate(host) {
-    host.ui.registerPanel({
-      id: "context",
-      label: "vilvona context",
-      mount(container, ctx) {
-        let props = ctx.props ?? {};
-        const panel = mountPanel(container, {
-          sessionKey: props.sessionKey,
-          signal: ctx.signal,
-          request: (payload) => host.request("plugins.sessionAction", {
-            pluginId: PLUGIN_ID,
-            actionId: "view",
-            payload,
-            sessionKey: props.sessionKey,
-            agentId: props.agentId,
-          }).then(unwrap),
-        });
-        return {
-          // OpenClaw hands the whole context again when the session changes.
-          update(next) {
-            props = next?.props ?? props;
-            panel.update({ sessionKey: props.sessionKey });
-          },
-          dispose: panel.dispose,
-        };
-      },
-    });
+    host.ui.registerPanel({ id: "context", label: "vilvona context", mount: hosted(host, mountPanel) });
+    host.ui.registerAccessory?.({ id: "meter", placement: "session-header", mount: hosted(host, mountMeter) });
   },
 };

@@ -1,0 +1,87 @@
+// The vilvona panel inside a real OpenClaw gateway's Control UI, in Debian's Chromium: the
+// session the soak drove is opened, its header shows vilvona's window meter, the side panel
+// shows "vilvona context", and the meter's and the panel's
+// numbers, search and expansion are checked against the vilvona binary's own answers over the
+// same store. Run by `scripts/soak-gateway.sh --panel` while its gateway is up.
+//   node ui.gateway.mjs GATEWAY_URL TOKEN VILVONA STATE_DIR OUT_DIR
+// (PLAYWRIGHT_CORE: where playwright-core is installed; CHROMIUM: the browser, /usr/bin/chromium)
+import assert from "node:assert/strict";
+import { execFileSync } from "node:child_process";
+import { mkdirSync, writeFileSync } from "node:fs";
+import { createRequire } from "node:module";
+import { join } from "node:path";
+
+const [gateway, token, binary, stateDir, out] = process.argv.slice(2);
+const { chromium } = createRequire(join(process.env.PLAYWRIGHT_CORE, "package.json"))("playwright-core");
+const vilvona = (...args) => JSON.parse(execFileSync(binary, ["--state-dir", stateDir, ...args], { encoding: "utf8" }));
+mkdirSync(out, { recursive: true });
+
+// The session the soak drove, and what vilvona says of it.
+const [session] = vilvona("sessions", "--json").filter((row) => row.messages > 0);
+assert.ok(session, "the store holds no session with messages");
+// OpenClaw told the engine its window: the bar is the host's prompt as last counted and the
+// engine's context, against that window (`vilvona stats --json`).
+const stats = vilvona("stats", "--session", session.key, "--json");
+assert.ok(stats.plan?.window > 0, `the engine knows no window: ${JSON.stringify(stats.plan)}`);
+const expected = { total: (stats.plan.hostPrompt ?? 0) + stats.contextTokens, window: stats.plan.window };
+// OpenClaw's session link: each segment of the key after `agent:<agent>:` is a path segment.
+const [, agent, ...rest] = session.key.split(":");
+const path = `/chat/${agent}/${rest.map(encodeURIComponent).join("/")}`;
+
+const browser = await chromium.launch({
+  executablePath: process.env.CHROMIUM ?? "/usr/bin/chromium",
+  args: ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update", "--no-first-run", "--disable-sync"],
+});
+const timings = {};
+let page;
+try {
+  for (const width of [1280, 360]) {
+    const context = await browser.newContext({ viewport: { width, height: 900 } });
+    page = await context.newPage();
+    const loaded = Date.now();
+    await page.goto(`${gateway}${path}#token=${token}`);
+    // The window meter on the session's header.
+    const meter = page.locator("[data-part=meter][data-percent]");
+    await meter.waitFor({ timeout: 60_000 });
+    const appMs = Date.now() - loaded;
+    assert.equal(await meter.getAttribute("data-percent"), String(Math.round((1000 * expected.total) / expected.window) / 10));
+    // The side panel, then vilvona's entry in it.
+    await page.getByRole("button", { name: "Side panel" }).first().click({ timeout: 60_000 });
+    const opened = Date.now();
+    await page.locator("button[role=listitem]", { hasText: "vilvona context" }).first().click({ timeout: 30_000 });
+    const view = page.locator("openclaw-plugin-view");
+    const total = view.locator("[data-total]");
+    await total.waitFor({ timeout: 30_000 });
+    timings[width] = { appWithMeterMs: appMs, firstPaintMs: Date.now() - opened };
+    assert.equal(await total.getAttribute("data-total"), String(expected.total));
+    assert.equal(await view.locator("[data-window]").getAttribute("data-window"), String(expected.window));
+    assert.ok((await view.locator("[data-part=limits]").textContent()).includes(stats.plan.ceiling.toLocaleString("en-US")));
+    await page.screenshot({ path: join(out, `openclaw-panel-${width}-window.png`) });
+
+    // A planted fact, found by search, its text shown.
+    const typed = Date.now();
+    await view.locator("[data-part=search]").fill("canary region");
+    await view.locator("[data-part=search]").press("Enter");
+    await view.locator("[data-part=hits] li", { hasText: "eu-north-3" }).first().waitFor({ timeout: 30_000 });
+    timings[width].searchMs = Date.now() - typed;
+
+    // A summary in the context expanded one level.
+    const expand = view.locator("[data-part=dag] button[data-expand]").first();
+    await expand.click();
+    await view.locator("[data-part=dag] .vv-children > li").first().waitFor({ timeout: 30_000 });
+
+    await page.screenshot({ path: join(out, `openclaw-panel-${width}-search.png`) });
+    await context.close();
+  }
+} catch (error) {
+  if (page) {
+    await page.screenshot({ path: join(out, "openclaw-panel-failure.png"), fullPage: true }).catch(() => {});
+    const text = await page.evaluate(() => document.body.innerText.slice(0, 1500)).catch(() => "");
+    console.error(`the page at ${page.url()}:\n${text}`);
+  }
+  throw error;
+} finally {
+  await browser.close();
+}
+writeFileSync(join(out, "openclaw-panel-timings.json"), `${JSON.stringify(timings, null, 2)}\n`);
+console.log(`the vilvona panel in OpenClaw's Control UI: ${JSON.stringify(timings)}`);
