@@ -61,7 +61,11 @@ fn print_list(report: &ContextReport, detail: bool) {
         grouped(report.engine_addition_tokens)
     );
     println!();
-    println!("Injected workspace files:");
+    if report.workspace_files.is_empty() {
+        println!("Injected workspace files: none");
+    } else {
+        println!("Injected workspace files:");
+    }
     for entry in &report.workspace_files {
         let file = &entry.file;
         match file.status {
@@ -131,9 +135,20 @@ fn print_list(report: &ContextReport, detail: bool) {
         top("tools", &report.tools, "schema size");
         let counts = &report.transcript;
         println!();
+        // An engine that folds its own copy never writes a compaction into the transcript: its
+        // summaries stand for what the context does not show verbatim.
+        let folded = counts.compactable.saturating_sub(counts.raw_in_context);
         println!(
-            "Transcript: {} messages; {} compactable (user, assistant, tool results since the last compaction); in context: {} verbatim, {} summaries",
-            counts.messages, counts.compactable, counts.raw_in_context, counts.summaries_in_context
+            "Transcript: {} messages; {} user, assistant and tool results since its last compaction entry; in context: {} verbatim, {} summaries{}",
+            counts.messages,
+            counts.compactable,
+            counts.raw_in_context,
+            counts.summaries_in_context,
+            if counts.summaries_in_context > 0 && folded > 0 {
+                format!(" standing for the other {folded}")
+            } else {
+                String::new()
+            }
         );
     }
     println!();

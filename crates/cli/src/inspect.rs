@@ -46,7 +46,9 @@ pub(crate) async fn find_session(host: &Host, name: &str) -> Result<(String, Ses
         ));
     }
     Err(anyhow!(
-        "unknown session \"{name}\"; `vilvona sessions` lists the stored ones"
+        "unknown session \"{name}\" in {}; `vilvona --state-dir {} sessions` lists the stored ones",
+        host.options().state_dir.display(),
+        host.options().state_dir.display()
     ))
 }
 

@@ -423,15 +423,38 @@ pub(crate) async fn demo(global: &Global, turns: usize) -> Result<ExitCode> {
         "{recalled} of {} planted facts recalled from the whole history.",
         workload.needles.len()
     );
+    // What to type next, as this very executable (`cargo run` puts none on PATH) and with the
+    // demo's own state directory: each line works pasted as printed.
+    let exe = std::env::current_exe()
+        .map(|path| shell_word(&path.display().to_string()))
+        .unwrap_or_else(|_| "vilvona".to_owned());
+    let state = shell_word(&dir.display().to_string());
+    let session = shell_word(&report.session_key);
+    let query = workload
+        .needles
+        .first()
+        .map_or("parser cache", |needle| needle.query.as_str());
+    println!("\nNext, pasted as printed (the demo's store is {state}):");
+    println!("  {exe} --state-dir {state} sessions");
     println!(
-        "\nTry: vilvona --state-dir {} grep \"{}\" --session {}",
-        dir.display(),
-        workload
-            .needles
-            .first()
-            .map_or("parser cache", |needle| needle.query.as_str()),
-        report.session_key
+        "  {exe} --state-dir {state} grep {} --session {session}",
+        shell_word(query)
     );
+    println!("  {exe} --state-dir {state} context list --session {session}");
+    println!("  {exe} --state-dir {state} ui    # the context panel in a browser");
     host.dispose().await?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// `word` as one shell word: as it is when it needs no quoting, else in single quotes.
+fn shell_word(word: &str) -> String {
+    let plain = !word.is_empty()
+        && word
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_./:=@%+,".contains(c));
+    if plain {
+        word.to_owned()
+    } else {
+        format!("'{}'", word.replace('\'', "'\\''"))
+    }
 }

@@ -60,13 +60,20 @@ pub(crate) async fn sessions(host: &Host) -> Result<Value> {
     let admin = admin(host).await.ok();
     let mut rows = Vec::new();
     for (key, record) in host.listed_sessions().await {
-        let messages = match &admin {
-            Some(admin) => admin
-                .session_stats(&caller(&key, &record))
-                .await
-                .ok()
-                .map(|stats| stats.messages),
-            None => None,
+        // Where the engine keeps the history, its counts: its messages, and its folds (each
+        // summary it wrote), which the host's record of its own compactions does not see.
+        let (messages, folds) = match &admin {
+            Some(admin) => {
+                let session = caller(&key, &record);
+                let messages = admin.session_stats(&session).await.ok().map(|s| s.messages);
+                let folds = admin
+                    .dag(&session)
+                    .await
+                    .ok()
+                    .map(|dag| dag.summaries.len() as u64);
+                (messages, folds)
+            }
+            None => (None, None),
         };
         let messages = match messages {
             Some(count) => count,
@@ -87,7 +94,7 @@ pub(crate) async fn sessions(host: &Host) -> Result<Value> {
             "id": record.session_id,
             "messages": messages,
             "lastActivity": recorded.then(|| vilvona_summarize::format_utc_rfc3339(record.updated_at_ms)),
-            "compactions": recorded.then_some(record.compaction_count),
+            "compactions": folds.map(|folds| folds.max(record.compaction_count)).or(recorded.then_some(record.compaction_count)),
         }));
     }
     Ok(Value::Array(rows))

@@ -244,7 +244,10 @@ fn bad_input_is_one_clear_line() {
     assert_eq!(unknown.status.code(), Some(1));
     assert_eq!(
         stderr(&unknown).trim(),
-        "vilvona: unknown session \"nope\"; `vilvona sessions` lists the stored ones"
+        format!(
+            "vilvona: unknown session \"nope\" in {0}; `vilvona --state-dir {0} sessions` lists the stored ones",
+            state.display()
+        )
     );
 
     let missing = vilvona(state, &["replay", "/nonexistent/session.jsonl"]);
@@ -397,7 +400,9 @@ fn context_views_report_the_workspace_skills_and_usage() {
         "{text}"
     );
     assert!(
-        text.contains("Transcript: 68 messages; 68 compactable"),
+        text.contains(
+            "Transcript: 68 messages; 68 user, assistant and tool results since its last compaction entry"
+        ),
         "{text}"
     );
     let report = json(&vilvona(state, &["context", "json", "--session", session]));

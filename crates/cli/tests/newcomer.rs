@@ -263,3 +263,121 @@ fn uninstall_edits_the_key_not_the_comment_above_it() {
         text.replace("contextEngine: \"lossless\"", "contextEngine: \"legacy\"")
     );
 }
+
+/// The demo's closing lines are the next commands, and each works pasted as printed: this
+/// executable (`cargo run` puts no `vilvona` on PATH), the demo's own state directory (a path
+/// with a space in it, quoted), and a panel that starts.
+#[test]
+fn the_demo_ends_with_commands_that_work_as_printed() {
+    let dir = TempDir::new().unwrap();
+    let state = dir.path().join("my state");
+    std::fs::create_dir(&state).unwrap();
+    let text = stdout(&vilvona(&state, &["demo", "--turns", "60"]));
+    let next: Vec<&str> = text
+        .lines()
+        .skip_while(|line| !line.starts_with("Next, pasted as printed"))
+        .skip(1)
+        .map(str::trim)
+        .filter(|line| !line.is_empty())
+        .collect();
+    assert_eq!(next.len(), 4, "{text}");
+    for line in &next {
+        if line.contains(" ui ") {
+            // The panel's server: it prints its URL, then serves until stopped.
+            let mut child = std::process::Command::new("sh")
+                .args(["-c", &format!("exec {line}")])
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .unwrap();
+            let mut first = String::new();
+            std::io::BufRead::read_line(
+                &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+                &mut first,
+            )
+            .unwrap();
+            child.kill().unwrap();
+            child.wait().unwrap();
+            assert!(
+                first.starts_with("vilvona ui: http://127.0.0.1:"),
+                "{line}: {first}"
+            );
+            continue;
+        }
+        let output = std::process::Command::new("sh")
+            .args(["-c", line])
+            .output()
+            .unwrap();
+        let printed = stdout(&output);
+        assert!(!printed.trim().is_empty(), "{line} printed nothing");
+        assert!(!printed.contains("no sessions"), "{line}: {printed}");
+    }
+    // The counts agree: the demo compacted, and `sessions` says so (it once said 0).
+    let demo = state.join("demo");
+    let sessions = json(&vilvona(&demo, &["sessions", "--json"]));
+    let compactions = sessions[0]["compactions"].as_u64().unwrap();
+    let stats = json(&vilvona(
+        &demo,
+        &[
+            "context",
+            "dag",
+            "--format",
+            "json",
+            "--session",
+            "synthetic-rs-7-60",
+        ],
+    ));
+    assert_eq!(
+        compactions,
+        stats["summaries"].as_array().unwrap().len() as u64,
+        "{sessions}"
+    );
+    assert!(compactions > 0, "{sessions}");
+    // No empty heading, and no "compactable since the last compaction" beside summaries.
+    let detail = stdout(&vilvona(
+        &demo,
+        &["context", "detail", "--session", "synthetic-rs-7-60"],
+    ));
+    assert!(
+        detail.contains("Injected workspace files: none"),
+        "{detail}"
+    );
+    assert!(
+        detail.contains("summaries standing for the other"),
+        "{detail}"
+    );
+}
+
+/// A mistaken session or id says where it looked and what ids look like.
+#[test]
+fn a_mistaken_name_says_where_it_looked() {
+    let dir = TempDir::new().unwrap();
+    let session = replayed(dir.path());
+    let unknown = refusal(&vilvona(dir.path(), &["grep", "x", "--session", "nope"]));
+    assert!(
+        unknown.contains(&dir.path().display().to_string()),
+        "{unknown}"
+    );
+    let missing = refusal(&vilvona(
+        dir.path(),
+        &["describe", "foo", "--session", session],
+    ));
+    assert!(
+        missing.contains("msg_12") && missing.contains("sum_"),
+        "{missing}"
+    );
+}
+
+/// The set-up section says how long the first build takes, beside the command.
+#[test]
+fn the_readme_says_how_long_the_first_build_takes_beside_the_command() {
+    let readme =
+        std::fs::read_to_string(format!("{}/../../README.md", env!("CARGO_MANIFEST_DIR"))).unwrap();
+    let setup = &readme[readme.find("## Set up").unwrap()..];
+    let setup = &setup[..setup[3..].find("\n## ").unwrap()];
+    let block_end = setup.find("```\n\n").unwrap();
+    let after = &setup[block_end..block_end + 400];
+    assert!(
+        after.contains("first build") && after.contains("minutes"),
+        "{after}"
+    );
+}

@@ -73,7 +73,9 @@ pub enum ToolError {
     #[error("invalid arguments: {0}")]
     InvalidArguments(String),
     /// No row with that id.
-    #[error("{0} not found")]
+    #[error(
+        "{0} not found in this session's reach (ids look like msg_12 for a message, sum_0a1b2c3d… or its first 8 digits for a summary, file_… for a stored file; vilvona_grep shows them)"
+    )]
     NotFound(String),
     /// The row exists outside what the caller may read.
     #[error("{0} is outside this session's recall scope")]
