@@ -357,6 +357,12 @@ fn a_mistaken_name_says_where_it_looked() {
         unknown.contains(&dir.path().display().to_string()),
         "{unknown}"
     );
+    // A regex mistake is one line too (the regex crate draws it over four).
+    let regex = refusal(&vilvona(
+        dir.path(),
+        &["grep", "(", "--mode", "regex", "--session", session],
+    ));
+    assert!(regex.ends_with("unclosed group"), "{regex}");
     let missing = refusal(&vilvona(
         dir.path(),
         &["describe", "foo", "--session", session],

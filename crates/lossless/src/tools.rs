@@ -345,7 +345,16 @@ impl LosslessEngine {
                     .await
                     .map_err(|error| match error {
                         StoreError::InvalidRegex { pattern, detail } => {
-                            ToolError::InvalidArguments(format!("regex {pattern:?}: {detail}"))
+                            // The regex crate draws the pattern and a caret over several
+                            // lines: an error is one line, so its last line (what is wrong).
+                            let what = detail
+                                .lines()
+                                .rev()
+                                .find(|line| !line.trim().is_empty())
+                                .unwrap_or(&detail)
+                                .trim()
+                                .trim_start_matches("error: ");
+                            ToolError::InvalidArguments(format!("regex {pattern:?}: {what}"))
                         }
                         StoreError::QueryTooLarge(problem) => ToolError::InvalidArguments(problem),
                         // Asking by meaning where it is off is the caller's to change.

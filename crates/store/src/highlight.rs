@@ -18,6 +18,14 @@ const SNIPPET_LEAD: usize = 60;
 /// Longest snippet, in bytes of source text.
 const SNIPPET_BYTES: usize = 220;
 
+/// English words that carry no evidence: a snippet marks them only when a query has nothing
+/// else (`«the» ticket «for» «the» billing` read as noise).
+const UNMARKED_WORDS: &[&str] = &[
+    "a", "an", "and", "are", "as", "at", "be", "by", "did", "do", "does", "for", "from", "has",
+    "have", "how", "in", "is", "it", "its", "of", "on", "or", "that", "the", "this", "to", "was",
+    "were", "what", "when", "where", "which", "who", "with",
+];
+
 /// The words of a text or phrase query, ready to be found in a text.
 #[derive(Debug, Default)]
 pub(crate) struct QueryWords {
@@ -40,6 +48,10 @@ impl QueryWords {
             if !list.0.contains(&list.1) {
                 list.0.push(list.1);
             }
+        }
+        let telling = |word: &String| !UNMARKED_WORDS.contains(&word.as_str());
+        if found.alphanumeric.iter().any(telling) || !found.cjk.is_empty() {
+            found.alphanumeric.retain(telling);
         }
         found
     }
@@ -284,6 +296,14 @@ mod tests {
             ("告警 告警阈值", "把告警阈值改", &["告警阈值"]),
             ("ops v2告警", "v2告警 OPS-17", &["v2", "告警", "OPS"]),
             ("absent", "nothing here", &[]),
+            // Words that carry no evidence are not marked beside words that do …
+            (
+                "the ticket for the billing export",
+                "the ticket for the billing export job is",
+                &["ticket", "billing", "export"],
+            ),
+            // … but are when the query has nothing else.
+            ("to be", "to be or not", &["to", "be"]),
         ];
         for (query, text, expected) in cases {
             assert_eq!(marked(query, text), *expected, "{query:?} in {text:?}");
