@@ -956,3 +956,114 @@ fn an_index_deleted_under_a_running_server_is_rebuilt_with_a_bounded_log() {
         text.lines().take(20).collect::<Vec<_>>().join("\n")
     );
 }
+
+/// A store that lost its newest turns (its write-ahead log lost with a crash; here, the
+/// engine's directory restored from a copy taken three turns earlier) is behind the host's
+/// history. The first assembly after the restart brings the lost turns back from the history
+/// the host sends, each once, in order; what the store already held is not stored twice.
+#[test]
+fn turns_the_store_lost_come_back_from_the_hosts_history() {
+    let dir = TempDir::new().unwrap();
+    let session = json!({"sessionId": "healed", "sessionKey": "agent:main:healed"});
+    let with = |extra: Value| {
+        let mut params = session.clone();
+        params
+            .as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        params
+    };
+    let mut history: Vec<Value> = Vec::new();
+    let mut commit = |client: &mut Client, n: i64, history: &mut Vec<Value>| {
+        let messages = vec![
+            user(&format!("turn {n}: the heron{n} key is HR-{n}"), n),
+            assistant(&format!("noted {n}")),
+        ];
+        let result = client.call(
+            10 + n as u64,
+            "commitTurn",
+            with(json!({"advancementKey": format!("k{n}"), "messages": messages})),
+        );
+        assert_eq!(result["status"], "committed");
+        history.extend(messages);
+    };
+    let stop = |mut client: Client| {
+        drop(client.stdin.take());
+        assert!(client.child.wait().unwrap().success());
+    };
+    let engine_dir = dir.path().join("agents/main/lossless");
+    let copy = dir.path().join("copy");
+
+    let mut client = Client::start(dir.path());
+    initialize(&mut client, json!({}));
+    for n in 0..3 {
+        commit(&mut client, n, &mut history);
+    }
+    stop(client);
+    // The copy the store will fall back to: three turns.
+    copy_dir(&engine_dir, &copy);
+    let mut client = Client::start(dir.path());
+    initialize(&mut client, json!({}));
+    for n in 3..6 {
+        commit(&mut client, n, &mut history);
+    }
+    stop(client);
+    std::fs::remove_dir_all(&engine_dir).unwrap();
+    copy_dir(&copy, &engine_dir);
+
+    // Restarted: the host (its plugin too, new with the process) sends its whole history.
+    let mut client = Client::start(dir.path());
+    initialize(&mut client, json!({}));
+    assert_eq!(
+        stored_count(&mut client, 50, "healed"),
+        6,
+        "three turns held"
+    );
+    let assembled = client.call(
+        51,
+        "assemble",
+        with(json!({"messages": history, "tokenBudget": 1_000_000})),
+    );
+    let texts = assembled["messages"].to_string();
+    for n in 0..6 {
+        assert_eq!(
+            texts.matches(&format!("heron{n} key")).count(),
+            1,
+            "turn {n}: {texts}"
+        );
+    }
+    assert_eq!(stored_count(&mut client, 52, "healed"), 12);
+    // In order: the lost turns after the kept ones.
+    let order: Vec<usize> = (0..6)
+        .map(|n| texts.find(&format!("heron{n} key")).unwrap())
+        .collect();
+    assert!(order.windows(2).all(|pair| pair[0] < pair[1]), "{texts}");
+    // Searchable, and stored once: a second assembly with the same history adds nothing, and
+    // the next turn follows them.
+    let hits = client.call(
+        53,
+        "tools/call",
+        with(json!({"name": "vilvona_grep", "arguments": {"query": "heron4"}})),
+    );
+    assert!(hits.to_string().contains("HR-4"), "{hits}");
+    client.call(
+        54,
+        "assemble",
+        with(json!({"messages": history, "tokenBudget": 1_000_000})),
+    );
+    commit(&mut client, 6, &mut history);
+    assert_eq!(stored_count(&mut client, 55, "healed"), 14);
+    stop(client);
+}
+
+fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap().flatten() {
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), target).unwrap();
+        }
+    }
+}

@@ -343,6 +343,68 @@ impl LosslessEngine {
         })
     }
 
+    /// The host's history is a second record of the session. A store that lost its newest
+    /// messages (its write-ahead log lost with a crash, a database restored from a copy) is
+    /// behind it by a tail: where the store's last message is the host's message at the same
+    /// place, what follows it in the host's history was acknowledged and is missing here, and
+    /// is stored again, each message at its place. Anything else (the host's history shorter,
+    /// or the two not meeting at the store's last message) is left alone: the store is never
+    /// rewritten from a history that may be sanitized or cut. Once per conversation and engine
+    /// instance: the host sends its whole history on an instance's first assembly.
+    async fn reconcile_tail(
+        &self,
+        conversation: ConversationId,
+        host: &[AgentMessage],
+    ) -> Result<(), EngineError> {
+        {
+            let mut reconciled = lock_map(&self.inner.reconciled);
+            if reconciled.get(&conversation).is_some() {
+                return Ok(());
+            }
+            reconciled.insert(conversation, ());
+        }
+        let store = &self.inner.store;
+        let Some(row) = store
+            .conversation_by_id(conversation)
+            .await
+            .map_err(|error| store_error("conversation", error))?
+        else {
+            return Ok(());
+        };
+        let held = row.message_count;
+        if held == 0 || held as usize >= host.len() {
+            return Ok(());
+        }
+        let last = store
+            .messages_in_seq_range(conversation, held - 1, held - 1)
+            .await
+            .map_err(|error| store_error("reading the last stored message", error))?;
+        let host_last = &host[held as usize - 1];
+        let meets = last.first().is_some_and(|stored| {
+            stored.role == host_last.role() && stored.text() == host_last.plain_text()
+        });
+        if !meets {
+            return Ok(());
+        }
+        let tail = &host[held as usize..];
+        tracing::warn!(
+            conversation = conversation.0,
+            missing = tail.len(),
+            "the store is behind the host's history (lost with a crash or a restored copy); storing the missing messages again"
+        );
+        let session = row.session_id.clone();
+        self.ingest_messages(
+            &session,
+            row.session_key.as_deref(),
+            tail,
+            |index| MessageIdentity::default().at(held + index as u64),
+            None,
+        )
+        .await?;
+        self.forget_conversation_row(&session);
+        Ok(())
+    }
+
     pub(crate) async fn assemble_for(
         &self,
         params: &AssembleParams,
@@ -381,6 +443,9 @@ impl LosslessEngine {
             // Either way the store now holds messages: drop the stale row so this check is
             // not repeated on every later assembly.
             self.forget_conversation_row(&params.session_id);
+        } else if seeds {
+            self.reconcile_tail(conversation.id, &params.messages)
+                .await?;
         }
         // The whole prompt is the budget: the call's budget, and what the host's own prompt
         // was seen to take from its window.

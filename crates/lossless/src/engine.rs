@@ -50,6 +50,9 @@ pub(crate) struct Inner {
     /// The smallest budget the host gave the assemblies of a conversation's current turn (kept
     /// as the conversation's budget when the turn is committed).
     pub(crate) turn_budgets: StdMutex<Lru<ConversationId, u64>>,
+    /// Conversations whose store was compared with the host's history by this instance (once
+    /// each: see `reconcile_tail`).
+    pub(crate) reconciled: StdMutex<Lru<ConversationId, ()>>,
 }
 
 pub(crate) fn lock_map<T>(mutex: &StdMutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -151,6 +154,7 @@ impl LosslessEngine {
                 rendered: StdMutex::new(RenderedItems::default()),
                 assembled: StdMutex::new(Assemblies::default()),
                 host_prompts: StdMutex::new(Lru::new(SESSION_CACHE)),
+                reconciled: StdMutex::new(Lru::new(SESSION_CACHE)),
                 turn_budgets: StdMutex::new(Lru::new(SESSION_CACHE)),
             }),
         }
