@@ -974,7 +974,7 @@ fn turns_the_store_lost_come_back_from_the_hosts_history() {
         params
     };
     let mut history: Vec<Value> = Vec::new();
-    let mut commit = |client: &mut Client, n: i64, history: &mut Vec<Value>| {
+    let commit = |client: &mut Client, n: i64, history: &mut Vec<Value>| {
         let messages = vec![
             user(&format!("turn {n}: the heron{n} key is HR-{n}"), n),
             assistant(&format!("noted {n}")),
