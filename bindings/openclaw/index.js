@@ -458,7 +458,8 @@ export class UiServer {
 
   start() {
     this.started ??= new Promise((resolve, reject) => {
-      const child = spawn(resolveBinary(this.config), ["--state-dir", stateDirOf(this.config), "ui", "--port", "0"], {
+      // Repairs allowed: the gateway lets only operator.write connections ask for one.
+      const child = spawn(resolveBinary(this.config), ["--state-dir", stateDirOf(this.config), "ui", "--port", "0", "--allow-repair"], {
         stdio: ["ignore", "pipe", "inherit"],
       });
       const lines = createInterface({ input: child.stdout });
@@ -479,9 +480,18 @@ export class UiServer {
   }
 
   /** One view (crates/cli/src/views.rs), as `vilvona ui` answers it. */
-  async view(payload) {
+  view(payload) {
+    return this.post("/api/view", payload);
+  }
+
+  /** A repair's preview, or the repair when `confirm` is true. */
+  repair(payload) {
+    return this.post("/api/repair", payload);
+  }
+
+  async post(path, payload) {
     const { origin, token } = await this.start();
-    const response = await fetch(`${origin}/api/view`, {
+    const response = await fetch(`${origin}${path}`, {
       method: "POST",
       headers: { "Content-Type": "application/json", Authorization: `Bearer ${token}` },
       body: JSON.stringify(payload),
@@ -496,8 +506,9 @@ export class UiServer {
 const PANEL_VIEWS = new Set(["context", "stats", "dag", "grep", "expand", "describe", "health", "watch"]);
 
 /**
- * The Control UI panel's backend: one read-only session action, `view`, answered by
- * `vilvona ui` for the session the panel is open on.
+ * The Control UI panel's backend, answered by `vilvona ui`: `view` (operator.read) reads the
+ * session the panel is open on; `repair` (operator.write) previews, then on confirmation runs,
+ * a rebuild of the recall index.
  */
 export function registerPanelAction(api, ui) {
   const controls = api.session?.controls ?? api;
@@ -513,6 +524,19 @@ export function registerPanelAction(api, ui) {
       if (!action?.sessionKey) return { ok: false, error: "vilvona: the panel names no session" };
       try {
         return { ok: true, result: await ui.view({ ...payload, session: action.sessionKey }) };
+      } catch (error) {
+        return { ok: false, error: String(error?.message ?? error) };
+      }
+    },
+  });
+  controls.registerSessionAction({
+    id: "repair",
+    description: "Rebuild vilvona's recall index from its database: a preview first, then the rebuild when confirmed.",
+    schema: { type: "object", properties: { repair: { type: "string" }, confirm: { type: "boolean" } }, required: ["repair"], additionalProperties: false },
+    requiredScopes: ["operator.write"],
+    async handler(action) {
+      try {
+        return { ok: true, result: await ui.repair(action?.payload ?? {}) };
       } catch (error) {
         return { ok: false, error: String(error?.message ?? error) };
       }

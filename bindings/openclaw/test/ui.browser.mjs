@@ -50,8 +50,8 @@ const children = [];
 after(() => children.forEach((child) => child.kill()));
 
 /** `vilvona ui` started on a free port: its URL (with the token). */
-async function startUi(state) {
-  const child = spawn(binary, ["--state-dir", state, "ui", "--port", "0"], { stdio: ["ignore", "pipe", "inherit"] });
+async function startUi(state, ...options) {
+  const child = spawn(binary, ["--state-dir", state, "ui", "--port", "0", ...options], { stdio: ["ignore", "pipe", "inherit"] });
   children.push(child);
   const [line] = await Promise.race([
     new Promise((resolve) => createInterface({ input: child.stdout }).once("line", (l) => resolve([l]))),
@@ -139,6 +139,10 @@ test("vilvona ui: the window, search, the DAG to its sources, and stored markup 
       assert.equal(await page.evaluate(() => window.__vvRan), undefined);
       assert.equal(await page.locator("#panel script, #panel img").count(), 0);
 
+      // Read-only by default: no repair is offered.
+      await page.waitForSelector("[data-part=health] [data-ok]");
+      assert.equal(await page.locator("[data-part=repair]").count(), 0);
+
       await page.screenshot({ path: join(out, `vilvona-ui-${width}.png`), fullPage: true });
       assert.deepEqual(errors, []);
       timings[width] = { firstPaintMs: paint, searchMs: found };
@@ -149,6 +153,29 @@ test("vilvona ui: the window, search, the DAG to its sources, and stored markup 
   }
   writeFileSync(join(out, "timings.json"), `${JSON.stringify(timings, null, 2)}\n`);
   console.log(`vilvona ui in Chromium: ${JSON.stringify(timings)}`);
+});
+
+test("vilvona ui --allow-repair: a rebuild of the index after a preview and a confirmation", async () => {
+  const state = replayedState();
+  const url = `${await startUi(state, "--allow-repair")}&session=${SESSION}`;
+  const browser = await browserType.launch({ executablePath: chromium, args: ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update", "--no-first-run", "--disable-sync"] });
+  try {
+    const page = await browser.newPage({ viewport: { width: 1280, height: 900 } });
+    await page.goto(url);
+    await page.click("[data-part=repair]");
+    const preview = await page.locator("[data-part=repair-preview]").textContent();
+    assert.match(preview, /rebuild the recall index from the database/);
+    assert.match(preview, /not needed/);
+    await page.click("[data-part=confirm-repair]");
+    const result = await page.locator("[data-part=repair-result]").textContent();
+    assert.match(result, /Rebuilt the recall index: [\d,]+ documents\./);
+    // Still whole: the planted fact is found through the new index.
+    await page.fill("[data-part=search]", "staging database password rotation");
+    await page.press("[data-part=search]", "Enter");
+    await page.locator("[data-part=hits] li", { hasText: "OPS-48292" }).first().waitFor();
+  } finally {
+    await browser.close();
+  }
 });
 
 test("the Control UI panel's action answers the session's own views, read-only", async () => {
@@ -170,5 +197,11 @@ test("the Control UI panel's action answers the session's own views, read-only",
   // A search, as the panel sends it.
   const found = await action.handler({ sessionKey: SESSION, payload: { view: "grep", query: "OPS-48292" } });
   assert.ok(JSON.stringify(found.result).includes("OPS-48292"), JSON.stringify(found));
+  // The repair is a second action, for operator.write only; its preview changes nothing.
+  const repair = registered.find((registration) => registration.id === "repair");
+  assert.deepEqual(repair.requiredScopes, ["operator.write"]);
+  const preview = await repair.handler({ sessionKey: SESSION, payload: { repair: "rebuild-index" } });
+  assert.equal(preview.ok, true, JSON.stringify(preview));
+  assert.equal(preview.result.needed, false);
   (await ui.start()).child.kill();
 });

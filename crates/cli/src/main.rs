@@ -260,6 +260,10 @@ enum Command {
         /// The port (0: any free one).
         #[arg(long, default_value_t = 0)]
         port: u16,
+        /// Let the page rebuild the recall index (each time after a preview and a
+        /// confirmation); without it the server only reads.
+        #[arg(long)]
+        allow_repair: bool,
     },
     /// Serve one engine over JSON-RPC 2.0 (for the OpenClaw plugin in bindings/openclaw).
     Serve {
@@ -356,6 +360,7 @@ impl<T: ValueEnum> ValueEnumName for T {
 const BLOCKING_THREADS: usize = 8;
 
 /// How the command line opens the host.
+#[derive(Clone)]
 pub(crate) struct Global {
     pub(crate) state_dir: PathBuf,
     pub(crate) config: Option<PathBuf>,
@@ -508,7 +513,7 @@ async fn run(command: Command, global: &Global) -> Result<ExitCode> {
             json,
         } => replay::replay(global, &file, engine, context_window, json).await,
         Command::Doctor { json, fix } => inspect::doctor(global, json, fix).await,
-        Command::Ui { port } => ui::ui(global, port).await,
+        Command::Ui { port, allow_repair } => ui::ui(global, port, allow_repair).await,
         Command::Context {
             view,
             session,

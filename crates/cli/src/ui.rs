@@ -1,7 +1,8 @@
 //! `vilvona ui`: the context panel in a browser, beside any host. A small HTTP server on
 //! 127.0.0.1 serves the page (the same module OpenClaw's Control UI mounts) and answers its
 //! requests from [`crate::views`] over a read-only host, so it can watch a store a gateway is
-//! writing. Every request for data needs the random token printed with the URL.
+//! writing. Every request for data needs the random token printed with the URL. With
+//! `--allow-repair` it also rebuilds the recall index when the page asks (after a preview).
 //!
 //! The OpenClaw plugin starts one of these beside its `serve` child and forwards the panel's
 //! session actions to it, so both pages read the same answers.
@@ -30,30 +31,75 @@ const PAGE_JS: &str = include_str!("ui/page.js");
 /// A request's head and body may take this many bytes.
 const REQUEST_BYTES: usize = 64 * 1024;
 
-/// Runs the server until the process is stopped. `port` 0 takes a free one.
-pub(crate) async fn ui(global: &Global, port: u16) -> Result<ExitCode> {
-    let host = Arc::new(global.reader().await?);
+/// What the server shares with each connection.
+struct Served {
+    /// The read-only host every view reads through.
+    host: Host,
+    /// The token a request for data must bear.
+    token: String,
+    /// Where a repair opens its writing host (`None`: read-only, no repairs).
+    repairs: Option<Global>,
+}
+
+/// Runs the server until the process is stopped. `port` 0 takes a free one. With
+/// `allow_repair`, the page may rebuild the recall index (after a preview and a confirmation).
+pub(crate) async fn ui(global: &Global, port: u16, allow_repair: bool) -> Result<ExitCode> {
+    let host = global.reader().await?;
     let listener = TcpListener::bind(("127.0.0.1", port))
         .await
         .with_context(|| format!("listening on 127.0.0.1:{port}"))?;
     let address = listener.local_addr()?;
-    let token = Arc::new(random_token()?);
+    let served = Arc::new(Served {
+        host,
+        token: random_token()?,
+        repairs: allow_repair.then(|| global.clone()),
+    });
     // One line on stdout, flushed: the URL to open (a parent process reads it too).
-    println!("vilvona ui: http://{address}/#token={token}");
+    println!("vilvona ui: http://{address}/#token={}", served.token);
     std::io::stdout().flush()?;
     eprintln!(
-        "vilvona ui: serving {} read-only; stop with Ctrl-C",
-        global.state_dir.display()
+        "vilvona ui: serving {} {}; stop with Ctrl-C",
+        global.state_dir.display(),
+        if allow_repair {
+            "(repairs allowed, each after a preview)"
+        } else {
+            "read-only"
+        }
     );
     loop {
         let (stream, _) = listener.accept().await?;
-        let (host, token) = (Arc::clone(&host), Arc::clone(&token));
+        let served = Arc::clone(&served);
         tokio::spawn(async move {
-            if let Err(error) = serve_connection(stream, &host, &token).await {
+            if let Err(error) = serve_connection(stream, &served).await {
                 tracing::debug!(%error, "a ui connection ended");
             }
         });
     }
+}
+
+/// A repair the page asked for: its preview (`confirm` false: what it would do and whether
+/// the store needs it), or the repair itself. The only one: rebuilding the recall index from
+/// the database, as `vilvona doctor --fix` does.
+async fn repair(served: &Served, request: &Value) -> Result<Value> {
+    let Some(global) = &served.repairs else {
+        anyhow::bail!("this vilvona ui is read-only (start it with --allow-repair)");
+    };
+    let what = request["repair"].as_str().unwrap_or_default();
+    if what != "rebuild-index" {
+        anyhow::bail!("unknown repair \"{what}\" (rebuild-index)");
+    }
+    if request["confirm"] != true {
+        let check = crate::views::health(&served.host).await?;
+        return Ok(json!({
+            "repair": what,
+            "needed": check["indexNeedsRebuild"],
+            "detail": check["detail"],
+            "will": "rebuild the recall index from the database, beside the old one, then swap it in; searches read the database meanwhile, and nothing in the database changes",
+        }));
+    }
+    let host = global.host().await?;
+    let documents = crate::inspect::admin(&host).await?.rebuild_index().await?;
+    Ok(json!({"repair": what, "rebuilt": documents}))
 }
 
 /// 32 hex digits from the system's random source.
@@ -66,7 +112,7 @@ fn random_token() -> Result<String> {
 }
 
 /// One request, one answer, then the connection closes.
-async fn serve_connection(mut stream: TcpStream, host: &Host, token: &str) -> Result<()> {
+async fn serve_connection(mut stream: TcpStream, served: &Served) -> Result<()> {
     let Some(request) = read_request(&mut stream).await? else {
         return respond(&mut stream, 400, "text/plain", b"bad request").await;
     };
@@ -79,8 +125,8 @@ async fn serve_connection(mut stream: TcpStream, host: &Host, token: &str) -> Re
             respond(&mut stream, 200, "text/javascript", PANEL_JS.as_bytes()).await
         }
         ("GET", "/index.css") => respond(&mut stream, 200, "text/css", PANEL_CSS.as_bytes()).await,
-        ("POST", "/api/view") => {
-            if request.bearer.as_deref() != Some(token) {
+        ("POST", path @ ("/api/view" | "/api/repair")) => {
+            if request.bearer.as_deref() != Some(served.token.as_str()) {
                 return respond_json(
                     &mut stream,
                     401,
@@ -90,7 +136,16 @@ async fn serve_connection(mut stream: TcpStream, host: &Host, token: &str) -> Re
             }
             let answer = match serde_json::from_slice::<Value>(&request.body) {
                 Err(error) => Err(anyhow::anyhow!("the request is not JSON: {error}")),
-                Ok(view) => crate::views::answer(host, &view).await,
+                Ok(asked) if path == "/api/repair" => repair(served, &asked).await,
+                Ok(view) => crate::views::answer(&served.host, &view)
+                    .await
+                    .map(|mut answer| {
+                        // The page offers a repair only where one is allowed.
+                        if view["view"] == "health" {
+                            answer["canRepair"] = json!(served.repairs.is_some());
+                        }
+                        answer
+                    }),
             };
             match answer {
                 Ok(value) => respond_json(&mut stream, 200, &value).await,

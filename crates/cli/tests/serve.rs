@@ -94,6 +94,16 @@ impl Client {
     }
 }
 
+/// `base`'s fields with `extra`'s added (a call's session beside its own parameters).
+fn merged(base: &Value, extra: Value) -> Value {
+    let mut params = base.clone();
+    params
+        .as_object_mut()
+        .unwrap()
+        .extend(extra.as_object().unwrap().clone());
+    params
+}
+
 fn user(text: &str, at: i64) -> Value {
     json!({"role": "user", "content": text, "timestamp": at})
 }
@@ -125,14 +135,7 @@ fn every_method_answers() {
     assert_eq!(info["tools"].as_array().unwrap().len(), 4);
 
     let session = json!({"sessionId": "s1", "sessionKey": "agent:main:s1"});
-    let with = |extra: Value| {
-        let mut params = session.clone();
-        params
-            .as_object_mut()
-            .unwrap()
-            .extend(extra.as_object().unwrap().clone());
-        params
-    };
+    let with = |extra: Value| merged(&session, extra);
     assert_eq!(
         client.call(2, "bootstrap", with(json!({})))["bootstrapped"],
         false
@@ -965,14 +968,7 @@ fn an_index_deleted_under_a_running_server_is_rebuilt_with_a_bounded_log() {
 fn turns_the_store_lost_come_back_from_the_hosts_history() {
     let dir = TempDir::new().unwrap();
     let session = json!({"sessionId": "healed", "sessionKey": "agent:main:healed"});
-    let with = |extra: Value| {
-        let mut params = session.clone();
-        params
-            .as_object_mut()
-            .unwrap()
-            .extend(extra.as_object().unwrap().clone());
-        params
-    };
+    let with = |extra: Value| merged(&session, extra);
     let mut history: Vec<Value> = Vec::new();
     let commit = |client: &mut Client, n: i64, history: &mut Vec<Value>| {
         let messages = vec![

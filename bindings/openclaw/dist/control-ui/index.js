@@ -196,6 +196,39 @@ export function mountPanel(container, options) {
       el("p", { class: check.ok ? "vv-ok" : "vv-error", "data-ok": check.ok }, check.ok ? "Healthy: " : "Needs attention: ", check.detail),
       check.indexNeedsRebuild ? el("p", {}, "Rebuilding the recall index from the database heals this: `vilvona doctor --fix`.") : "",
     );
+    // A repair is offered only to who may make it, and only after a preview.
+    if (!options.repair || !(options.canRepair ?? check.canRepair)) return;
+    const box = el("div", { class: "vv-repair" });
+    const start = el("button", { type: "button", "data-part": "repair" }, "Rebuild the recall index…");
+    start.addEventListener("click", async () => {
+      start.disabled = true;
+      try {
+        const preview = await options.repair({ repair: "rebuild-index" });
+        const confirm = el("button", { type: "button", "data-part": "confirm-repair" }, "Rebuild now");
+        const cancel = el("button", { type: "button" }, "Cancel");
+        cancel.addEventListener("click", () => drawHealth(check));
+        confirm.addEventListener("click", async () => {
+          confirm.disabled = cancel.disabled = true;
+          try {
+            const done = await options.repair({ repair: "rebuild-index", confirm: true });
+            box.replaceChildren(el("p", { "data-part": "repair-result" }, `Rebuilt the recall index: ${grouped(done.rebuilt)} documents.`));
+            ask({ view: "health" }).then((next) => { drawHealth(next); health.append(box); });
+          } catch (error) {
+            box.replaceChildren(el("p", { class: "vv-error" }, `The rebuild failed: ${error.message ?? error}`));
+          }
+        });
+        box.replaceChildren(
+          el("p", { "data-part": "repair-preview" }, `This will ${preview.will}. `,
+            preview.needed ? "The store's check says the index needs it." : "The store's check finds the index sound: it is not needed."),
+          el("div", { class: "vv-row" }, confirm, cancel),
+        );
+        confirm.focus();
+      } catch (error) {
+        box.replaceChildren(el("p", { class: "vv-error" }, `No preview: ${error.message ?? error}`));
+      }
+    });
+    box.append(start);
+    health.append(box);
   }
 
   /** Opens the summary a hit lies under, at the top of the DAG, and shows it. */
@@ -363,16 +396,20 @@ function unwrap(answer) {
 function hosted(host, mount) {
   return (container, ctx) => {
     let props = ctx.props ?? {};
+    const action = (actionId) => (payload) => host.request("plugins.sessionAction", {
+      pluginId: PLUGIN_ID,
+      actionId,
+      payload,
+      sessionKey: props.sessionKey,
+      agentId: props.agentId,
+    }).then(unwrap);
     const view = mount(container, {
       sessionKey: props.sessionKey,
       signal: ctx.signal,
-      request: (payload) => host.request("plugins.sessionAction", {
-        pluginId: PLUGIN_ID,
-        actionId: "view",
-        payload,
-        sessionKey: props.sessionKey,
-        agentId: props.agentId,
-      }).then(unwrap),
+      request: action("view"),
+      // The repair action needs operator.write: a connection that may only read is not offered it.
+      repair: action("repair"),
+      canRepair: host.connection?.canWrite === true,
     });
     return {
       // OpenClaw hands the whole context again when the session changes.

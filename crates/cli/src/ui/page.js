@@ -6,8 +6,9 @@ const token = new URLSearchParams(location.hash.slice(1)).get("token") ?? "";
 const status = document.getElementById("page-status");
 const picker = document.getElementById("session");
 
-async function request(payload) {
-  const response = await fetch("/api/view", {
+/** One request to the server (a view, or a repair), with the token; its error thrown. */
+async function post(path, payload) {
+  const response = await fetch(path, {
     method: "POST",
     headers: { "Content-Type": "application/json", Authorization: `Bearer ${token}` },
     body: JSON.stringify(payload),
@@ -16,6 +17,8 @@ async function request(payload) {
   if (!response.ok) throw new Error(answer.error ?? `HTTP ${response.status}`);
   return answer;
 }
+const request = (payload) => post("/api/view", payload);
+const repair = (payload) => post("/api/repair", payload);
 
 let panel;
 try {
@@ -26,7 +29,7 @@ try {
   }
   const wanted = new URLSearchParams(location.hash.slice(1)).get("session");
   if (wanted && sessions.some((s) => s.key === wanted || s.id === wanted)) picker.value = sessions.find((s) => s.key === wanted || s.id === wanted).key;
-  if (picker.value) panel = mountPanel(document.getElementById("panel"), { request, sessionKey: picker.value });
+  if (picker.value) panel = mountPanel(document.getElementById("panel"), { request, repair, sessionKey: picker.value });
   picker.addEventListener("change", () => panel?.update({ sessionKey: picker.value }));
 } catch (error) {
   status.textContent = `vilvona ui: ${error.message}`;
