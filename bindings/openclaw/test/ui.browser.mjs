@@ -33,16 +33,26 @@ const { chromium: browserType } = createRequire(join(process.env.PLAYWRIGHT_CORE
 
 const vilvona = (state, ...args) => execFileSync(binary, ["--state-dir", state, ...args], { encoding: "utf8" });
 
-/** A state directory holding the fixture session, with a script planted in its first message. */
-function replayedState() {
-  const state = mkdtempSync(join(tmpdir(), "vilvona-ui-"));
+/** The fixture session's transcript, with a script planted in its first message. */
+function transcriptLines() {
   const lines = readFileSync(join(root, "fixtures", "gen-session-15.jsonl"), "utf8").trimEnd().split("\n");
   const first = JSON.parse(lines[1]);
   first.message.content = `${first.message.content} Keep this markup verbatim: ${SCRIPT}`;
   lines[1] = JSON.stringify(first);
+  return lines;
+}
+
+/** Replays the transcript's first `count` lines (all by default) into `state`; again, the rest. */
+function replayInto(state, count) {
   const file = join(state, "session.jsonl");
-  writeFileSync(file, `${lines.join("\n")}\n`);
+  writeFileSync(file, `${transcriptLines().slice(0, count).join("\n")}\n`);
   vilvona(state, "replay", file, "--engine", "lossless", "--context-window", "6000");
+}
+
+/** A state directory holding the fixture session (all of it, or its first `count` lines). */
+function replayedState(count) {
+  const state = mkdtempSync(join(tmpdir(), "vilvona-ui-"));
+  replayInto(state, count);
   return state;
 }
 
@@ -153,6 +163,32 @@ test("vilvona ui: the window, search, the DAG to its sources, and stored markup 
   }
   writeFileSync(join(out, "timings.json"), `${JSON.stringify(timings, null, 2)}\n`);
   console.log(`vilvona ui in Chromium: ${JSON.stringify(timings)}`);
+});
+
+test("vilvona ui follows a session as it grows, without a reload", async () => {
+  // The page is open on the first 50 lines; the rest is replayed by another process.
+  const state = replayedState(50);
+  const url = `${await startUi(state)}&session=${SESSION}`;
+  const browser = await browserType.launch({ executablePath: chromium, args: ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update", "--no-first-run", "--disable-sync"] });
+  try {
+    const page = await browser.newPage({ viewport: { width: 1280, height: 900 } });
+    await page.goto(url);
+    const before = await page.getAttribute("[data-total]", "data-total");
+    // An expanded summary stays expanded across the redraw.
+    const expand = page.locator("[data-part=dag] button[data-expand]").first();
+    const expanded = await expand.getAttribute("data-expand");
+    await expand.click();
+    await page.waitForSelector(`[data-part=dag] button[data-expand="${expanded}"][aria-expanded=true]`);
+    replayInto(state);
+    const expected = JSON.parse(vilvona(state, "context", "json", "--session", SESSION)).report.sessionTokens;
+    assert.notEqual(String(expected), before);
+    await page.waitForSelector(`[data-total="${expected}"]`, { timeout: 20_000 });
+    if (await page.locator(`[data-part=dag] button[data-expand="${expanded}"]`).count()) {
+      await page.waitForSelector(`[data-part=dag] button[data-expand="${expanded}"][aria-expanded=true]`);
+    }
+  } finally {
+    await browser.close();
+  }
 });
 
 test("vilvona ui --allow-repair: a rebuild of the index after a preview and a confirmation", async () => {
