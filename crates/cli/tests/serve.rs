@@ -1063,3 +1063,82 @@ fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
         }
     }
 }
+
+/// The state directory removed under a running server: the database it has open is gone, so
+/// what it would store from then on could never be read again. It acknowledges no turn more
+/// (each commit fails, naming the file) and logs a few lines, not a flood; restarted, it opens
+/// a new database there, and the first assembly brings the whole history back from the host.
+#[test]
+fn a_state_directory_removed_under_a_running_server_acknowledges_nothing_it_cannot_keep() {
+    let dir = TempDir::new().unwrap();
+    let state = dir.path().join("state");
+    let log_path = dir.path().join("serve.log");
+    let session = json!({"sessionId": "gone", "sessionKey": "agent:main:gone"});
+    let with = |extra: Value| merged(&session, extra);
+    let mut history: Vec<Value> = Vec::new();
+    let commit = |client: &mut Client, n: i64, history: &mut Vec<Value>| -> Value {
+        let messages = vec![
+            user(&format!("turn {n}: the plover{n} code is PL-{n}"), n),
+            assistant(&format!("noted {n}")),
+        ];
+        client.send(
+            10 + n as u64,
+            "commitTurn",
+            with(json!({"advancementKey": format!("k{n}"), "messages": messages.clone()})),
+        );
+        let reply = client.reply(10 + n as u64);
+        if reply.get("error").is_none() {
+            history.extend(messages);
+        }
+        reply
+    };
+    let mut client = Client::start_logging(&state, std::fs::File::create(&log_path).unwrap());
+    initialize(&mut client, json!({}));
+    for n in 0..3 {
+        let reply = commit(&mut client, n, &mut history);
+        assert_eq!(reply["result"]["status"], "committed", "{reply}");
+    }
+    std::fs::remove_dir_all(&state).unwrap();
+    for n in 3..8 {
+        let reply = commit(&mut client, n, &mut history);
+        let error = reply["error"]["message"].as_str().unwrap_or_default();
+        assert!(
+            error.contains("vilvona.db was removed or replaced"),
+            "turn {n} was acknowledged into a removed database: {reply}"
+        );
+    }
+    drop(client.stdin.take());
+    client.child.wait().unwrap();
+    let lines = std::fs::read_to_string(&log_path).unwrap().lines().count();
+    assert!(lines < 20, "{lines} log lines");
+
+    // Restarted: a new database; the host's history (the three acknowledged turns, and the
+    // five it still holds queued, delivered again) comes back.
+    let mut client = Client::start(&state);
+    initialize(&mut client, json!({}));
+    client.call(
+        50,
+        "assemble",
+        with(json!({"messages": history, "tokenBudget": 1_000_000})),
+    );
+    for n in 3..8 {
+        let reply = commit(&mut client, n, &mut history);
+        assert_eq!(reply["result"]["status"], "committed", "{reply}");
+    }
+    let texts = client
+        .call(
+            51,
+            "assemble",
+            with(json!({"messages": [], "tokenBudget": 1_000_000})),
+        )
+        .to_string();
+    for n in 0..8 {
+        assert_eq!(
+            texts.matches(&format!("plover{n} code")).count(),
+            1,
+            "turn {n}: {texts}"
+        );
+    }
+    drop(client.stdin.take());
+    client.child.wait().unwrap();
+}

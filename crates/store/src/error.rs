@@ -25,6 +25,16 @@ pub enum StoreError {
         /// The newest this build reads.
         supported: i64,
     },
+    /// The database file was removed or replaced while this process had it open: what it
+    /// wrote from then on went to a file no one can open again, so it acknowledges nothing
+    /// more.
+    #[error(
+        "{path} was removed or replaced while this process had it open; nothing more is stored in it (restart the process to open a database at that path anew)"
+    )]
+    DatabaseGone {
+        /// The database file.
+        path: PathBuf,
+    },
     /// A file operation failed.
     #[error("{path}")]
     Io {

@@ -180,6 +180,9 @@ pub(crate) struct Writer {
     /// The same for adding vectors (an embedding endpoint that is down), apart: an outage of
     /// the model must not hold up the index's commits.
     vector_retry: Retry,
+    /// The database file as opened (its path, device and inode): a file removed or replaced
+    /// under the process is noticed before a write is acknowledged.
+    file: Option<(std::path::PathBuf, u64, u64)>,
 }
 
 /// The file by which a process that cannot take the index's lock (`rebuild-index`, `doctor
@@ -270,7 +273,17 @@ impl Writer {
             tracing::info!(dir = %index.current().dir().display(), "another process maintains the recall index; this one writes the database only");
         }
         let filler = VectorFiller::for_embedder(index.current().embedder());
+        let file = connection
+            .path()
+            .filter(|path| !path.is_empty())
+            .map(std::path::PathBuf::from)
+            .and_then(|path| {
+                use std::os::unix::fs::MetadataExt as _;
+                let metadata = std::fs::metadata(&path).ok()?;
+                Some((path, metadata.dev(), metadata.ino()))
+            });
         Ok(Writer {
+            file,
             connection,
             sink,
             filler,
@@ -285,6 +298,18 @@ impl Writer {
             index_retry: Retry::new(),
             vector_retry: Retry::new(),
         })
+    }
+
+    /// Whether the database's path still names the file this process opened.
+    fn database_still_there(&self) -> Result<()> {
+        use std::os::unix::fs::MetadataExt as _;
+        let Some((path, dev, ino)) = &self.file else {
+            return Ok(());
+        };
+        match std::fs::metadata(path) {
+            Ok(metadata) if metadata.dev() == *dev && metadata.ino() == *ino => Ok(()),
+            _ => Err(StoreError::DatabaseGone { path: path.clone() }),
+        }
     }
 
     /// Indexes every row SQLite has beyond the index's watermark (after a crash between the
@@ -583,7 +608,12 @@ impl Writer {
                 advancement_key,
                 reply,
             } => {
-                let ingested = self.ingest(conversation, messages, advancement_key);
+                // Acknowledged only if the file written is the one at the database's path,
+                // before and after (a state directory removed under a running process).
+                let ingested = self
+                    .database_still_there()
+                    .and_then(|()| self.ingest(conversation, messages, advancement_key))
+                    .and_then(|outcome| self.database_still_there().map(|()| outcome));
                 // Only until the store has a dictionary: then there is nothing to look at.
                 if let (Some(after), Ok(IngestOutcome::Stored(results))) =
                     (self.train_dictionary_after, &ingested)
