@@ -458,16 +458,19 @@ export class UiServer {
 
   start() {
     this.started ??= new Promise((resolve, reject) => {
-      // Repairs allowed: the gateway lets only operator.write connections ask for one.
-      const child = spawn(resolveBinary(this.config), ["--state-dir", stateDirOf(this.config), "ui", "--port", "0", "--allow-repair"], {
-        stdio: ["ignore", "pipe", "inherit"],
+      // Repairs allowed: the gateway lets only operator.write connections ask for one. Its
+      // stdin is this process's: when the gateway ends, however it ends, the server does too.
+      const child = spawn(resolveBinary(this.config), ["--state-dir", stateDirOf(this.config), "ui", "--port", "0", "--allow-repair", "--exit-with-stdin"], {
+        stdio: ["pipe", "pipe", "inherit"],
       });
+      child.stdin.on("error", () => {});
       const lines = createInterface({ input: child.stdout });
       lines.once("line", (line) => {
         const url = new URL(line.replace(/^vilvona ui: /, ""));
         // Once it serves, the panel's server never keeps the gateway from ending.
         child.unref();
         child.stdout.unref?.();
+        child.stdin.unref?.();
         resolve({ child, origin: url.origin, token: new URLSearchParams(url.hash.slice(1)).get("token") });
       });
       child.once("error", reject);

@@ -239,5 +239,9 @@ test("the Control UI panel's action answers the session's own views, read-only",
   const preview = await repair.handler({ sessionKey: SESSION, payload: { repair: "rebuild-index" } });
   assert.equal(preview.ok, true, JSON.stringify(preview));
   assert.equal(preview.result.needed, false);
-  (await ui.start()).child.kill();
+  // The server never outlives the process that started it: its stdin closing ends it.
+  const { child } = await ui.start();
+  const exited = new Promise((resolve) => child.once("exit", (code) => resolve(code)));
+  child.stdin.end();
+  assert.equal(await exited, 0);
 });

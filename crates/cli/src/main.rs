@@ -264,6 +264,10 @@ enum Command {
         /// confirmation); without it the server only reads.
         #[arg(long)]
         allow_repair: bool,
+        /// Exit when stdin closes: for a parent process that starts it (the OpenClaw plugin
+        /// does), so it never outlives its parent.
+        #[arg(long)]
+        exit_with_stdin: bool,
     },
     /// Serve one engine over JSON-RPC 2.0 (for the OpenClaw plugin in bindings/openclaw).
     Serve {
@@ -513,7 +517,11 @@ async fn run(command: Command, global: &Global) -> Result<ExitCode> {
             json,
         } => replay::replay(global, &file, engine, context_window, json).await,
         Command::Doctor { json, fix } => inspect::doctor(global, json, fix).await,
-        Command::Ui { port, allow_repair } => ui::ui(global, port, allow_repair).await,
+        Command::Ui {
+            port,
+            allow_repair,
+            exit_with_stdin,
+        } => ui::ui(global, port, allow_repair, exit_with_stdin).await,
         Command::Context {
             view,
             session,

@@ -43,7 +43,20 @@ struct Served {
 
 /// Runs the server until the process is stopped. `port` 0 takes a free one. With
 /// `allow_repair`, the page may rebuild the recall index (after a preview and a confirmation).
-pub(crate) async fn ui(global: &Global, port: u16, allow_repair: bool) -> Result<ExitCode> {
+pub(crate) async fn ui(
+    global: &Global,
+    port: u16,
+    allow_repair: bool,
+    exit_with_stdin: bool,
+) -> Result<ExitCode> {
+    if exit_with_stdin {
+        // The parent holds the other end: when it ends, however it ends, so does this.
+        tokio::spawn(async {
+            let mut sink = tokio::io::sink();
+            let _ = tokio::io::copy(&mut tokio::io::stdin(), &mut sink).await;
+            std::process::exit(0);
+        });
+    }
     let host = global.reader().await?;
     let listener = TcpListener::bind(("127.0.0.1", port))
         .await
