@@ -198,15 +198,33 @@ pub(crate) fn connect(path: &Path) -> Result<Connection> {
         path: path.to_owned(),
         detail: error.to_string(),
     };
+    // Processes opening a fresh store at once: turning WAL on takes the database's exclusive
+    // lock, and SQLite may answer "locked" at once rather than wait (a lock upgrade that could
+    // deadlock). That is a wait, not damage: tried again until the busy timeout.
+    let started = std::time::Instant::now();
+    let patiently = |step: &dyn Fn() -> rusqlite::Result<()>| loop {
+        match step() {
+            Err(error)
+                if matches!(
+                    error.sqlite_error_code(),
+                    Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
+                ) && started.elapsed() < Duration::from_secs(30) =>
+            {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            other => break other,
+        }
+    };
     // The first read of the header: a file that is not SQLite fails here.
-    connection
-        .query_row("SELECT count(*) FROM sqlite_master", [], |row| {
-            row.get::<_, i64>(0)
-        })
-        .map_err(corrupt)?;
-    connection
-        .pragma_update(None, "journal_mode", "WAL")
-        .map_err(corrupt)?;
+    patiently(&|| {
+        connection
+            .query_row("SELECT count(*) FROM sqlite_master", [], |row| {
+                row.get::<_, i64>(0)
+            })
+            .map(|_| ())
+    })
+    .map_err(corrupt)?;
+    patiently(&|| connection.pragma_update(None, "journal_mode", "WAL")).map_err(corrupt)?;
     connection.pragma_update(None, "synchronous", "NORMAL")?;
     connection.pragma_update(None, "foreign_keys", "ON")?;
     connection.pragma_update(None, "temp_store", "MEMORY")?;
