@@ -57,7 +57,7 @@ pub(crate) async fn admin(host: &Host) -> Result<Arc<dyn EngineAdmin>> {
     admin_of(&host.history().await?)
 }
 
-fn admin_of(engine: &Arc<dyn ContextEngine>) -> Result<Arc<dyn EngineAdmin>> {
+pub(crate) fn admin_of(engine: &Arc<dyn ContextEngine>) -> Result<Arc<dyn EngineAdmin>> {
     engine.admin().ok_or_else(|| {
         anyhow!(
             "context engine \"{}\" keeps no history to administer",

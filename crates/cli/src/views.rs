@@ -133,7 +133,7 @@ pub(crate) async fn dag(host: &Host, session: &str) -> Result<Value> {
 pub(crate) async fn stats(host: &Host, session: &str) -> Result<Value> {
     let (key, record) = find_session(host, session).await?;
     let engine = host.history().await?;
-    let admin = admin(host).await?;
+    let admin = crate::inspect::admin_of(&engine)?;
     let stats = admin.session_stats(&caller(&key, &record)).await?;
     let usage = admin.usage().await?;
     let mut value = serde_json::to_value(&stats)?;

@@ -111,16 +111,7 @@ impl EngineAdmin for LosslessEngine {
             group.items += 1;
             group.tokens += item.tokens;
         }
-        // Read from the store, not this process's memory: another process (a gateway's
-        // `serve`) may be the one the host talks to.
-        let host = match store
-            .state(conversation.id, crate::budget::HOST_PROMPT)
-            .await
-            .map_err(|error| store_error("reading the host's prompt", error))?
-        {
-            Some(text) => serde_json::from_str(&text).unwrap_or_default(),
-            None => self.host_prompt(conversation.id).await?,
-        };
+        let host = self.stored_host_prompt(conversation.id).await?;
         let limits = host.limits(self.config());
         let plan = WindowPlan {
             window: host.window,

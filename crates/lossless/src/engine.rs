@@ -275,6 +275,17 @@ impl LosslessEngine {
         if let Some(prompt) = lock_map(&self.inner.host_prompts).get(&conversation) {
             return Ok(*prompt);
         }
+        let prompt = self.stored_host_prompt(conversation).await?;
+        lock_map(&self.inner.host_prompts).insert(conversation, prompt);
+        Ok(prompt)
+    }
+
+    /// What the store holds of the host's prompt, whatever this instance remembers (another
+    /// process, a gateway's `serve`, may be the one the host talks to).
+    pub(crate) async fn stored_host_prompt(
+        &self,
+        conversation: ConversationId,
+    ) -> Result<HostPrompt, EngineError> {
         let read = |key: &'static str| async move {
             self.inner
                 .store
@@ -292,7 +303,6 @@ impl LosslessEngine {
                 ..HostPrompt::default()
             },
         };
-        lock_map(&self.inner.host_prompts).insert(conversation, prompt);
         Ok(prompt)
     }
 
