@@ -119,8 +119,10 @@ fn share(tokens: u64, ratio: f64) -> u64 {
 impl HostPrompt {
     /// The limits for the engine's context.
     ///
-    /// - The ceiling is hard: the window less the host's observed overhead when both are known
-    ///   (the provider refuses anything larger), else the host's budget (else the window, else
+    /// - The ceiling is hard: the window less the host's observed overhead and the reply's
+    ///   reserve when the window and overhead are known (a provider refuses a prompt that
+    ///   leaves the reply no room, or the host cuts the reply to what is left), else the host's
+    ///   budget (else the window, else
     ///   the configured `defaultTokenBudget`). A host's budget is its own estimate, and may be
     ///   far below what its window holds (OpenClaw at 16k computes 1 token: it counts its
     ///   system prompt a fifth larger than it is, and that alone exceeds its prompt budget).
@@ -131,7 +133,11 @@ impl HostPrompt {
     pub fn limits(&self, config: &LosslessConfig) -> Limits {
         let overhead = self.overhead_estimate();
         let observed_room = match (self.window, self.overhead) {
-            (Some(window), Some(_)) => Some(window.saturating_sub(overhead)),
+            (Some(window), Some(_)) => Some(
+                window
+                    .saturating_sub(overhead)
+                    .saturating_sub(self.reserve.unwrap_or(0)),
+            ),
             _ => None,
         };
         let ceiling = observed_room
@@ -307,7 +313,11 @@ mod tests {
             observations: [10_500, 0, 0, 0],
         };
         let limits = prompt.limits(&config());
-        assert_eq!(limits.ceiling, 32_000 - 10_500);
+        assert_eq!(
+            limits.ceiling,
+            32_000 - 10_500 - 8_000,
+            "the reply keeps its reserve"
+        );
         assert_eq!(limits.share, 32_000 - 8_000 - 11_500);
         assert_eq!(limits.trigger, limits.share * 3 / 4);
     }
@@ -387,7 +397,7 @@ mod tests {
             observations: [10_500, 0, 0, 0],
         };
         let limits = at_32k.limits(&config());
-        assert_eq!((limits.share, limits.ceiling), (10_700, 21_500));
+        assert_eq!((limits.share, limits.ceiling), (10_700, 13_500));
         let at_16k = HostPrompt {
             budget: Some(1),
             window: Some(16_000),
@@ -397,7 +407,7 @@ mod tests {
         let limits = at_16k.limits(&config());
         assert_eq!(
             (limits.share, limits.trigger, limits.ceiling),
-            (1, 0, 5_500)
+            (1, 0, 1_500)
         );
         let none = HostPrompt::default().limits(&config());
         assert_eq!(none.ceiling, config().default_token_budget);
