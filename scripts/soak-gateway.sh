@@ -3,7 +3,7 @@
 #
 #   scripts/soak-gateway.sh [--engine vilvona|legacy] [--window TOKENS] [--turns N] [--out DIR]
 #       [--shape chars4|tokenizer|no-usage] [--summarizer extractive|host] [--slow-summarizer MS]
-#       [--sessions N] [--kills N] [--cell NAME]
+#       [--sessions N] [--kills N] [--damage index|wal] [--cell NAME]
 #
 # One cell of the soak matrix (.ci/run runs several): the provider's shape (`chars4`: counts
 # characters/4 of the messages and reports usage; `tokenizer`: ~3.3 characters a token over the
@@ -11,7 +11,10 @@
 # reports no usage), vilvona's summarizer (`host`: OpenClaw's model, through the plugin), a
 # summarizer model that takes MS to answer (the next turn then arrives while OpenClaw's
 # background maintenance runs), N sessions at once, and N SIGKILLs of the `vilvona` child
-# during the session (in flight and between turns).
+# during the session (in flight and between turns). `--damage` damages the store halfway
+# through, turns continuing: `index` deletes the recall index's directory (it must be rebuilt
+# within a minute, with fewer than 100 log lines of vilvona's after it), `wal` truncates the
+# database's write-ahead log to nothing (no answered turn may be missing at the end).
 #
 # `openclaw gateway run` serves the scripted session of bindings/openclaw/test/soak-session.mjs
 # through its OpenAI-compatible endpoint (one session, one request at a time), with OpenClaw's
@@ -39,6 +42,7 @@ SUMMARIZER=extractive
 SLOW_SUMMARIZER=0
 SESSIONS=1
 KILLS=0
+DAMAGE=""
 CELL=""
 PANEL=0
 while [ $# -gt 0 ]; do
@@ -52,9 +56,10 @@ while [ $# -gt 0 ]; do
     --slow-summarizer) SLOW_SUMMARIZER="$2"; shift 2 ;;
     --sessions) SESSIONS="$2"; shift 2 ;;
     --kills) KILLS="$2"; shift 2 ;;
+    --damage) DAMAGE="$2"; shift 2 ;;
     --cell) CELL="$2"; shift 2 ;;
     --panel) PANEL=1; shift ;;
-    *) echo "usage: $0 [--engine vilvona|legacy] [--window TOKENS] [--turns N] [--out DIR] [--shape chars4|tokenizer|no-usage] [--summarizer extractive|host] [--slow-summarizer MS] [--sessions N] [--kills N] [--panel]" >&2; exit 2 ;;
+    *) echo "usage: $0 [--engine vilvona|legacy] [--window TOKENS] [--turns N] [--out DIR] [--shape chars4|tokenizer|no-usage] [--summarizer extractive|host] [--slow-summarizer MS] [--sessions N] [--kills N] [--damage index|wal] [--panel]" >&2; exit 2 ;;
   esac
 done
 case "$ENGINE" in vilvona | legacy) ;; *) echo "$0: --engine is vilvona or legacy" >&2; exit 2 ;; esac
@@ -64,13 +69,17 @@ case "$SHAPE" in
   no-usage) export MOCK_USAGE=0 ;;
   *) echo "$0: --shape is chars4, tokenizer or no-usage" >&2; exit 2 ;;
 esac
+case "$DAMAGE" in
+  "" | index | wal) ;;
+  *) echo "$0: --damage is index or wal" >&2; exit 2 ;;
+esac
 case "$SUMMARIZER" in
   extractive) ;;
   host) [ -n "${VILVONA_SOAK_ENGINE:-}" ] || VILVONA_SOAK_ENGINE='{"summarizer": {"kind": "host"}}' ;;
   *) echo "$0: --summarizer is extractive or host" >&2; exit 2 ;;
 esac
 export MOCK_SUMMARIZER_DELAY_MS="$SLOW_SUMMARIZER"
-NAME="soak-gateway[$ENGINE, $WINDOW, $TURNS turns, $SHAPE, $SUMMARIZER summarizer${SLOW_SUMMARIZER:+, slow $SLOW_SUMMARIZER ms}, $SESSIONS sessions, $KILLS kills]"
+NAME="soak-gateway[$ENGINE, $WINDOW, $TURNS turns, $SHAPE, $SUMMARIZER summarizer${SLOW_SUMMARIZER:+, slow $SLOW_SUMMARIZER ms}, $SESSIONS sessions, $KILLS kills${DAMAGE:+, $DAMAGE damaged}]"
 FIGURES_BIN="${VILVONA_FIGURES_BIN:-$ROOT/target/debug/economics}"
 [ -x "$FIGURES_BIN" ] || fail "$FIGURES_BIN is missing (cargo build -p vilvona-benches --bin economics)"
 
@@ -174,9 +183,33 @@ killer() {
   done
 }
 
+# --damage: halfway through, the store damaged under the running gateway. The index must be
+# back within a minute (damage.log says how long it took, or that it did not come back).
+damager() {
+  local store="$HOME/.vilvona/agents/main/lossless" target=$((TURNS * SESSIONS / 2)) waited=0
+  while [ "$(wc -l <"$OUT/results.jsonl")" -lt "$target" ]; do
+    kill -0 "$DRIVER_PID" 2>/dev/null || return 0
+    sleep 0.1
+  done
+  wc -l <"$WORK/gateway.out" >"$OUT/damage.at"
+  case "$DAMAGE" in
+  index)
+    rm -rf "$store/index" && echo "deleted the recall index after $target turns" >>"$OUT/damage.log"
+    while [ ! -f "$store/index/meta.json" ]; do
+      [ "$waited" -ge 600 ] && { echo "the index was not rebuilt within 60 s" >>"$OUT/damage.log"; return 0; }
+      sleep 0.1
+      waited=$((waited + 1))
+    done
+    echo "rebuilt after $((waited / 10)).$((waited % 10)) s" >>"$OUT/damage.log" ;;
+  wal)
+    truncate -s 0 "$store/vilvona.db-wal" && echo "truncated the WAL after $target turns" >>"$OUT/damage.log" ;;
+  esac
+}
+
 step "driving $TURNS turns in $SESSIONS session(s)"
 DRIVEN=0
 : >"$OUT/kills.log"
+: >"$OUT/damage.log"
 node "$ROOT/bindings/openclaw/test/soak-driver.mjs" "http://127.0.0.1:$GATEWAY_PORT" "$TOKEN" "$TURNS" "$OUT/results.jsonl" "$SESSIONS" >"$WORK/driver.out" 2>&1 &
 DRIVER_PID=$!
 KILLER_PID=""
@@ -184,10 +217,18 @@ if [ "$KILLS" -gt 0 ] && [ "$ENGINE" = vilvona ]; then
   killer &
   KILLER_PID=$!
 fi
+DAMAGER_PID=""
+if [ -n "$DAMAGE" ] && [ "$ENGINE" = vilvona ]; then
+  damager &
+  DAMAGER_PID=$!
+fi
 wait "$DRIVER_PID" || DRIVEN=$?
 if [ -n "$KILLER_PID" ]; then
   kill "$KILLER_PID" 2>/dev/null || true
   wait "$KILLER_PID" 2>/dev/null || true
+fi
+if [ -n "$DAMAGER_PID" ]; then
+  wait "$DAMAGER_PID" 2>/dev/null || true
 fi
 if [ "$PANEL" -eq 1 ] && [ "$ENGINE" = vilvona ] && [ "$DRIVEN" -eq 0 ]; then
   # The panel in the gateway's own Control UI, in Chromium, while the gateway still runs.
@@ -224,6 +265,14 @@ if [ "$SLOW_SUMMARIZER" -gt 0 ]; then
   ABORTS=$(grep -ac "yielded to a foreground turn" "$OUT/gateway.out" || true)
   echo "$NAME: OpenClaw aborted background maintenance $ABORTS time(s)"
   [ "$ABORTS" -gt 0 ] || fail "OpenClaw never aborted a maintenance compaction: the cell tested no abort (a slower summarizer, or more turns)"
+fi
+if [ -n "$DAMAGE" ]; then
+  echo "$NAME: $(tr '\n' ' ' <"$OUT/damage.log")"
+  grep -q . "$OUT/damage.log" || fail "--damage $DAMAGE: the session ended before the damage"
+  ! grep -q "not rebuilt" "$OUT/damage.log" || fail "the recall index was not rebuilt within a minute"
+  AFTER=$(tail -n +"$(($(cat "$OUT/damage.at") + 1))" "$OUT/gateway.out" | grep -aci "vilvona\|lossless\|recall index" || true)
+  echo "$NAME: $AFTER log lines of vilvona's after the damage"
+  [ "$AFTER" -lt 100 ] || fail "$AFTER log lines of vilvona's after the damage (at most 99): $(tail -n 3 "$OUT/gateway.out" | cut -c1-300)"
 fi
 FAILED=$(grep -vc '"status":200' "$OUT/results.jsonl" || true)
 if [ "$KILLS" -gt 0 ]; then

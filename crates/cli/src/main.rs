@@ -497,7 +497,8 @@ fn main() -> ExitCode {
         config: cli.config.clone(),
         store_url: cli.store_url.clone(),
     };
-    match runtime.block_on(run(cli.command, &global)) {
+    let outcome = runtime.block_on(run(cli.command, &global));
+    match outcome {
         Ok(code) => code,
         Err(error) => {
             let chain: Vec<String> = error.chain().map(ToString::to_string).collect();

@@ -82,6 +82,27 @@ impl Client {
         }
     }
 
+    /// The reply to `id`, or `None` if the server exited without one.
+    fn reply_or_exit(&mut self, id: u64) -> Option<Value> {
+        if let Some(index) = self
+            .pending
+            .iter()
+            .position(|value| value["id"] == id && value.get("method").is_none())
+        {
+            return Some(self.pending.remove(index));
+        }
+        loop {
+            match self.lines.recv_timeout(Duration::from_secs(30)) {
+                Ok(value) if value["id"] == id && value.get("method").is_none() => {
+                    return Some(value);
+                }
+                Ok(value) => self.pending.push(value),
+                Err(RecvTimeoutError::Timeout) => panic!("no reply to {id}"),
+                Err(RecvTimeoutError::Disconnected) => return None,
+            }
+        }
+    }
+
     fn reply(&mut self, id: u64) -> Value {
         self.wait(|value| value["id"] == id && value.get("method").is_none())
     }
@@ -1076,7 +1097,7 @@ fn a_state_directory_removed_under_a_running_server_acknowledges_nothing_it_cann
     let session = json!({"sessionId": "gone", "sessionKey": "agent:main:gone"});
     let with = |extra: Value| merged(&session, extra);
     let mut history: Vec<Value> = Vec::new();
-    let commit = |client: &mut Client, n: i64, history: &mut Vec<Value>| -> Value {
+    let commit = |client: &mut Client, n: i64, history: &mut Vec<Value>| -> Option<Value> {
         let messages = vec![
             user(&format!("turn {n}: the plover{n} code is PL-{n}"), n),
             assistant(&format!("noted {n}")),
@@ -1086,34 +1107,35 @@ fn a_state_directory_removed_under_a_running_server_acknowledges_nothing_it_cann
             "commitTurn",
             with(json!({"advancementKey": format!("k{n}"), "messages": messages.clone()})),
         );
-        let reply = client.reply(10 + n as u64);
+        let reply = client.reply_or_exit(10 + n as u64)?;
         if reply.get("error").is_none() {
             history.extend(messages);
         }
-        reply
+        Some(reply)
     };
     let mut client = Client::start_logging(&state, std::fs::File::create(&log_path).unwrap());
     initialize(&mut client, json!({}));
     for n in 0..3 {
-        let reply = commit(&mut client, n, &mut history);
+        let reply = commit(&mut client, n, &mut history).unwrap();
         assert_eq!(reply["result"]["status"], "committed", "{reply}");
     }
     std::fs::remove_dir_all(&state).unwrap();
-    for n in 3..8 {
-        let reply = commit(&mut client, n, &mut history);
-        let error = reply["error"]["message"].as_str().unwrap_or_default();
-        assert!(
-            error.contains("vilvona.db was removed or replaced"),
-            "turn {n} was acknowledged into a removed database: {reply}"
-        );
-    }
-    drop(client.stdin.take());
-    client.child.wait().unwrap();
+    // The first turn after it is refused as a passing failure (-32006: a new process will
+    // store it), and the server stops so that its client starts one.
+    let reply = commit(&mut client, 3, &mut history).unwrap();
+    assert_eq!(reply["error"]["code"], -32006, "{reply}");
+    let error = reply["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        error.contains("vilvona.db was removed or replaced"),
+        "turn 3 was acknowledged into a removed database: {reply}"
+    );
+    let status = client.child.wait().unwrap();
+    assert!(status.success(), "{status}");
     let lines = std::fs::read_to_string(&log_path).unwrap().lines().count();
     assert!(lines < 20, "{lines} log lines");
 
     // Restarted: a new database; the host's history (the three acknowledged turns, and the
-    // five it still holds queued, delivered again) comes back.
+    // five it still holds queued or had yet to send) comes back.
     let mut client = Client::start(&state);
     initialize(&mut client, json!({}));
     client.call(
@@ -1122,7 +1144,7 @@ fn a_state_directory_removed_under_a_running_server_acknowledges_nothing_it_cann
         with(json!({"messages": history, "tokenBudget": 1_000_000})),
     );
     for n in 3..8 {
-        let reply = commit(&mut client, n, &mut history);
+        let reply = commit(&mut client, n, &mut history).unwrap();
         assert_eq!(reply["result"]["status"], "committed", "{reply}");
     }
     let texts = client
@@ -1139,6 +1161,101 @@ fn a_state_directory_removed_under_a_running_server_acknowledges_nothing_it_cann
             "turn {n}: {texts}"
         );
     }
+    drop(client.stdin.take());
+    client.child.wait().unwrap();
+}
+
+/// The write-ahead log truncated under a running server (a careless cleanup, a restore that
+/// copied only the database file): the turns it held are gone from the database, and SQLite,
+/// which still believes in them, would write later turns after a hole that the next open
+/// discards. Nothing is acknowledged into such a log, the server stops so that a new one opens
+/// the database anew, and the host's history brings back what was lost when the new server's
+/// first call is an assembly.
+#[test]
+fn a_write_ahead_log_truncated_under_a_running_server_loses_no_acknowledged_turn() {
+    let dir = TempDir::new().unwrap();
+    let state = dir.path().join("state");
+    let log_path = dir.path().join("serve.log");
+    let wal = state.join("agents/main/lossless/vilvona.db-wal");
+    let session = json!({"sessionId": "wal", "sessionKey": "agent:main:wal"});
+    let with = |extra: Value| merged(&session, extra);
+    let turn = |n: i64| {
+        vec![
+            user(&format!("turn {n}: the sandpiper{n} code is SP-{n}"), n),
+            assistant(&format!("noted {n}")),
+        ]
+    };
+    // The host's transcript holds every turn it ran; it places turn n at 2n.
+    let transcript: Vec<Value> = (0..8).flat_map(turn).collect();
+    let commit = |client: &mut Client, id: u64, n: i64| -> Option<Value> {
+        client.send(
+            id,
+            "commitTurn",
+            with(json!({
+                "advancementKey": format!("k{n}"),
+                "messages": turn(n),
+                "admission": {"activeMessagePosition": 2 * n},
+            })),
+        );
+        client.reply_or_exit(id)
+    };
+    let mut client = Client::start_logging(&state, std::fs::File::create(&log_path).unwrap());
+    initialize(&mut client, json!({}));
+    for n in 0..3 {
+        let reply = commit(&mut client, 10 + n as u64, n).unwrap();
+        assert_eq!(reply["result"]["status"], "committed", "{reply}");
+    }
+    let held = std::fs::metadata(&wal).unwrap().len();
+    assert!(
+        held > 0,
+        "the turns are still in the log (else this tests nothing)"
+    );
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&wal)
+        .unwrap()
+        .set_len(0)
+        .unwrap();
+    // The next turn is refused as a passing failure (the host keeps it), naming the log, and
+    // the server stops by itself.
+    let reply = commit(&mut client, 13, 3).unwrap();
+    assert_eq!(reply["error"]["code"], -32006, "{reply}");
+    let error = reply["error"]["message"].as_str().unwrap();
+    assert!(error.contains("vilvona.db-wal was truncated"), "{reply}");
+    let status = client.child.wait().unwrap();
+    assert!(status.success(), "{status}");
+    let log = std::fs::read_to_string(&log_path).unwrap();
+    assert!(log.lines().count() < 20, "{log}");
+
+    // A new server: the database opens (the cut log discarded, not folded in). Its first
+    // assembly carries the host's whole history (turns 4 to 7 ran meanwhile): the lost turns
+    // come back, each at its place; the turns the host held, sent again, are stored once.
+    let mut client = Client::start(&state);
+    initialize(&mut client, json!({}));
+    client.call(
+        30,
+        "assemble",
+        with(json!({"messages": transcript, "tokenBudget": 1_000_000})),
+    );
+    for n in 3..8 {
+        let reply = commit(&mut client, 40 + n as u64, n).unwrap();
+        assert_eq!(reply["result"]["status"], "committed", "{reply}");
+    }
+    let texts = client
+        .call(
+            51,
+            "assemble",
+            with(json!({"messages": [], "tokenBudget": 1_000_000})),
+        )
+        .to_string();
+    let order: Vec<usize> = (0..8)
+        .map(|n| {
+            let code = format!("sandpiper{n} code");
+            assert_eq!(texts.matches(&code).count(), 1, "turn {n}: {texts}");
+            texts.find(&code).unwrap()
+        })
+        .collect();
+    assert!(order.windows(2).all(|pair| pair[0] < pair[1]), "{texts}");
     drop(client.stdin.take());
     client.child.wait().unwrap();
 }

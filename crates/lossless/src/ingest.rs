@@ -316,6 +316,9 @@ impl LosslessEngine {
         let conversation = self
             .conversation(&params.session_id, params.session_key.as_deref())
             .await?;
+        // The turn's place in the host's transcript: a turn sent again after its messages came
+        // back with the host's history (`reconcile_tail`) is found there and stored once.
+        let admitted_at = admitted_at(params);
         let context_before = self
             .context_before_turn(conversation.id, &params.messages)
             .await?;
@@ -327,7 +330,7 @@ impl LosslessEngine {
                 |index| MessageIdentity {
                     entry_id: None,
                     turn: Some((params.advancement_key.clone(), index as u32)),
-                    place: None,
+                    place: admitted_at.map(|at| at + index as u64),
                 },
                 Some(params.advancement_key.clone()),
             )
@@ -352,6 +355,16 @@ impl LosslessEngine {
             status: CommitStatus::Committed,
         })
     }
+}
+
+/// Where the host's transcript places a committed turn's first message (its admission
+/// anchor's `activeMessagePosition`, counted from 0).
+fn admitted_at(params: &CommitTurnParams) -> Option<u64> {
+    params
+        .admission
+        .as_ref()?
+        .get("activeMessagePosition")?
+        .as_u64()
 }
 
 /// A stored turn, as compaction after it sees it.

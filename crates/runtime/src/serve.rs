@@ -85,6 +85,10 @@ const DEFAULT_ENGINE: &str = "lossless";
 struct RpcError {
     code: i64,
     message: String,
+    /// The engine's database is lost to this process (removed, replaced, its log cut under
+    /// it): once this is answered the process exits, so that its client starts one that opens
+    /// the database anew.
+    reopen: bool,
 }
 
 impl RpcError {
@@ -92,8 +96,24 @@ impl RpcError {
         RpcError {
             code,
             message: message.into(),
+            reopen: false,
         }
     }
+}
+
+/// Whether `error` comes from a database this process can no longer use but a new one can.
+fn needs_reopen(error: &EngineError) -> bool {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(error);
+    while let Some(error) = cause {
+        if error
+            .downcast_ref::<vilvona_store::StoreError>()
+            .is_some_and(vilvona_store::StoreError::needs_reopen)
+        {
+            return true;
+        }
+        cause = error.source();
+    }
+    false
 }
 
 fn engine_error(method: &str, error: EngineError) -> RpcError {
@@ -104,7 +124,10 @@ fn engine_error(method: &str, error: EngineError) -> RpcError {
         return RpcError::new(HISTORY_NEEDED, format!("{method}: {error}"));
     }
     if error.is_transient() {
-        return RpcError::new(TRANSIENT, format!("{method}: {}", error_chain(&error)));
+        return RpcError {
+            reopen: needs_reopen(&error),
+            ..RpcError::new(TRANSIENT, format!("{method}: {}", error_chain(&error)))
+        };
     }
     RpcError::new(ENGINE_ERROR, format!("{method}: {}", error_chain(&error)))
 }
@@ -271,6 +294,9 @@ struct Server {
     in_flight: StdMutex<HashMap<String, watch::Sender<bool>>>,
     /// Signalled each time a call has answered.
     answered: Notify,
+    /// Signalled when a call found the engine's database lost to this process: the process
+    /// exits.
+    database_lost: Notify,
     queues: StdMutex<HashMap<String, mpsc::UnboundedSender<Job>>>,
     rollbacks: StdMutex<HashMap<String, Box<dyn SpawnRollback>>>,
     next_handle: AtomicU64,
@@ -292,7 +318,12 @@ impl Server {
     fn respond(&self, id: Value, outcome: Result<Value, RpcError>) {
         match outcome {
             Ok(result) => self.send(json!({"jsonrpc": "2.0", "id": id, "result": result})),
-            Err(error) => self.send(json!({"jsonrpc": "2.0", "id": id, "error": {"code": error.code, "message": error.message}})),
+            Err(error) => {
+                self.send(json!({"jsonrpc": "2.0", "id": id, "error": {"code": error.code, "message": error.message}}));
+                if error.reopen {
+                    self.database_lost.notify_one();
+                }
+            }
         }
     }
 
@@ -859,6 +890,7 @@ pub async fn serve(
         setup: StdMutex::new(None),
         in_flight: StdMutex::new(HashMap::new()),
         answered: Notify::new(),
+        database_lost: Notify::new(),
         queues: StdMutex::new(HashMap::new()),
         rollbacks: StdMutex::new(HashMap::new()),
         next_handle: AtomicU64::new(1),
@@ -874,7 +906,19 @@ pub async fn serve(
     let mut line = Vec::new();
     loop {
         line.clear();
-        match input.read_until(b'\n', &mut line).await {
+        let read = tokio::select! {
+            read = input.read_until(b'\n', &mut line) => read,
+            () = server.database_lost.notified() => {
+                // At once, not after a graceful shutdown: while this process holds the
+                // database, a new one shares its stale view of the cut log and fails too. The
+                // answer just sent is given a moment to be written; a call still in flight
+                // fails as the process's death, which the client retries on the new one.
+                tracing::warn!("the engine's database was lost under this process; exiting, so that a new process opens it anew");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                std::process::exit(0);
+            }
+        };
+        match read {
             Ok(0) => break,
             Ok(_) => match String::from_utf8(std::mem::take(&mut line)) {
                 Ok(text) => server.handle_line(text),

@@ -35,6 +35,17 @@ pub enum StoreError {
         /// The database file.
         path: PathBuf,
     },
+    /// The database's write-ahead log was truncated or overwritten while this process had the
+    /// database open: what it held since the last checkpoint is gone from the database, and
+    /// SQLite would write after a hole that the next open discards, so this process
+    /// acknowledges nothing more.
+    #[error(
+        "{path} was truncated or overwritten while this process had the database open: what it held since the last checkpoint is gone from the database (a host's history brings acknowledged turns back) and nothing more is stored through it (restart the process to open the database anew)"
+    )]
+    LogLost {
+        /// The write-ahead log file.
+        path: PathBuf,
+    },
     /// A file operation failed.
     #[error("{path}")]
     Io {
@@ -126,12 +137,24 @@ pub enum StoreError {
 }
 
 impl StoreError {
+    /// True when this process can no longer use its database but a new one can (the file
+    /// removed or replaced, its log cut under it): a server stops, so that its client starts
+    /// one that opens the database anew.
+    pub fn needs_reopen(&self) -> bool {
+        matches!(
+            self,
+            StoreError::DatabaseGone { .. } | StoreError::LogLost { .. }
+        )
+    }
+
     /// True when the same call may succeed if tried again: the database is busy or locked by
     /// another process, a PostgreSQL server is restarting or unreachable, an embedding endpoint
     /// is down, a file operation was interrupted. A broken store (corrupt, newer schema, a
-    /// writer that stopped) is not transient.
+    /// writer that stopped) is not transient. A database that needs reopening is: a new
+    /// process succeeds ([`StoreError::needs_reopen`]).
     pub fn is_transient(&self) -> bool {
         match self {
+            StoreError::DatabaseGone { .. } | StoreError::LogLost { .. } => true,
             StoreError::Sqlite(DatabaseError(error)) => matches!(
                 error.sqlite_error_code(),
                 Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)

@@ -22,6 +22,7 @@ mod error;
 mod forget;
 mod highlight;
 mod index;
+mod opened;
 mod pg;
 mod read;
 mod schema;
@@ -55,6 +56,7 @@ pub use types::*;
 pub use write::FaultPlan;
 
 use index::{IndexSlot, RecallIndex};
+use opened::OpenedDatabase;
 use writer::{Command, PreparedMessage, Writer};
 
 /// The file name of the database inside the store directory.
@@ -262,6 +264,18 @@ struct Inner {
     read_only: bool,
     /// The dictionary new messages are compressed with (see `codec`).
     encoder: Arc<codec::EncoderSlot>,
+    /// The database file as opened: SQLite's errors are explained by what happened to it.
+    opened: Option<OpenedDatabase>,
+}
+
+impl Inner {
+    /// `error` as the database's files explain it (replaced, its log cut under the process).
+    fn explain(&self, error: StoreError) -> StoreError {
+        match &self.opened {
+            Some(opened) => opened.explain(error),
+            None => error,
+        }
+    }
 }
 
 impl Drop for Inner {
@@ -332,6 +346,7 @@ impl Store {
         let faults = config.faults;
         #[cfg(not(feature = "fault-injection"))]
         let faults = write::FaultPlan::default();
+        let opened = OpenedDatabase::of(&connection);
         let encoder = Arc::new(codec::EncoderSlot::default());
         if let Some(stored) = codec::stored_encoder(&connection)? {
             encoder.set(stored);
@@ -361,6 +376,7 @@ impl Store {
                 embedder,
                 read_only: false,
                 encoder,
+                opened,
             }),
         })
     }
@@ -389,6 +405,7 @@ impl Store {
             }
             let connection = schema::connect(&db_path)?;
             schema::check_version(&connection, &db_path)?;
+            let opened = OpenedDatabase::of(&connection);
             let (index, index_problem) = match RecallIndex::open_existing(
                 &dir.join(INDEX_DIR),
                 embedder.clone(),
@@ -418,6 +435,7 @@ impl Store {
                     embedder,
                     read_only: true,
                     encoder: Arc::default(),
+                    opened,
                 }),
             })
         })
@@ -527,6 +545,7 @@ impl Store {
         response
             .await
             .map_err(|_| StoreError::WriterStopped("the writer thread exited"))?
+            .map_err(|error| self.inner.explain(error))
     }
 
     /// Runs `query` on a reader connection on a blocking thread.
@@ -545,7 +564,7 @@ impl Store {
                 Some(connection) => connection,
                 None => schema::connect(&inner.db_path)?,
             };
-            let result = query(&connection);
+            let result = query(&connection).map_err(|error| inner.explain(error));
             let mut readers = inner.readers.lock().unwrap_or_else(PoisonError::into_inner);
             // A bounded pool: at most a few idle connections stay open.
             if readers.len() < 4 {

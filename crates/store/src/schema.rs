@@ -4,6 +4,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use rusqlite::Connection;
+use rusqlite::config::DbConfig;
 
 use crate::error::{Result, StoreError};
 
@@ -231,6 +232,10 @@ pub(crate) fn connect(path: &Path) -> Result<Connection> {
     // Checkpoint often and truncate the WAL after: its size stays small on disk.
     connection.pragma_update(None, "wal_autocheckpoint", 256)?;
     connection.pragma_update(None, "journal_size_limit", 1_048_576)?;
+    // No connection folds the log into the database as it closes: a log cut under the process
+    // would be folded in as zeroed pages and ruin the database. The writer checkpoints at its
+    // end instead, once it has seen that the files are whole (`Writer::checkpoint_if_whole`).
+    connection.set_db_config(DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, true)?;
     Ok(connection)
 }
 

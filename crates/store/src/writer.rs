@@ -20,6 +20,7 @@ use crate::error::{Result, StoreError};
 use crate::forget;
 use crate::index::filler::{FILL_BATCH, VectorFiller, embed_rows};
 use crate::index::{IndexDoc, IndexRow, IndexSink, IndexSlot, IndexedRow};
+use crate::opened::OpenedDatabase;
 use crate::read;
 use crate::types::*;
 use crate::write::{FaultPlan, WriteCounter, WriteTx};
@@ -180,9 +181,9 @@ pub(crate) struct Writer {
     /// The same for adding vectors (an embedding endpoint that is down), apart: an outage of
     /// the model must not hold up the index's commits.
     vector_retry: Retry,
-    /// The database file as opened (its path, device and inode): a file removed or replaced
-    /// under the process is noticed before a write is acknowledged.
-    file: Option<(std::path::PathBuf, u64, u64)>,
+    /// The database file as opened: a file removed or replaced, or its log cut, under the
+    /// process is noticed before a write is acknowledged.
+    file: Option<OpenedDatabase>,
 }
 
 /// The file by which a process that cannot take the index's lock (`rebuild-index`, `doctor
@@ -273,15 +274,7 @@ impl Writer {
             tracing::info!(dir = %index.current().dir().display(), "another process maintains the recall index; this one writes the database only");
         }
         let filler = VectorFiller::for_embedder(index.current().embedder());
-        let file = connection
-            .path()
-            .filter(|path| !path.is_empty())
-            .map(std::path::PathBuf::from)
-            .and_then(|path| {
-                use std::os::unix::fs::MetadataExt as _;
-                let metadata = std::fs::metadata(&path).ok()?;
-                Some((path, metadata.dev(), metadata.ino()))
-            });
+        let file = OpenedDatabase::of(&connection);
         Ok(Writer {
             file,
             connection,
@@ -300,15 +293,28 @@ impl Writer {
         })
     }
 
-    /// Whether the database's path still names the file this process opened.
+    /// Whether the database's files are still the ones this process opened, and whole.
     fn database_still_there(&self) -> Result<()> {
-        use std::os::unix::fs::MetadataExt as _;
-        let Some((path, dev, ino)) = &self.file else {
-            return Ok(());
-        };
-        match std::fs::metadata(path) {
-            Ok(metadata) if metadata.dev() == *dev && metadata.ino() == *ino => Ok(()),
-            _ => Err(StoreError::DatabaseGone { path: path.clone() }),
+        self.file.as_ref().map_or(Ok(()), OpenedDatabase::check)
+    }
+
+    /// Folds the log into the database and empties it as the writer stops, as SQLite's last
+    /// connection would as it closes (no connection does, see `schema::connect`): the database
+    /// file alone holds the store afterwards. Not when the files were damaged under the
+    /// process: a cut log would be folded in as zeroed pages. It does not wait for other
+    /// processes still using the database (their last connection's writer folds it).
+    fn checkpoint_if_whole(&self) {
+        let folded = self.database_still_there().and_then(|()| {
+            self.connection.busy_timeout(Duration::ZERO)?;
+            self.connection
+                .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
+                .map_err(StoreError::from)
+        });
+        // Busy: another process reads or writes it; that is no failure.
+        if let Err(error) = folded
+            && (error.needs_reopen() || !error.is_transient())
+        {
+            tracing::warn!(error = %vilvona_core::error_chain(&error), "the database's log was not folded into it at the end; the next open reads it");
         }
     }
 
@@ -547,6 +553,7 @@ impl Writer {
                         self.fill_before_stopping()
                             .and_then(|()| self.commit_index()),
                     );
+                    self.checkpoint_if_whole();
                     return;
                 }
                 Ok(command) => self.handle(command),
@@ -556,6 +563,7 @@ impl Writer {
                         tracing::warn!(%error, "adding vectors to the recall index failed; the next writer adds them");
                     }
                     let _ = self.commit_index_logged();
+                    self.checkpoint_if_whole();
                     return;
                 }
             }
