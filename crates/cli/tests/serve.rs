@@ -1165,17 +1165,67 @@ fn a_state_directory_removed_under_a_running_server_acknowledges_nothing_it_cann
     client.child.wait().unwrap();
 }
 
+/// OpenClaw's agent database as a host keeps it (the tables and columns the engine reads):
+/// `messages` become the session's active transcript, a model-change event first (no message
+/// position), every third message compressed as OpenClaw compresses larger events.
+fn host_record(path: &std::path::Path, session: &str, messages: &[Value]) {
+    let connection = rusqlite::Connection::open(path).unwrap();
+    connection
+        .execute_batch(
+            "CREATE TABLE IF NOT EXISTS transcript_events (session_id TEXT NOT NULL, seq INTEGER NOT NULL,
+               event_json TEXT, created_at INTEGER NOT NULL, event_zstd BLOB, PRIMARY KEY (session_id, seq));
+             CREATE TABLE IF NOT EXISTS session_transcript_active_events (session_id TEXT NOT NULL,
+               active_position INTEGER NOT NULL, event_seq INTEGER NOT NULL, message_position INTEGER,
+               PRIMARY KEY (session_id, active_position));
+             DELETE FROM transcript_events; DELETE FROM session_transcript_active_events;",
+        )
+        .unwrap();
+    let mut events = vec![json!({"type": "model_change", "provider": "mock"})];
+    events.extend(
+        messages
+            .iter()
+            .map(|message| json!({"type": "message", "message": message})),
+    );
+    let mut position = 0;
+    for (seq, event) in events.iter().enumerate() {
+        let text = event.to_string();
+        let (json, frame) = if seq % 3 == 2 {
+            (None, Some(zstd::encode_all(text.as_bytes(), 3).unwrap()))
+        } else {
+            (Some(text), None)
+        };
+        connection
+            .execute(
+                "INSERT INTO transcript_events VALUES (?1, ?2, ?3, 0, ?4)",
+                rusqlite::params![session, seq as i64 + 1, json, frame],
+            )
+            .unwrap();
+        let message_position = (event["type"] == "message").then(|| {
+            position += 1;
+            position - 1
+        });
+        connection
+            .execute(
+                "INSERT INTO session_transcript_active_events VALUES (?1, ?2, ?3, ?4)",
+                rusqlite::params![session, seq as i64, seq as i64 + 1, message_position],
+            )
+            .unwrap();
+    }
+}
+
 /// The write-ahead log truncated under a running server (a careless cleanup, a restore that
 /// copied only the database file): the turns it held are gone from the database, and SQLite,
 /// which still believes in them, would write later turns after a hole that the next open
-/// discards. Nothing is acknowledged into such a log, the server stops so that a new one opens
-/// the database anew, and the host's history brings back what was lost when the new server's
-/// first call is an assembly.
+/// discards. Nothing is acknowledged into such a log, the server exits so that a new one opens
+/// the database anew, and what was lost comes back from the host's record — OpenClaw sends the
+/// turn it holds queued before any assembly, so the turn itself brings it: its admission
+/// anchor names OpenClaw's agent database.
 #[test]
 fn a_write_ahead_log_truncated_under_a_running_server_loses_no_acknowledged_turn() {
     let dir = TempDir::new().unwrap();
     let state = dir.path().join("state");
     let log_path = dir.path().join("serve.log");
+    let record = dir.path().join("openclaw-agent.sqlite");
     let wal = state.join("agents/main/lossless/vilvona.db-wal");
     let session = json!({"sessionId": "wal", "sessionKey": "agent:main:wal"});
     let with = |extra: Value| merged(&session, extra);
@@ -1185,16 +1235,21 @@ fn a_write_ahead_log_truncated_under_a_running_server_loses_no_acknowledged_turn
             assistant(&format!("noted {n}")),
         ]
     };
-    // The host's transcript holds every turn it ran; it places turn n at 2n.
-    let transcript: Vec<Value> = (0..8).flat_map(turn).collect();
+    // The host records every turn it runs before it commits it; it places turn n at 2n.
     let commit = |client: &mut Client, id: u64, n: i64| -> Option<Value> {
+        let ran: Vec<Value> = (0..=n).flat_map(turn).collect();
+        host_record(&record, "wal", &ran);
         client.send(
             id,
             "commitTurn",
             with(json!({
                 "advancementKey": format!("k{n}"),
                 "messages": turn(n),
-                "admission": {"activeMessagePosition": 2 * n},
+                "admission": {
+                    "sessionId": "wal",
+                    "storePath": record.to_str().unwrap(),
+                    "activeMessagePosition": 2 * n,
+                },
             })),
         );
         client.reply_or_exit(id)
@@ -1217,30 +1272,27 @@ fn a_write_ahead_log_truncated_under_a_running_server_loses_no_acknowledged_turn
         .set_len(0)
         .unwrap();
     // The next turn is refused as a passing failure (the host keeps it), naming the log, and
-    // the server stops by itself.
+    // the server exits by itself.
     let reply = commit(&mut client, 13, 3).unwrap();
     assert_eq!(reply["error"]["code"], -32006, "{reply}");
     let error = reply["error"]["message"].as_str().unwrap();
     assert!(error.contains("vilvona.db-wal was truncated"), "{reply}");
-    let status = client.child.wait().unwrap();
+    // A new server, started at once as the plugin does (the old one may still be exiting):
+    // the database opens (the cut log discarded, not folded in). The host sends its queued
+    // turn first, then the turns it runs; a commit sent twice is stored once.
+    let mut old = client;
+    let mut client = Client::start(&state);
+    initialize(&mut client, json!({}));
+    let status = old.child.wait().unwrap();
     assert!(status.success(), "{status}");
     let log = std::fs::read_to_string(&log_path).unwrap();
     assert!(log.lines().count() < 20, "{log}");
-
-    // A new server: the database opens (the cut log discarded, not folded in). Its first
-    // assembly carries the host's whole history (turns 4 to 7 ran meanwhile): the lost turns
-    // come back, each at its place; the turns the host held, sent again, are stored once.
-    let mut client = Client::start(&state);
-    initialize(&mut client, json!({}));
-    client.call(
-        30,
-        "assemble",
-        with(json!({"messages": transcript, "tokenBudget": 1_000_000})),
-    );
     for n in 3..8 {
         let reply = commit(&mut client, 40 + n as u64, n).unwrap();
         assert_eq!(reply["result"]["status"], "committed", "{reply}");
     }
+    let reply = commit(&mut client, 49, 7).unwrap();
+    assert_eq!(reply["result"]["status"], "duplicate", "{reply}");
     let texts = client
         .call(
             51,

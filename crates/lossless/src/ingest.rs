@@ -319,6 +319,10 @@ impl LosslessEngine {
         // The turn's place in the host's transcript: a turn sent again after its messages came
         // back with the host's history (`reconcile_tail`) is found there and stored once.
         let admitted_at = admitted_at(params);
+        if let (Some(at), Some(admission)) = (admitted_at, params.admission.as_ref()) {
+            self.fill_gap_from_the_hosts_record(conversation.id, admission, at)
+                .await?;
+        }
         let context_before = self
             .context_before_turn(conversation.id, &params.messages)
             .await?;
@@ -365,6 +369,89 @@ fn admitted_at(params: &CommitTurnParams) -> Option<u64> {
         .as_ref()?
         .get("activeMessagePosition")?
         .as_u64()
+}
+
+impl LosslessEngine {
+    /// A turn the host places after messages the store lacks (lost with a cut log or a crash,
+    /// before the host's next assembly could bring them back: OpenClaw delivers the turns it
+    /// holds queued first) gets them from the host's own record first, each at its place:
+    /// OpenClaw's agent database, which the turn's admission anchor names (`storePath`). Only
+    /// where the store's last message is the record's message at the same place; anything
+    /// else (no record, another shape, the two not meeting) leaves the store as it is and is
+    /// logged, and the turn is stored all the same.
+    async fn fill_gap_from_the_hosts_record(
+        &self,
+        conversation: ConversationId,
+        admission: &Value,
+        at: u64,
+    ) -> Result<(), EngineError> {
+        let (Some(path), Some(session)) = (
+            admission.get("storePath").and_then(Value::as_str),
+            admission.get("sessionId").and_then(Value::as_str),
+        ) else {
+            return Ok(());
+        };
+        let store = &self.inner.store;
+        let Some(row) = store
+            .conversation_by_id(conversation)
+            .await
+            .map_err(|error| store_error("conversation", error))?
+        else {
+            return Ok(());
+        };
+        let held = row.message_count;
+        if at <= held {
+            return Ok(());
+        }
+        let from = held.saturating_sub(1);
+        let (path, session_id) = (std::path::PathBuf::from(path), session.to_owned());
+        let read = tokio::task::spawn_blocking(move || {
+            vilvona_transcript::agent_database::messages_at(&path, &session_id, from, at)
+        })
+        .await
+        .map_err(|error| EngineError::caused_by("lossless reading the host's record", error))?;
+        let mut record = match read {
+            Ok(record) => record,
+            Err(error) => {
+                tracing::warn!(%error, session, held, at, "the store lacks messages the host places before this turn, and the host's record could not give them; the turn is stored after what the store holds");
+                return Ok(());
+            }
+        };
+        if held > 0 {
+            let last = store
+                .messages_in_seq_range(conversation, held - 1, held - 1)
+                .await
+                .map_err(|error| store_error("reading the last stored message", error))?;
+            let meets = last.first().is_some_and(|stored| {
+                stored.role == record[0].role() && stored.text() == record[0].plain_text()
+            });
+            if !meets {
+                tracing::warn!(
+                    session,
+                    held,
+                    at,
+                    "the store lacks messages the host places before this turn, but its last message is not the host's at that place; the turn is stored after what the store holds"
+                );
+                return Ok(());
+            }
+            record.remove(0);
+        }
+        tracing::warn!(
+            session,
+            missing = record.len(),
+            "the store is behind the host's record (lost with a crash or a cut log); storing the missing messages again from it"
+        );
+        self.ingest_messages(
+            &row.session_id,
+            row.session_key.as_deref(),
+            &record,
+            |index| MessageIdentity::default().at(held + index as u64),
+            None,
+        )
+        .await?;
+        self.forget_conversation_row(&row.session_id);
+        Ok(())
+    }
 }
 
 /// A stored turn, as compaction after it sees it.

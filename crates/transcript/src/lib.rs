@@ -7,6 +7,8 @@
 //! mid-append): that one is skipped with a warning and reported, and everything before it is
 //! kept. Appends are flushed and synced before they return.
 
+pub mod agent_database;
+
 use std::collections::HashSet;
 use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
