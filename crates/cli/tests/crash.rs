@@ -5,13 +5,14 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Output, Stdio};
 use std::time::Duration;
 
 use serde_json::Value;
 use tempfile::TempDir;
 
 mod common;
+use common::tmpfs::Tmpfs;
 use common::{command, vilvona};
 
 fn stderr(output: &Output) -> String {
@@ -609,36 +610,6 @@ fn copy_dir(from: &Path, to: &Path) {
 }
 
 /// A small tmpfs mounted for one test, unmounted when it ends.
-struct Tmpfs(PathBuf);
-
-impl Tmpfs {
-    fn mount(at: &Path, size: &str) -> Result<Tmpfs, String> {
-        std::fs::create_dir_all(at).map_err(|error| error.to_string())?;
-        let output = Command::new("mount")
-            .args([
-                "-t",
-                "tmpfs",
-                "-o",
-                &format!("size={size},mode=0700"),
-                "tmpfs",
-            ])
-            .arg(at)
-            .output()
-            .map_err(|error| error.to_string())?;
-        if output.status.success() {
-            Ok(Tmpfs(at.to_owned()))
-        } else {
-            Err(stderr(&output))
-        }
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg(&self.0).status();
-    }
-}
-
 /// The disk fills up mid-replay: the command fails with one clear line, what was written is a
 /// consistent prefix, and the replay resumes elsewhere without writing anything twice.
 #[test]

@@ -9,6 +9,9 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use tempfile::TempDir;
 
+mod common;
+use common::tmpfs::Tmpfs;
+
 struct Client {
     child: Child,
     stdin: Option<ChildStdin>,
@@ -1308,6 +1311,107 @@ fn a_write_ahead_log_truncated_under_a_running_server_loses_no_acknowledged_turn
         })
         .collect();
     assert!(order.windows(2).all(|pair| pair[0] < pair[1]), "{texts}");
+    drop(client.stdin.take());
+    client.child.wait().unwrap();
+}
+
+/// The disk fills up under a running server, turns continuing: no turn is acknowledged that is
+/// not stored, each refused turn is a passing failure (never "broken", which OpenClaw
+/// quarantines for) in one line, the log stays bounded, and once there is room again the turns
+/// the host sends again are stored: every turn once, in order, also after a restart.
+#[test]
+#[ignore = "mounts an 8 MiB tmpfs (needs root): .ci/run runs it"]
+fn a_disk_that_fills_under_a_running_server_acknowledges_nothing_it_cannot_keep() {
+    let dir = TempDir::new().unwrap();
+    let mount = dir.path().join("small");
+    let _tmpfs = Tmpfs::mount(&mount, "8m")
+        .unwrap_or_else(|reason| panic!("this test mounts a tmpfs and could not: {reason}"));
+    let state = mount.join("state");
+    let log_path = dir.path().join("serve.log");
+    let session = json!({"sessionId": "full", "sessionKey": "agent:main:full"});
+    let with = |extra: Value| merged(&session, extra);
+    // Each turn carries 20 KiB of tool output, so that a full disk is reached in a few turns.
+    let filler = "lorem ipsum dolor sit amet ".repeat(800);
+    let commit = |client: &mut Client, id: u64, n: i64| -> Value {
+        let messages = vec![
+            user(&format!("turn {n}: the avocet{n} code is AV-{n}"), n),
+            assistant(&format!("noted {n}: {filler}")),
+        ];
+        client.send(
+            id,
+            "commitTurn",
+            with(json!({"advancementKey": format!("k{n}"), "messages": messages})),
+        );
+        client.reply(id)
+    };
+    let mut client = Client::start_logging(&state, std::fs::File::create(&log_path).unwrap());
+    initialize(&mut client, json!({}));
+    for n in 0..3 {
+        let reply = commit(&mut client, 10 + n as u64, n);
+        assert_eq!(reply["result"]["status"], "committed", "{reply}");
+    }
+    // Fill what is left of the disk.
+    let ballast = mount.join("ballast");
+    {
+        use std::io::Write as _;
+        let mut file = std::fs::File::create(&ballast).unwrap();
+        let block = vec![0u8; 64 * 1024];
+        while file
+            .write_all(&block)
+            .and_then(|()| file.sync_all())
+            .is_ok()
+        {}
+    }
+    let mut refused = Vec::new();
+    for n in 3..8 {
+        let reply = commit(&mut client, 20 + n as u64, n);
+        if let Some(error) = reply.get("error") {
+            assert_eq!(
+                error["code"], -32006,
+                "a full disk is a passing failure: {reply}"
+            );
+            let message = error["message"].as_str().unwrap();
+            assert!(!message.contains('\n'), "one line: {message}");
+            assert!(
+                message.contains("full") || message.contains("No space"),
+                "{message}"
+            );
+            refused.push(n);
+        } else {
+            assert_eq!(reply["result"]["status"], "committed", "{reply}");
+        }
+    }
+    assert!(
+        !refused.is_empty(),
+        "8 MiB held every turn: this tested no full disk"
+    );
+    // Room again: the host sends the refused turns again.
+    std::fs::remove_file(&ballast).unwrap();
+    for &n in &refused {
+        let reply = commit(&mut client, 40 + n as u64, n);
+        assert_eq!(reply["result"]["status"], "committed", "{reply}");
+    }
+    drop(client.stdin.take());
+    client.child.wait().unwrap();
+    let log = std::fs::read_to_string(&log_path).unwrap();
+    assert!(log.lines().count() < 40, "{log}");
+
+    let mut client = Client::start(&state);
+    initialize(&mut client, json!({}));
+    let texts = client
+        .call(
+            51,
+            "assemble",
+            with(json!({"messages": [], "tokenBudget": 1_000_000})),
+        )
+        .to_string();
+    for n in 0..8 {
+        assert_eq!(
+            texts.matches(&format!("avocet{n} code")).count(),
+            1,
+            "turn {n}: {texts}"
+        );
+    }
     drop(client.stdin.take());
     client.child.wait().unwrap();
 }

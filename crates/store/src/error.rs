@@ -148,8 +148,8 @@ impl StoreError {
     }
 
     /// True when the same call may succeed if tried again: the database is busy or locked by
-    /// another process, a PostgreSQL server is restarting or unreachable, an embedding endpoint
-    /// is down, a file operation was interrupted. A broken store (corrupt, newer schema, a
+    /// another process, the disk is full (space comes back), a PostgreSQL server is restarting
+    /// or unreachable, an embedding endpoint is down, a file operation was interrupted. A broken store (corrupt, newer schema, a
     /// writer that stopped) is not transient. A database that needs reopening is: a new
     /// process succeeds ([`StoreError::needs_reopen`]).
     pub fn is_transient(&self) -> bool {
@@ -157,7 +157,11 @@ impl StoreError {
             StoreError::DatabaseGone { .. } | StoreError::LogLost { .. } => true,
             StoreError::Sqlite(DatabaseError(error)) => matches!(
                 error.sqlite_error_code(),
-                Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
+                Some(
+                    rusqlite::ErrorCode::DatabaseBusy
+                        | rusqlite::ErrorCode::DatabaseLocked
+                        | rusqlite::ErrorCode::DiskFull
+                )
             ),
             StoreError::Postgres(error) => error.is_transient(),
             StoreError::Embedding(_) => true,
@@ -166,6 +170,7 @@ impl StoreError {
                 std::io::ErrorKind::Interrupted
                     | std::io::ErrorKind::WouldBlock
                     | std::io::ErrorKind::TimedOut
+                    | std::io::ErrorKind::StorageFull
             ),
             _ => false,
         }

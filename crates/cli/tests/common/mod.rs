@@ -1,5 +1,8 @@
 //! What the tests that run several `vilvona` processes share: the binary, on a state directory.
 
+#[allow(dead_code)]
+pub(crate) mod tmpfs;
+
 use std::path::Path;
 use std::process::{Command, Output};
 
