@@ -18,6 +18,7 @@ import { createInterface } from "node:readline";
 import { fileURLToPath } from "node:url";
 
 import { UiServer, registerPanelAction } from "../index.js";
+import { compactions } from "../dist/control-ui/index.js";
 
 const here = dirname(fileURLToPath(import.meta.url));
 const root = join(here, "..", "..", "..");
@@ -113,6 +114,19 @@ test("vilvona ui: the window, search, the DAG to its sources, and stored markup 
       for (const part of depths) {
         assert.ok((await page.textContent(".vv-legend")).includes(`${part.name} ×${part.count}: ${grouped(part.tokens)} tok`), part.name);
       }
+
+      // The compaction steps, newest first: one a summary, each folding more than it wrote;
+      // the rows' figures are the DAG's.
+      const folds = compactions(dag);
+      assert.equal(folds.length, dag.summaries.length);
+      for (const fold of folds) assert.ok(fold.before > fold.after && fold.after > 0, JSON.stringify(fold));
+      assert.equal(await page.getAttribute("[data-compactions]", "data-compactions"), String(folds.length));
+      const rows = page.locator("[data-part=timeline] li");
+      assert.equal(await rows.count(), Math.min(folds.length, 40));
+      const newest = dag.summaries.reduce((a, b) => (b.createdAtMs > a.createdAtMs || (b.createdAtMs === a.createdAtMs && b.depth > a.depth) ? b : a));
+      assert.equal(await rows.first().getAttribute("data-id"), newest.summaryId);
+      assert.equal(await rows.first().getAttribute("data-after"), String(newest.tokens));
+      assert.ok((await rows.first().textContent()).includes(newest.summarizer));
 
       // Search finds the planted fact (its text shown), and leads to its place in the DAG.
       const typed = Date.now();

@@ -56,6 +56,9 @@ try {
     assert.equal(await total.getAttribute("data-total"), String(expected.total));
     assert.equal(await view.locator("[data-window]").getAttribute("data-window"), String(expected.window));
     assert.ok((await view.locator("[data-part=limits]").textContent()).includes(stats.plan.ceiling.toLocaleString("en-US")));
+    // The compaction steps: one a summary of the store's DAG.
+    const dag = vilvona("context", "dag", "--format", "json", "--session", session.key);
+    assert.equal(await view.locator("[data-compactions]").getAttribute("data-compactions"), String(dag.summaries.length));
     await page.screenshot({ path: join(out, `openclaw-panel-${width}-window.png`) });
 
     // A planted fact, found by search, its text shown.

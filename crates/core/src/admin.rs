@@ -242,6 +242,14 @@ pub struct DagSummary {
     pub child_messages: u64,
     /// Tokens of those messages.
     pub child_message_tokens: u64,
+    /// How it was written: `normal`, `aggressive`, or `fallback` (the deterministic
+    /// truncation that makes room without a summarizer).
+    pub level: String,
+    /// The summarizer and prompt version that wrote it (`extractive/v1 in place of
+    /// host-llm/v1` when a fallback stood in for the configured one).
+    pub summarizer: String,
+    /// When it was published, in milliseconds since the epoch.
+    pub created_at_ms: i64,
 }
 
 /// A conversation's DAG: its summaries, and the messages the context holds raw.

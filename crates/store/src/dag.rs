@@ -124,7 +124,8 @@ pub(crate) fn view(connection: &Connection, conversation: ConversationId) -> Res
                 (SELECT count(*) FROM summary_edges e WHERE e.parent_id = s.id
                      AND e.child_message_id IS NOT NULL),
                 (SELECT coalesce(sum(m.tokens), 0) FROM summary_edges e
-                     JOIN messages m ON m.id = e.child_message_id WHERE e.parent_id = s.id)
+                     JOIN messages m ON m.id = e.child_message_id WHERE e.parent_id = s.id),
+                s.level, s.summarizer, s.created_at
          FROM summaries s WHERE s.conversation_id = ?1 ORDER BY s.depth DESC, s.id",
     )?;
     let rows = statement.query_map([conversation.0], |row| {
@@ -138,6 +139,9 @@ pub(crate) fn view(connection: &Connection, conversation: ConversationId) -> Res
             child_summaries: Vec::new(),
             child_messages: row.get::<_, i64>(6)?.max(0) as u64,
             child_message_tokens: row.get::<_, i64>(7)?.max(0) as u64,
+            level: row.get(8)?,
+            summarizer: row.get(9)?,
+            created_at_ms: row.get(10)?,
         })
     })?;
     for row in rows {

@@ -67,6 +67,40 @@ export function windowParts(context, stats) {
   return { parts, total: report.sessionTokens, window: report.window, budget: report.promptBudget, plan };
 }
 
+/**
+ * The session's compaction steps, newest first, from its DAG: each summary is one fold — what
+ * it folded (messages and summaries, their tokens) against what it wrote, by which summarizer,
+ * and whether a fallback wrote it (`… in place of …`) or the truncation did (level `fallback`).
+ * (The store keeps no record of which folds one compaction call made: each is listed.)
+ */
+export function compactions(dag) {
+  const summaries = dag.summaries ?? [];
+  const tokensOf = new Map(summaries.map((summary) => [summary.rowId, summary.tokens]));
+  return summaries.map((summary) => {
+    const folded = summary.childSummaries ?? [];
+    const before = (summary.childMessageTokens ?? 0) + folded.reduce((sum, row) => sum + (tokensOf.get(row) ?? 0), 0);
+    const truncated = summary.level === "fallback";
+    return {
+      at: summary.createdAtMs,
+      id: summary.summaryId,
+      depth: summary.depth,
+      messages: summary.childMessages ?? 0,
+      foldedSummaries: folded.length,
+      before,
+      after: summary.tokens,
+      summarizer: summary.summarizer,
+      fallback: Boolean(summary.summarizer?.includes(" in place of ")),
+      truncated,
+      // What a model summarizer read: what it folded (the extractive one and the truncation
+      // read nothing).
+      modelTokens: truncated || summary.summarizer?.startsWith("extractive") ? 0 : before,
+    };
+  }).sort((a, b) => b.at - a.at || b.depth - a.depth);
+}
+
+/** How many folds the timeline lists; the rest are counted. */
+const TIMELINE_ROWS = 40;
+
 /** Mounts the panel; `request(payload)` answers a view (see crates/cli/src/views.rs). */
 export function mountPanel(container, options) {
   const state = { sessionKey: options.sessionKey, stamp: undefined, expanded: new Set(), disposed: false, generation: 0 };
@@ -83,10 +117,12 @@ export function mountPanel(container, options) {
   const hits = el("ol", { class: "vv-hits", "data-part": "hits" });
   const dagList = el("ul", { class: "vv-dag", "data-part": "dag" });
   const health = el("div", { class: "vv-health", "data-part": "health" });
+  const timeline = el("div", { class: "vv-timeline", "data-part": "timeline" });
   root.append(
     el("h2", {}, "Context"), status, windowBox,
     el("h3", {}, "Search"), el("div", { class: "vv-search" }, searchInput, searchMode), hits,
     el("h3", {}, "Summaries in the context"), dagList,
+    el("h3", {}, "Compactions"), timeline,
     el("h3", {}, "Store"), health,
   );
 
@@ -191,6 +227,36 @@ export function mountPanel(container, options) {
     dagList.replaceChildren(...rows);
   }
 
+  function drawTimeline(dag) {
+    const folds = compactions(dag);
+    if (!folds.length) {
+      timeline.replaceChildren(el("p", { class: "vv-muted" }, "No compaction yet: the context holds every message whole."));
+      return;
+    }
+    const model = folds.reduce((sum, fold) => sum + fold.modelTokens, 0);
+    const fallbacks = folds.filter((fold) => fold.fallback).length;
+    const truncations = folds.filter((fold) => fold.truncated).length;
+    const count = (n, one, many) => `${grouped(n)} ${n === 1 ? one : many}`;
+    timeline.replaceChildren(
+      el("p", { class: "vv-muted", "data-compactions": folds.length },
+        `${count(folds.length, "fold", "folds")}; a model summarizer read ${grouped(model)} tokens for them` +
+        (fallbacks ? `; ${count(fallbacks, "was", "were")} written by a fallback in place of the configured summarizer` : "") +
+        (truncations ? `; ${count(truncations, "made", "made")} room by truncation (no summarizer)` : "") + "."),
+      el("ol", { class: "vv-passes" }, folds.slice(0, TIMELINE_ROWS).map((fold) => el("li", { "data-id": fold.id, "data-before": fold.before, "data-after": fold.after },
+        el("div", { class: "vv-row" },
+          el("span", { class: "vv-muted" }, new Date(fold.at).toISOString().replace("T", " ").slice(0, 19)),
+          el("span", { class: "vv-depth", title: `depth ${fold.depth}` }, `D${fold.depth}`),
+          (fold.messages ? count(fold.messages, "message", "messages") : "") +
+            (fold.messages && fold.foldedSummaries ? " and " : "") +
+            (fold.foldedSummaries ? count(fold.foldedSummaries, "summary", "summaries") : "") +
+            ` (${grouped(fold.before)} tok) → ${grouped(fold.after)} tok`,
+          el("span", { class: "vv-muted" }, fold.summarizer),
+          fold.fallback ? el("span", { class: "vv-badge vv-warn" }, "fallback") : "",
+          fold.truncated ? el("span", { class: "vv-badge vv-warn" }, "truncated") : "")))),
+      folds.length > TIMELINE_ROWS ? el("p", { class: "vv-muted" }, `and ${grouped(folds.length - TIMELINE_ROWS)} earlier`) : "",
+    );
+  }
+
   function drawHealth(check) {
     health.replaceChildren(
       el("p", { class: check.ok ? "vv-ok" : "vv-error", "data-ok": check.ok }, check.ok ? "Healthy: " : "Needs attention: ", check.detail),
@@ -276,6 +342,7 @@ export function mountPanel(container, options) {
     if (state.disposed || generation !== state.generation) return;
     drawWindow(context, stats);
     drawDag(dag);
+    drawTimeline(dag);
     root.dataset.painted = String(Math.round(performance.now() - started));
     say(`Session ${state.sessionKey}`);
     // The store check reads every index file: it comes after the paint.

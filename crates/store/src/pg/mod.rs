@@ -1713,7 +1713,8 @@ impl HistoryStore for PgStore {
                         (SELECT count(*) FROM summary_edges e WHERE e.parent_id = s.id
                              AND e.child_message_id IS NOT NULL),
                         (SELECT coalesce(sum(m.tokens), 0)::BIGINT FROM summary_edges e
-                             JOIN messages m ON m.id = e.child_message_id WHERE e.parent_id = s.id)
+                             JOIN messages m ON m.id = e.child_message_id WHERE e.parent_id = s.id),
+                        s.level, s.summarizer, s.created_at
                  FROM summaries s WHERE s.conversation_id = $1 ORDER BY s.depth DESC, s.id",
                 &[&conversation.0],
             )
@@ -1739,6 +1740,9 @@ impl HistoryStore for PgStore {
                     .collect::<Result<_>>()?,
                 child_messages: count(&row, 6)?,
                 child_message_tokens: count(&row, 7)?,
+                level: at(&row, 8)?,
+                summarizer: at(&row, 9)?,
+                created_at_ms: at(&row, 10)?,
             });
         }
         let row = client
