@@ -1268,6 +1268,20 @@ fn a_write_ahead_log_truncated_under_a_running_server_loses_no_acknowledged_turn
         held > 0,
         "the turns are still in the log (else this tests nothing)"
     );
+    // Another process has the database open too (a reader, here this test), and shares
+    // SQLite's view of the log with the servers.
+    let reader = rusqlite::Connection::open(state.join("agents/main/lossless/vilvona.db")).unwrap();
+    reader
+        .set_db_config(
+            rusqlite::config::DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE,
+            true,
+        )
+        .unwrap();
+    reader
+        .query_row("SELECT count(*) FROM messages", [], |row| {
+            row.get::<_, i64>(0)
+        })
+        .unwrap();
     std::fs::OpenOptions::new()
         .write(true)
         .open(&wal)
@@ -1283,9 +1297,15 @@ fn a_write_ahead_log_truncated_under_a_running_server_loses_no_acknowledged_turn
     // A new server, started at once as the plugin does (the old one may still be exiting):
     // the database opens (the cut log discarded, not folded in). The host sends its queued
     // turn first, then the turns it runs; a commit sent twice is stored once.
+    // The reader lets go a second later: until then the new server's open waits.
+    let let_go = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_secs(1));
+        drop(reader);
+    });
     let mut old = client;
     let mut client = Client::start(&state);
     initialize(&mut client, json!({}));
+    let_go.join().unwrap();
     let status = old.child.wait().unwrap();
     assert!(status.success(), "{status}");
     let log = std::fs::read_to_string(&log_path).unwrap();

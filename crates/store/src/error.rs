@@ -40,7 +40,7 @@ pub enum StoreError {
     /// SQLite would write after a hole that the next open discards, so this process
     /// acknowledges nothing more.
     #[error(
-        "{path} was truncated or overwritten while this process had the database open: what it held since the last checkpoint is gone from the database (a host's history brings acknowledged turns back) and nothing more is stored through it (restart the process to open the database anew)"
+        "{path} was truncated or overwritten under a process that had the database open: what it held since the last checkpoint is gone from the database (a host's history brings acknowledged turns back) and nothing more is stored through it (restart the process to open the database anew)"
     )]
     LogLost {
         /// The write-ahead log file.

@@ -8,7 +8,7 @@
 //! the database anew, and a host's history brings back what the lost log held.
 
 use std::os::unix::fs::MetadataExt as _;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use rusqlite::{Connection, ErrorCode};
 
@@ -16,6 +16,41 @@ use crate::error::{DatabaseError, Result, StoreError};
 
 /// The magic numbers a write-ahead log starts with (big- or little-endian checksums).
 const LOG_MAGIC: [[u8; 4]; 2] = [[0x37, 0x7f, 0x06, 0x82], [0x37, 0x7f, 0x06, 0x83]];
+
+/// The write-ahead log beside the database at `path`.
+fn log_path_of(path: &Path) -> PathBuf {
+    let mut log = path.as_os_str().to_owned();
+    log.push("-wal");
+    PathBuf::from(log)
+}
+
+/// The log's first bytes: `None` when it is missing or holds no header (a checkpoint may
+/// truncate it to nothing; only an error of SQLite's says that was not one).
+fn log_header(log: &Path) -> Option<[u8; 4]> {
+    use std::io::Read as _;
+    let mut header = [0u8; 4];
+    std::fs::File::open(log)
+        .and_then(|mut file| file.read_exact(&mut header))
+        .ok()
+        .map(|()| header)
+}
+
+/// SQLite's errors for a file it cannot read as it expects: "not a database", an I/O error,
+/// "malformed".
+pub(crate) fn is_damage(error: &rusqlite::Error) -> bool {
+    matches!(
+        error.sqlite_error_code(),
+        Some(ErrorCode::NotADatabase | ErrorCode::SystemIoFailure | ErrorCode::DatabaseCorrupt)
+    )
+}
+
+/// The log of the database at `path`, when it is there but holds no log (cut to nothing, or
+/// overwritten): with one of [`is_damage`]'s errors, the log was cut under a process.
+pub(crate) fn cut_log(path: &Path) -> Option<PathBuf> {
+    let log = log_path_of(path);
+    let there = std::fs::metadata(&log).is_ok();
+    (there && !log_header(&log).is_some_and(|header| LOG_MAGIC.contains(&header))).then_some(log)
+}
 
 /// The database file this process opened: its path, device and inode.
 #[derive(Clone, Debug)]
@@ -38,20 +73,7 @@ impl OpenedDatabase {
     }
 
     fn log_path(&self) -> PathBuf {
-        let mut log = self.path.clone().into_os_string();
-        log.push("-wal");
-        PathBuf::from(log)
-    }
-
-    /// The log's first bytes: `None` when it is missing or holds no header (a checkpoint may
-    /// truncate it to nothing; only an error of SQLite's says that was not one).
-    fn log_header(&self) -> Option<[u8; 4]> {
-        use std::io::Read as _;
-        let mut header = [0u8; 4];
-        std::fs::File::open(self.log_path())
-            .and_then(|mut file| file.read_exact(&mut header))
-            .ok()
-            .map(|()| header)
+        log_path_of(&self.path)
     }
 
     /// Whether the path still names the file opened, and its log (when it holds anything)
@@ -65,7 +87,7 @@ impl OpenedDatabase {
                 });
             }
         }
-        match self.log_header() {
+        match log_header(&self.log_path()) {
             Some(header) if !LOG_MAGIC.contains(&header) => Err(StoreError::LogLost {
                 path: self.log_path(),
             }),
@@ -80,19 +102,15 @@ impl OpenedDatabase {
         let StoreError::Sqlite(DatabaseError(sqlite)) = &error else {
             return error;
         };
-        let damaged = matches!(
-            sqlite.sqlite_error_code(),
-            Some(ErrorCode::NotADatabase | ErrorCode::SystemIoFailure | ErrorCode::DatabaseCorrupt)
-        );
-        if !damaged {
+        if !is_damage(sqlite) {
             return error;
         }
         match self.check() {
             Err(gone) => gone,
-            Ok(()) if self.log_header().is_none() => StoreError::LogLost {
-                path: self.log_path(),
+            Ok(()) => match cut_log(&self.path) {
+                Some(log) => StoreError::LogLost { path: log },
+                None => error,
             },
-            Ok(()) => error,
         }
     }
 }

@@ -189,10 +189,36 @@ CREATE TABLE compression_dictionaries (
 /// The schema version this build writes (`PRAGMA user_version`).
 pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
 
+/// How long an open waits for the processes that still hold a database whose write-ahead log
+/// was cut under them (each exits at its next use of it).
+const CUT_LOG_WAIT: Duration = Duration::from_secs(10);
+
 /// Opens a connection with the store's settings: WAL, `synchronous=NORMAL`, foreign keys,
 /// a busy timeout, and a statement cache large enough for every query the store makes.
+///
+/// A database whose log was cut while another process holds it cannot be read here until
+/// that process lets go: SQLite shares that process's view of the log, which claims what the
+/// cut took. The open is tried again (a new connection each time: only the first process to
+/// map the log's index afresh rebuilds it) for up to [`CUT_LOG_WAIT`], then fails with
+/// [`StoreError::LogLost`], a passing failure.
 pub(crate) fn connect(path: &Path) -> Result<Connection> {
+    let started = std::time::Instant::now();
+    loop {
+        match connect_once(path) {
+            Err(StoreError::LogLost { .. }) if started.elapsed() < CUT_LOG_WAIT => {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            other => return other,
+        }
+    }
+}
+
+fn connect_once(path: &Path) -> Result<Connection> {
     let connection = Connection::open(path)?;
+    // Before anything is read: a connection that closes last must not fold a cut log into
+    // the database as zeroed pages. The writer checkpoints at its end instead, once it has
+    // seen that the files are whole (`Writer::checkpoint_if_whole`).
+    connection.set_db_config(DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, true)?;
     connection.busy_timeout(Duration::from_secs(30))?;
     connection.set_prepared_statement_cache_capacity(64);
     let corrupt = |error: rusqlite::Error| StoreError::Corrupt {
@@ -216,7 +242,8 @@ pub(crate) fn connect(path: &Path) -> Result<Connection> {
             other => break other,
         }
     };
-    // The first read of the header: a file that is not SQLite fails here.
+    // The first read of the header: a file that is not SQLite fails here, and so does one
+    // whose log was cut while another process holds it (tried again by `connect`).
     patiently(&|| {
         connection
             .query_row("SELECT count(*) FROM sqlite_master", [], |row| {
@@ -224,7 +251,10 @@ pub(crate) fn connect(path: &Path) -> Result<Connection> {
             })
             .map(|_| ())
     })
-    .map_err(corrupt)?;
+    .map_err(|error| match crate::opened::cut_log(path) {
+        Some(log) if crate::opened::is_damage(&error) => StoreError::LogLost { path: log },
+        _ => corrupt(error),
+    })?;
     patiently(&|| connection.pragma_update(None, "journal_mode", "WAL")).map_err(corrupt)?;
     connection.pragma_update(None, "synchronous", "NORMAL")?;
     connection.pragma_update(None, "foreign_keys", "ON")?;
@@ -232,10 +262,6 @@ pub(crate) fn connect(path: &Path) -> Result<Connection> {
     // Checkpoint often and truncate the WAL after: its size stays small on disk.
     connection.pragma_update(None, "wal_autocheckpoint", 256)?;
     connection.pragma_update(None, "journal_size_limit", 1_048_576)?;
-    // No connection folds the log into the database as it closes: a log cut under the process
-    // would be folded in as zeroed pages and ruin the database. The writer checkpoints at its
-    // end instead, once it has seen that the files are whole (`Writer::checkpoint_if_whole`).
-    connection.set_db_config(DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, true)?;
     Ok(connection)
 }
 
