@@ -132,6 +132,28 @@ fn user(text: &str, at: i64) -> Value {
     json!({"role": "user", "content": text, "timestamp": at})
 }
 
+/// `texts` holds each of `marks` once, in that order (a session's turns, each stored once).
+fn each_once_in_order(texts: &str, marks: impl IntoIterator<Item = String>) {
+    let mut after = 0;
+    for mark in marks {
+        assert_eq!(texts.matches(&mark).count(), 1, "{mark}: {texts}");
+        let at = texts.find(&mark).unwrap();
+        assert!(at >= after, "{mark} is out of order: {texts}");
+        after = at;
+    }
+}
+
+/// The session's whole context, as one text (the turns it holds, in order).
+fn whole_context(client: &mut Client, id: u64, session: &Value) -> String {
+    client
+        .call(
+            id,
+            "assemble",
+            merged(session, json!({"messages": [], "tokenBudget": 1_000_000})),
+        )
+        .to_string()
+}
+
 fn initialize(client: &mut Client, config: Value) -> Value {
     client.call(
         1,
@@ -1044,20 +1066,12 @@ fn turns_the_store_lost_come_back_from_the_hosts_history() {
         "assemble",
         with(json!({"messages": history, "tokenBudget": 1_000_000})),
     );
-    let texts = assembled["messages"].to_string();
-    for n in 0..6 {
-        assert_eq!(
-            texts.matches(&format!("heron{n} key")).count(),
-            1,
-            "turn {n}: {texts}"
-        );
-    }
+    // Each once, the lost turns after the kept ones.
+    each_once_in_order(
+        &assembled["messages"].to_string(),
+        (0..6).map(|n| format!("heron{n} key")),
+    );
     assert_eq!(stored_count(&mut client, 52, "healed"), 12);
-    // In order: the lost turns after the kept ones.
-    let order: Vec<usize> = (0..6)
-        .map(|n| texts.find(&format!("heron{n} key")).unwrap())
-        .collect();
-    assert!(order.windows(2).all(|pair| pair[0] < pair[1]), "{texts}");
     // Searchable, and stored once: a second assembly with the same history adds nothing, and
     // the next turn follows them.
     let hits = client.call(
@@ -1150,20 +1164,10 @@ fn a_state_directory_removed_under_a_running_server_acknowledges_nothing_it_cann
         let reply = commit(&mut client, n, &mut history).unwrap();
         assert_eq!(reply["result"]["status"], "committed", "{reply}");
     }
-    let texts = client
-        .call(
-            51,
-            "assemble",
-            with(json!({"messages": [], "tokenBudget": 1_000_000})),
-        )
-        .to_string();
-    for n in 0..8 {
-        assert_eq!(
-            texts.matches(&format!("plover{n} code")).count(),
-            1,
-            "turn {n}: {texts}"
-        );
-    }
+    each_once_in_order(
+        &whole_context(&mut client, 51, &session),
+        (0..8).map(|n| format!("plover{n} code")),
+    );
     drop(client.stdin.take());
     client.child.wait().unwrap();
 }
@@ -1316,21 +1320,10 @@ fn a_write_ahead_log_truncated_under_a_running_server_loses_no_acknowledged_turn
     }
     let reply = commit(&mut client, 49, 7).unwrap();
     assert_eq!(reply["result"]["status"], "duplicate", "{reply}");
-    let texts = client
-        .call(
-            51,
-            "assemble",
-            with(json!({"messages": [], "tokenBudget": 1_000_000})),
-        )
-        .to_string();
-    let order: Vec<usize> = (0..8)
-        .map(|n| {
-            let code = format!("sandpiper{n} code");
-            assert_eq!(texts.matches(&code).count(), 1, "turn {n}: {texts}");
-            texts.find(&code).unwrap()
-        })
-        .collect();
-    assert!(order.windows(2).all(|pair| pair[0] < pair[1]), "{texts}");
+    each_once_in_order(
+        &whole_context(&mut client, 51, &session),
+        (0..8).map(|n| format!("sandpiper{n} code")),
+    );
     drop(client.stdin.take());
     client.child.wait().unwrap();
 }
@@ -1418,20 +1411,10 @@ fn a_disk_that_fills_under_a_running_server_acknowledges_nothing_it_cannot_keep(
 
     let mut client = Client::start(&state);
     initialize(&mut client, json!({}));
-    let texts = client
-        .call(
-            51,
-            "assemble",
-            with(json!({"messages": [], "tokenBudget": 1_000_000})),
-        )
-        .to_string();
-    for n in 0..8 {
-        assert_eq!(
-            texts.matches(&format!("avocet{n} code")).count(),
-            1,
-            "turn {n}: {texts}"
-        );
-    }
+    each_once_in_order(
+        &whole_context(&mut client, 51, &session),
+        (0..8).map(|n| format!("avocet{n} code")),
+    );
     drop(client.stdin.take());
     client.child.wait().unwrap();
 }

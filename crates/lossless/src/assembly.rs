@@ -363,46 +363,75 @@ impl LosslessEngine {
             }
             reconciled.insert(conversation, ());
         }
-        let store = &self.inner.store;
-        let Some(row) = store
+        let Some(row) = self
+            .inner
+            .store
             .conversation_by_id(conversation)
             .await
             .map_err(|error| store_error("conversation", error))?
         else {
             return Ok(());
         };
+        let held = row.message_count as usize;
+        if held == 0 || held >= host.len() {
+            return Ok(());
+        }
+        self.store_lost_tail(&row, &host[held - 1..], "the host's history")
+            .await?;
+        Ok(())
+    }
+
+    /// Stores again, each at its place, the messages a store lost after its last one, from a
+    /// second record of the session: `record` holds the record's messages from the place of
+    /// the store's last message on (from the first place when the store holds none). Only
+    /// where the store's last message is the record's first (role and text): a record that
+    /// does not meet the store there (sanitized, cut, another session) never rewrites it.
+    /// `None` when they do not meet, else how many messages were stored.
+    pub(crate) async fn store_lost_tail(
+        &self,
+        row: &Conversation,
+        record: &[AgentMessage],
+        source: &str,
+    ) -> Result<Option<usize>, EngineError> {
         let held = row.message_count;
-        if held == 0 || held as usize >= host.len() {
-            return Ok(());
+        let tail = match (held, record.split_first()) {
+            (0, _) => record,
+            (_, None) => return Ok(None),
+            (_, Some((first, tail))) => {
+                let last = self
+                    .inner
+                    .store
+                    .messages_in_seq_range(row.id, held - 1, held - 1)
+                    .await
+                    .map_err(|error| store_error("reading the last stored message", error))?;
+                let meets = last.first().is_some_and(|stored| {
+                    stored.role == first.role() && stored.text() == first.plain_text()
+                });
+                if !meets {
+                    return Ok(None);
+                }
+                tail
+            }
+        };
+        if tail.is_empty() {
+            return Ok(Some(0));
         }
-        let last = store
-            .messages_in_seq_range(conversation, held - 1, held - 1)
-            .await
-            .map_err(|error| store_error("reading the last stored message", error))?;
-        let host_last = &host[held as usize - 1];
-        let meets = last.first().is_some_and(|stored| {
-            stored.role == host_last.role() && stored.text() == host_last.plain_text()
-        });
-        if !meets {
-            return Ok(());
-        }
-        let tail = &host[held as usize..];
         tracing::warn!(
-            conversation = conversation.0,
+            conversation = row.id.0,
             missing = tail.len(),
-            "the store is behind the host's history (lost with a crash or a restored copy); storing the missing messages again"
+            source,
+            "the store is behind a second record of the session (lost with a crash, a cut log or a restored copy); storing the missing messages again from it"
         );
-        let session = row.session_id.clone();
         self.ingest_messages(
-            &session,
+            &row.session_id,
             row.session_key.as_deref(),
             tail,
             |index| MessageIdentity::default().at(held + index as u64),
             None,
         )
         .await?;
-        self.forget_conversation_row(&session);
-        Ok(())
+        self.forget_conversation_row(&row.session_id);
+        Ok(Some(tail.len()))
     }
 
     pub(crate) async fn assemble_for(

@@ -391,8 +391,9 @@ impl LosslessEngine {
         ) else {
             return Ok(());
         };
-        let store = &self.inner.store;
-        let Some(row) = store
+        let Some(row) = self
+            .inner
+            .store
             .conversation_by_id(conversation)
             .await
             .map_err(|error| store_error("conversation", error))?
@@ -410,46 +411,25 @@ impl LosslessEngine {
         })
         .await
         .map_err(|error| EngineError::caused_by("lossless reading the host's record", error))?;
-        let mut record = match read {
+        let record = match read {
             Ok(record) => record,
             Err(error) => {
                 tracing::warn!(%error, session, held, at, "the store lacks messages the host places before this turn, and the host's record could not give them; the turn is stored after what the store holds");
                 return Ok(());
             }
         };
-        if held > 0 {
-            let last = store
-                .messages_in_seq_range(conversation, held - 1, held - 1)
-                .await
-                .map_err(|error| store_error("reading the last stored message", error))?;
-            let meets = last.first().is_some_and(|stored| {
-                stored.role == record[0].role() && stored.text() == record[0].plain_text()
-            });
-            if !meets {
-                tracing::warn!(
-                    session,
-                    held,
-                    at,
-                    "the store lacks messages the host places before this turn, but its last message is not the host's at that place; the turn is stored after what the store holds"
-                );
-                return Ok(());
-            }
-            record.remove(0);
+        if self
+            .store_lost_tail(&row, &record, "OpenClaw's record")
+            .await?
+            .is_none()
+        {
+            tracing::warn!(
+                session,
+                held,
+                at,
+                "the store lacks messages the host places before this turn, but its last message is not the host's at that place; the turn is stored after what the store holds"
+            );
         }
-        tracing::warn!(
-            session,
-            missing = record.len(),
-            "the store is behind the host's record (lost with a crash or a cut log); storing the missing messages again from it"
-        );
-        self.ingest_messages(
-            &row.session_id,
-            row.session_key.as_deref(),
-            &record,
-            |index| MessageIdentity::default().at(held + index as u64),
-            None,
-        )
-        .await?;
-        self.forget_conversation_row(&row.session_id);
         Ok(())
     }
 }
