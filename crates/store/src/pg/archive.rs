@@ -1,5 +1,6 @@
 //! Export and import on PostgreSQL: the same archive, the same rules and the same read-back
-//! check as on SQLite (`crate::archive`), in PostgreSQL's SQL.
+//! check as on SQLite (twin: `crate::sqlite::archive`; the checks both make:
+//! `crate::archive`), in PostgreSQL's SQL.
 
 use std::collections::{BTreeMap, HashMap};
 

@@ -1,4 +1,4 @@
-//! Forgetting on PostgreSQL: the plan `crate::forget` applies on SQLite, applied in one
+//! Forgetting on PostgreSQL: the plan `crate::sqlite::forget` applies on SQLite, applied in one
 //! transaction here. There is no index to queue work for (searches read the database), and
 //! ids come from sequences, so no row's id is ever reused.
 

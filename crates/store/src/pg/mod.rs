@@ -1,5 +1,7 @@
 //! The PostgreSQL backend: the same [`HistoryStore`] over a database that several gateways on
-//! several machines share.
+//! several machines share. Its twin is `crate::sqlite`: the same jobs in files of the same
+//! names (`archive`, `forget`, `schema`, `search`; reads and writes are here, in `mod.rs`), and
+//! `follow` keeps this node's index beside the shared rows.
 //!
 //! - **Driver**: tokio-postgres with a deadpool pool. The trait is async and PostgreSQL is a
 //!   network service, so an async driver keeps no thread waiting on the network; tokio-postgres
@@ -38,12 +40,13 @@ use vilvona_core::archive::{ImportReport, SessionArchive};
 use vilvona_core::clock::now_ms;
 use vilvona_core::summarize::SummaryKind;
 
+use crate::HistoryStore;
 use crate::dag::{self, DagSummary, DagView};
 use crate::error::{PostgresError, Result, StoreError};
 use crate::index::IndexedRow;
+use crate::rows::prepare;
+use crate::rows::{POSITION_STEP, hex16, summary_id};
 use crate::types::*;
-use crate::writer::{POSITION_STEP, hex16, summary_id};
-use crate::{HistoryStore, prepare};
 use follow::Follower;
 
 use crate::index::SharedEmbedder;
@@ -856,7 +859,7 @@ impl HistoryStore for PgStore {
                 keys.push(
                     message
                         .ingest_key
-                        .unwrap_or_else(|| crate::writer::sequence_key(conversation, seq))
+                        .unwrap_or_else(|| crate::rows::sequence_key(conversation, seq))
                         .to_vec(),
                 );
                 times.push(message.created_at_ms);

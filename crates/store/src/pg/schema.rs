@@ -1,5 +1,5 @@
 //! The PostgreSQL schema and its versioned migrations (`vilvona_schema.version`), the same
-//! tables as the SQLite schema in PostgreSQL's types.
+//! tables as the SQLite schema (twin: `crate::sqlite::schema`) in PostgreSQL's types.
 
 use tokio_postgres::Client;
 

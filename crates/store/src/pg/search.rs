@@ -1,4 +1,5 @@
-//! Searches on PostgreSQL, as on SQLite: this node's tantivy index answers text and phrase
+//! Searches on PostgreSQL, as on SQLite (twin: `crate::sqlite::search`; what both do alike:
+//! `crate::search`): this node's tantivy index answers text and phrase
 //! queries (BM25) for the rows it holds, and the rows beyond its watermark are read from the
 //! database, screened in SQL (their lowercased JSON must hold the query's ASCII terms) and
 //! matched with the same tokenizer and phrase rule, scored by the share of the query's words

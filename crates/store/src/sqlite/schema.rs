@@ -1,4 +1,5 @@
-//! Connection setup and versioned migrations keyed on `PRAGMA user_version`.
+//! Connection setup and versioned migrations keyed on `PRAGMA user_version` (twin:
+//! `crate::pg::schema`).
 
 use std::path::Path;
 use std::time::Duration;
@@ -149,7 +150,7 @@ CREATE TABLE store_state (
     // and archiving.
     Migration {
         rewrites_data: false,
-        backfill: Some(crate::blobs::backfill_references),
+        backfill: Some(super::blobs::backfill_references),
         sql: r#"
 CREATE TABLE blob_references (
     message_id INTEGER NOT NULL REFERENCES messages (id),
@@ -251,8 +252,8 @@ fn connect_once(path: &Path) -> Result<Connection> {
             })
             .map(|_| ())
     })
-    .map_err(|error| match crate::opened::cut_log(path) {
-        Some(log) if crate::opened::is_damage(&error) => StoreError::LogLost { path: log },
+    .map_err(|error| match super::opened::cut_log(path) {
+        Some(log) if super::opened::is_damage(&error) => StoreError::LogLost { path: log },
         _ => corrupt(error),
     })?;
     patiently(&|| connection.pragma_update(None, "journal_mode", "WAL")).map_err(corrupt)?;

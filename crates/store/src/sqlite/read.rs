@@ -757,7 +757,7 @@ fn for_each_message_between(
                     continue;
                 }
             };
-            crate::blobs::indexed_text(connection, &mut text, &blobs)?;
+            super::blobs::indexed_text(connection, &mut text, &blobs)?;
             f(IndexRow {
                 row: IndexedRow::Message(id),
                 conversation,

@@ -13,62 +13,29 @@ use std::time::{Duration, Instant};
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 use tokio::sync::oneshot;
 
-use crate::archive;
-use crate::blobs;
+use super::opened::OpenedDatabase;
+use super::write::{FaultPlan, WriteCounter, WriteTx};
+use super::{archive, blobs, forget, read};
 use crate::codec::{self, EncoderSlot};
 use crate::error::{Result, StoreError};
-use crate::forget;
 use crate::index::filler::{FILL_BATCH, VectorFiller, embed_rows};
 use crate::index::{IndexDoc, IndexRow, IndexSink, IndexSlot, IndexedRow};
-use crate::opened::OpenedDatabase;
-use crate::read;
+use crate::rows::{POSITION_STEP, PreparedMessage, hex16, sequence_key, summary_id};
 use crate::types::*;
-use crate::write::{FaultPlan, WriteCounter, WriteTx};
 use vilvona_core::archive::{ImportReport, SessionArchive};
 use vilvona_core::clock::now_ms;
-
-/// Gap between appended context positions: room to insert without renumbering.
-pub(crate) const POSITION_STEP: i64 = 1024;
 
 /// How long added documents may wait for an index commit (searches do not wait for it: rows
 /// beyond the committed watermark are searched in SQLite).
 const INDEX_COMMIT_DELAY: Duration = Duration::from_millis(250);
+
 /// How long `rebuild-index` waits for another process to release the index.
 const REBUILD_LOCK_WAIT: Duration = Duration::from_secs(10);
+
 /// Commit the index once this many documents wait.
 const INDEX_COMMIT_DOCS: usize = 4096;
 
 pub(crate) type Reply<T> = oneshot::Sender<Result<T>>;
-
-/// A message ready for the writer: serialized and keyed by the caller.
-#[derive(Debug)]
-pub(crate) struct PreparedMessage {
-    pub(crate) json: String,
-    /// `json`, compressed as SQLite stores it (done before the writer thread, across cores;
-    /// empty for PostgreSQL).
-    pub(crate) compressed: Vec<u8>,
-    pub(crate) role: String,
-    pub(crate) text: String,
-    /// The blobs its text blocks moved to.
-    pub(crate) blobs: Vec<String>,
-    pub(crate) tokens: u64,
-    /// The key of an identified message (entry id or turn slot); `None` for one that is only
-    /// recognised by its place, or not at all.
-    pub(crate) ingest_key: Option<[u8; 16]>,
-    pub(crate) place: Option<u64>,
-    pub(crate) created_at_ms: i64,
-}
-
-/// The key of a message that carries no identity of its own: unique by its sequence number.
-pub(crate) fn sequence_key(conversation: ConversationId, seq: i64) -> [u8; 16] {
-    let mut hasher = blake3::Hasher::new();
-    hasher.update(b"seq\0");
-    hasher.update(&conversation.0.to_le_bytes());
-    hasher.update(&seq.to_le_bytes());
-    let mut key = [0u8; 16];
-    key.copy_from_slice(&hasher.finalize().as_bytes()[..16]);
-    key
-}
 
 pub(crate) enum Command {
     Conversation {
@@ -207,6 +174,7 @@ struct Retry {
 
 /// The first pause after a failure of background index work.
 const RETRY_FIRST: Duration = Duration::from_secs(1);
+
 /// The longest pause between tries of failing background index work.
 const RETRY_MOST: Duration = Duration::from_secs(60);
 
@@ -254,10 +222,13 @@ impl Retry {
 
 /// How often a writer without the index lock tries to take it over.
 const LOCK_RETRY: Duration = Duration::from_secs(2);
+
 /// Rows behind the index's watermark from which catching up leaves the vectors to the filler.
 const EMBED_LATER_ROWS: i64 = 1_000;
+
 /// How often the writer looks for a batch of vectors the filler is making.
 const FILL_POLL: Duration = Duration::from_millis(50);
+
 /// How often the index's maintainer looks for rows written by other processes.
 const FOREIGN_ROWS_POLL: Duration = Duration::from_secs(1);
 
@@ -1142,7 +1113,9 @@ impl Writer {
         // the index (this one, at once), even if this one dies before.
         transaction
             .prepare_cached("INSERT OR IGNORE INTO index_tasks (key) VALUES (?1)")?
-            .execute([forget::task_key(IndexedRow::Summary(update.row_id.0))])?;
+            .execute([crate::forget::task_key(IndexedRow::Summary(
+                update.row_id.0,
+            ))])?;
         transaction.commit()?;
         self.apply_index_tasks()?;
         Ok(true)
@@ -1417,7 +1390,7 @@ impl Writer {
         };
         let watermark = sink.watermark();
         for key in &keys {
-            let row = forget::task_row(*key);
+            let row = crate::forget::task_row(*key);
             sink.remove(row);
             let held = match row {
                 IndexedRow::Message(id) => id <= watermark.messages,
@@ -1485,33 +1458,4 @@ fn waiting_rows(
     }
     rows.retain(|row| !archived.contains(&row.conversation()));
     Ok(rows)
-}
-
-pub(crate) fn hex16(bytes: &[u8]) -> String {
-    bytes[..8]
-        .iter()
-        .map(|byte| format!("{byte:02x}"))
-        .collect()
-}
-
-/// Content address of a summary: its conversation, shape, children and text.
-pub(crate) fn summary_id(
-    conversation: ConversationId,
-    summary: &NewSummary,
-    items: &[(i64, ItemRef)],
-) -> String {
-    let mut hasher = blake3::Hasher::new();
-    hasher.update(&conversation.0.to_le_bytes());
-    hasher.update(&summary.depth.to_le_bytes());
-    hasher.update(kind_str(summary.kind).as_bytes());
-    for (_, item) in items {
-        let (tag, id) = match item {
-            ItemRef::Message(id) => (b'm', id.0),
-            ItemRef::Summary(id) => (b's', id.0),
-        };
-        hasher.update(&[tag]);
-        hasher.update(&id.to_le_bytes());
-    }
-    hasher.update(summary.content.as_bytes());
-    format!("sum_{}", hex16(hasher.finalize().as_bytes()))
 }

@@ -1,4 +1,5 @@
-//! The tantivy recall index: derived from SQLite, never the source of truth.
+//! The tantivy recall index, text and vectors (`vectors`, filled by `filler`): derived from the
+//! rows of either backend, never the source of truth.
 //!
 //! Text is indexed, not stored: hits carry a key (`message id × 2` or `summary id × 2 + 1`) and
 //! the text for snippets comes from SQLite. Each commit carries a payload with the highest
