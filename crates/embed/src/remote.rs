@@ -1,16 +1,16 @@
 //! A model behind an OpenAI-compatible `/embeddings` endpoint.
 //!
 //! Texts are cut into sentences, grouped as the static model groups its pieces, and sent in
-//! batches. A call is retried with a doubling backoff when the endpoint is unreachable, rate
-//! limited or failing; refused credentials stop calls for a cooldown (the summarizer client's
-//! policy). Requests go through a thread of the embedder's own, so that a caller inside an
-//! async runtime or outside one blocks only itself.
+//! batches through `vilvona-openai`'s client, as the summarizer's requests are: retried with a
+//! doubling backoff when the endpoint is unreachable, rate limited or failing, and stopped for
+//! a cooldown after refused credentials. Requests go through a thread of the embedder's own,
+//! so that a caller inside an async runtime or outside one blocks only itself.
 
 use std::sync::mpsc::{Receiver, Sender, channel};
-use std::sync::{Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{Value, json};
+use vilvona_openai::{Client, Endpoint, Failure, Retries};
 
 use crate::{EmbedError, Embedder, MAX_EMBEDDED_BYTES, floor_char_boundary, grouped, sentences};
 
@@ -44,17 +44,7 @@ pub struct RemoteSettings {
 /// One request to the embedder's thread: the inputs and where to answer.
 struct Call {
     inputs: Vec<String>,
-    reply: Sender<Result<Vec<Vec<f32>>, Failure>>,
-}
-
-/// How a request failed.
-enum Failure {
-    /// Worth retrying (a timeout, a connection refused, 408/409/425/429, a 5xx).
-    Transient(String),
-    /// Credentials refused (401, 403).
-    Refused(String),
-    /// Anything else: retrying would not help.
-    Failed(String),
+    reply: Sender<Result<Vec<Vec<f32>>, EmbedError>>,
 }
 
 /// An embedder that asks an OpenAI-compatible endpoint.
@@ -62,7 +52,6 @@ pub struct RemoteEmbedder {
     name: String,
     settings: RemoteSettings,
     calls: Sender<Call>,
-    circuit_open_until: Mutex<Option<Instant>>,
 }
 
 impl std::fmt::Debug for RemoteEmbedder {
@@ -77,19 +66,19 @@ impl std::fmt::Debug for RemoteEmbedder {
 impl RemoteEmbedder {
     /// An embedder for `settings`; nothing is sent until texts are embedded.
     pub fn new(settings: RemoteSettings) -> Result<RemoteEmbedder, EmbedError> {
-        let client = reqwest::Client::builder()
-            .timeout(settings.timeout)
-            .build()
-            .map_err(|error| EmbedError::Failed(format!("building the HTTP client: {error}")))?;
+        let client = Client::new(Endpoint {
+            base_url: settings.base_url.clone(),
+            api_key: settings.api_key.clone(),
+            timeout: settings.timeout,
+        })
+        .map_err(|failure| EmbedError::Failed(failure.to_string()))?;
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .map_err(|error| EmbedError::Failed(format!("starting the HTTP runtime: {error}")))?;
         let (calls, received) = channel();
-        let url = format!("{}/embeddings", settings.base_url.trim_end_matches('/'));
         let request = Request {
             client,
-            url,
             settings: settings.clone(),
         };
         std::thread::Builder::new()
@@ -105,7 +94,6 @@ impl RemoteEmbedder {
             name,
             settings,
             calls,
-            circuit_open_until: Mutex::new(None),
         })
     }
 
@@ -113,69 +101,17 @@ impl RemoteEmbedder {
     fn embed_inputs(&self, inputs: Vec<String>) -> Result<Vec<Vec<f32>>, EmbedError> {
         let mut vectors = Vec::with_capacity(inputs.len());
         for batch in inputs.chunks(self.settings.batch_size.max(1)) {
-            vectors.extend(self.embed_batch(batch)?);
+            let stopped = || EmbedError::Failed("the HTTP thread stopped".to_owned());
+            let (reply, answer) = channel();
+            self.calls
+                .send(Call {
+                    inputs: batch.to_vec(),
+                    reply,
+                })
+                .map_err(|_| stopped())?;
+            vectors.extend(answer.recv().map_err(|_| stopped())??);
         }
         Ok(vectors)
-    }
-
-    fn embed_batch(&self, batch: &[String]) -> Result<Vec<Vec<f32>>, EmbedError> {
-        let mut attempt = 0;
-        loop {
-            if self.circuit_open() {
-                return Err(EmbedError::Unavailable(format!(
-                    "{}: the credentials were refused; waiting out the cooldown",
-                    self.settings.base_url
-                )));
-            }
-            let (reply, answer) = channel();
-            let sent = self.calls.send(Call {
-                inputs: batch.to_vec(),
-                reply,
-            });
-            let outcome = match sent {
-                Ok(()) => answer
-                    .recv()
-                    .unwrap_or_else(|_| Err(Failure::Failed("the HTTP thread stopped".to_owned()))),
-                Err(_) => Err(Failure::Failed("the HTTP thread stopped".to_owned())),
-            };
-            match outcome {
-                Ok(vectors) => return Ok(vectors),
-                Err(Failure::Transient(detail)) if attempt < self.settings.retries => {
-                    attempt += 1;
-                    tracing::debug!(attempt, %detail, "an embedding request failed; retrying");
-                    std::thread::sleep(
-                        self.settings
-                            .backoff
-                            .saturating_mul(1 << (attempt - 1).min(6)),
-                    );
-                }
-                Err(Failure::Transient(detail)) => return Err(EmbedError::Unavailable(detail)),
-                Err(Failure::Refused(detail)) => {
-                    *self
-                        .circuit_open_until
-                        .lock()
-                        .unwrap_or_else(PoisonError::into_inner) =
-                        Some(Instant::now() + self.settings.auth_cooldown);
-                    return Err(EmbedError::Unavailable(detail));
-                }
-                Err(Failure::Failed(detail)) => return Err(EmbedError::Failed(detail)),
-            }
-        }
-    }
-
-    fn circuit_open(&self) -> bool {
-        let mut open = self
-            .circuit_open_until
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        match *open {
-            Some(until) if Instant::now() < until => true,
-            Some(_) => {
-                *open = None;
-                false
-            }
-            None => false,
-        }
     }
 }
 
@@ -240,8 +176,7 @@ impl Embedder for RemoteEmbedder {
 
 /// What the thread needs to send a request.
 struct Request {
-    client: reqwest::Client,
-    url: String,
+    client: Client,
     settings: RemoteSettings,
 }
 
@@ -254,53 +189,41 @@ fn serve(runtime: &tokio::runtime::Runtime, request: &Request, calls: &Receiver<
 }
 
 impl Request {
-    async fn send(&self, inputs: &[String]) -> Result<Vec<Vec<f32>>, Failure> {
-        let url = &self.url;
-        let mut body = json!({
-            "model": self.settings.model,
-            "input": inputs,
-            "encoding_format": "float",
-        });
-        if let Some(dimensions) = self.settings.dimensions {
-            body["dimensions"] = json!(dimensions);
-        }
-        let mut request = self.client.post(url).json(&body);
-        if let Some(key) = &self.settings.api_key {
-            request = request.bearer_auth(key);
-        }
-        let transport = |error: reqwest::Error| {
-            Failure::Transient(if error.is_timeout() {
-                format!(
-                    "{url}: no answer within {} ms",
-                    self.settings.timeout.as_millis()
-                )
-            } else {
-                format!("{url}: {error}")
-            })
+    /// One batch's vectors, retried as the settings say; a failure worth trying later (the
+    /// endpoint down, the credentials refused) is `Unavailable`.
+    async fn send(&self, inputs: &[String]) -> Result<Vec<Vec<f32>>, EmbedError> {
+        let settings = &self.settings;
+        let retries = Retries {
+            retries: settings.retries,
+            backoff: settings.backoff,
+            auth_cooldown: settings.auth_cooldown,
         };
-        let response = request.send().await.map_err(transport)?;
-        let status = response.status();
-        let text = response.text().await.map_err(transport)?;
-        if !status.is_success() {
-            let detail = format!(
-                "{url}: HTTP {}: {}",
-                status.as_u16(),
-                text.chars().take(300).collect::<String>()
-            );
-            return Err(match status.as_u16() {
-                401 | 403 => Failure::Refused(detail),
-                408 | 409 | 425 | 429 | 500..=599 => Failure::Transient(detail),
-                _ => Failure::Failed(detail),
-            });
+        let body = |model: &str| {
+            let mut body = json!({"model": model, "input": inputs, "encoding_format": "float"});
+            if let Some(dimensions) = settings.dimensions {
+                body["dimensions"] = json!(dimensions);
+            }
+            body
+        };
+        let models = std::slice::from_ref(&settings.model);
+        match self
+            .client
+            .call("embeddings", models, &retries, body, |answer| {
+                parse(answer, inputs.len())
+            })
+            .await
+        {
+            Ok((_, vectors)) => Ok(vectors),
+            Err(failure @ (Failure::Transient(_) | Failure::Refused(_))) => {
+                Err(EmbedError::Unavailable(failure.to_string()))
+            }
+            Err(failure) => Err(EmbedError::Failed(failure.to_string())),
         }
-        parse(&text, inputs.len()).map_err(|problem| Failure::Failed(format!("{url}: {problem}")))
     }
 }
 
 /// The response's vectors, normalised, in the inputs' order.
-fn parse(text: &str, inputs: usize) -> Result<Vec<Vec<f32>>, String> {
-    let value: Value =
-        serde_json::from_str(text).map_err(|error| format!("the response is not JSON: {error}"))?;
+fn parse(value: &Value, inputs: usize) -> Result<Vec<Vec<f32>>, String> {
     let data = value["data"]
         .as_array()
         .ok_or("the response has no `data` list")?;

@@ -3,8 +3,8 @@
 //! an auth circuit. [`DegradingSummarizer`] puts the extractive default behind it so that a
 //! model that cannot be reached never stops the agent.
 
-use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use serde::Deserialize;
@@ -19,6 +19,7 @@ use vilvona_summarize::ExtractiveSummarizer;
 use crate::config::ModelConfig;
 use crate::model::ModelError;
 use crate::openai::OpenAiClient;
+use vilvona_openai::Retries;
 
 pub use vilvona_core::summarize::SummarizerConfig;
 
@@ -64,10 +65,11 @@ pub fn summarizer_from_config(
             let primary = ModelSummarizer {
                 client,
                 models,
-                retries: *retries,
-                backoff: Duration::from_millis(*backoff_ms),
-                auth_cooldown: Duration::from_millis(*auth_cooldown_ms),
-                circuit_open_until: Mutex::new(None),
+                retries: Retries {
+                    retries: *retries,
+                    backoff: Duration::from_millis(*backoff_ms),
+                    auth_cooldown: Duration::from_millis(*auth_cooldown_ms),
+                },
                 estimator,
                 id: format!("openai:{model}/{PROMPT_VERSION}"),
             };
@@ -88,10 +90,8 @@ pub struct ModelSummarizer {
     client: OpenAiClient,
     /// The primary model, then the fallbacks, in order.
     models: Vec<String>,
-    retries: u32,
-    backoff: Duration,
-    auth_cooldown: Duration,
-    circuit_open_until: Mutex<Option<Instant>>,
+    /// Retries per model, and the cooldown after refused credentials.
+    retries: Retries,
     estimator: Arc<dyn TokenEstimator>,
     id: String,
 }
@@ -112,34 +112,13 @@ impl ModelSummarizer {
             id: format!("openai:{}/{PROMPT_VERSION}", client.model()),
             client,
             models,
-            retries,
-            backoff,
-            auth_cooldown,
-            circuit_open_until: Mutex::new(None),
+            retries: Retries {
+                retries,
+                backoff,
+                auth_cooldown,
+            },
             estimator,
         }
-    }
-
-    fn circuit_open(&self) -> bool {
-        let mut open = self
-            .circuit_open_until
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        match *open {
-            Some(until) if Instant::now() < until => true,
-            Some(_) => {
-                *open = None;
-                false
-            }
-            None => false,
-        }
-    }
-
-    fn open_circuit(&self) {
-        *self
-            .circuit_open_until
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner) = Some(Instant::now() + self.auth_cooldown);
     }
 }
 
@@ -262,37 +241,15 @@ impl ModelSummarizer {
             json!({"role": "system", "content": system}),
             json!({"role": "user", "content": user}),
         ];
-        if self.circuit_open() {
-            return Err(SummarizeError::Auth(
-                "the summarizer's credentials were refused; waiting out the cooldown".to_owned(),
-            ));
-        }
-        let mut last_error = SummarizeError::Transient("no model configured".to_owned());
-        for model in &self.models {
-            let mut attempt = 0;
-            loop {
-                match self.client.chat(Some(model), messages.clone(), &[]).await {
-                    Ok(completion) => {
-                        return Ok((model.clone(), strip_reasoning(&completion.text)));
-                    }
-                    Err(ModelError::Auth(detail)) => {
-                        self.open_circuit();
-                        return Err(SummarizeError::Auth(detail));
-                    }
-                    Err(ModelError::Transient(detail)) if attempt < self.retries => {
-                        attempt += 1;
-                        let delay = self.backoff.saturating_mul(1 << (attempt - 1).min(6));
-                        tracing::debug!(%model, attempt, %detail, "summarizer call failed; retrying");
-                        tokio::time::sleep(delay).await;
-                    }
-                    Err(error) => {
-                        last_error = SummarizeError::Transient(error.to_string());
-                        break;
-                    }
-                }
-            }
-        }
-        Err(last_error)
+        let (model, completion) = self
+            .client
+            .chat_with_retries(&self.models, &self.retries, messages)
+            .await
+            .map_err(|error| match error {
+                ModelError::Auth(detail) => SummarizeError::Auth(detail),
+                other => SummarizeError::Transient(other.to_string()),
+            })?;
+        Ok((model, strip_reasoning(&completion.text)))
     }
 }
 

@@ -1,6 +1,8 @@
-//! An OpenAI-compatible chat-completions client: the host's [`Model`] and the transport of the
-//! model-backed summarizer.
+//! The chat-completions endpoint of an OpenAI-compatible provider: the host's [`Model`] and the
+//! transport of the model-backed summarizer and `ask` (HTTP, retries and failures are
+//! `vilvona-openai`'s).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -8,18 +10,17 @@ use serde_json::{Value, json};
 use vilvona_core::message::{
     AgentMessage, AssistantMessage, ContentBlock, Extra, MessageContent, ToolCallBlock, Usage,
 };
+use vilvona_openai::{Client, Endpoint, Failure, Retries, api_key};
 
 use crate::config::ModelConfig;
 use crate::model::{Model, ModelError, ModelRequest, ModelResponse, ToolSpec, is_overflow_message};
 
-/// A chat-completions endpoint.
+/// A chat-completions endpoint, asked through `vilvona-openai`'s client (the one the
+/// embeddings use too).
 #[derive(Clone, Debug)]
 pub struct OpenAiClient {
-    http: reqwest::Client,
-    base_url: String,
+    client: Arc<Client>,
     model: String,
-    api_key: Option<String>,
-    timeout: Duration,
 }
 
 /// One completion: the text, the reasoning the provider reported separately, tool calls, usage.
@@ -36,23 +37,15 @@ impl OpenAiClient {
     /// A client for `config`. The API key comes from the config, else from the environment
     /// variable it names.
     pub fn new(config: &ModelConfig) -> Result<OpenAiClient, ModelError> {
-        let api_key = config.api_key.clone().or_else(|| {
-            config
-                .api_key_env
-                .as_ref()
-                .and_then(|name| std::env::var(name).ok())
-        });
-        let timeout = Duration::from_millis(config.timeout_ms);
-        let http = reqwest::Client::builder()
-            .timeout(timeout)
-            .build()
-            .map_err(|error| ModelError::Failed(format!("building the HTTP client: {error}")))?;
+        let client = Client::new(Endpoint {
+            base_url: config.base_url.clone(),
+            api_key: api_key(config.api_key.clone(), config.api_key_env.as_deref()),
+            timeout: Duration::from_millis(config.timeout_ms),
+        })
+        .map_err(model_error)?;
         Ok(OpenAiClient {
-            http,
-            base_url: config.base_url.trim_end_matches('/').to_owned(),
+            client: Arc::new(client),
             model: config.model.clone(),
-            api_key,
-            timeout,
         })
     }
 
@@ -60,64 +53,81 @@ impl OpenAiClient {
         &self.model
     }
 
-    /// Calls `/chat/completions` with `model` (or the configured one).
+    /// Calls `/chat/completions` once with `model` (or the configured one).
     pub async fn chat(
         &self,
         model: Option<&str>,
         messages: Vec<Value>,
         tools: &[ToolSpec],
     ) -> Result<Completion, ModelError> {
-        let mut body = json!({
-            "model": model.unwrap_or(&self.model),
-            "messages": messages,
-            "stream": false,
-        });
-        if !tools.is_empty() {
-            body["tools"] = tools
-                .iter()
-                .map(|tool| {
-                    json!({"type": "function", "function": {
-                        "name": tool.name, "description": tool.description, "parameters": tool.parameters
-                    }})
-                })
-                .collect();
-        }
-        let url = format!("{}/chat/completions", self.base_url);
-        let mut request = self.http.post(&url).json(&body);
-        if let Some(key) = &self.api_key {
-            request = request.bearer_auth(key);
-        }
-        // A timeout says how long it waited; anything else is the transport's own words.
-        let transport = |error: reqwest::Error, doing: &str| {
-            ModelError::Transient(if error.is_timeout() {
-                format!("{url}: no answer within {} ms", self.timeout.as_millis())
-            } else {
-                format!("{url}: {doing}{error}")
-            })
-        };
-        let response = request.send().await.map_err(|error| transport(error, ""))?;
-        let status = response.status();
-        let text = response
-            .text()
+        let body = chat_body(model.unwrap_or(&self.model), &messages, tools);
+        let answer = self
+            .client
+            .post(CHAT_PATH, &body)
             .await
-            .map_err(|error| transport(error, "reading the body: "))?;
-        if !status.is_success() {
-            let detail = format!(
-                "{url}: HTTP {}: {}",
-                status.as_u16(),
-                text.chars().take(300).collect::<String>()
-            );
-            return Err(match status.as_u16() {
-                401 | 403 => ModelError::Auth(detail),
-                408 | 409 | 425 | 429 | 500..=599 => ModelError::Transient(detail),
-                _ if is_overflow_message(&text) => ModelError::Overflow(detail),
-                _ => ModelError::Failed(detail),
-            });
+            .map_err(model_error)?;
+        read_completion(&answer).map_err(|problem| {
+            ModelError::Failed(format!("{}/{CHAT_PATH}: {problem}", self.client.base_url()))
+        })
+    }
+
+    /// Calls `/chat/completions` through a chain of models, each retried as `retries` says
+    /// (see [`Client::call`]); returns the model that answered and its completion.
+    pub async fn chat_with_retries(
+        &self,
+        models: &[String],
+        retries: &Retries,
+        messages: Vec<Value>,
+    ) -> Result<(String, Completion), ModelError> {
+        self.client
+            .call(
+                CHAT_PATH,
+                models,
+                retries,
+                |model| chat_body(model, &messages, &[]),
+                read_completion,
+            )
+            .await
+            .map_err(model_error)
+    }
+}
+
+const CHAT_PATH: &str = "chat/completions";
+
+/// A chat-completions request: not streamed, with the tools offered.
+fn chat_body(model: &str, messages: &[Value], tools: &[ToolSpec]) -> Value {
+    let mut body = json!({
+        "model": model,
+        "messages": messages,
+        "stream": false,
+    });
+    if !tools.is_empty() {
+        body["tools"] = tools
+            .iter()
+            .map(|tool| {
+                json!({"type": "function", "function": {
+                    "name": tool.name, "description": tool.description, "parameters": tool.parameters
+                }})
+            })
+            .collect();
+    }
+    body
+}
+
+fn read_completion(value: &Value) -> Result<Completion, String> {
+    parse_completion(value).ok_or_else(|| "response has no choices[0].message".to_owned())
+}
+
+/// A failure as the host's model calls name it; a rejected prompt is an overflow when the
+/// provider's answer says so.
+fn model_error(failure: Failure) -> ModelError {
+    match failure {
+        Failure::Transient(detail) => ModelError::Transient(detail),
+        Failure::Refused(detail) => ModelError::Auth(detail),
+        Failure::Rejected { detail, body } if is_overflow_message(&body) => {
+            ModelError::Overflow(detail)
         }
-        let value: Value = serde_json::from_str(&text)
-            .map_err(|error| ModelError::Failed(format!("{url}: response is not JSON: {error}")))?;
-        parse_completion(&value)
-            .ok_or_else(|| ModelError::Failed(format!("{url}: response has no choices[0].message")))
+        Failure::Rejected { detail, .. } | Failure::Failed(detail) => ModelError::Failed(detail),
     }
 }
 
