@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use serde_json::{Map, Value, json};
 use vilvona_core::clock::now_ms;
 use vilvona_core::engine::{CompactDetails, CompactReason, CompactResult};
-use vilvona_core::message::{AgentMessage, ContentBlock};
+use vilvona_core::message::AgentMessage;
 use vilvona_core::summarize::{
     SourceItem, SummarizeError, Summarizer, SummaryKind, SummaryLevel, SummaryRequest,
 };
@@ -496,28 +496,4 @@ fn write_successor(
     }
     writer.sync()?;
     Ok((session_id, successor))
-}
-
-/// File paths a message's tool calls read or modified.
-pub(crate) fn tool_call_paths(message: &AgentMessage) -> (Vec<String>, Vec<String>) {
-    let mut read = Vec::new();
-    let mut modified = Vec::new();
-    if let Some(content) = message.content() {
-        for block in content.blocks() {
-            if let ContentBlock::ToolCall(call) = block {
-                let path = ["path", "file_path", "filePath", "file"]
-                    .iter()
-                    .find_map(|key| call.arguments.get(*key).and_then(Value::as_str));
-                if let Some(path) = path {
-                    match call.name.as_str() {
-                        "edit" | "write" | "apply_patch" | "multi_edit" | "create" => {
-                            modified.push(path.to_owned())
-                        }
-                        _ => read.push(path.to_owned()),
-                    }
-                }
-            }
-        }
-    }
-    (read, modified)
 }

@@ -5,9 +5,8 @@
 
 use std::collections::BTreeMap;
 
-use vilvona_core::message::AgentMessage;
-
-use crate::compaction::tool_call_paths;
+use serde_json::Value;
+use vilvona_core::message::{AgentMessage, ContentBlock};
 
 /// What goes into one structured summary.
 pub(crate) struct StructuredSummary<'a> {
@@ -287,4 +286,28 @@ fn clip(text: &str, max_chars: usize) -> String {
         clipped.push('…');
         clipped
     }
+}
+
+/// File paths a message's tool calls read or modified.
+pub(crate) fn tool_call_paths(message: &AgentMessage) -> (Vec<String>, Vec<String>) {
+    let mut read = Vec::new();
+    let mut modified = Vec::new();
+    if let Some(content) = message.content() {
+        for block in content.blocks() {
+            if let ContentBlock::ToolCall(call) = block {
+                let path = ["path", "file_path", "filePath", "file"]
+                    .iter()
+                    .find_map(|key| call.arguments.get(*key).and_then(Value::as_str));
+                if let Some(path) = path {
+                    match call.name.as_str() {
+                        "edit" | "write" | "apply_patch" | "multi_edit" | "create" => {
+                            modified.push(path.to_owned())
+                        }
+                        _ => read.push(path.to_owned()),
+                    }
+                }
+            }
+        }
+    }
+    (read, modified)
 }

@@ -13,7 +13,8 @@ use vilvona_core::admin::{
 use vilvona_core::archive::{ImportReport, SessionArchive};
 use vilvona_store::{ConversationId, ItemContent, MessageId, StoreError};
 
-use crate::engine::{LosslessEngine, store_error};
+use crate::engine::LosslessEngine;
+use crate::errors::store_error;
 
 #[async_trait]
 impl EngineAdmin for LosslessEngine {

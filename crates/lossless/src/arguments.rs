@@ -12,7 +12,7 @@ use serde_json::Value;
 use vilvona_store::{SearchMode, SearchOrder, SearchTarget};
 use vilvona_summarize::parse_rfc3339;
 
-use crate::tools::ToolError;
+use crate::errors::ToolError;
 
 /// Parses a tool's arguments (`null` counts as none given).
 pub(crate) fn parse<T: DeserializeOwned>(arguments: &Value) -> Result<T, ToolError> {

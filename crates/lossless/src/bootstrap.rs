@@ -8,7 +8,8 @@ use vilvona_core::message::AgentMessage;
 use vilvona_store::*;
 use vilvona_transcript::{Cursor, Entry, read_entries};
 
-use crate::engine::{LosslessEngine, store_error};
+use crate::engine::LosslessEngine;
+use crate::errors::store_error;
 
 /// Key of the bootstrap cursor in the store's per-conversation state.
 const BOOTSTRAP_CURSOR: &str = "bootstrap.cursor";

@@ -14,15 +14,18 @@ use vilvona_core::summarize::{
 use vilvona_store::*;
 use vilvona_summarize::{source_item, truncate};
 
-use crate::assembly::Rendition;
 use crate::budget::{HostPrompt, Limits};
+use crate::cache::Rendition;
 use crate::render::{SummaryHeader, summary_tokens};
 use crate::units::{
     Candidate, condense_candidate, fresh_tail_start, leaf_candidate, leaf_candidate_from,
     unit_start,
 };
 
-use crate::engine::{LosslessEngine, content_source, lock_map, store_error};
+use crate::cache::lock_map;
+use crate::engine::LosslessEngine;
+use crate::errors::store_error;
+use crate::render::content_source;
 
 /// What one compaction call asks for.
 #[derive(Clone, Copy, Debug, Default)]

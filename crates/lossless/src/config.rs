@@ -1,12 +1,10 @@
 //! `plugins.entries.lossless.config`, with documented defaults and validation at factory time.
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use vilvona_core::registry::SettingsOrigin;
 use vilvona_core::summarize::SummarizerConfig;
 use vilvona_summarize::TokenizerKind;
-
-use crate::forget::RetentionPolicy;
 
 /// Why `plugins.entries.lossless.config` was refused.
 #[derive(Debug, thiserror::Error)]
@@ -392,4 +390,31 @@ mod tests {
             assert!(error.starts_with(said), "{settings}: {error}");
         }
     }
+}
+
+/// `retention` in the lossless entry's config. Every limit is optional; none set, nothing
+/// happens.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct RetentionPolicy {
+    /// Archive sessions with no message for this many days: their rows leave the recall index
+    /// (searches still find them, reading the database); a new message makes them live again.
+    pub archive_after_days: Option<u64>,
+    /// Delete sessions with no message for this many days, with everything derived from them.
+    pub delete_after_days: Option<u64>,
+    /// Keep the store (database and index) under this many megabytes (10^6 bytes).
+    pub max_store_mb: Option<f64>,
+    /// What the size cap does to the least recently active sessions.
+    pub over_cap: OverCap,
+}
+
+/// What the size cap does.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OverCap {
+    /// Archive (drops their index documents) and, if that is not enough, delete.
+    Archive,
+    /// Delete them, least recently active first (the default).
+    #[default]
+    Delete,
 }

@@ -3,24 +3,19 @@
 //! [`crate::bootstrap`], [`crate::compaction`], [`crate::assembly`], [`crate::subagents`].
 
 use std::path::Path;
-use std::sync::{Arc, Mutex as StdMutex, PoisonError};
+use std::sync::{Arc, Mutex as StdMutex};
 
-use async_trait::async_trait;
-use serde_json::Value;
-use vilvona_core::admin::{EngineAdmin, ToolCaller, ToolDefinition};
 use vilvona_core::clock::{Clock, SystemClock};
 use vilvona_core::engine::*;
-use vilvona_core::host::{Capability, HostRequirement, Operation};
-use vilvona_core::summarize::{SourceItem, Summarizer};
+use vilvona_core::summarize::Summarizer;
 use vilvona_core::tokens::TokenEstimator;
 use vilvona_store::*;
-use vilvona_summarize::source_item;
 
-use crate::assembly::{Assemblies, RenderedItems};
 use crate::budget::{HOST_BUDGET, HOST_PROMPT, HostPrompt};
+use crate::cache::{Assemblies, RenderedItems, lock_map};
 use crate::config::LosslessConfig;
+use crate::errors::store_error;
 use crate::lru::Lru;
-use crate::tools::tool_definitions;
 
 /// The engine id and the slot value that selects it.
 pub const ENGINE_ID: &str = "lossless";
@@ -53,10 +48,6 @@ pub(crate) struct Inner {
     /// Conversations whose store was compared with the host's history by this instance (once
     /// each: see `reconcile_tail`).
     pub(crate) reconciled: StdMutex<Lru<ConversationId, ()>>,
-}
-
-pub(crate) fn lock_map<T>(mutex: &StdMutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// Most sessions whose conversation row, host prompt and compaction lock are kept in memory
@@ -97,16 +88,6 @@ impl std::fmt::Debug for LosslessEngine {
             .field("store", &self.inner.store)
             .field("agent", &self.inner.config.agent_id)
             .finish()
-    }
-}
-
-/// A store error as the engine's: transient when the store says a retry may succeed (a busy
-/// database, a PostgreSQL restart), so that a host never quarantines the engine for it.
-pub(crate) fn store_error(operation: &str, error: StoreError) -> EngineError {
-    if error.is_transient() {
-        EngineError::transient(format!("lossless {operation}"), error)
-    } else {
-        EngineError::caused_by(format!("lossless {operation}"), error)
     }
 }
 
@@ -406,134 +387,5 @@ impl LosslessEngine {
         let lock = Arc::new(tokio::sync::Mutex::new(()));
         locks.insert(conversation, lock.clone());
         lock
-    }
-}
-
-pub(crate) fn content_source(content: &ItemContent) -> SourceItem {
-    match content {
-        ItemContent::Message(message) => match message.message() {
-            Ok(parsed) => source_item(&parsed),
-            Err(_) => SourceItem {
-                label: message.role.clone(),
-                timestamp_ms: Some(message.created_at_ms),
-                text: String::new(),
-            },
-        },
-        ItemContent::Summary(summary) => SourceItem {
-            label: summary.summary_id.clone(),
-            timestamp_ms: summary.latest_at_ms,
-            text: summary.content.clone(),
-        },
-    }
-}
-
-/// Host requirement: the engine must control the prompt through `assemble`.
-fn host_requirements() -> vilvona_core::host::HostRequirements {
-    let mut requirements = vilvona_core::host::HostRequirements::new();
-    requirements.insert(
-        Operation::AgentRun,
-        HostRequirement {
-            required_capabilities: [Capability::AssembleBeforePrompt].into_iter().collect(),
-            unsupported_message: Some(
-                "The lossless engine builds the model's context in assemble(); this host never calls it before the prompt. \
-                 Use the embedded host, or select the legacy engine for this backend."
-                    .to_owned(),
-            ),
-        },
-    );
-    requirements
-}
-
-#[async_trait]
-impl ContextEngine for LosslessEngine {
-    fn info(&self) -> EngineInfo {
-        EngineInfo {
-            id: ENGINE_ID.to_owned(),
-            name: "Lossless Context Engine".to_owned(),
-            version: Some(env!("CARGO_PKG_VERSION").to_owned()),
-            owns_compaction: true,
-            host_requirements: host_requirements(),
-            turn_maintenance_mode: TurnMaintenanceMode::Foreground,
-            accepted_host_params: [
-                HostParam::SessionKey,
-                HostParam::Prompt,
-                HostParam::AbortSignal,
-            ]
-            .into_iter()
-            .collect(),
-            transcript_semantics: Some(TranscriptSemantics::durable_v1()),
-        }
-    }
-
-    async fn bootstrap(&self, params: &BootstrapParams) -> Result<BootstrapResult, EngineError> {
-        self.bootstrap_session(params).await
-    }
-
-    async fn ingest(&self, params: &IngestParams) -> Result<IngestResult, EngineError> {
-        self.ingest_one(params).await
-    }
-
-    async fn ingest_batch(
-        &self,
-        params: &IngestBatchParams,
-    ) -> Result<IngestBatchResult, EngineError> {
-        self.ingest_many(params).await
-    }
-
-    async fn after_turn(&self, params: &AfterTurnParams) -> Result<(), EngineError> {
-        self.ingest_turn(params).await
-    }
-
-    async fn commit_turn(
-        &self,
-        params: &CommitTurnParams,
-    ) -> Result<CommitTurnResult, EngineError> {
-        self.commit_durable_turn(params).await
-    }
-
-    async fn assemble(&self, params: &AssembleParams) -> Result<AssembleResult, EngineError> {
-        self.assemble_for(params).await
-    }
-
-    async fn compact(&self, params: &CompactParams) -> Result<CompactResult, EngineError> {
-        self.compact_for(params).await
-    }
-
-    async fn maintain(&self, params: &MaintainParams) -> Result<MaintainResult, EngineError> {
-        self.maintain_session(params).await
-    }
-
-    async fn prepare_subagent_spawn(
-        &self,
-        params: &SubagentSpawnParams,
-    ) -> Result<SpawnPreparation, EngineError> {
-        self.spawn_subagent(params).await
-    }
-
-    async fn on_subagent_ended(&self, params: &SubagentEndedParams) -> Result<(), EngineError> {
-        self.end_subagent(params).await
-    }
-
-    fn tools(&self) -> Vec<ToolDefinition> {
-        tool_definitions()
-    }
-
-    async fn call_tool(
-        &self,
-        caller: &ToolCaller,
-        name: &str,
-        arguments: &Value,
-    ) -> Result<Value, EngineError> {
-        Ok(LosslessEngine::call_tool(self, caller, name, arguments).await?)
-    }
-
-    fn admin(&self) -> Option<Arc<dyn EngineAdmin>> {
-        Some(self.as_admin())
-    }
-
-    /// Lets background work (retention) finish: nothing is left half-applied at shutdown.
-    async fn dispose(&self) -> Result<(), EngineError> {
-        self.settled().await;
-        Ok(())
     }
 }

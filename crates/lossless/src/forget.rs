@@ -13,13 +13,15 @@
 
 use std::collections::HashMap;
 
-use serde::{Deserialize, Serialize};
 use vilvona_core::EngineError;
 use vilvona_core::summarize::{SourceItem, SummaryKind, SummaryLevel, SummaryRequest};
 use vilvona_store::*;
 use vilvona_summarize::truncate;
 
-use crate::engine::{LosslessEngine, content_source, store_error};
+use crate::config::{OverCap, RetentionPolicy};
+use crate::engine::LosslessEngine;
+use crate::errors::store_error;
+use crate::render::content_source;
 use crate::render::{SummaryHeader, summary_tokens};
 
 /// How often a plan may turn out stale before forgetting gives up.
@@ -29,33 +31,6 @@ const DAY_MS: i64 = 86_400_000;
 
 /// The store-wide state key of the last retention run (per agent).
 const RETENTION_LAST_RUN: &str = "retention.lastRunAt";
-
-/// `retention` in the lossless entry's config. Every limit is optional; none set, nothing
-/// happens.
-#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
-pub struct RetentionPolicy {
-    /// Archive sessions with no message for this many days: their rows leave the recall index
-    /// (searches still find them, reading the database); a new message makes them live again.
-    pub archive_after_days: Option<u64>,
-    /// Delete sessions with no message for this many days, with everything derived from them.
-    pub delete_after_days: Option<u64>,
-    /// Keep the store (database and index) under this many megabytes (10^6 bytes).
-    pub max_store_mb: Option<f64>,
-    /// What the size cap does to the least recently active sessions.
-    pub over_cap: OverCap,
-}
-
-/// What the size cap does.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum OverCap {
-    /// Archive (drops their index documents) and, if that is not enough, delete.
-    Archive,
-    /// Delete them, least recently active first (the default).
-    #[default]
-    Delete,
-}
 
 pub use vilvona_core::admin::{Forgotten, RetentionAction, RetentionKind};
 

@@ -10,9 +10,10 @@ use vilvona_store::*;
 
 use crate::render::{describe_content, large_content_reference};
 
-use crate::assembly::Rendition;
+use crate::cache::Rendition;
 use crate::compaction::CompactionRequest;
-use crate::engine::{LosslessEngine, store_error};
+use crate::engine::LosslessEngine;
+use crate::errors::store_error;
 
 /// The smallest threshold above which content moves to a blob, however small the room: below
 /// it, a reference and a description would save little.

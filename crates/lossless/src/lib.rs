@@ -15,9 +15,12 @@ mod arguments;
 mod assembly;
 mod bootstrap;
 mod budget;
+mod cache;
 mod compaction;
 mod config;
+mod contract;
 mod engine;
+mod errors;
 mod forget;
 mod ingest;
 mod lru;
@@ -29,11 +32,14 @@ mod units;
 
 pub use budget::{HostPrompt, Limits};
 pub use compaction::{CompactionReport, CompactionRequest};
-pub use config::{ConfigError, EmbeddingSelection, LosslessConfig, StoreSelection};
+pub use config::{
+    ConfigError, EmbeddingSelection, LosslessConfig, OverCap, RetentionPolicy, StoreSelection,
+};
 pub use engine::{CachedSessions, ENGINE_ID, LosslessEngine};
-pub use forget::{Forgotten, OverCap, RetentionAction, RetentionKind, RetentionPolicy};
+pub use errors::ToolError;
+pub use forget::{Forgotten, RetentionAction, RetentionKind};
 pub use registration::{BuildSummarizer, factory};
 pub use render::{DESCRIBE_TOOL, EXPAND_QUERY_TOOL, EXPAND_TOOL, GREP_TOOL, RECALL_GUIDANCE};
-pub use tools::{ToolError, tool_definitions};
+pub use tools::tool_definitions;
 pub use vilvona_core::admin::{ToolCaller, ToolDefinition};
 pub use vilvona_summarize::parse_rfc3339;

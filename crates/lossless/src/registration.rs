@@ -13,7 +13,8 @@ use vilvona_core::{ContextEngine, EngineError};
 use vilvona_store::{HistoryStore, PgStore, Store, StoreConfig, StoreError};
 
 use crate::config::{EmbeddingSelection, LosslessConfig, StoreSelection};
-use crate::engine::{LosslessEngine, store_error};
+use crate::engine::LosslessEngine;
+use crate::errors::store_error;
 
 /// Builds the summarizer a configuration names; the host provides it, since models are the
 /// host's to reach.

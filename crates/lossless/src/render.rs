@@ -3,10 +3,10 @@
 //! fields, so an unchanged context renders byte-identically (prompt-cache friendly).
 
 use vilvona_core::message::AgentMessage;
-use vilvona_core::summarize::SummaryKind;
+use vilvona_core::summarize::{SourceItem, SummaryKind};
 use vilvona_core::tokens::{MESSAGE_OVERHEAD_TOKENS, TokenEstimator};
-use vilvona_store::StoredSummary;
-use vilvona_summarize::format_utc_rfc3339;
+use vilvona_store::{ItemContent, StoredSummary};
+use vilvona_summarize::{format_utc_rfc3339, source_item};
 
 /// The recall tools' names.
 pub const GREP_TOOL: &str = "vilvona_grep";
@@ -175,6 +175,25 @@ pub(crate) fn large_content_reference(blob_id: &str, description: &str) -> Strin
     format!(
         "[Large content stored as {blob_id}: {description}. Read it with {DESCRIBE_TOOL} {{\"id\": \"{blob_id}\", \"lines\": \"1-200\"}}.]"
     )
+}
+
+/// A context item as a summarizer reads it (a message that no longer parses: its role, no text).
+pub(crate) fn content_source(content: &ItemContent) -> SourceItem {
+    match content {
+        ItemContent::Message(message) => match message.message() {
+            Ok(parsed) => source_item(&parsed),
+            Err(_) => SourceItem {
+                label: message.role.clone(),
+                timestamp_ms: Some(message.created_at_ms),
+                text: String::new(),
+            },
+        },
+        ItemContent::Summary(summary) => SourceItem {
+            label: summary.summary_id.clone(),
+            timestamp_ms: summary.latest_at_ms,
+            text: summary.content.clone(),
+        },
+    }
 }
 
 #[cfg(test)]

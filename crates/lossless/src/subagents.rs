@@ -6,7 +6,8 @@ use async_trait::async_trait;
 use vilvona_core::engine::*;
 use vilvona_store::*;
 
-use crate::engine::{LosslessEngine, store_error};
+use crate::engine::LosslessEngine;
+use crate::errors::store_error;
 
 #[derive(Debug)]
 struct GrantRollback {

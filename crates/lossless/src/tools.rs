@@ -8,7 +8,6 @@
 //! subagent also reaches what its live grants allow.
 
 use serde_json::{Value, json};
-use vilvona_core::EngineError;
 use vilvona_core::admin::{ToolCaller, ToolDefinition};
 use vilvona_core::summarize::{Evidence, QuestionRequest, SummarizeError, SummaryKind};
 use vilvona_store::*;
@@ -16,6 +15,7 @@ use vilvona_summarize::format_utc_rfc3339;
 
 use crate::arguments;
 use crate::engine::LosslessEngine;
+use crate::errors::ToolError;
 use crate::render::{DESCRIBE_TOOL, EXPAND_QUERY_TOOL, EXPAND_TOOL, GREP_TOOL};
 
 /// Hits of the query `vilvona_expand_query` reads evidence from.
@@ -63,47 +63,6 @@ pub fn tool_definitions() -> Vec<ToolDefinition> {
     ]
 }
 
-/// Why a tool call was refused.
-#[derive(Debug, thiserror::Error)]
-pub enum ToolError {
-    /// No tool by that name.
-    #[error("unknown tool {0}")]
-    UnknownTool(String),
-    /// The arguments do not fit the tool's schema or bounds.
-    #[error("invalid arguments: {0}")]
-    InvalidArguments(String),
-    /// No row with that id.
-    #[error(
-        "{0} not found in this session's reach (ids look like msg_12 for a message, sum_0a1b2c3d… or its first 8 digits for a summary, file_… for a stored file; vilvona_grep shows them)"
-    )]
-    NotFound(String),
-    /// The row exists outside what the caller may read.
-    #[error("{0} is outside this session's recall scope")]
-    OutOfScope(String),
-    /// The subagent grant that allowed the read has ended.
-    #[error("the recall grant for {0} has expired or was revoked")]
-    GrantEnded(String),
-    /// The caller's session key belongs to another agent than the session it names.
-    #[error(
-        "the session key names agent {key_agent}, but this session belongs to agent {agent}: an agent reads only its own history"
-    )]
-    OtherAgent {
-        /// The agent the key names.
-        key_agent: String,
-        /// The agent whose session it is.
-        agent: String,
-    },
-    /// Something the tool needs cannot be reached now (an embedding endpoint).
-    #[error("{0}")]
-    Unavailable(String),
-    /// The store failed.
-    #[error(transparent)]
-    Store(#[from] StoreError),
-    /// The engine failed (the answer's summarizer, a conversation lookup).
-    #[error(transparent)]
-    Engine(#[from] vilvona_core::EngineError),
-}
-
 /// Where a caller may read.
 struct Scope {
     /// `(agent, conversations)` pairs.
@@ -143,16 +102,6 @@ fn kind_name(kind: SummaryKind) -> &'static str {
 
 fn time(ms: Option<i64>) -> Value {
     ms.map_or(Value::Null, |ms| Value::String(format_utc_rfc3339(ms)))
-}
-
-impl From<ToolError> for EngineError {
-    /// A refusal is the caller's concern; a store failure is the engine's.
-    fn from(error: ToolError) -> EngineError {
-        match error {
-            ToolError::Store(error) => EngineError::caused_by("lossless recall", error),
-            refused => EngineError::Refused(Box::new(refused)),
-        }
-    }
 }
 
 impl LosslessEngine {

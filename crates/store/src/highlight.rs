@@ -10,7 +10,7 @@ use std::ops::Range;
 
 use regex::Regex;
 
-use crate::search::floor_boundary;
+use crate::tokenize::floor_boundary;
 use crate::tokenize::{Run, Runs, Word};
 
 /// Characters of context before the first match in a snippet.

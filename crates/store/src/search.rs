@@ -288,11 +288,3 @@ fn holds_sequences(text: &str, wanted: &[Vec<String>]) -> Vec<bool> {
     }
     held
 }
-
-pub(crate) fn floor_boundary(text: &str, mut index: usize) -> usize {
-    index = index.min(text.len());
-    while !text.is_char_boundary(index) {
-        index -= 1;
-    }
-    index
-}

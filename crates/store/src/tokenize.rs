@@ -242,6 +242,15 @@ impl TokenStream for RecallTokenStream<'_> {
     }
 }
 
+/// The largest char boundary of `text` at or below `index` (a cut there leaves valid UTF-8).
+pub(crate) fn floor_boundary(text: &str, mut index: usize) -> usize {
+    index = index.min(text.len());
+    while !text.is_char_boundary(index) {
+        index -= 1;
+    }
+    index
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

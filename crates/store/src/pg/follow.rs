@@ -296,7 +296,7 @@ async fn message_doc(client: &impl Sql, row: &tokio_postgres::Row) -> Result<Ind
         {
             let content: &str = at(&blob, 0)?;
             text.push('\n');
-            text.push_str(&content[..crate::search::floor_boundary(content, INDEXED_BLOB_BYTES)]);
+            text.push_str(&content[..crate::tokenize::floor_boundary(content, INDEXED_BLOB_BYTES)]);
         }
     }
     Ok(IndexRow {

@@ -440,7 +440,10 @@ async fn blob_match(
         };
         *budget = budget.saturating_sub(content.len());
         if content.len() > INDEXED_BLOB_BYTES {
-            content.truncate(crate::search::floor_boundary(&content, INDEXED_BLOB_BYTES));
+            content.truncate(crate::tokenize::floor_boundary(
+                &content,
+                INDEXED_BLOB_BYTES,
+            ));
         }
         if let Some(share) = match_share(query.mode, &content, query_words) {
             return Ok((Some(share), content, Some(blob)));

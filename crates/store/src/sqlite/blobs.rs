@@ -37,7 +37,7 @@ pub(crate) fn indexed_text(
 ) -> Result<()> {
     for blob in blobs {
         if let Some(content) = content(connection, blob)? {
-            let end = crate::search::floor_boundary(&content, INDEXED_BLOB_BYTES);
+            let end = crate::tokenize::floor_boundary(&content, INDEXED_BLOB_BYTES);
             text.push('\n');
             text.push_str(&content[..end]);
         }
