@@ -1,6 +1,8 @@
-//! The `lossless` engine: its state (the store, the summarizer, bounded per-session caches)
-//! and the contract's members, each handed to the module that does the job: [`crate::ingest`],
-//! [`crate::bootstrap`], [`crate::compaction`], [`crate::assembly`], [`crate::subagents`].
+//! The `lossless` engine: its state (the store, the summarizer, bounded per-session caches).
+//! The contract's members are in [`crate::contract`]; each job module ([`crate::ingest`],
+//! [`crate::bootstrap`], [`crate::compaction`], [`crate::assembly`], [`crate::subagents`],
+//! [`crate::tools`], [`crate::forget`]) adds its own `impl LosslessEngine` and takes nothing
+//! else from here.
 
 use std::path::Path;
 use std::sync::{Arc, Mutex as StdMutex};
