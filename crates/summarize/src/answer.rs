@@ -61,13 +61,23 @@ fn keywords(text: &str) -> Vec<String> {
 /// answer that says so, citing nothing.
 pub fn extractive_answer(request: &QuestionRequest, estimator: &dyn TokenEstimator) -> Answer {
     let wanted = keywords(&request.question);
-    answer_from(request, estimator, |sentence| {
+    let matched = |sentence: &str| {
         let lower = sentence.to_lowercase();
-        let matched = wanted
+        wanted
             .iter()
             .filter(|word| lower.contains(word.as_str()))
-            .count();
-        (matched > 0).then_some(matched as f32)
+            .count()
+    };
+    // A sentence that holds fewer than half the words the best one holds is about something
+    // else that shares a word with the question ("database" in "a database outage" for "the
+    // ticket of the database migration"): quoting it would cite an unrelated message.
+    let best = evidence_sentences(request)
+        .map(|(_, _, sentence)| matched(sentence))
+        .max()
+        .unwrap_or(0);
+    answer_from(request, estimator, |sentence| {
+        let matched = matched(sentence);
+        (matched > 0 && matched * 2 > best).then_some(matched as f32)
     })
 }
 
@@ -241,6 +251,30 @@ mod tests {
                 .citations
                 .is_empty()
         );
+    }
+
+    /// A sentence that shares one word with the question, where another holds most of them, is
+    /// not quoted: its message is about something else.
+    #[test]
+    fn sentences_that_share_a_word_by_chance_are_not_cited() {
+        let request = QuestionRequest {
+            question: "What is the ticket number for the database migration?".to_owned(),
+            evidence: vec![
+                evidence(
+                    "msg_1",
+                    "The ticket for the database migration is OPS-4411.",
+                ),
+                evidence("msg_2", "We had a database outage yesterday."),
+                evidence("msg_3", "The migration of the office is next week."),
+                evidence(
+                    "msg_4",
+                    "Ticket OPS-4411 moves the database migration to Friday.",
+                ),
+            ],
+            max_answer_tokens: 200,
+        };
+        let answer = extractive_answer(&request, &HeuristicEstimator);
+        assert_eq!(answer.citations, ["msg_1", "msg_4"], "{}", answer.text);
     }
 
     #[test]
