@@ -210,6 +210,7 @@ step "driving $TURNS turns in $SESSIONS session(s)"
 DRIVEN=0
 : >"$OUT/kills.log"
 : >"$OUT/damage.log"
+: >"$OUT/results.jsonl"
 node "$ROOT/bindings/openclaw/test/soak-driver.mjs" "http://127.0.0.1:$GATEWAY_PORT" "$TOKEN" "$TURNS" "$OUT/results.jsonl" "$SESSIONS" >"$WORK/driver.out" 2>&1 &
 DRIVER_PID=$!
 KILLER_PID=""
@@ -279,7 +280,11 @@ if [ "$KILLS" -gt 0 ]; then
   [ "$KILLED" -gt 0 ] || fail "--kills $KILLS: no vilvona child was found to kill"
   [ "$FAILED" -le "$KILLED" ] || fail "$FAILED turns failed with $KILLED kills (at most the turn in flight a kill): $(grep -v '"status":200' "$OUT/results.jsonl" | head -n 3 | cut -c1-400)"
 else
-  [ "$DRIVEN" -eq 0 ] || fail "turns failed: $(grep -v '"status":200' "$OUT/results.jsonl" | head -n 3 | cut -c1-400)"
+  if [ "$DRIVEN" -ne 0 ]; then
+    # A driver that died before it wrote a failed turn says why only in its own output.
+    FAILED_TURNS=$(grep -v '"status":200' "$OUT/results.jsonl" | head -n 3 | cut -c1-400)
+    fail "the driver exited with status $DRIVEN after $(wc -l <"$OUT/results.jsonl") turn(s): ${FAILED_TURNS:-no turn failed; its output ends: $(tail -n 5 "$WORK/driver.out" | cut -c1-400 | tr '\n' ' ')}"
+  fi
 fi
 if [ "$ENGINE" = vilvona ]; then
   # Every work turn the gateway answered is in the store: its STEP line, in its session.

@@ -184,6 +184,7 @@ impl Store {
         }
         let mut writer = Writer::new(
             connection,
+            opened.clone(),
             index.clone(),
             faults,
             config.index_commit_delay,

@@ -233,8 +233,11 @@ const FILL_POLL: Duration = Duration::from_millis(50);
 const FOREIGN_ROWS_POLL: Duration = Duration::from_secs(1);
 
 impl Writer {
+    /// The writer of `connection`, whose database files the store found as `file` when it
+    /// opened them.
     pub(crate) fn new(
         connection: Connection,
+        file: Option<OpenedDatabase>,
         index: Arc<IndexSlot>,
         faults: FaultPlan,
         commit_delay: Option<Duration>,
@@ -245,7 +248,6 @@ impl Writer {
             tracing::info!(dir = %index.current().dir().display(), "another process maintains the recall index; this one writes the database only");
         }
         let filler = VectorFiller::for_embedder(index.current().embedder());
-        let file = OpenedDatabase::of(&connection);
         Ok(Writer {
             file,
             connection,
