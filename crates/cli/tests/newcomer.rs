@@ -387,3 +387,345 @@ fn the_readme_says_how_long_the_first_build_takes_beside_the_command() {
         "{after}"
     );
 }
+
+/// The rows of the table that follows `<!-- settings: NAME -->` in SETTINGS.md: each key (or
+/// variable) with its default cell.
+fn settings_table(doc: &str, name: &str) -> Vec<(String, String)> {
+    let marker = format!("<!-- settings: {name} -->");
+    let at = doc
+        .find(&marker)
+        .unwrap_or_else(|| panic!("SETTINGS.md has no table {marker}"));
+    doc[at + marker.len()..]
+        .lines()
+        .skip_while(|line| line.trim().is_empty())
+        .take_while(|line| line.starts_with('|'))
+        .skip(2)
+        .map(|line| {
+            let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+            (cells[1].trim_matches('`').to_owned(), cells[2].to_owned())
+        })
+        .collect()
+}
+
+/// The keys the engine's parser accepts at `path` of `minimal` (a known-good object): an
+/// unknown key there is refused with the list of the known ones.
+fn accepted_keys(minimal: &Value, path: &[&str]) -> Vec<String> {
+    let mut probe = minimal.clone();
+    let mut at = &mut probe;
+    for part in path {
+        at = &mut at[*part];
+    }
+    at["zzzzzzzz"] = Value::from(1);
+    let error = vilvona_lossless::LosslessConfig::from_value(Some(&probe))
+        .expect_err("an unknown key is refused")
+        .to_string();
+    let (_, known) = error
+        .split_once("known keys here: ")
+        .unwrap_or_else(|| panic!("the refusal lists no known keys: {error}"));
+    known.split(", ").map(str::to_owned).collect()
+}
+
+#[test]
+fn the_settings_reference_lists_what_the_parsers_accept() {
+    let root = format!("{}/../..", env!("CARGO_MANIFEST_DIR"));
+    let doc = std::fs::read_to_string(format!("{root}/SETTINGS.md")).unwrap();
+    let keys = |rows: &[(String, String)]| -> Vec<String> {
+        let mut keys: Vec<String> = rows.iter().map(|(key, _)| key.clone()).collect();
+        keys.sort();
+        keys
+    };
+    let sorted = |mut list: Vec<String>| {
+        list.sort();
+        list
+    };
+
+    // The engine's settings: every key its parser accepts, no other, each default the one the
+    // engine applies (a required key: refused when left out).
+    let sections: [(&str, Value, &[&str]); 7] = [
+        ("engine", serde_json::json!({}), &[]),
+        (
+            "retention",
+            serde_json::json!({"retention": {}}),
+            &["retention"],
+        ),
+        (
+            "summarizer.openai",
+            serde_json::json!({"summarizer": {"kind": "openai", "baseUrl": "http://127.0.0.1:9/v1", "model": "m"}}),
+            &["summarizer"],
+        ),
+        (
+            "embedding.file",
+            serde_json::json!({"embedding": {"kind": "file", "path": "/model.safetensors"}}),
+            &["embedding"],
+        ),
+        (
+            "embedding.openai",
+            serde_json::json!({"embedding": {"kind": "openai", "baseUrl": "http://127.0.0.1:9/v1", "model": "m"}}),
+            &["embedding"],
+        ),
+        (
+            "store.sqlite",
+            serde_json::json!({"store": {"kind": "sqlite"}}),
+            &["store"],
+        ),
+        (
+            "store.postgres",
+            serde_json::json!({"store": {"kind": "postgres", "url": "postgres://x/y"}}),
+            &["store"],
+        ),
+    ];
+    for (name, minimal, path) in sections {
+        let rows = settings_table(&doc, name);
+        assert_eq!(
+            keys(&rows),
+            sorted(accepted_keys(&minimal, path)),
+            "SETTINGS.md's table {name} against the keys the parser accepts"
+        );
+        let parsed = vilvona_lossless::LosslessConfig::from_value(Some(&minimal)).unwrap();
+        let mut applied = serde_json::to_value(&parsed).unwrap();
+        for part in path {
+            applied = applied[*part].clone();
+        }
+        for (key, default) in &rows {
+            let place = format!("SETTINGS.md, table {name}, {key}");
+            if default == "required" {
+                let mut without = minimal.clone();
+                let mut at = &mut without;
+                for part in path {
+                    at = &mut at[*part];
+                }
+                at.as_object_mut().unwrap().remove(key);
+                assert!(
+                    vilvona_lossless::LosslessConfig::from_value(Some(&without)).is_err(),
+                    "{place}: said to be required, but the settings parse without it"
+                );
+            } else if let Some(code) = default.strip_prefix('`') {
+                let written: Value = serde_json::from_str(code.split('`').next().unwrap())
+                    .unwrap_or_else(|error| panic!("{place}: the default is not JSON: {error}"));
+                assert_eq!(written, applied[key.as_str()], "{place}: the default");
+            } else {
+                assert!(
+                    applied[key.as_str()].is_object(),
+                    "{place}: a default that is not a value must be a section of its own"
+                );
+            }
+        }
+    }
+
+    // The host's keys: every key `vilvona.json5` may hold, and nothing it would call unknown.
+    let host = keys(&settings_table(&doc, "host"));
+    let mut patterns: Vec<String> = vilvona_runtime::config::known_keys()
+        .iter()
+        .filter(|pattern| !pattern.ends_with("**"))
+        .map(|pattern| pattern.replace('*', "<id>"))
+        .collect();
+    patterns.sort();
+    for pattern in &patterns {
+        assert!(
+            host.contains(pattern),
+            "SETTINGS.md's host table lacks {pattern}"
+        );
+    }
+    for key in &host {
+        let as_pattern = key.replace("<id>", "*");
+        let below_a_subtree = vilvona_runtime::config::known_keys().iter().any(|pattern| {
+            pattern
+                .strip_suffix("**")
+                .is_some_and(|parent| as_pattern.starts_with(parent))
+        });
+        assert!(
+            patterns.contains(key) || below_a_subtree,
+            "SETTINGS.md's host table lists {key}, which the host calls unknown"
+        );
+    }
+
+    // The plugin's settings: the manifest's schema, and the binary's lookup order as the
+    // plugin's resolveBinary follows it.
+    let manifest: Value = serde_json::from_str(
+        &std::fs::read_to_string(format!("{root}/bindings/openclaw/openclaw.plugin.json")).unwrap(),
+    )
+    .unwrap();
+    let properties = manifest["configSchema"]["properties"].as_object().unwrap();
+    assert_eq!(
+        keys(&settings_table(&doc, "plugin")),
+        sorted(properties.keys().cloned().collect()),
+        "SETTINGS.md's plugin table against the manifest's configSchema"
+    );
+    let order = ["this setting", "VILVONA_BIN", "platform package", "PATH"];
+    for description in [
+        properties["binary"]["description"]
+            .as_str()
+            .unwrap()
+            .to_owned(),
+        settings_table(&doc, "plugin")
+            .iter()
+            .find(|(key, _)| key == "binary")
+            .map(|_| {
+                doc.lines()
+                    .find(|line| line.starts_with("| `binary`"))
+                    .unwrap()
+                    .to_owned()
+            })
+            .unwrap(),
+    ] {
+        let places: Vec<usize> = order
+            .iter()
+            .map(|step| {
+                description
+                    .find(step)
+                    .unwrap_or_else(|| panic!("{description:?} does not name {step}"))
+            })
+            .collect();
+        assert!(
+            places.is_sorted(),
+            "{description:?}: the lookup order is {order:?}"
+        );
+    }
+    let plugin = std::fs::read_to_string(format!("{root}/bindings/openclaw/index.js")).unwrap();
+    let lookup = &plugin[plugin.find("export function resolveBinary").unwrap()..];
+    let steps: Vec<usize> = [
+        "config.binary",
+        "env.VILVONA_BIN",
+        "platformPackage()",
+        "env.PATH",
+    ]
+    .iter()
+    .map(|step| lookup.find(step).unwrap())
+    .collect();
+    assert!(
+        steps.is_sorted(),
+        "resolveBinary's order changed: update SETTINGS.md and the manifest"
+    );
+
+    // Environment variables: every one the code reads is listed, and none it does not.
+    let env = keys(&settings_table(&doc, "env"));
+    let mut read: Vec<String> = Vec::new();
+    let mut sources = vec![
+        std::path::PathBuf::from(format!("{root}/crates/cli/build.rs")),
+        std::path::PathBuf::from(format!("{root}/bindings/openclaw/index.js")),
+    ];
+    let mut dirs: Vec<std::path::PathBuf> = std::fs::read_dir(format!("{root}/crates"))
+        .unwrap()
+        .map(|entry| entry.unwrap().path().join("src"))
+        .collect();
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).into_iter().flatten() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|ext| ext == "rs") {
+                sources.push(path);
+            }
+        }
+    }
+    for source in sources {
+        let text = std::fs::read_to_string(&source).unwrap();
+        for (at, _) in text.match_indices("VILVONA_") {
+            let name: String = text[at..]
+                .chars()
+                .take_while(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || *c == '_')
+                .collect();
+            if !read.contains(&name) {
+                read.push(name);
+            }
+        }
+    }
+    read.push("RUST_LOG".to_owned());
+    assert_eq!(env, sorted(read), "SETTINGS.md's environment table");
+}
+
+/// Under OpenClaw the engine's settings are the plugin's `engine` setting, which only the
+/// gateway reads: `serve` records what it was given, the command line on the same state
+/// directory reads that record when `vilvona.json5` gives the engine no settings, and `doctor`
+/// names the keys where the two differ.
+#[test]
+fn the_command_line_reads_the_gateways_settings_and_doctor_says_when_they_differ() {
+    use std::io::Write;
+    use std::process::Stdio;
+
+    let state = TempDir::new().unwrap();
+    // Private, as the plugin's state directory is (doctor checks that too).
+    std::fs::set_permissions(
+        state.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o700),
+    )
+    .unwrap();
+    let store = state.path().join("the-gateways-store");
+    let initialize = serde_json::json!({
+        "jsonrpc": "2.0", "id": 1, "method": "initialize",
+        "params": {
+            "stateDir": state.path(), "engineId": "lossless",
+            "config": {"storeDir": store, "freshTailCount": 7, "summarizer": {"kind": "host"}},
+        },
+    });
+    let mut serve = common::command(state.path(), &["serve", "--stdio"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = serve.stdin.take().unwrap();
+    writeln!(stdin, "{initialize}").unwrap();
+    // The answer first: a request still open when the input ends is cancelled.
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(serve.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    drop(stdin);
+    assert!(serve.wait().unwrap().success());
+    let answer: Value = serde_json::from_str(&line).unwrap();
+    assert!(answer.get("result").is_some(), "{answer}");
+    assert!(
+        store.is_dir(),
+        "serve opened its store where the gateway said"
+    );
+
+    // No vilvona.json5: the command line reads the gateway's settings, so its store too (and
+    // summarizes without the gateway's model, which is out of its reach).
+    let report = json(&vilvona(state.path(), &["doctor", "--json"]));
+    let check = |report: &Value, name: &str| -> Value {
+        report["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|check| check["name"] == name)
+            .unwrap_or_else(|| panic!("doctor has no check {name:?}: {report}"))
+            .clone()
+    };
+    let gateway = check(&report, "gateway settings");
+    assert_eq!(gateway["ok"], true, "{gateway}");
+    assert!(
+        gateway["detail"]
+            .as_str()
+            .unwrap()
+            .contains("the command line reads the lossless settings the gateway gave"),
+        "{gateway}"
+    );
+    let integrity = check(&report, "store integrity");
+    assert_eq!(integrity["ok"], true, "{integrity}");
+
+    // vilvona.json5 says otherwise: doctor names each key that differs, and is not healthy.
+    std::fs::write(
+        state.path().join("vilvona.json5"),
+        format!(
+            r#"{{ plugins: {{ slots: {{ contextEngine: "lossless" }}, entries: {{ lossless: {{ config: {{ storeDir: {store:?}, freshTailCount: 8, targetRatio: 0.3 }} }} }} }} }}"#
+        ),
+    )
+    .unwrap();
+    let output = vilvona(state.path(), &["doctor", "--json"]);
+    let report: Value = serde_json::from_slice(&output.stdout).unwrap();
+    let gateway = check(&report, "gateway settings");
+    assert_eq!(gateway["ok"], false, "{gateway}");
+    let detail = gateway["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("differs from the settings the gateway gave vilvona serve at freshTailCount, summarizer, targetRatio:"),
+        "{detail}"
+    );
+    assert!(detail.contains("gateway-settings.json"), "{detail}");
+    assert!(
+        !output.status.success(),
+        "doctor is unhealthy while they differ"
+    );
+}

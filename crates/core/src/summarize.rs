@@ -206,7 +206,7 @@ pub trait Summarizer: Send + Sync + fmt::Debug {
 /// `summarizer` in an engine's config: `{kind: "extractive"}`, `{kind: "openai", …}`, or
 /// `{kind: "host"}` (the embedding host's own model, e.g. OpenClaw's `llm.complete`).
 #[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
-#[serde(rename_all = "camelCase", tag = "kind")]
+#[serde(rename_all = "camelCase", tag = "kind", deny_unknown_fields)]
 pub enum SummarizerConfig {
     /// The offline extractive summarizer.
     #[default]

@@ -73,7 +73,7 @@ impl ConfigError {
 }
 
 /// Where the history is kept (`plugins.entries.lossless.config.store`).
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(tag = "kind", rename_all = "lowercase", deny_unknown_fields)]
 pub enum StoreSelection {
     /// The embedded store: a SQLite database and a tantivy index in a directory.
@@ -92,7 +92,7 @@ pub enum StoreSelection {
 
 /// The engine's settings. Every field has a default; unknown keys are an error (a typo should
 /// not silently fall back to a default).
-#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct LosslessConfig {
     /// Compact after a turn when the context exceeds this share of the budget.
@@ -159,7 +159,7 @@ pub struct LosslessConfig {
 }
 
 /// `plugins.entries.lossless.config.embedding`.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(tag = "kind", rename_all = "lowercase", deny_unknown_fields)]
 pub enum EmbeddingSelection {
     /// The static model built into the binary.
@@ -334,6 +334,33 @@ impl LosslessConfig {
     }
 }
 
+/// `retention` in the lossless entry's config. Every limit is optional; none set, nothing
+/// happens.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct RetentionPolicy {
+    /// Archive sessions with no message for this many days: their rows leave the recall index
+    /// (searches still find them, reading the database); a new message makes them live again.
+    pub archive_after_days: Option<u64>,
+    /// Delete sessions with no message for this many days, with everything derived from them.
+    pub delete_after_days: Option<u64>,
+    /// Keep the store (database and index) under this many megabytes (10^6 bytes).
+    pub max_store_mb: Option<f64>,
+    /// What the size cap does to the least recently active sessions.
+    pub over_cap: OverCap,
+}
+
+/// What the size cap does.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OverCap {
+    /// Archive (drops their index documents) and, if that is not enough, delete.
+    Archive,
+    /// Delete them, least recently active first (the default).
+    #[default]
+    Delete,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -378,6 +405,10 @@ mod tests {
                 "plugins.entries.lossless.config.store.dri (/state/vilvona.json5): is not a setting; did you mean `dir`?",
             ),
             (
+                json!({"summarizer": {"kind": "openai", "baseUrl": "http://x/v1", "model": "m", "fallbackModel": ["n"]}}),
+                "plugins.entries.lossless.config.summarizer.fallbackModel (/state/vilvona.json5): is not a setting; did you mean `fallbackModels`?",
+            ),
+            (
                 json!({"completelyDifferent": 1}),
                 "plugins.entries.lossless.config.completelyDifferent (/state/vilvona.json5): is not a setting; known keys here: contextThreshold,",
             ),
@@ -390,31 +421,4 @@ mod tests {
             assert!(error.starts_with(said), "{settings}: {error}");
         }
     }
-}
-
-/// `retention` in the lossless entry's config. Every limit is optional; none set, nothing
-/// happens.
-#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
-pub struct RetentionPolicy {
-    /// Archive sessions with no message for this many days: their rows leave the recall index
-    /// (searches still find them, reading the database); a new message makes them live again.
-    pub archive_after_days: Option<u64>,
-    /// Delete sessions with no message for this many days, with everything derived from them.
-    pub delete_after_days: Option<u64>,
-    /// Keep the store (database and index) under this many megabytes (10^6 bytes).
-    pub max_store_mb: Option<f64>,
-    /// What the size cap does to the least recently active sessions.
-    pub over_cap: OverCap,
-}
-
-/// What the size cap does.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum OverCap {
-    /// Archive (drops their index documents) and, if that is not enough, delete.
-    Archive,
-    /// Delete them, least recently active first (the default).
-    #[default]
-    Delete,
 }

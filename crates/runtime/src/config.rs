@@ -733,6 +733,12 @@ const KNOWN_KEYS: &[&str] = &[
     "model.**",
 ];
 
+/// The keys this build reads, as dotted patterns (`*`: any one key; a trailing `**`: anything
+/// below), for the settings reference and its test.
+pub fn known_keys() -> &'static [&'static str] {
+    KNOWN_KEYS
+}
+
 /// The known key a mistyped one most likely meant: a sibling (same parent) whose last part is
 /// a slip away.
 pub fn known_key_near(path: &str) -> Option<String> {

@@ -147,7 +147,11 @@ impl DoctorReport {
 }
 
 /// The report for `host`, with the caller's extra checks.
-pub async fn doctor(host: &Host, checks: Vec<Check>) -> DoctorReport {
+pub async fn doctor(host: &Host, mut checks: Vec<Check>) -> DoctorReport {
+    checks.extend(crate::gateway_settings::check(
+        host.config(),
+        &host.options().state_dir,
+    ));
     let info = host.engine().engine.info();
     let profile = &host.options().profile;
     let compatibility = Operation::ALL

@@ -308,6 +308,7 @@ impl Host {
             })?;
         }
         let mut config = HostConfig::load(&options.config_path())?;
+        crate::gateway_settings::apply(&mut config, &options.state_dir);
         if let Some(engine) = &options.engine_override {
             config.context_engine_slot = Some(engine.clone());
         }

@@ -11,6 +11,7 @@
 pub mod config;
 pub mod context_report;
 pub mod doctor;
+pub mod gateway_settings;
 pub mod host;
 mod json5_layout;
 pub mod memory;

@@ -527,6 +527,15 @@ impl Server {
             .instantiate(&selection)
             .await
             .map_err(|e| RpcError::new(ENGINE_ERROR, error_chain(&e)))?;
+        // What the gateway gave, for the command line on this state directory (a record that
+        // cannot be written costs the command line its copy, not the gateway its engine).
+        if let Err(error) = crate::gateway_settings::record(
+            &setup.state_dir,
+            &setup.engine_id,
+            setup.config.as_ref(),
+        ) {
+            tracing::warn!(%error, state_dir = %setup.state_dir.display(), "the engine settings could not be recorded for the command line");
+        }
         Ok(Active {
             engine,
             _registry: registry,
