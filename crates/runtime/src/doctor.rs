@@ -148,10 +148,13 @@ impl DoctorReport {
 
 /// The report for `host`, with the caller's extra checks.
 pub async fn doctor(host: &Host, mut checks: Vec<Check>) -> DoctorReport {
-    checks.extend(crate::gateway_settings::check(
-        host.config(),
-        &host.options().state_dir,
-    ));
+    if let Some(agreed) = crate::gateway_settings::check(host.config(), &host.options().state_dir) {
+        checks.push(Check {
+            name: "gateway settings".to_owned(),
+            ok: agreed.is_ok(),
+            detail: agreed.unwrap_or_else(|differs| differs),
+        });
+    }
     let info = host.engine().engine.info();
     let profile = &host.options().profile;
     let compatibility = Operation::ALL

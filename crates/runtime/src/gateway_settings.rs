@@ -16,7 +16,6 @@ use serde_json::Value;
 use vilvona_core::registry::SettingsOrigin;
 
 use crate::config::HostConfig;
-use crate::doctor::Check;
 
 /// The record's file name in the state directory.
 pub const FILE: &str = "gateway-settings.json";
@@ -124,52 +123,38 @@ pub fn apply(config: &mut HostConfig, state_dir: &Path) {
     });
 }
 
-/// `doctor`'s check: whether the command line and the gateway read the same engine settings
-/// (`None` where no gateway has run on this state directory).
-pub fn check(config: &HostConfig, state_dir: &Path) -> Option<Check> {
-    let name = "gateway settings".to_owned();
+/// Whether the command line and the gateway read the same engine settings, for `doctor`:
+/// `Ok` with what it found when they agree (or the command line reads the gateway's), `Err`
+/// naming the keys that differ; `None` where no gateway has run on this state directory.
+pub fn check(config: &HostConfig, state_dir: &Path) -> Option<Result<String, String>> {
     let path: PathBuf = state_dir.join(FILE);
     let recorded = match read(state_dir) {
         Ok(Some(recorded)) => recorded,
         Ok(None) => return None,
         Err(error) => {
-            return Some(Check {
-                name,
-                ok: false,
-                detail: format!("the gateway's recorded engine settings cannot be read: {error}"),
-            });
+            return Some(Err(format!(
+                "the gateway's recorded engine settings cannot be read: {error}"
+            )));
         }
     };
     let engine = &recorded.engine_id;
     let when = vilvona_summarize::format_utc_rfc3339(recorded.recorded_at_ms);
     let detail = |said: String| format!("{said} ({}, recorded {when})", path.display());
     Some(match written_settings(config, engine) {
-        None => Check {
-            name,
-            ok: true,
-            detail: detail(format!(
-                "the command line reads the {engine} settings the gateway gave vilvona serve"
-            )),
-        },
+        None => Ok(detail(format!(
+            "the command line reads the {engine} settings the gateway gave vilvona serve"
+        ))),
         Some(written) => {
             let differing = differences(written, &recorded.config);
             if differing.is_empty() {
-                Check {
-                    name,
-                    ok: true,
-                    detail: detail(format!(
-                        "vilvona.json5's plugins.entries.{engine}.config and the gateway's agree"
-                    )),
-                }
+                Ok(detail(format!(
+                    "vilvona.json5's plugins.entries.{engine}.config and the gateway's agree"
+                )))
             } else {
-                Check {
-                    name,
-                    ok: false,
-                    detail: detail(format!(
-                        "vilvona.json5's plugins.entries.{engine}.config differs from the settings the gateway gave vilvona serve at {}: the command line follows vilvona.json5, the gateway the plugin's `engine` setting in openclaw.json; make them agree",
-                        differing.join(", ")
-                    )),
-                }
+                Err(detail(format!(
+                    "vilvona.json5's plugins.entries.{engine}.config differs from the settings the gateway gave vilvona serve at {}: the command line follows vilvona.json5, the gateway the plugin's `engine` setting in openclaw.json; make them agree",
+                    differing.join(", ")
+                )))
             }
         }
     })
