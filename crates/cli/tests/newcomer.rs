@@ -729,3 +729,42 @@ fn the_command_line_reads_the_gateways_settings_and_doctor_says_when_they_differ
         "doctor is unhealthy while they differ"
     );
 }
+
+/// `ask` without a model quotes and cites the message that answers, not every message that
+/// shares a word with the question (every planted ticket has "ticket" and "owns").
+#[test]
+fn ask_cites_the_message_that_answers_and_no_other() {
+    let dir = TempDir::new().unwrap();
+    let state = dir.path();
+    let session = replayed(state);
+    let answer = json(&vilvona(
+        state,
+        &[
+            "ask",
+            "Who owns the ticket for the quarterly load test?",
+            "--session",
+            session,
+            "--json",
+        ],
+    ));
+    assert!(
+        answer["answer"]
+            .as_str()
+            .unwrap()
+            .contains("OPS-71820 and Tomasz Wojcik owns it"),
+        "{answer}"
+    );
+    let citations = answer["citations"].as_array().unwrap();
+    assert_eq!(citations.len(), 1, "{answer}");
+    let cited = citations[0].as_str().unwrap();
+    let described = json(&vilvona(
+        state,
+        &["describe", cited, "--session", session, "--json"],
+    ));
+    assert!(
+        described
+            .to_string()
+            .contains("quarterly load test is OPS-71820"),
+        "{cited}: {described}"
+    );
+}
