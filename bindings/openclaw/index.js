@@ -511,7 +511,7 @@ const PANEL_VIEWS = new Set(["context", "stats", "dag", "grep", "expand", "descr
 /**
  * The Control UI panel's backend, answered by `vilvona ui`: `view` (operator.read) reads the
  * session the panel is open on; `repair` (operator.write) previews, then on confirmation runs,
- * a rebuild of the recall index.
+ * a rebuild of the recall index or a re-summarizing of the session's truncated summaries.
  */
 export function registerPanelAction(api, ui) {
   const controls = api.session?.controls ?? api;
@@ -534,12 +534,19 @@ export function registerPanelAction(api, ui) {
   });
   controls.registerSessionAction({
     id: "repair",
-    description: "Rebuild vilvona's recall index from its database: a preview first, then the rebuild when confirmed.",
-    schema: { type: "object", properties: { repair: { type: "string" }, confirm: { type: "boolean" } }, required: ["repair"], additionalProperties: false },
+    description: "Repair vilvona's store: rebuild the recall index from the database, or re-summarize this session's truncated summaries; a preview first, then the repair when confirmed.",
+    schema: {
+      type: "object",
+      properties: { repair: { enum: ["rebuild-index", "resummarize"] }, confirm: { type: "boolean" }, session: { type: "string" } },
+      required: ["repair"],
+      additionalProperties: false,
+    },
     requiredScopes: ["operator.write"],
     async handler(action) {
+      if (!action?.sessionKey) return { ok: false, error: "vilvona: the panel names no session" };
       try {
-        return { ok: true, result: await ui.repair(action?.payload ?? {}) };
+        // The panel's own session, whatever the payload names.
+        return { ok: true, result: await ui.repair({ ...(action?.payload ?? {}), session: action.sessionKey }) };
       } catch (error) {
         return { ok: false, error: String(error?.message ?? error) };
       }

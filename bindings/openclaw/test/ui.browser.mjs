@@ -14,6 +14,7 @@ import { mkdtempSync, mkdirSync, readFileSync, writeFileSync } from "node:fs";
 import { createRequire } from "node:module";
 import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
+import { createServer } from "node:http";
 import { createInterface } from "node:readline";
 import { fileURLToPath } from "node:url";
 
@@ -212,7 +213,7 @@ test("vilvona ui --allow-repair: a rebuild of the index after a preview and a co
   try {
     const page = await browser.newPage({ viewport: { width: 1280, height: 900 } });
     await page.goto(url);
-    await page.click("[data-part=repair]");
+    await page.click("[data-repair=rebuild-index] [data-part=repair]");
     const preview = await page.locator("[data-part=repair-preview]").textContent();
     assert.match(preview, /rebuild the recall index from the database/);
     assert.match(preview, /not needed/);
@@ -223,6 +224,64 @@ test("vilvona ui --allow-repair: a rebuild of the index after a preview and a co
     await page.fill("[data-part=search]", "staging database password rotation");
     await page.press("[data-part=search]", "Enter");
     await page.locator("[data-part=hits] li", { hasText: "OPS-48292" }).first().waitFor();
+  } finally {
+    await browser.close();
+  }
+});
+
+/** An OpenAI-compatible model on 127.0.0.1 whose summaries are useless (longer than what they
+ * summarize, so the engine truncates) until `useful` is set. */
+async function summarizerModel() {
+  const model = { useful: false, requests: 0 };
+  const server = createServer((request, response) => {
+    request.resume();
+    request.on("end", () => {
+      model.requests += 1;
+      const content = model.useful ? "Ops notes: the staging database password rotation is ticket OPS-48292." : "unusable ".repeat(20_000);
+      response.writeHead(200, { "content-type": "application/json" });
+      response.end(JSON.stringify({ choices: [{ index: 0, message: { role: "assistant", content }, finish_reason: "stop" }] }));
+    });
+  });
+  await new Promise((resolve) => server.listen(0, "127.0.0.1", resolve));
+  after(() => server.close());
+  model.baseUrl = `http://127.0.0.1:${server.address().port}/v1`;
+  return model;
+}
+
+test("vilvona ui --allow-repair: truncated summaries re-summarized with the configured summarizer, after a preview", async () => {
+  const model = await summarizerModel();
+  const state = mkdtempSync(join(tmpdir(), "vilvona-ui-"));
+  const summarizer = { kind: "openai", baseUrl: model.baseUrl, model: "mock-summarizer", retries: 0 };
+  writeFileSync(join(state, "vilvona.json5"), JSON.stringify({ plugins: { entries: { lossless: { config: { summarizer } } } } }));
+  replayInto(state);
+  const truncated = () => JSON.parse(vilvona(state, "context", "dag", "--format", "json", "--session", SESSION))
+    .summaries.filter((summary) => summary.inContext && summary.level === "fallback");
+  const flagged = truncated().length;
+  assert.ok(flagged > 0 && model.requests > 0, `the replay truncated nothing (${model.requests} summarizer requests)`);
+
+  model.useful = true;
+  const url = `${await startUi(state, "--allow-repair")}&session=${SESSION}`;
+  const browser = await browserType.launch({ executablePath: chromium, args: ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update", "--no-first-run", "--disable-sync"] });
+  try {
+    const page = await browser.newPage({ viewport: { width: 1280, height: 900 } });
+    await page.goto(url);
+    const offer = page.locator("[data-repair=resummarize] [data-part=repair]");
+    assert.equal(await offer.textContent(), `Re-summarize ${flagged} truncated ${flagged === 1 ? "summary" : "summaries"}…`);
+    const asked = model.requests;
+    await offer.click();
+    const preview = await page.locator("[data-repair=resummarize] [data-part=repair-preview]").textContent();
+    assert.match(preview, new RegExp(`rewrite the ${flagged} truncated summaries in this session's context with \\S*mock-summarizer`));
+    assert.match(preview, /It is needed\./);
+    // The preview changed nothing and asked the model nothing.
+    assert.equal(truncated().length, flagged);
+    assert.equal(model.requests, asked);
+    await page.click("[data-repair=resummarize] [data-part=confirm-repair]");
+    const result = await page.locator("[data-part=repair-result]").textContent();
+    assert.match(result, new RegExp(`^Re-summarized ${flagged} of ${flagged} with `));
+    assert.equal(truncated().length, 0);
+    // Nothing is left to offer, and the timeline's rows carry no truncation any more.
+    await page.locator("[data-repair=resummarize]").waitFor({ state: "detached" });
+    assert.equal(await page.locator("[data-part=timeline] .vv-badge", { hasText: "truncated" }).count(), 0);
   } finally {
     await browser.close();
   }

@@ -75,7 +75,7 @@ try {
 
     // The token's connection may write: the repair is offered, and its preview answers
     // through the gateway's operator.write action (the rebuild itself is not run here).
-    await view.locator("[data-part=repair]").click({ timeout: 30_000 });
+    await view.locator("[data-repair=rebuild-index] [data-part=repair]").click({ timeout: 30_000 });
     assert.match(await view.locator("[data-part=repair-preview]").textContent({ timeout: 30_000 }), /rebuild the recall index/);
 
     await page.screenshot({ path: join(out, `openclaw-panel-${width}-search.png`) });

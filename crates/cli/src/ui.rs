@@ -91,28 +91,58 @@ pub(crate) async fn ui(
 }
 
 /// A repair the page asked for: its preview (`confirm` false: what it would do and whether
-/// the store needs it), or the repair itself. The only one: rebuilding the recall index from
-/// the database, as `vilvona doctor --fix` does.
+/// the store needs it), or the repair itself. Two: rebuilding the recall index from the
+/// database, as `vilvona doctor --fix` does, and re-summarizing a session's truncated
+/// summaries with the configured summarizer.
 async fn repair(served: &Served, request: &Value) -> Result<Value> {
     let Some(global) = &served.repairs else {
         anyhow::bail!("this vilvona ui is read-only (start it with --allow-repair)");
     };
-    let what = request["repair"].as_str().unwrap_or_default();
-    if what != "rebuild-index" {
-        anyhow::bail!("unknown repair \"{what}\" (rebuild-index)");
+    let confirmed = request["confirm"] == true;
+    match request["repair"].as_str().unwrap_or_default() {
+        "rebuild-index" if !confirmed => {
+            let check = crate::views::health(&served.host).await?;
+            Ok(json!({
+                "repair": "rebuild-index",
+                "needed": check["indexNeedsRebuild"],
+                "detail": check["detail"],
+                "will": "rebuild the recall index from the database, beside the old one, then swap it in; searches read the database meanwhile, and nothing in the database changes",
+            }))
+        }
+        "rebuild-index" => {
+            let host = global.host().await?;
+            let documents = crate::inspect::admin(&host).await?.rebuild_index().await?;
+            Ok(json!({"repair": "rebuild-index", "rebuilt": documents}))
+        }
+        "resummarize" => {
+            let session = request["session"]
+                .as_str()
+                .ok_or_else(|| anyhow::anyhow!("the \"resummarize\" repair needs a \"session\""))?;
+            // The preview reads through the read-only host; the repair writes through its own.
+            let writer;
+            let host = match confirmed {
+                true => {
+                    writer = global.host().await?;
+                    &writer
+                }
+                false => &served.host,
+            };
+            let (key, record) = crate::inspect::find_session(host, session).await?;
+            let done = crate::inspect::admin(host)
+                .await?
+                .resummarize(&crate::inspect::caller(&key, &record), confirmed)
+                .await?;
+            let mut answer = serde_json::to_value(&done)?;
+            answer["repair"] = json!("resummarize");
+            answer["needed"] = json!(done.flagged > 0);
+            answer["will"] = json!(format!(
+                "rewrite the {} truncated summaries in this session's context with {}, each in its place and over the same sources; one it cannot write smaller than its truncation stays as it is",
+                done.flagged, done.summarizer
+            ));
+            Ok(answer)
+        }
+        other => anyhow::bail!("unknown repair \"{other}\" (rebuild-index, resummarize)"),
     }
-    if request["confirm"] != true {
-        let check = crate::views::health(&served.host).await?;
-        return Ok(json!({
-            "repair": what,
-            "needed": check["indexNeedsRebuild"],
-            "detail": check["detail"],
-            "will": "rebuild the recall index from the database, beside the old one, then swap it in; searches read the database meanwhile, and nothing in the database changes",
-        }));
-    }
-    let host = global.host().await?;
-    let documents = crate::inspect::admin(&host).await?.rebuild_index().await?;
-    Ok(json!({"repair": what, "rebuilt": documents}))
 }
 
 /// 32 hex digits from the system's random source.

@@ -220,6 +220,21 @@ pub struct RetentionRun {
     pub space: Option<ReclaimReport>,
 }
 
+/// What re-summarizing a session's truncated summaries found and did.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Resummarized {
+    /// The summarizer that writes the new summaries (the configured one).
+    pub summarizer: String,
+    /// The truncated (`fallback`) summaries in the session's context before the run.
+    pub flagged: u64,
+    /// How many were rewritten (0 on a preview).
+    pub rewritten: u64,
+    /// How many are still truncated after it: the summarizer failed, or wrote nothing
+    /// smaller than the truncation it would replace.
+    pub remaining: u64,
+}
+
 /// A summary in a conversation's DAG.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -296,6 +311,15 @@ pub trait EngineAdmin: Send + Sync {
 
     /// The session's summary DAG.
     async fn dag(&self, session: &ToolCaller) -> Result<DagView, EngineError>;
+
+    /// Rewrites the session's truncated summaries (those in its context that deterministic
+    /// truncation wrote when no summarizer could) with the configured summarizer, each keeping
+    /// its place and its sources; without `apply`, only counts them.
+    async fn resummarize(
+        &self,
+        session: &ToolCaller,
+        apply: bool,
+    ) -> Result<Resummarized, EngineError>;
 
     /// Forgets a session's history, or only what came before `before_ms`.
     async fn forget(

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use vilvona_core::EngineError;
 use vilvona_core::admin::{
-    DagView, EngineAdmin, Forgotten, ItemGroup, RetentionRun, SessionStats, StorageCheck,
-    StorageUsage, StoredSession, ToolCaller, WindowPlan,
+    DagView, EngineAdmin, Forgotten, ItemGroup, Resummarized, RetentionRun, SessionStats,
+    StorageCheck, StorageUsage, StoredSession, ToolCaller, WindowPlan,
 };
 use vilvona_core::archive::{ImportReport, SessionArchive};
 use vilvona_store::{ConversationId, ItemContent, MessageId, StoreError};
@@ -144,6 +144,39 @@ impl EngineAdmin for LosslessEngine {
             .dag_view(conversation.id)
             .await
             .map_err(|error| store_error("reading the summary DAG", error))
+    }
+
+    async fn resummarize(
+        &self,
+        session: &ToolCaller,
+        apply: bool,
+    ) -> Result<Resummarized, EngineError> {
+        let conversation = self
+            .conversation(&session.session_id, session.session_key.as_deref())
+            .await?;
+        let store = self.store();
+        let flagged = || async {
+            store
+                .fallback_summaries(conversation.id)
+                .await
+                .map(|summaries| summaries.len() as u64)
+                .map_err(|error| store_error("reading truncated summaries", error))
+        };
+        let before = flagged().await?;
+        let rewritten = match apply && before > 0 {
+            true => self.resummarize_fallbacks(conversation.id).await?,
+            false => 0,
+        };
+        Ok(Resummarized {
+            summarizer: self.inner.summarizer.id().to_owned(),
+            flagged: before,
+            rewritten,
+            remaining: if rewritten > 0 {
+                flagged().await?
+            } else {
+                before
+            },
+        })
     }
 
     async fn forget(

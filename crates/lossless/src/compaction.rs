@@ -955,7 +955,7 @@ impl LosslessEngine {
     }
 
     /// Re-summarizes context summaries that the fallback produced, keeping their edges.
-    async fn resummarize_fallbacks(
+    pub(crate) async fn resummarize_fallbacks(
         &self,
         conversation: ConversationId,
     ) -> Result<u64, EngineError> {

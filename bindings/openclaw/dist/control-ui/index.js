@@ -98,6 +98,9 @@ export function compactions(dag) {
   }).sort((a, b) => b.at - a.at || b.depth - a.depth);
 }
 
+/** "1 summary", "2 summaries". */
+const count = (n, one, many) => `${grouped(n)} ${n === 1 ? one : many}`;
+
 /** How many folds the timeline lists; the rest are counted. */
 const TIMELINE_ROWS = 40;
 
@@ -236,7 +239,6 @@ export function mountPanel(container, options) {
     const model = folds.reduce((sum, fold) => sum + fold.modelTokens, 0);
     const fallbacks = folds.filter((fold) => fold.fallback).length;
     const truncations = folds.filter((fold) => fold.truncated).length;
-    const count = (n, one, many) => `${grouped(n)} ${n === 1 ? one : many}`;
     timeline.replaceChildren(
       el("p", { class: "vv-muted", "data-compactions": folds.length },
         `${count(folds.length, "fold", "folds")}; a model summarizer read ${grouped(model)} tokens for them` +
@@ -261,31 +263,43 @@ export function mountPanel(container, options) {
     health.replaceChildren(
       el("p", { class: check.ok ? "vv-ok" : "vv-error", "data-ok": check.ok }, check.ok ? "Healthy: " : "Needs attention: ", check.detail),
       check.indexNeedsRebuild ? el("p", {}, "Rebuilding the recall index from the database heals this: `vilvona doctor --fix`.") : "",
+      state.repaired ? el("p", { "data-part": "repair-result" }, state.repaired) : "",
     );
     // A repair is offered only to who may make it, and only after a preview.
     if (!options.repair || !(options.canRepair ?? check.canRepair)) return;
-    const box = el("div", { class: "vv-repair" });
-    const start = el("button", { type: "button", "data-part": "repair" }, "Rebuild the recall index…");
+    offerRepair(check, "rebuild-index", "Rebuild the recall index…", "Rebuild now",
+      (done) => `Rebuilt the recall index: ${grouped(done.rebuilt)} documents.`);
+    if (state.truncated > 0) {
+      offerRepair(check, "resummarize", `Re-summarize ${count(state.truncated, "truncated summary", "truncated summaries")}…`, "Re-summarize now",
+        (done) => `Re-summarized ${grouped(done.rewritten)} of ${grouped(done.flagged)} with ${done.summarizer}` +
+          (done.remaining ? `; ${grouped(done.remaining)} still truncated.` : "."));
+    }
+  }
+
+  /** A repair's button: its preview (what it will do, whether it is needed), then a confirmation. */
+  function offerRepair(check, repair, label, confirmLabel, result) {
+    const fix = (payload) => options.repair({ session: state.sessionKey, repair, ...payload });
+    const box = el("div", { class: "vv-repair", "data-repair": repair });
+    const start = el("button", { type: "button", "data-part": "repair" }, label);
     start.addEventListener("click", async () => {
       start.disabled = true;
       try {
-        const preview = await options.repair({ repair: "rebuild-index" });
-        const confirm = el("button", { type: "button", "data-part": "confirm-repair" }, "Rebuild now");
+        const preview = await fix({});
+        const confirm = el("button", { type: "button", "data-part": "confirm-repair" }, confirmLabel);
         const cancel = el("button", { type: "button" }, "Cancel");
         cancel.addEventListener("click", () => drawHealth(check));
         confirm.addEventListener("click", async () => {
           confirm.disabled = cancel.disabled = true;
           try {
-            const done = await options.repair({ repair: "rebuild-index", confirm: true });
-            box.replaceChildren(el("p", { "data-part": "repair-result" }, `Rebuilt the recall index: ${grouped(done.rebuilt)} documents.`));
-            ask({ view: "health" }).then((next) => { drawHealth(next); health.append(box); });
+            state.repaired = result(await fix({ confirm: true }));
+            await refresh();
           } catch (error) {
-            box.replaceChildren(el("p", { class: "vv-error" }, `The rebuild failed: ${error.message ?? error}`));
+            box.replaceChildren(el("p", { class: "vv-error" }, `The repair failed: ${error.message ?? error}`));
           }
         });
         box.replaceChildren(
           el("p", { "data-part": "repair-preview" }, `This will ${preview.will}. `,
-            preview.needed ? "The store's check says the index needs it." : "The store's check finds the index sound: it is not needed."),
+            preview.needed ? "It is needed." : "It is not needed: the store's check finds nothing for it to do."),
           el("div", { class: "vv-row" }, confirm, cancel),
         );
         confirm.focus();
@@ -343,6 +357,7 @@ export function mountPanel(container, options) {
     drawWindow(context, stats);
     drawDag(dag);
     drawTimeline(dag);
+    state.truncated = dag.summaries.filter((summary) => summary.inContext && summary.level === "fallback").length;
     root.dataset.painted = String(Math.round(performance.now() - started));
     say(`Session ${state.sessionKey}`);
     // The store check reads every index file: it comes after the paint.
@@ -375,6 +390,7 @@ export function mountPanel(container, options) {
   function start() {
     state.generation += 1;
     state.stamp = undefined;
+    state.repaired = undefined;
     hits.replaceChildren();
     say(`Loading ${state.sessionKey} …`);
     refresh().catch((error) => say(`Could not read ${state.sessionKey}: ${error.message ?? error}`));

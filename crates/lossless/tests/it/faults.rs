@@ -367,3 +367,37 @@ async fn a_backlog_is_summarized_several_leaves_at_a_time_and_loses_nothing() {
         .collect();
     assert!(seqs.windows(2).all(|pair| pair[0] < pair[1]), "{seqs:?}");
 }
+
+/// The operator's repair (the panel's "re-summarize"): a preview counts the truncated summaries
+/// and asks the summarizer nothing; the repair rewrites them; a summarizer still failing leaves
+/// them counted as remaining.
+#[tokio::test]
+async fn the_admin_resummarizes_truncated_summaries_after_a_preview() {
+    use vilvona_core::admin::{EngineAdmin, ToolCaller};
+    let dir = TempDir::new().unwrap();
+    let summarizer = Arc::new(Recovering::default());
+    let engine = engine_in(&dir, small_config(), summarizer.clone()).await;
+    drive(&engine, 0..16).await;
+    let session = ToolCaller::new("s1", None);
+    let preview = engine.resummarize(&session, false).await.unwrap();
+    assert!(preview.flagged > 0, "{preview:?}");
+    assert_eq!((preview.rewritten, preview.remaining), (0, preview.flagged));
+    assert_eq!(preview.summarizer, "recovering");
+    // Still failing: nothing rewritten, all remain.
+    let failed = engine.resummarize(&session, true).await.unwrap();
+    assert_eq!((failed.rewritten, failed.remaining), (0, preview.flagged));
+    summarizer
+        .0
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let done = engine.resummarize(&session, true).await.unwrap();
+    assert_eq!(
+        (done.flagged, done.rewritten, done.remaining),
+        (preview.flagged, preview.flagged, 0)
+    );
+    assert!(
+        shown_summaries(&assemble_s1(&engine).await)
+            .iter()
+            .all(|text| !text.contains("[fallback summary"))
+    );
+    check_nothing_lost(&engine, 64).await;
+}
