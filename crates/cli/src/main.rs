@@ -111,8 +111,8 @@ enum Command {
         /// The session whose history is searched, by key or id.
         #[arg(long)]
         session: String,
-        /// How the query matches.
-        #[arg(long, value_enum, default_value_t = Mode::Text)]
+        /// How the query matches (hybrid: by words and by meaning together).
+        #[arg(long, value_enum, default_value_t = Mode::Hybrid)]
         mode: Mode,
         /// Which rows are searched.
         #[arg(long, value_enum, default_value_t = Scope::Both)]

@@ -144,9 +144,17 @@ macro_rules! choice {
     };
 }
 
-/// How the query is read.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// How the query is read: by default by words and by meaning together (hybrid), which finds
+/// more on questions asked in other words than the answer's and keeps an exact lookup's
+/// first hit first (BENCHMARKS.md, "Recall by meaning").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Mode(pub(crate) SearchMode);
+
+impl Default for Mode {
+    fn default() -> Mode {
+        Mode(SearchMode::Hybrid)
+    }
+}
 choice!(Mode("mode") {
     "text" => Mode(SearchMode::Text),
     "phrase" => Mode(SearchMode::Phrase),
@@ -285,7 +293,7 @@ mod tests {
         }
         assert_eq!(grep["required"], json!(["query"]));
         assert!(!grep.to_string().contains("null") && !grep.to_string().contains("format"));
-        assert_eq!(grep["properties"]["mode"]["default"], "text");
+        assert_eq!(grep["properties"]["mode"]["default"], "hybrid");
         assert_eq!(grep["properties"]["scope"]["default"], "both");
         let parsed: Grep = parse(&json!({"query": "q", "scope": "summaries"})).unwrap();
         assert_eq!(parsed.scope.0, SearchTarget::Summaries);

@@ -36,8 +36,9 @@ pub fn tool_definitions() -> Vec<ToolDefinition> {
         ToolDefinition {
             name: GREP_TOOL.to_owned(),
             description: "Search the full conversation history, including parts folded into summaries, \
-                          by words (text, phrase, regex) or by meaning (semantic; hybrid: both). \
-                          Returns matching messages and summaries with snippets; a message hit names the \
+                          by words and meaning together (hybrid, the default: a question need not use \
+                          the answer's words), by words only (text, phrase, regex) or by meaning only \
+                          (semantic). Returns matching messages and summaries with snippets; a message hit names the \
                           summary that currently covers it.".to_owned(),
             parameters: arguments::schema::<arguments::Grep>(),
         },
@@ -601,9 +602,8 @@ impl LosslessEngine {
                 caller,
                 arguments::Grep {
                     query: Some(query.clone()),
-                    // A question rarely shares its words with the answer: by words and by
-                    // meaning (text alone when no embedding model is configured).
-                    mode: arguments::Mode(vilvona_store::SearchMode::Hybrid),
+                    // The tool's default: by words and by meaning (text alone when no
+                    // embedding model is configured).
                     limit: Some(QUESTION_HITS),
                     ..arguments::Grep::default()
                 },

@@ -102,10 +102,17 @@ const MIN_TEXT_SCORE: f32 = 1.0;
 /// hit, in no meaning list) below rows that half-match both ways.
 const TEXT_LEADERS_KEPT: usize = 3;
 
+/// How far a text leader's score must stand above the text hit after the leaders for it to
+/// keep its place at the top: the query's own words, all or the rare ones, in that row and
+/// hardly anywhere else — an exact lookup ("cold storage migration"), which meaning must not
+/// reorder. A question whose words match many rows about equally leans on the fusion.
+const STRONG_TEXT_RATIO: f32 = 2.0;
+
 /// Reciprocal rank fusion of the text and the meaning rows: a row's score is the sum over the
 /// lists it is in of `1 / (FUSION_K + rank)`; a text row that scored under [`MIN_TEXT_SCORE`]
 /// does not vote. Text search's first [`TEXT_LEADERS_KEPT`] rows are always among the
-/// results. Best first (equal scores: the newest row first); at most `limit`.
+/// results, and those of them that are strong (see [`STRONG_TEXT_RATIO`]) come first, in
+/// text's order. Best first (equal scores: the newest row first); at most `limit`.
 pub(crate) fn fuse(
     text: &[(IndexedRow, f32)],
     meaning: &[(IndexedRow, f32)],
@@ -113,11 +120,20 @@ pub(crate) fn fuse(
 ) -> Vec<(IndexedRow, f32)> {
     // A text hit that matched only words found nearly everywhere ("the", "what") says
     // nothing.
-    let text: Vec<IndexedRow> = text
+    let voting: Vec<(IndexedRow, f32)> = text
         .iter()
         .filter(|(_, score)| *score >= MIN_TEXT_SCORE)
-        .map(|(row, _)| *row)
+        .copied()
         .collect();
+    let reference = voting
+        .get(TEXT_LEADERS_KEPT)
+        .map_or(MIN_TEXT_SCORE, |(_, score)| *score);
+    let strong = voting
+        .iter()
+        .take(TEXT_LEADERS_KEPT)
+        .take_while(|(_, score)| *score >= STRONG_TEXT_RATIO * reference)
+        .count();
+    let text: Vec<IndexedRow> = voting.iter().map(|(row, _)| *row).collect();
     let leaders = &text[..text.len().min(TEXT_LEADERS_KEPT)];
     let mut fused: Vec<(IndexedRow, f32)> = Vec::with_capacity(text.len() + meaning.len());
     let mut at: std::collections::HashMap<IndexedRow, usize> = std::collections::HashMap::new();
@@ -137,9 +153,16 @@ pub(crate) fn fuse(
             }
         }
     }
-    fused.sort_by(|a, b| {
-        b.1.total_cmp(&a.1)
-            .then_with(|| key_of(b.0).cmp(&key_of(a.0)))
+    // The strong leaders first, in text's order; then the rest by fused score.
+    let place = |row: &IndexedRow| text[..strong].iter().position(|leader| leader == row);
+    fused.sort_by(|a, b| match (place(&a.0), place(&b.0)) {
+        (Some(a), Some(b)) => a.cmp(&b),
+        (Some(_), None) => std::cmp::Ordering::Less,
+        (None, Some(_)) => std::cmp::Ordering::Greater,
+        (None, None) => {
+            b.1.total_cmp(&a.1)
+                .then_with(|| key_of(b.0).cmp(&key_of(a.0)))
+        }
     });
     // Room for the leaders first; the other rows fill the rest in fused order.
     let room = limit.saturating_sub(leaders.len());
@@ -287,4 +310,71 @@ fn holds_sequences(text: &str, wanted: &[Vec<String>]) -> Vec<bool> {
         }
     }
     held
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Rows by name: `a` is message 1, `b` message 2, …
+    fn rows(names: &str) -> Vec<IndexedRow> {
+        names
+            .bytes()
+            .map(|name| IndexedRow::Message(i64::from(name - b'a' + 1)))
+            .collect()
+    }
+
+    type Scored = Vec<(IndexedRow, f32)>;
+
+    fn scored(names: &str, scores: &[f32]) -> Scored {
+        rows(names)
+            .into_iter()
+            .zip(scores.iter().copied())
+            .collect()
+    }
+
+    /// An exact lookup keeps text's first hits on top, in text's order; a question whose words
+    /// match many rows about equally is fused, and a row both lists hold comes first.
+    #[test]
+    fn strong_text_hits_keep_their_place_and_weak_ones_are_fused() {
+        let table: [(&str, Scored, &str, &str); 5] = [
+            // One row holds the query's rare words: first, though meaning never found it.
+            (
+                "exact lookup",
+                scored("abcde", &[12.0, 2.5, 2.0, 1.5, 1.2]),
+                "fgbc",
+                "abcf",
+            ),
+            // Two rows hold them: both first, in text's order.
+            (
+                "two exact rows",
+                scored("abcde", &[12.0, 11.0, 2.0, 1.5, 1.2]),
+                "fgcb",
+                "abcf",
+            ),
+            // Words matched about equally everywhere: the row both lists hold leads.
+            (
+                "a question",
+                scored("abcde", &[2.0, 1.9, 1.8, 1.7, 1.6]),
+                "fgbh",
+                "bfag",
+            ),
+            // Few text hits, each well above what any word found nearly everywhere scores.
+            ("a rare word", scored("a", &[5.0]), "fg", "afg"),
+            // Few text hits barely above that: fused.
+            ("a common word", scored("ab", &[1.5, 1.2]), "fb", "bfa"),
+        ];
+        for (case, text, meaning, expected) in table {
+            let meaning: Scored = rows(meaning).into_iter().map(|row| (row, 0.5)).collect();
+            let fused: Vec<IndexedRow> = fuse(&text, &meaning, 10)
+                .into_iter()
+                .map(|(row, _)| row)
+                .collect();
+            assert_eq!(
+                &fused[..expected.len()],
+                &rows(expected)[..],
+                "{case}: {fused:?}"
+            );
+        }
+    }
 }

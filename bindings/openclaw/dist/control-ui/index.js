@@ -116,7 +116,7 @@ export function mountPanel(container, options) {
   const windowBox = el("div", { class: "vv-window", "data-part": "window" });
   const searchInput = el("input", { type: "search", placeholder: "Search the whole history", "aria-label": "Search the whole history", "data-part": "search" });
   const searchMode = el("select", { "aria-label": "How to search" },
-    el("option", { value: "text" }, "words"), el("option", { value: "phrase" }, "phrase"), el("option", { value: "hybrid" }, "hybrid"));
+    el("option", { value: "hybrid" }, "words and meaning"), el("option", { value: "text" }, "words"), el("option", { value: "phrase" }, "phrase"));
   const hits = el("ol", { class: "vv-hits", "data-part": "hits" });
   const dagList = el("ul", { class: "vv-dag", "data-part": "dag" });
   const health = el("div", { class: "vv-health", "data-part": "health" });

@@ -159,6 +159,12 @@ async fn check(turns: usize, window: u64, lossless: &str) {
             }
         }
         let hit = hit.unwrap_or_else(|| panic!("needle {} not found: {found}", needle.answer));
+        // Asked by its own words (the default mode, hybrid), the stating row is the first hit.
+        assert_eq!(
+            hit["id"], results[0]["id"],
+            "{:?}: the stating row is not first: {found}",
+            needle.query
+        );
         assert!(
             hit["snippet"]
                 .as_str()
