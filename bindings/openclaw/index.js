@@ -505,6 +505,50 @@ export class UiServer {
   }
 }
 
+/**
+ * What OpenClaw 2026.9.6 accepts as a session action's result (`isPluginJsonValue`): at most
+ * 4,096 JSON values, objects of at most 512 keys, 32 levels, strings of at most 65,536
+ * characters, 256 KiB serialized. A long session's DAG has more values than that; an expanded
+ * tool output, a longer string.
+ */
+const OPENCLAW_RESULT = { values: 4096, keys: 512, depth: 32, stringChars: 65536, bytes: 262144 };
+
+/** Whether OpenClaw will carry `value` as a session action's result (the limits above). */
+export function withinOpenClaw(value) {
+  let values = 0;
+  const fits = (next, depth) => {
+    values += 1;
+    if (values > OPENCLAW_RESULT.values || depth > OPENCLAW_RESULT.depth) return false;
+    if (typeof next === "string") return next.length <= OPENCLAW_RESULT.stringChars;
+    if (typeof next === "number") return Number.isFinite(next);
+    if (next === null || typeof next !== "object") return typeof next === "boolean" || next === null;
+    const entries = Object.entries(next);
+    return (Array.isArray(next) || entries.length <= OPENCLAW_RESULT.keys)
+      && entries.every(([key, entry]) => key.length <= OPENCLAW_RESULT.stringChars && fits(entry, depth + 1));
+  };
+  return fits(value, 0) && Buffer.byteLength(JSON.stringify(value), "utf8") <= OPENCLAW_RESULT.bytes;
+}
+
+/**
+ * A view as OpenClaw will carry it: as it is when it fits, else as its JSON text in pieces
+ * the panel joins (a few values, up to ~256 KiB of text). A view larger than that is refused
+ * with its size named, not by OpenClaw's "must be JSON-compatible".
+ */
+export function fitForOpenClaw(view) {
+  if (withinOpenClaw({ ok: true, result: view })) return view;
+  const text = JSON.stringify(view);
+  // Half the string limit: escaping the text's quotes and backslashes may double it.
+  const piece = OPENCLAW_RESULT.stringChars / 2;
+  const jsonPieces = [];
+  for (let at = 0; at < text.length; at += piece) jsonPieces.push(text.slice(at, at + piece));
+  const carried = { jsonPieces };
+  if (!withinOpenClaw({ ok: true, result: carried })) {
+    const kib = Math.ceil(Buffer.byteLength(JSON.stringify(carried), "utf8") / 1024);
+    throw new Error(`this view is ${kib} KiB of JSON; OpenClaw carries at most ${OPENCLAW_RESULT.bytes / 1024} KiB from a plugin's action`);
+  }
+  return carried;
+}
+
 /** The views the panel may ask of its own session (never another session's, never the list). */
 const PANEL_VIEWS = new Set(["context", "stats", "dag", "grep", "expand", "describe", "health", "watch"]);
 
@@ -526,7 +570,7 @@ export function registerPanelAction(api, ui) {
       if (!PANEL_VIEWS.has(payload.view)) return { ok: false, error: `vilvona: unknown view "${payload.view}"` };
       if (!action?.sessionKey) return { ok: false, error: "vilvona: the panel names no session" };
       try {
-        return { ok: true, result: await ui.view({ ...payload, session: action.sessionKey }) };
+        return { ok: true, result: fitForOpenClaw(await ui.view({ ...payload, session: action.sessionKey })) };
       } catch (error) {
         return { ok: false, error: String(error?.message ?? error) };
       }

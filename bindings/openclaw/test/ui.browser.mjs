@@ -19,8 +19,8 @@ import { createInterface } from "node:readline";
 import { fileURLToPath } from "node:url";
 import { promisify } from "node:util";
 
-import { UiServer, registerPanelAction } from "../index.js";
-import { compactions } from "../dist/control-ui/index.js";
+import { UiServer, registerPanelAction, fitForOpenClaw, withinOpenClaw } from "../index.js";
+import { compactions, unwrap } from "../dist/control-ui/index.js";
 
 const here = dirname(fileURLToPath(import.meta.url));
 const root = join(here, "..", "..", "..");
@@ -331,4 +331,22 @@ test("the Control UI panel's action answers the session's own views, read-only",
   const exited = new Promise((resolve) => child.once("exit", (code) => resolve(code)));
   child.stdin.end();
   assert.equal(await exited, 0);
+});
+
+test("a view beyond OpenClaw's limits on an action's result travels in pieces the panel joins", () => {
+  // A long session's DAG: more JSON values than OpenClaw's 4,096 (a 150-turn gateway session
+  // at a 16k window had its DAG refused: "plugin session action result must be JSON-compatible").
+  const dag = { summaries: Array.from({ length: 1_500 }, (_, i) => ({ summaryId: `sum_${i}`, depth: i % 3, childSummaries: [i, i + 1], level: "normal" })) };
+  assert.equal(withinOpenClaw({ ok: true, result: dag }), false);
+  const carried = fitForOpenClaw(dag);
+  assert.equal(withinOpenClaw({ ok: true, result: carried }), true);
+  assert.deepEqual(unwrap({ ok: true, result: carried }), dag);
+  // An expanded tool output: one string longer than OpenClaw's 65,536 characters, quotes in it.
+  const expanded = { items: [{ id: "msg_1", text: `"quoted" \\ ${"row ok\n".repeat(12_000)}` }] };
+  assert.equal(withinOpenClaw({ ok: true, result: expanded }), false);
+  assert.deepEqual(unwrap({ ok: true, result: fitForOpenClaw(expanded) }), expanded);
+  // What fits goes as it is; what cannot fit is refused with its size.
+  const small = { report: { sessionTokens: 1 } };
+  assert.equal(fitForOpenClaw(small), small);
+  assert.throws(() => fitForOpenClaw({ text: "x".repeat(400_000) }), /this view is \d+ KiB of JSON; OpenClaw carries at most 256 KiB/);
 });

@@ -464,10 +464,12 @@ export function mountMeter(container, options) {
 }
 
 /** What a session action answered, or its error thrown. */
-function unwrap(answer) {
+export function unwrap(answer) {
   const reply = answer?.result !== undefined && answer?.ok !== undefined ? answer : { ok: true, result: answer };
   if (!reply.ok) throw new Error(reply.error?.message ?? reply.error ?? "the vilvona action failed");
-  const result = reply.result;
+  // A view too large for OpenClaw's limits on an action's result travels as JSON text in
+  // pieces (see `fitForOpenClaw` in the plugin).
+  const result = Array.isArray(reply.result?.jsonPieces) ? JSON.parse(reply.result.jsonPieces.join("")) : reply.result;
   if (result?.error) throw new Error(result.error);
   return result;
 }
