@@ -230,8 +230,8 @@ pub struct Resummarized {
     pub flagged: u64,
     /// How many were rewritten (0 on a preview).
     pub rewritten: u64,
-    /// How many are still truncated after it: the summarizer failed, or wrote nothing
-    /// smaller than the truncation it would replace.
+    /// Of those, how many it left truncated: the summarizer failed, or wrote nothing smaller
+    /// than the truncation it would replace.
     pub remaining: u64,
 }
 

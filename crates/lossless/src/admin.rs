@@ -154,28 +154,23 @@ impl EngineAdmin for LosslessEngine {
         let conversation = self
             .conversation(&session.session_id, session.session_key.as_deref())
             .await?;
-        let store = self.store();
-        let flagged = || async {
-            store
-                .fallback_summaries(conversation.id)
-                .await
-                .map(|summaries| summaries.len() as u64)
-                .map_err(|error| store_error("reading truncated summaries", error))
-        };
-        let before = flagged().await?;
-        let rewritten = match apply && before > 0 {
+        let flagged = self
+            .store()
+            .fallback_summaries(conversation.id)
+            .await
+            .map_err(|error| store_error("reading truncated summaries", error))?
+            .len() as u64;
+        let rewritten = match apply && flagged > 0 {
             true => self.resummarize_fallbacks(conversation.id).await?,
             false => 0,
         };
+        // What this run found and did not rewrite (the summarizer failed, or wrote nothing
+        // smaller than the truncation).
         Ok(Resummarized {
             summarizer: self.inner.summarizer.id().to_owned(),
-            flagged: before,
+            flagged,
             rewritten,
-            remaining: if rewritten > 0 {
-                flagged().await?
-            } else {
-                before
-            },
+            remaining: flagged.saturating_sub(rewritten),
         })
     }
 
