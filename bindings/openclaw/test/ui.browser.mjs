@@ -20,7 +20,7 @@ import { fileURLToPath } from "node:url";
 import { promisify } from "node:util";
 
 import { UiServer, registerPanelAction, fitForOpenClaw, withinOpenClaw } from "../index.js";
-import { compactions, unwrap } from "../dist/control-ui/index.js";
+import { unwrap } from "../dist/control-ui/index.js";
 
 const here = dirname(fileURLToPath(import.meta.url));
 const root = join(here, "..", "..", "..");
@@ -85,6 +85,7 @@ test("vilvona ui: the window, search, the DAG to its sources, and stored markup 
   assert.equal(plan.window, null);
   const dag = JSON.parse(vilvona(state, "context", "dag", "--format", "json", "--session", SESSION));
   assert.ok(dag.summaries.some((s) => s.inContext), "the replay made no summaries to show");
+  const folds = JSON.parse(vilvona(state, "context", "timeline", "--json", "--session", SESSION));
   const url = `${await startUi(state)}&session=${SESSION}`;
 
   // A request without the token reads nothing.
@@ -118,17 +119,22 @@ test("vilvona ui: the window, search, the DAG to its sources, and stored markup 
       }
 
       // The compaction steps, newest first: one a summary, each folding more than it wrote;
-      // the rows' figures are the DAG's.
-      const folds = compactions(dag);
-      assert.equal(folds.length, dag.summaries.length);
-      for (const fold of folds) assert.ok(fold.before > fold.after && fold.after > 0, JSON.stringify(fold));
-      assert.equal(await page.getAttribute("[data-compactions]", "data-compactions"), String(folds.length));
+      // the rows' figures are `context timeline --json`'s, which reads the DAG.
+      assert.equal(folds.folds, dag.summaries.length);
+      for (const fold of folds.rows) assert.ok(fold.before > fold.after && fold.after > 0, JSON.stringify(fold));
+      assert.equal(await page.getAttribute("[data-compactions]", "data-compactions"), String(folds.folds));
       const rows = page.locator("[data-part=timeline] li");
-      assert.equal(await rows.count(), Math.min(folds.length, 40));
+      assert.equal(await rows.count(), Math.min(folds.folds, 40));
       const newest = dag.summaries.reduce((a, b) => (b.createdAtMs > a.createdAtMs || (b.createdAtMs === a.createdAtMs && b.depth > a.depth) ? b : a));
       assert.equal(await rows.first().getAttribute("data-id"), newest.summaryId);
       assert.equal(await rows.first().getAttribute("data-after"), String(newest.tokens));
       assert.ok((await rows.first().textContent()).includes(newest.summarizer));
+      // The cache-hit estimate: each row's prefix, and their mean; a fold over messages keeps
+      // the cache for every summary ahead of it, so some fold keeps some.
+      assert.equal(await rows.first().getAttribute("data-cache-kept"), String(folds.rows[0].cacheKept));
+      assert.ok(folds.rows.some((fold) => fold.cacheKept > 0), JSON.stringify(folds.rows.slice(0, 5)));
+      assert.equal(await page.getAttribute("p[data-cache-kept]", "data-cache-kept"), String(folds.meanCacheKept));
+      assert.ok((await page.textContent("p[data-cache-kept]")).includes(grouped(folds.meanCacheKept)));
 
       // Search finds the planted fact (its text shown), and leads to its place in the DAG.
       const typed = Date.now();

@@ -1,4 +1,5 @@
-//! `context list|detail|json|map`: what a stored session's next prompt is made of.
+//! `context list|detail|json|map|dag|timeline`: what a stored session's next prompt is made
+//! of, its summary DAG and its compactions.
 
 use std::path::Path;
 use std::process::ExitCode;
@@ -196,7 +197,7 @@ async fn dag(
 ) -> Result<ExitCode> {
     let host = global.reader().await?;
     if let crate::DagFormat::Json = format {
-        print_json(&crate::views::dag(&host, session).await?)?;
+        print_json(&crate::views::dag(&host, session, false).await?)?;
         return Ok(ExitCode::SUCCESS);
     }
     let (key, record) = crate::inspect::find_session(&host, session).await?;
@@ -226,6 +227,47 @@ async fn dag(
     Ok(ExitCode::SUCCESS)
 }
 
+/// `vilvona context timeline`: the session's compactions, newest first (or their JSON).
+pub(crate) async fn timeline(global: &Global, session: &str, json: bool) -> Result<ExitCode> {
+    let host = global.reader().await?;
+    let timeline = crate::views::timeline(&host, session, None).await?;
+    if json {
+        print_json(&serde_json::to_value(&timeline)?)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!(
+        "{} folds; model summarizers read {} tokens for them; {} by a fallback, {} by truncation",
+        grouped(timeline.folds as u64),
+        grouped(timeline.model_tokens),
+        grouped(timeline.fallbacks as u64),
+        grouped(timeline.truncations as u64),
+    );
+    println!(
+        "After a fold the prompt cache keeps the system prompt, the tools and ~{} tokens of older summaries (mean); the rest is read anew",
+        grouped(timeline.mean_cache_kept)
+    );
+    for fold in &timeline.rows {
+        let flag = match (fold.fallback, fold.truncated) {
+            (_, true) => " [truncated]",
+            (true, false) => " [fallback]",
+            _ => "",
+        };
+        println!(
+            "{}  D{}  {}  {} messages + {} summaries ({} tok) -> {} tok  cache keeps {} tok  {}{flag}",
+            vilvona_summarize::format_utc_rfc3339(fold.at),
+            fold.depth,
+            fold.id,
+            grouped(fold.messages),
+            grouped(fold.folded_summaries as u64),
+            grouped(fold.before),
+            grouped(fold.after),
+            grouped(fold.cache_kept),
+            fold.summarizer,
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 pub(crate) async fn context(
     global: &Global,
     view: ContextView,
@@ -243,7 +285,7 @@ pub(crate) async fn context(
         ContextView::List => print_list(&report, false),
         ContextView::Detail => print_list(&report, true),
         ContextView::Json => print_json(&crate::views::context_json(&report))?,
-        ContextView::Dag => {}
+        ContextView::Dag | ContextView::Timeline => {}
         ContextView::Map => {
             let mut tiles = vec![Tile {
                 group: "System prompt".to_owned(),

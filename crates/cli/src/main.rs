@@ -6,6 +6,7 @@ mod dag;
 mod inspect;
 mod replay;
 mod retention;
+mod timeline;
 mod treemap;
 mod ui;
 mod views;
@@ -91,6 +92,9 @@ enum Command {
         /// The workspace whose bootstrap files are injected (AGENTS.md, SOUL.md, …).
         #[arg(long, value_name = "DIR")]
         workspace: Option<PathBuf>,
+        /// `timeline`: print one JSON document.
+        #[arg(long)]
+        json: bool,
     },
     /// Manual /compact through the host.
     Compact {
@@ -300,6 +304,9 @@ enum ContextView {
     Map,
     /// The summary DAG: depths, kinds and tokens (see --format and --out).
     Dag,
+    /// The compactions, newest first: what each fold folded and wrote, by which summarizer,
+    /// and how much of the next prompt the provider's cache could still serve (see --json).
+    Timeline,
 }
 
 #[derive(Copy, Clone, Debug, ValueEnum)]
@@ -529,7 +536,11 @@ async fn run(command: Command, global: &Global) -> Result<ExitCode> {
             out,
             format,
             workspace,
+            json,
         } => {
+            if let ContextView::Timeline = view {
+                return context::timeline(global, &session, json).await;
+            }
             context::context(
                 global,
                 view,

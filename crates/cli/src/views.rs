@@ -41,7 +41,16 @@ pub(crate) async fn answer(host: &Host, request: &Value) -> Result<Value> {
     let (name, arguments) = match view {
         "sessions" => return sessions(host).await,
         "context" => return context(host, session()?).await,
-        "dag" => return dag(host, session()?).await,
+        "dag" => {
+            let in_context = request["inContext"].as_bool().unwrap_or(false);
+            return dag(host, session()?, in_context).await;
+        }
+        "timeline" => {
+            let limit = request["limit"].as_u64().map(|n| n as usize);
+            return Ok(serde_json::to_value(
+                timeline(host, session()?, limit).await?,
+            )?);
+        }
         "stats" => return stats(host, session()?).await,
         "health" => return health(host).await,
         "watch" => return watch(host, session()?, request["since"].as_str()).await,
@@ -49,7 +58,7 @@ pub(crate) async fn answer(host: &Host, request: &Value) -> Result<Value> {
         "expand" => tool("vilvona_expand", &["id", "cursor", "tokenCap"]),
         "describe" => tool("vilvona_describe", &["id"]),
         other => bail!(
-            "unknown view \"{other}\" (sessions, context, dag, stats, health, watch, grep, expand, describe)"
+            "unknown view \"{other}\" (sessions, context, dag, timeline, stats, health, watch, grep, expand, describe)"
         ),
     };
     recall(host, session()?, name, &arguments).await
@@ -119,13 +128,30 @@ pub(crate) fn context_json(report: &ContextReport) -> Value {
     })
 }
 
-/// The session's summary DAG (`vilvona context dag --format json`).
-pub(crate) async fn dag(host: &Host, session: &str) -> Result<Value> {
+/// The session's summary DAG (`vilvona context dag --format json`); with `in_context`, only
+/// the summaries the context holds (the DAG's tops: what the panel lists, each expanded on
+/// demand), which stay few however long the session grows.
+pub(crate) async fn dag(host: &Host, session: &str, in_context: bool) -> Result<Value> {
     let (key, record) = find_session(host, session).await?;
-    let view = admin(host).await?.dag(&caller(&key, &record)).await?;
+    let mut view = admin(host).await?.dag(&caller(&key, &record)).await?;
+    if in_context {
+        view.summaries.retain(|summary| summary.in_context);
+    }
     let mut value = serde_json::to_value(&view)?;
     value["session"] = json!(record.session_id);
     Ok(value)
+}
+
+/// The session's compactions, newest first, at most `limit` of them with the totals of all
+/// (`vilvona context timeline --json`).
+pub(crate) async fn timeline(
+    host: &Host,
+    session: &str,
+    limit: Option<usize>,
+) -> Result<crate::timeline::Timeline> {
+    let (key, record) = find_session(host, session).await?;
+    let view = admin(host).await?.dag(&caller(&key, &record)).await?;
+    Ok(crate::timeline::timeline(&view, limit))
 }
 
 /// What the engine keeps of the session and what it plans its context against

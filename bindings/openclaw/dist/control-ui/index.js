@@ -67,37 +67,6 @@ export function windowParts(context, stats) {
   return { parts, total: report.sessionTokens, window: report.window, budget: report.promptBudget, plan };
 }
 
-/**
- * The session's compaction steps, newest first, from its DAG: each summary is one fold — what
- * it folded (messages and summaries, their tokens) against what it wrote, by which summarizer,
- * and whether a fallback wrote it (`… in place of …`) or the truncation did (level `fallback`).
- * (The store keeps no record of which folds one compaction call made: each is listed.)
- */
-export function compactions(dag) {
-  const summaries = dag.summaries ?? [];
-  const tokensOf = new Map(summaries.map((summary) => [summary.rowId, summary.tokens]));
-  return summaries.map((summary) => {
-    const folded = summary.childSummaries ?? [];
-    const before = (summary.childMessageTokens ?? 0) + folded.reduce((sum, row) => sum + (tokensOf.get(row) ?? 0), 0);
-    const truncated = summary.level === "fallback";
-    return {
-      at: summary.createdAtMs,
-      id: summary.summaryId,
-      depth: summary.depth,
-      messages: summary.childMessages ?? 0,
-      foldedSummaries: folded.length,
-      before,
-      after: summary.tokens,
-      summarizer: summary.summarizer,
-      fallback: Boolean(summary.summarizer?.includes(" in place of ")),
-      truncated,
-      // What a model summarizer read: what it folded (the extractive one and the truncation
-      // read nothing).
-      modelTokens: truncated || summary.summarizer?.startsWith("extractive") ? 0 : before,
-    };
-  }).sort((a, b) => b.at - a.at || b.depth - a.depth);
-}
-
 /** "1 summary", "2 summaries". */
 const count = (n, one, many) => `${grouped(n)} ${n === 1 ? one : many}`;
 
@@ -230,21 +199,24 @@ export function mountPanel(container, options) {
     dagList.replaceChildren(...rows);
   }
 
-  function drawTimeline(dag) {
-    const folds = compactions(dag);
-    if (!folds.length) {
+  /**
+   * The compactions (the `timeline` view: crates/cli/src/timeline.rs), newest first, with
+   * `system` the tokens of the system prompt and tools, which every prompt starts with.
+   */
+  function drawTimeline(folds, system) {
+    if (!folds.folds) {
       timeline.replaceChildren(el("p", { class: "vv-muted" }, "No compaction yet: the context holds every message whole."));
       return;
     }
-    const model = folds.reduce((sum, fold) => sum + fold.modelTokens, 0);
-    const fallbacks = folds.filter((fold) => fold.fallback).length;
-    const truncations = folds.filter((fold) => fold.truncated).length;
     timeline.replaceChildren(
-      el("p", { class: "vv-muted", "data-compactions": folds.length },
-        `${count(folds.length, "fold", "folds")}; a model summarizer read ${grouped(model)} tokens for them` +
-        (fallbacks ? `; ${count(fallbacks, "was", "were")} written by a fallback in place of the configured summarizer` : "") +
-        (truncations ? `; ${count(truncations, "made", "made")} room by truncation (no summarizer)` : "") + "."),
-      el("ol", { class: "vv-passes" }, folds.slice(0, TIMELINE_ROWS).map((fold) => el("li", { "data-id": fold.id, "data-before": fold.before, "data-after": fold.after },
+      el("p", { class: "vv-muted", "data-compactions": folds.folds },
+        `${count(folds.folds, "fold", "folds")}; a model summarizer read ${grouped(folds.modelTokens)} tokens for them` +
+        (folds.fallbacks ? `; ${count(folds.fallbacks, "was", "were")} written by a fallback in place of the configured summarizer` : "") +
+        (folds.truncations ? `; ${count(folds.truncations, "made", "made")} room by truncation (no summarizer)` : "") + "."),
+      el("p", { class: "vv-muted", "data-cache-kept": folds.meanCacheKept },
+        `Cache-hit estimate: after a fold, a provider's prompt cache can still serve the system prompt and tools (${grouped(system)} tok) ` +
+        `and about ${grouped(folds.meanCacheKept)} tok of older summaries ahead of it; the rest of the next prompt is read anew.`),
+      el("ol", { class: "vv-passes" }, folds.rows.map((fold) => el("li", { "data-id": fold.id, "data-before": fold.before, "data-after": fold.after, "data-cache-kept": fold.cacheKept },
         el("div", { class: "vv-row" },
           el("span", { class: "vv-muted" }, new Date(fold.at).toISOString().replace("T", " ").slice(0, 19)),
           el("span", { class: "vv-depth", title: `depth ${fold.depth}` }, `D${fold.depth}`),
@@ -252,10 +224,11 @@ export function mountPanel(container, options) {
             (fold.messages && fold.foldedSummaries ? " and " : "") +
             (fold.foldedSummaries ? count(fold.foldedSummaries, "summary", "summaries") : "") +
             ` (${grouped(fold.before)} tok) → ${grouped(fold.after)} tok`,
+          el("span", { class: "vv-muted", title: "tokens after the system prompt and tools the prompt cache still serves" }, `cache keeps ${grouped(system + fold.cacheKept)} tok`),
           el("span", { class: "vv-muted" }, fold.summarizer),
           fold.fallback ? el("span", { class: "vv-badge vv-warn" }, "fallback") : "",
           fold.truncated ? el("span", { class: "vv-badge vv-warn" }, "truncated") : "")))),
-      folds.length > TIMELINE_ROWS ? el("p", { class: "vv-muted" }, `and ${grouped(folds.length - TIMELINE_ROWS)} earlier`) : "",
+      folds.folds > folds.rows.length ? el("p", { class: "vv-muted" }, `and ${grouped(folds.folds - folds.rows.length)} earlier`) : "",
     );
   }
 
@@ -352,12 +325,13 @@ export function mountPanel(container, options) {
     const generation = state.generation;
     const started = performance.now();
     const checked = ask({ view: "health" });
-    const [context, stats, dag] = await Promise.all([ask({ view: "context" }), ask({ view: "stats" }), ask({ view: "dag" })]);
+    const [context, stats, dag, folds] = await Promise.all([ask({ view: "context" }), ask({ view: "stats" }),
+      ask({ view: "dag", inContext: true }), ask({ view: "timeline", limit: TIMELINE_ROWS })]);
     if (state.disposed || generation !== state.generation) return;
     drawWindow(context, stats);
     drawDag(dag);
-    drawTimeline(dag);
-    state.truncated = dag.summaries.filter((summary) => summary.inContext && summary.level === "fallback").length;
+    drawTimeline(folds, windowParts(context, stats).parts[0].tokens);
+    state.truncated = dag.summaries.filter((summary) => summary.level === "fallback").length;
     root.dataset.painted = String(Math.round(performance.now() - started));
     say(`Session ${state.sessionKey}`);
     // The store check reads every index file: it comes after the paint.
