@@ -13,6 +13,15 @@ import { join } from "node:path";
 
 const [gateway, token, binary, stateDir, out] = process.argv.slice(2);
 const { chromium } = createRequire(join(process.env.PLAYWRIGHT_CORE, "package.json"))("playwright-core");
+const parse = (message) => {
+  try {
+    return typeof message === "string" ? JSON.parse(message) : undefined;
+  } catch {
+    return undefined;
+  }
+};
+/** A response's headers for a body served again decoded: without its encoding and length. */
+const plain = (headers) => Object.fromEntries(Object.entries(headers).filter(([name]) => !["content-encoding", "content-length"].includes(name.toLowerCase())));
 const vilvona = (...args) => JSON.parse(execFileSync(binary, ["--state-dir", stateDir, ...args], { encoding: "utf8" }));
 mkdirSync(out, { recursive: true });
 
@@ -81,6 +90,60 @@ try {
     await page.screenshot({ path: join(out, `openclaw-panel-${width}-search.png`) });
     await context.close();
   }
+
+  // An operator.read connection: the panel reads, offers no repair, and the gateway refuses
+  // one. OpenClaw 2026.9.6's Control UI asks for every operator scope and token auth grants
+  // what it asks (a read-only operator is a named role bound to a verified identity, which the
+  // test gateway's token auth has not): here the page asks for operator.read alone — its list
+  // of scopes replaced as the script is served, so the device signature over them holds — and
+  // the gateway grants only that.
+  const context = await browser.newContext({ viewport: { width: 1280, height: 900 } });
+  const everyScope = /\[`operator\.admin`,`operator\.read`,`operator\.write`,`operator\.approvals`,`operator\.questions`,`operator\.pairing`\]/g;
+  let narrowed = 0;
+  await context.route(/\/assets\/.*\.js(\?|$)/, async (route) => {
+    const response = await route.fetch();
+    const text = await response.text();
+    const body = text.replace(everyScope, "[`operator.read`]");
+    if (body !== text) narrowed += 1;
+    await route.fulfill({ response, body, headers: plain(response.headers()) });
+  });
+  const granted = [];
+  let probe;
+  const refusal = new Promise((resolve) => { probe = resolve; });
+  await context.routeWebSocket(/./, (ws) => {
+    const server = ws.connectToServer();
+    ws.onMessage((message) => server.send(message));
+    server.onMessage((message) => {
+      const frame = parse(message);
+      if (frame?.id === "vilvona-repair-probe") return probe(frame);
+      if (frame?.payload?.type === "hello-ok") {
+        granted.push(frame.payload.auth?.scopes);
+        // What the page would send for a repair, on this connection: the gateway answers it.
+        server.send(JSON.stringify({
+          type: "req", id: "vilvona-repair-probe", method: "plugins.sessionAction",
+          params: { pluginId: "vilvona", actionId: "repair", payload: { repair: "rebuild-index" }, sessionKey: session.key },
+        }));
+      }
+      ws.send(message);
+    });
+  });
+  page = await context.newPage();
+  await page.goto(`${gateway}${path}#token=${token}`);
+  await page.locator("[data-part=meter][data-percent]").waitFor({ timeout: 60_000 });
+  assert.ok(narrowed > 0, "no script of the Control UI lists the operator scopes it asks for (is OpenClaw 2026.9.6 installed?)");
+  assert.ok(granted.length > 0 && granted.every((scopes) => scopes.includes("operator.read") && !scopes.includes("operator.write") && !scopes.includes("operator.admin")),
+    `the gateway granted ${JSON.stringify(granted)}`);
+  const refused = await refusal;
+  console.log(`a repair asked on the read-only connection: ${JSON.stringify(refused).slice(0, 300)}`);
+  assert.equal(refused.ok, false, JSON.stringify(refused));
+  await page.getByRole("button", { name: "Side panel" }).first().click({ timeout: 60_000 });
+  await page.locator("button[role=listitem]", { hasText: "vilvona context" }).first().click({ timeout: 30_000 });
+  const view = page.locator("openclaw-plugin-view");
+  await view.locator("[data-total]").waitFor({ timeout: 30_000 });
+  await view.locator("[data-part=health] [data-ok]").waitFor({ timeout: 30_000 });
+  assert.equal(await view.locator("[data-part=repair]").count(), 0, "a read-only connection is offered a repair");
+  await page.screenshot({ path: join(out, "openclaw-panel-read-only.png") });
+  await context.close();
 } catch (error) {
   if (page) {
     await page.screenshot({ path: join(out, "openclaw-panel-failure.png"), fullPage: true }).catch(() => {});
