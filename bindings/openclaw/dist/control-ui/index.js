@@ -121,7 +121,10 @@ export function mountPanel(container, options) {
         ` of the window; the context may hold ${grouped(budget)}`),
       bar, legend,
       plan ? el("p", { class: "vv-muted", "data-part": "limits" },
-        `Compaction runs above ${grouped(plan.trigger)} tokens of context and folds it down to ${grouped(plan.goal)}; ` +
+        (plan.trigger > 0
+          ? `Compaction runs above ${grouped(plan.trigger)} tokens of context and folds it down to ${grouped(plan.goal)}; `
+          // OpenClaw at a small window may plan the context no room at all (its budget).
+          : `The host leaves the context no room to grow (its budget: ${grouped(plan.budget ?? 0)} tokens), so compaction folds after every turn, as far as it can; `) +
         `it never holds more than ${grouped(plan.ceiling)}. Now ${grouped(stats.contextTokens)} in ${grouped(stats.contextItems)} items, ${grouped(stats.messages)} messages kept.`) : "",
     );
   }
@@ -300,6 +303,7 @@ export function mountPanel(container, options) {
     const query = searchInput.value.trim();
     const run = ++searchRun;
     if (!query) { hits.replaceChildren(); return; }
+    const started = performance.now();
     try {
       const found = await ask({ view: "grep", query, mode: searchMode.value, limit: 20 });
       if (run !== searchRun) return;
@@ -313,6 +317,8 @@ export function mountPanel(container, options) {
           snippet(hit.snippet));
       }) : [el("li", { class: "vv-muted" }, `No matches for “${query}”.`)]));
       root.dataset.searched = query;
+      // How long the search took, asked to drawn (the browser tests read it).
+      root.dataset.searchMs = String(Math.round(performance.now() - started));
     } catch (error) {
       if (run === searchRun) hits.replaceChildren(el("li", { class: "vv-error" }, `Search failed: ${error.message ?? error}`));
     }
@@ -332,6 +338,7 @@ export function mountPanel(container, options) {
     drawDag(dag);
     drawTimeline(folds, windowParts(context, stats).parts[0].tokens);
     state.truncated = dag.summaries.filter((summary) => summary.level === "fallback").length;
+    // How long the views took, asked to drawn (the browser tests read it).
     root.dataset.painted = String(Math.round(performance.now() - started));
     say(`Session ${state.sessionKey}`);
     // The store check reads every index file: it comes after the paint.
