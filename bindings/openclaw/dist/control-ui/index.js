@@ -124,7 +124,7 @@ export function mountPanel(container, options) {
         (plan.trigger > 0
           ? `Compaction runs above ${grouped(plan.trigger)} tokens of context and folds it down to ${grouped(plan.goal)}; `
           // OpenClaw at a small window may plan the context no room at all (its budget).
-          : `The host leaves the context no room to grow (its budget: ${grouped(plan.budget ?? 0)} tokens), so compaction folds after every turn, as far as it can; `) +
+          : `The host leaves the context no room to grow (its budget: ${count(plan.budget ?? 0, "token", "tokens")}), so compaction folds after every turn, as far as it can; `) +
         `it never holds more than ${grouped(plan.ceiling)}. Now ${grouped(stats.contextTokens)} in ${grouped(stats.contextItems)} items, ${grouped(stats.messages)} messages kept.`) : "",
     );
   }
