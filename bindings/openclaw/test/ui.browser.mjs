@@ -129,6 +129,11 @@ test("vilvona ui: the window, search, the DAG to its sources, and stored markup 
       assert.equal(await rows.first().getAttribute("data-id"), newest.summaryId);
       assert.equal(await rows.first().getAttribute("data-after"), String(newest.tokens));
       assert.ok((await rows.first().textContent()).includes(newest.summarizer));
+      // Each summary in the context shows the time span of the messages below it.
+      const top = dag.summaries.find((summary) => summary.inContext);
+      const span = (ms) => new Date(ms).toISOString().replace("T", " ").slice(0, 16);
+      assert.ok((await page.locator(`[data-part=dag] li[data-id="${top.summaryId}"] .vv-row`).first().textContent())
+        .includes(`${span(top.earliestAtMs)} → ${span(top.latestAtMs)}`), top.summaryId);
       // The cache-hit estimate: each row's prefix, and their mean; a fold over messages keeps
       // the cache for every summary ahead of it, so some fold keeps some.
       assert.equal(await rows.first().getAttribute("data-cache-kept"), String(folds.rows[0].cacheKept));

@@ -163,6 +163,8 @@ mod tests {
             level: "normal".to_owned(),
             summarizer: "host-llm/v1".to_owned(),
             created_at_ms: row * 1000,
+            earliest_at_ms: None,
+            latest_at_ms: None,
         }
     }
 

@@ -409,6 +409,73 @@ fn the_summary_dag_draws_as_dot_and_png() {
     assert_eq!(u32::from_be_bytes(bytes[16..20].try_into().unwrap()), 1280);
 }
 
+/// `context dag --format json` gives each summary the time span of the messages below it;
+/// `context timeline --json` lists one fold a summary, newest first, with a cache-hit estimate.
+#[test]
+fn the_dag_as_json_has_spans_and_the_timeline_one_fold_a_summary() {
+    let dir = TempDir::new().unwrap();
+    let state = dir.path();
+    let fixture = format!(
+        "{}/../../fixtures/gen-session-15.jsonl",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let replayed = vilvona(
+        state,
+        &[
+            "replay",
+            &fixture,
+            "--engine",
+            "lossless",
+            "--context-window",
+            "6000",
+        ],
+    );
+    assert!(replayed.status.success());
+    let session = "synthetic-11-15";
+    let json = |args: &[&str]| -> serde_json::Value {
+        let output = vilvona(state, args);
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        serde_json::from_slice(&output.stdout).unwrap()
+    };
+    let dag = json(&["context", "dag", "--session", session, "--format", "json"]);
+    let summaries = dag["summaries"].as_array().unwrap();
+    assert!(summaries.len() > 1, "{dag}");
+    for summary in summaries {
+        let (earliest, latest) = (
+            summary["earliestAtMs"].as_i64().unwrap(),
+            summary["latestAtMs"].as_i64().unwrap(),
+        );
+        // The fixture's messages were written on 2026-03-02.
+        assert!(
+            earliest <= latest && earliest > 1_772_000_000_000,
+            "{summary}"
+        );
+    }
+    let timeline = json(&["context", "timeline", "--session", session, "--json"]);
+    assert_eq!(timeline["folds"].as_u64(), Some(summaries.len() as u64));
+    let rows = timeline["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), summaries.len());
+    assert!(
+        rows.windows(2)
+            .all(|pair| pair[0]["at"].as_i64() >= pair[1]["at"].as_i64())
+    );
+    // A fold over messages keeps the cache for the summaries ahead of it: some fold has some.
+    assert!(
+        rows.iter().any(|row| row["cacheKept"].as_u64() > Some(0)),
+        "{timeline}"
+    );
+    let text = vilvona(state, &["context", "timeline", "--session", session]);
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.starts_with(&format!("{} folds; ", summaries.len())),
+        "{text}"
+    );
+}
+
 /// A reader that stops early (`vilvona describe … | head`) ends the command quietly: no panic
 /// on the broken pipe.
 #[test]

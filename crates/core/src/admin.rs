@@ -265,6 +265,10 @@ pub struct DagSummary {
     pub summarizer: String,
     /// When it was published, in milliseconds since the epoch.
     pub created_at_ms: i64,
+    /// When the earliest message below it was written (ms since the epoch), when known.
+    pub earliest_at_ms: Option<i64>,
+    /// When the latest message below it was written, when known.
+    pub latest_at_ms: Option<i64>,
 }
 
 /// A conversation's DAG: its summaries, and the messages the context holds raw.

@@ -125,7 +125,7 @@ pub(crate) fn view(connection: &Connection, conversation: ConversationId) -> Res
                      AND e.child_message_id IS NOT NULL),
                 (SELECT coalesce(sum(m.tokens), 0) FROM summary_edges e
                      JOIN messages m ON m.id = e.child_message_id WHERE e.parent_id = s.id),
-                s.level, s.summarizer, s.created_at
+                s.level, s.summarizer, s.created_at, s.earliest_at, s.latest_at
          FROM summaries s WHERE s.conversation_id = ?1 ORDER BY s.depth DESC, s.id",
     )?;
     let rows = statement.query_map([conversation.0], |row| {
@@ -142,6 +142,8 @@ pub(crate) fn view(connection: &Connection, conversation: ConversationId) -> Res
             level: row.get(8)?,
             summarizer: row.get(9)?,
             created_at_ms: row.get(10)?,
+            earliest_at_ms: row.get(11)?,
+            latest_at_ms: row.get(12)?,
         })
     })?;
     for row in rows {

@@ -67,6 +67,9 @@ export function windowParts(context, stats) {
   return { parts, total: report.sessionTokens, window: report.window, budget: report.promptBudget, plan };
 }
 
+/** A time in milliseconds as `2026-12-03 14:05` (UTC). */
+const minute = (ms) => new Date(ms).toISOString().replace("T", " ").slice(0, 16);
+
 /** "1 summary", "2 summaries". */
 const count = (n, one, many) => `${grouped(n)} ${n === 1 ? one : many}`;
 
@@ -143,7 +146,9 @@ export function mountPanel(container, options) {
     head.append(el("code", {}, id));
     const tokens = item.tokens ?? item.childMessageTokens;
     if (tokens !== undefined) head.append(el("span", { class: "vv-muted" }, `${grouped(tokens)} tok`));
-    const when = item.earliest && item.latest ? `${item.earliest} → ${item.latest}` : item.time;
+    const when = item.earliest && item.latest ? `${item.earliest} → ${item.latest}`
+      : item.earliestAtMs != null && item.latestAtMs != null ? `${minute(item.earliestAtMs)} → ${minute(item.latestAtMs)}`
+      : item.time;
     if (when) head.append(el("span", { class: "vv-muted" }, when));
     if (item.childSummaries || item.childMessages) {
       head.append(el("span", { class: "vv-muted" }, `${item.childSummaries?.length ?? 0} summaries, ${grouped(item.childMessages ?? 0)} messages below`));
@@ -221,7 +226,7 @@ export function mountPanel(container, options) {
         `and about ${grouped(folds.meanCacheKept)} tok of older summaries ahead of it; the rest of the next prompt is read anew.`),
       el("ol", { class: "vv-passes" }, folds.rows.map((fold) => el("li", { "data-id": fold.id, "data-before": fold.before, "data-after": fold.after, "data-cache-kept": fold.cacheKept },
         el("div", { class: "vv-row" },
-          el("span", { class: "vv-muted" }, new Date(fold.at).toISOString().replace("T", " ").slice(0, 19)),
+          el("span", { class: "vv-muted" }, minute(fold.at)),
           el("span", { class: "vv-depth", title: `depth ${fold.depth}` }, `D${fold.depth}`),
           (fold.messages ? count(fold.messages, "message", "messages") : "") +
             (fold.messages && fold.foldedSummaries ? " and " : "") +

@@ -1717,7 +1717,7 @@ impl HistoryStore for PgStore {
                              AND e.child_message_id IS NOT NULL),
                         (SELECT coalesce(sum(m.tokens), 0)::BIGINT FROM summary_edges e
                              JOIN messages m ON m.id = e.child_message_id WHERE e.parent_id = s.id),
-                        s.level, s.summarizer, s.created_at
+                        s.level, s.summarizer, s.created_at, s.earliest_at, s.latest_at
                  FROM summaries s WHERE s.conversation_id = $1 ORDER BY s.depth DESC, s.id",
                 &[&conversation.0],
             )
@@ -1746,6 +1746,8 @@ impl HistoryStore for PgStore {
                 level: at(&row, 8)?,
                 summarizer: at(&row, 9)?,
                 created_at_ms: at(&row, 10)?,
+                earliest_at_ms: at(&row, 11)?,
+                latest_at_ms: at(&row, 12)?,
             });
         }
         let row = client
