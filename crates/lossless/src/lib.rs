@@ -19,6 +19,7 @@ mod cache;
 mod compaction;
 mod config;
 mod contract;
+mod dates;
 mod engine;
 mod errors;
 mod forget;

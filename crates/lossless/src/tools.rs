@@ -14,6 +14,7 @@ use vilvona_store::*;
 use vilvona_summarize::format_utc_rfc3339;
 
 use crate::arguments;
+use crate::dates;
 use crate::engine::LosslessEngine;
 use crate::errors::ToolError;
 use crate::render::{DESCRIBE_TOOL, EXPAND_QUERY_TOOL, EXPAND_TOOL, GREP_TOOL};
@@ -38,7 +39,8 @@ pub fn tool_definitions() -> Vec<ToolDefinition> {
             description: "Search the full conversation history, including parts folded into summaries, \
                           by words and meaning together (hybrid, the default: a question need not use \
                           the answer's words), by words only (text, phrase, regex) or by meaning only \
-                          (semantic). Returns matching messages and summaries with snippets; a message hit names the \
+                          (semantic). A date the query names (2026-05-14, May 2026, May 14 2026) puts what was written \
+                          then first. Returns matching messages and summaries with snippets; a message hit names the \
                           summary that currently covers it.".to_owned(),
             parameters: arguments::schema::<arguments::Grep>(),
         },
@@ -277,55 +279,43 @@ impl LosslessEngine {
         let since_ms = arguments::millis(arguments.since, "since")?;
         let before_ms = arguments::millis(arguments.before, "before")?;
         let scope = self.scope(caller).await?;
-        let mut hits = Vec::new();
-        for (agent, conversations) in &scope.reach {
-            hits.extend(
-                self.store()
-                    .search(SearchQuery {
-                        agent_id: agent.clone(),
-                        conversations: conversations.clone(),
-                        text: query.clone(),
-                        mode,
-                        target,
-                        since_ms,
-                        before_ms,
-                        limit,
-                        order,
-                    })
-                    .await
-                    .map_err(|error| match error {
-                        StoreError::InvalidRegex { pattern, detail } => {
-                            // The regex crate draws the pattern and a caret over several
-                            // lines: an error is one line, so its last line (what is wrong).
-                            let what = detail
-                                .lines()
-                                .rev()
-                                .find(|line| !line.trim().is_empty())
-                                .unwrap_or(&detail)
-                                .trim()
-                                .trim_start_matches("error: ");
-                            ToolError::InvalidArguments(format!("regex {pattern:?}: {what}"))
-                        }
-                        StoreError::QueryTooLarge(problem) => ToolError::InvalidArguments(problem),
-                        // Asking by meaning where it is off is the caller's to change.
-                        StoreError::NoEmbeddings => {
-                            ToolError::InvalidArguments(StoreError::NoEmbeddings.to_string())
-                        }
-                        // So is an embedding endpoint that cannot be reached now (the
-                        // engine is fine; text and hybrid search work meanwhile).
-                        StoreError::Embedding(error) => ToolError::Unavailable(format!(
-                            "{error}; text and hybrid search work meanwhile"
-                        )),
-                        other => ToolError::Store(other),
-                    })?,
-            );
-        }
-        if scope.reach.len() > 1 {
-            match order {
-                SearchOrder::Relevance => hits.sort_by(|a, b| b.score.total_cmp(&a.score)),
-                SearchOrder::Recency => hits.sort_by_key(|hit| std::cmp::Reverse(hit.time_ms)),
+        let search = |text: &str, since_ms, before_ms| Search {
+            text: text.to_owned(),
+            mode,
+            target,
+            since_ms,
+            before_ms,
+            limit,
+            order,
+        };
+        let mut hits = self
+            .search_reach(&scope, search(&query, since_ms, before_ms))
+            .await?;
+        // A date the question names selects what was written then, unless the caller chose
+        // the times: those hits first (searched by the question's other words), then the rest.
+        let named = match (since_ms, before_ms, mode) {
+            (None, None, SearchMode::Text | SearchMode::Hybrid | SearchMode::Semantic) => {
+                dates::named_date(&query).filter(|date| !date.rest.is_empty())
             }
-            hits.truncate(limit);
+            _ => None,
+        };
+        let mut dated = None;
+        if let Some(date) = named {
+            let within = self
+                .search_reach(
+                    &scope,
+                    search(&date.rest, Some(date.since_ms), Some(date.before_ms)),
+                )
+                .await?;
+            dated = Some(json!({
+                "said": date.said,
+                "since": format_utc_rfc3339(date.since_ms),
+                "before": format_utc_rfc3339(date.before_ms),
+                "hits": within.len(),
+            }));
+            let first: Vec<HitSource> = within.iter().map(|hit| hit.source.clone()).collect();
+            let others = hits.into_iter().filter(|hit| !first.contains(&hit.source));
+            hits = within.into_iter().chain(others).take(limit).collect();
         }
         let mut results = Vec::with_capacity(hits.len());
         for hit in hits {
@@ -364,7 +354,46 @@ impl LosslessEngine {
             }
             results.push(entry);
         }
-        Ok(json!({"query": query, "results": results}))
+        let mut answer = json!({"query": query, "results": results});
+        if let Some(dated) = dated {
+            answer["dated"] = dated;
+        }
+        Ok(answer)
+    }
+
+    /// One search over every conversation the scope reaches: its best `search.limit` hits.
+    async fn search_reach(
+        &self,
+        scope: &Scope,
+        search: Search,
+    ) -> Result<Vec<SearchHit>, ToolError> {
+        let mut hits = Vec::new();
+        for (agent, conversations) in &scope.reach {
+            hits.extend(
+                self.store()
+                    .search(SearchQuery {
+                        agent_id: agent.clone(),
+                        conversations: conversations.clone(),
+                        text: search.text.clone(),
+                        mode: search.mode,
+                        target: search.target,
+                        since_ms: search.since_ms,
+                        before_ms: search.before_ms,
+                        limit: search.limit,
+                        order: search.order,
+                    })
+                    .await
+                    .map_err(search_error)?,
+            );
+        }
+        if scope.reach.len() > 1 {
+            match search.order {
+                SearchOrder::Relevance => hits.sort_by(|a, b| b.score.total_cmp(&a.score)),
+                SearchOrder::Recency => hits.sort_by_key(|hit| std::cmp::Reverse(hit.time_ms)),
+            }
+            hits.truncate(search.limit);
+        }
+        Ok(hits)
     }
 
     async fn describe_tool(
@@ -727,5 +756,45 @@ impl LosslessEngine {
             "tokens": used,
             "answeredBy": answer.answered_by,
         }))
+    }
+}
+
+/// A search of `vilvona_grep` in one conversation's scope or several.
+struct Search {
+    text: String,
+    mode: SearchMode,
+    target: SearchTarget,
+    since_ms: Option<i64>,
+    before_ms: Option<i64>,
+    limit: usize,
+    order: SearchOrder,
+}
+
+/// A store's refusal of a search, as the tool's caller should read it.
+fn search_error(error: StoreError) -> ToolError {
+    match error {
+        StoreError::InvalidRegex { pattern, detail } => {
+            // The regex crate draws the pattern and a caret over several
+            // lines: an error is one line, so its last line (what is wrong).
+            let what = detail
+                .lines()
+                .rev()
+                .find(|line| !line.trim().is_empty())
+                .unwrap_or(&detail)
+                .trim()
+                .trim_start_matches("error: ");
+            ToolError::InvalidArguments(format!("regex {pattern:?}: {what}"))
+        }
+        StoreError::QueryTooLarge(problem) => ToolError::InvalidArguments(problem),
+        // Asking by meaning where it is off is the caller's to change.
+        StoreError::NoEmbeddings => {
+            ToolError::InvalidArguments(StoreError::NoEmbeddings.to_string())
+        }
+        // So is an embedding endpoint that cannot be reached now (the
+        // engine is fine; text and hybrid search work meanwhile).
+        StoreError::Embedding(error) => {
+            ToolError::Unavailable(format!("{error}; text and hybrid search work meanwhile"))
+        }
+        other => ToolError::Store(other),
     }
 }

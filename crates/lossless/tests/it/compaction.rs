@@ -637,3 +637,84 @@ async fn per_session_state_stays_bounded_across_many_sessions() {
             .contains("session 0 note 199")
     );
 }
+
+/// A date the question names selects what was written then: the June message answers "in
+/// June 2026", whichever message the words alone rank first, and the answer says which span it
+/// read. Times the caller gives, or a phrase, are taken as they are.
+#[tokio::test]
+async fn a_date_the_question_names_selects_what_was_written_then() {
+    let dir = TempDir::new().unwrap();
+    let engine = engine(&dir).await;
+    let said = |text: &str, time: &str| {
+        let ms = vilvona_summarize::parse_rfc3339(time).unwrap();
+        message(json!({"role": "user", "content": text, "timestamp": ms}))
+    };
+    let history = vec![
+        said(
+            "We picked the blue paint for the kitchen walls, the paint we picked first.",
+            "2026-05-03T10:00:00Z",
+        ),
+        said(
+            "We picked the green paint for the bedroom.",
+            "2026-06-10T10:00:00Z",
+        ),
+        said(
+            "The fence got the paint we picked, the paint we picked last year.",
+            "2026-07-01T10:00:00Z",
+        ),
+    ];
+    engine
+        .after_turn(&AfterTurnParams {
+            session_id: "s1".to_owned(),
+            session_key: Some("agent:main:s1".to_owned()),
+            messages: history.into(),
+            pre_prompt_message_count: 0,
+            token_budget: Some(4_000),
+            ..AfterTurnParams::default()
+        })
+        .await
+        .unwrap();
+    let caller = ToolCaller {
+        session_id: "s1".to_owned(),
+        session_key: Some("agent:main:s1".to_owned()),
+    };
+    let grep = |arguments: serde_json::Value| {
+        let (engine, caller) = (&engine, &caller);
+        async move {
+            engine
+                .call_tool(caller, "vilvona_grep", &arguments)
+                .await
+                .unwrap()
+        }
+    };
+    let first =
+        |found: &serde_json::Value| found["results"][0]["snippet"].as_str().unwrap().to_owned();
+    for mode in ["text", "hybrid"] {
+        let undated = grep(json!({"query": "Which paint did we pick?", "mode": mode})).await;
+        assert!(
+            !first(&undated).contains("green"),
+            "{mode}: the words alone already rank June first: {undated}"
+        );
+        assert!(undated.get("dated").is_none());
+        let dated =
+            grep(json!({"query": "Which paint did we pick in June 2026?", "mode": mode})).await;
+        assert!(first(&dated).contains("green"), "{mode}: {dated}");
+        assert_eq!(
+            dated["dated"],
+            json!({"said": "June 2026", "since": "2026-06-01T00:00:00Z", "before": "2026-07-01T00:00:00Z", "hits": 1}),
+            "{mode}"
+        );
+        // The other hits follow.
+        assert_eq!(
+            dated["results"].as_array().unwrap().len(),
+            3,
+            "{mode}: {dated}"
+        );
+    }
+    // The caller's own times are taken as they are; so is a phrase.
+    let chosen =
+        grep(json!({"query": "paint in June 2026", "since": "2026-07-01T00:00:00Z"})).await;
+    assert!(chosen.get("dated").is_none());
+    let phrase = grep(json!({"query": "paint in June 2026", "mode": "phrase"})).await;
+    assert!(phrase.get("dated").is_none());
+}

@@ -392,7 +392,10 @@ async fn the_dag_reads_back(backend: &Backend) {
     // Each summary's time span is the stored one (the panel shows it on the DAG's rows).
     assert!(top.earliest_at_ms.is_some() && top.latest_at_ms.is_some());
     assert_eq!(
-        (view.summaries[0].earliest_at_ms, view.summaries[0].latest_at_ms),
+        (
+            view.summaries[0].earliest_at_ms,
+            view.summaries[0].latest_at_ms
+        ),
         (top.earliest_at_ms, top.latest_at_ms)
     );
     let above = store.summaries_above(id, None).await.unwrap();
