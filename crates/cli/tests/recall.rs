@@ -54,6 +54,30 @@ fn replay(state: &Path, file: &str) {
     );
 }
 
+/// Replays the 15-turn fixture (session `synthetic-11-15`) through lossless at `window` tokens.
+fn replay_fixture(state: &Path, window: &str) {
+    let fixture = format!(
+        "{}/../../fixtures/gen-session-15.jsonl",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let output = vilvona(
+        state,
+        &[
+            "replay",
+            &fixture,
+            "--engine",
+            "lossless",
+            "--context-window",
+            window,
+        ],
+    );
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
 fn grep(state: &Path, session: &str, args: &[&str]) -> Vec<Value> {
     let mut all = vec!["grep", "--session", session, "--json"];
     all.extend_from_slice(args);
@@ -208,23 +232,7 @@ fn oversize_queries_and_bad_dates_are_refused_in_one_line() {
 fn expand_pages_with_a_cursor_to_the_last_child() {
     let dir = TempDir::new().unwrap();
     let state = dir.path();
-    let fixture = format!(
-        "{}/../../fixtures/gen-session-15.jsonl",
-        env!("CARGO_MANIFEST_DIR")
-    );
-    let output = vilvona(
-        state,
-        &[
-            "replay",
-            &fixture,
-            "--engine",
-            "lossless",
-            "--context-window",
-            "12000",
-            "--json",
-        ],
-    );
-    assert!(output.status.success());
+    replay_fixture(state, "12000");
     let session = "synthetic-11-15";
     let summaries = grep(
         state,
@@ -288,23 +296,7 @@ fn expand_pages_with_a_cursor_to_the_last_child() {
 fn ask_answers_from_history_with_citations_offline() {
     let dir = TempDir::new().unwrap();
     let state = dir.path();
-    let fixture = format!(
-        "{}/../../fixtures/gen-session-15.jsonl",
-        env!("CARGO_MANIFEST_DIR")
-    );
-    let output = vilvona(
-        state,
-        &[
-            "replay",
-            &fixture,
-            "--engine",
-            "lossless",
-            "--context-window",
-            "12000",
-            "--json",
-        ],
-    );
-    assert!(output.status.success());
+    replay_fixture(state, "12000");
     let session = "synthetic-11-15";
     let answered = ok_json(&vilvona(
         state,
@@ -355,23 +347,7 @@ fn ask_answers_from_history_with_citations_offline() {
 fn the_summary_dag_draws_as_dot_and_png() {
     let dir = TempDir::new().unwrap();
     let state = dir.path();
-    let fixture = format!(
-        "{}/../../fixtures/gen-session-15.jsonl",
-        env!("CARGO_MANIFEST_DIR")
-    );
-    let output = vilvona(
-        state,
-        &[
-            "replay",
-            &fixture,
-            "--engine",
-            "lossless",
-            "--context-window",
-            "12000",
-            "--json",
-        ],
-    );
-    assert!(output.status.success());
+    replay_fixture(state, "12000");
     let session = "synthetic-11-15";
     let dot = vilvona(state, &["context", "dag", "--session", session]);
     assert!(
@@ -415,22 +391,7 @@ fn the_summary_dag_draws_as_dot_and_png() {
 fn the_dag_as_json_has_spans_and_the_timeline_one_fold_a_summary() {
     let dir = TempDir::new().unwrap();
     let state = dir.path();
-    let fixture = format!(
-        "{}/../../fixtures/gen-session-15.jsonl",
-        env!("CARGO_MANIFEST_DIR")
-    );
-    let replayed = vilvona(
-        state,
-        &[
-            "replay",
-            &fixture,
-            "--engine",
-            "lossless",
-            "--context-window",
-            "6000",
-        ],
-    );
-    assert!(replayed.status.success());
+    replay_fixture(state, "6000");
     let session = "synthetic-11-15";
     let json = |args: &[&str]| -> serde_json::Value {
         let output = vilvona(state, args);

@@ -279,7 +279,10 @@ impl LosslessEngine {
         let since_ms = arguments::millis(arguments.since, "since")?;
         let before_ms = arguments::millis(arguments.before, "before")?;
         let scope = self.scope(caller).await?;
-        let search = |text: &str, since_ms, before_ms| Search {
+        // The agent and conversations are each reach's (`search_reach`).
+        let search = |text: &str, since_ms, before_ms| SearchQuery {
+            agent_id: String::new(),
+            conversations: Vec::new(),
             text: text.to_owned(),
             mode,
             target,
@@ -361,30 +364,21 @@ impl LosslessEngine {
         Ok(answer)
     }
 
-    /// One search over every conversation the scope reaches: its best `search.limit` hits.
+    /// One search over every conversation the scope reaches (each agent's conversations in
+    /// turn, `search`'s agent and conversations set to them): its best `search.limit` hits.
     async fn search_reach(
         &self,
         scope: &Scope,
-        search: Search,
+        search: SearchQuery,
     ) -> Result<Vec<SearchHit>, ToolError> {
         let mut hits = Vec::new();
         for (agent, conversations) in &scope.reach {
-            hits.extend(
-                self.store()
-                    .search(SearchQuery {
-                        agent_id: agent.clone(),
-                        conversations: conversations.clone(),
-                        text: search.text.clone(),
-                        mode: search.mode,
-                        target: search.target,
-                        since_ms: search.since_ms,
-                        before_ms: search.before_ms,
-                        limit: search.limit,
-                        order: search.order,
-                    })
-                    .await
-                    .map_err(search_error)?,
-            );
+            let query = SearchQuery {
+                agent_id: agent.clone(),
+                conversations: conversations.clone(),
+                ..search.clone()
+            };
+            hits.extend(self.store().search(query).await.map_err(search_error)?);
         }
         if scope.reach.len() > 1 {
             match search.order {
@@ -757,17 +751,6 @@ impl LosslessEngine {
             "answeredBy": answer.answered_by,
         }))
     }
-}
-
-/// A search of `vilvona_grep` in one conversation's scope or several.
-struct Search {
-    text: String,
-    mode: SearchMode,
-    target: SearchTarget,
-    since_ms: Option<i64>,
-    before_ms: Option<i64>,
-    limit: usize,
-    order: SearchOrder,
 }
 
 /// A store's refusal of a search, as the tool's caller should read it.
