@@ -68,14 +68,7 @@ pub(crate) struct Timeline {
 pub(crate) fn timeline(view: &DagView, limit: Option<usize>) -> Timeline {
     let summaries = &view.summaries;
     let tokens: HashMap<i64, u64> = summaries.iter().map(|s| (s.row_id, s.tokens)).collect();
-    // The row of the summary that folded each one (row ids grow as summaries are written).
-    let mut folded_by: HashMap<i64, i64> = HashMap::new();
-    for summary in summaries {
-        for child in &summary.child_summaries {
-            let parent = folded_by.entry(*child).or_insert(summary.row_id);
-            *parent = (*parent).min(summary.row_id);
-        }
-    }
+    let kept = caches_kept(summaries);
     let mut folds: Vec<Fold> = summaries
         .iter()
         .map(|summary| {
@@ -102,7 +95,7 @@ pub(crate) fn timeline(view: &DagView, limit: Option<usize>) -> Timeline {
                 } else {
                     before
                 },
-                cache_kept: cache_kept(summary, summaries, &folded_by),
+                cache_kept: kept.get(&summary.row_id).copied().unwrap_or(0),
             }
         })
         .collect();
@@ -125,22 +118,62 @@ pub(crate) fn timeline(view: &DagView, limit: Option<usize>) -> Timeline {
     }
 }
 
-/// [`Fold::cache_kept`] of `fold`.
-fn cache_kept(fold: &DagSummary, summaries: &[DagSummary], folded_by: &HashMap<i64, i64>) -> u64 {
-    // What it folded starts at its oldest child summary; a fold of messages only comes after
-    // every summary the context held.
-    let first = fold
-        .child_summaries
+/// [`Fold::cache_kept`] of every fold, by row: one pass over the summaries in the order they
+/// were written (row ids grow), the tokens of those the context holds at each step kept as
+/// running sums by that order, so a long session costs n log n, not n².
+fn caches_kept(summaries: &[DagSummary]) -> HashMap<i64, u64> {
+    let mut written: Vec<&DagSummary> = summaries.iter().collect();
+    written.sort_by_key(|summary| summary.row_id);
+    let place: HashMap<i64, usize> = written
         .iter()
-        .copied()
-        .min()
-        .unwrap_or(fold.row_id);
-    summaries
-        .iter()
-        .filter(|s| s.row_id < first)
-        .filter(|s| folded_by.get(&s.row_id).is_none_or(|by| *by > fold.row_id))
-        .map(|s| s.tokens)
-        .sum()
+        .enumerate()
+        .map(|(at, summary)| (summary.row_id, at))
+        .collect();
+    let mut held = PrefixSums(vec![0; written.len() + 1]);
+    let mut in_context = vec![false; written.len()];
+    let mut kept = HashMap::with_capacity(written.len());
+    for (at, fold) in written.iter().enumerate() {
+        let children: Vec<usize> = fold
+            .child_summaries
+            .iter()
+            .filter_map(|row| place.get(row).copied())
+            .collect();
+        // What it folded starts at its oldest child summary; a fold of messages only comes
+        // after every summary the context held.
+        let first = children.iter().copied().min().unwrap_or(at);
+        kept.insert(fold.row_id, held.before(first));
+        for child in children {
+            if std::mem::take(&mut in_context[child]) {
+                held.add(child, -(written[child].tokens as i64));
+            }
+        }
+        held.add(at, fold.tokens as i64);
+        in_context[at] = true;
+    }
+    kept
+}
+
+/// Sums of values by place, changed and read in log n (a Fenwick tree).
+struct PrefixSums(Vec<i64>);
+
+impl PrefixSums {
+    fn add(&mut self, place: usize, delta: i64) {
+        let mut at = place + 1;
+        while at < self.0.len() {
+            self.0[at] += delta;
+            at += at & at.wrapping_neg();
+        }
+    }
+
+    /// The sum of the values before `place`.
+    fn before(&self, place: usize) -> u64 {
+        let (mut at, mut sum) = (place, 0);
+        while at > 0 {
+            sum += self.0[at];
+            at -= at & at.wrapping_neg();
+        }
+        sum.max(0) as u64
+    }
 }
 
 #[cfg(test)]
@@ -231,6 +264,62 @@ mod tests {
             ),
             (3, 1, 1, 200)
         );
+    }
+
+    /// The one pass agrees with the definition read plainly (every summary looked at for every
+    /// fold) on a DAG grown as compaction grows one: leaves, and the oldest run of a depth
+    /// condensed when four of it are held.
+    #[test]
+    fn the_one_pass_agrees_with_the_definition() {
+        let mut summaries: Vec<DagSummary> = Vec::new();
+        let mut held: Vec<(i64, u32)> = Vec::new();
+        for row in 1..400_i64 {
+            let depth_full =
+                (0..6).find(|depth| held.iter().filter(|(_, d)| d == depth).count() >= 4);
+            let next = match depth_full {
+                Some(depth) => {
+                    let run: Vec<i64> = held
+                        .iter()
+                        .filter(|(_, d)| *d == depth)
+                        .take(4)
+                        .map(|(r, _)| *r)
+                        .collect();
+                    held.retain(|(r, _)| !run.contains(r));
+                    summary(row, depth + 1, (row * 37 % 200) as u64 + 10, &run, 0)
+                }
+                None => summary(row, 0, (row * 53 % 300) as u64 + 10, &[], 5),
+            };
+            held.push((row, next.depth));
+            held.sort_by_key(|(r, d)| (std::cmp::Reverse(*d), *r));
+            summaries.push(next);
+        }
+        let plainly = |fold: &DagSummary| -> u64 {
+            let first = fold
+                .child_summaries
+                .iter()
+                .copied()
+                .min()
+                .unwrap_or(fold.row_id);
+            let folded_at = |row: i64| {
+                summaries
+                    .iter()
+                    .filter(|s| s.child_summaries.contains(&row))
+                    .map(|s| s.row_id)
+                    .min()
+            };
+            summaries
+                .iter()
+                .filter(|s| {
+                    s.row_id < first && folded_at(s.row_id).is_none_or(|by| by > fold.row_id)
+                })
+                .map(|s| s.tokens)
+                .sum()
+        };
+        let kept = caches_kept(&summaries);
+        for fold in &summaries {
+            assert_eq!(kept[&fold.row_id], plainly(fold), "{}", fold.summary_id);
+        }
+        assert!(kept.values().any(|kept| *kept > 0));
     }
 
     #[test]
