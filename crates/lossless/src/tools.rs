@@ -291,20 +291,19 @@ impl LosslessEngine {
             limit,
             order,
         };
-        let mut hits = self
-            .search_reach(&scope, search(&query, since_ms, before_ms))
-            .await?;
         // A date the question names selects what was written then, unless the caller chose
-        // the times: those hits first (searched by the question's other words), then the rest.
+        // the times: those hits first (searched by the question's other words), then the
+        // undated search's, when there is room for them.
         let named = match (since_ms, before_ms, mode) {
             (None, None, SearchMode::Text | SearchMode::Hybrid | SearchMode::Semantic) => {
                 dates::named_date(&query).filter(|date| !date.rest.is_empty())
             }
             _ => None,
         };
+        let mut hits = Vec::new();
         let mut dated = None;
         if let Some(date) = named {
-            let within = self
+            hits = self
                 .search_reach(
                     &scope,
                     search(&date.rest, Some(date.since_ms), Some(date.before_ms)),
@@ -314,11 +313,21 @@ impl LosslessEngine {
                 "said": date.said,
                 "since": format_utc_rfc3339(date.since_ms),
                 "before": format_utc_rfc3339(date.before_ms),
-                "hits": within.len(),
+                "hits": hits.len(),
             }));
-            let first: Vec<HitSource> = within.iter().map(|hit| hit.source.clone()).collect();
-            let others = hits.into_iter().filter(|hit| !first.contains(&hit.source));
-            hits = within.into_iter().chain(others).take(limit).collect();
+        }
+        if hits.len() < limit {
+            let undated = self
+                .search_reach(&scope, search(&query, since_ms, before_ms))
+                .await?;
+            let first: Vec<HitSource> = hits.iter().map(|hit| hit.source.clone()).collect();
+            let room = limit - hits.len();
+            hits.extend(
+                undated
+                    .into_iter()
+                    .filter(|hit| !first.contains(&hit.source))
+                    .take(room),
+            );
         }
         let mut results = Vec::with_capacity(hits.len());
         for hit in hits {
