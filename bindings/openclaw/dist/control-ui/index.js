@@ -104,8 +104,8 @@ export function mountPanel(container, options) {
   const ask = (payload) => options.request({ session: state.sessionKey, ...payload });
   const say = (text) => { status.textContent = text; };
 
-  function drawWindow(context, stats) {
-    const { parts, total, window, budget, plan } = windowParts(context, stats);
+  /** The window (`windowParts` of the context and stats views). */
+  function drawWindow({ parts, total, window, budget, plan }, stats) {
     const bar = el("div", { class: "vv-bar", role: "img", "aria-label": `${grouped(total)} of ${grouped(window)} tokens` });
     for (const part of parts) {
       if (!part.tokens) continue;
@@ -339,9 +339,11 @@ export function mountPanel(container, options) {
     const [context, stats, dag, folds] = await Promise.all([ask({ view: "context" }), ask({ view: "stats" }),
       ask({ view: "dag", inContext: true }), ask({ view: "timeline", limit: TIMELINE_ROWS })]);
     if (state.disposed || generation !== state.generation) return;
-    drawWindow(context, stats);
+    const prompt = windowParts(context, stats);
+    drawWindow(prompt, stats);
     drawDag(dag);
-    drawTimeline(folds, windowParts(context, stats).parts[0].tokens);
+    // The system prompt and tools: the first part, which every prompt starts with.
+    drawTimeline(folds, prompt.parts[0].tokens);
     state.truncated = dag.summaries.filter((summary) => summary.level === "fallback").length;
     // How long the views took, asked to drawn (the browser tests read it).
     root.dataset.painted = String(Math.round(performance.now() - started));
