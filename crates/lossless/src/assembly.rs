@@ -172,6 +172,9 @@ impl LosslessEngine {
         else {
             return Ok(());
         };
+        // A fork child's transcript begins with its parent's history, which its seed shows.
+        let offset = self.host_offset(conversation).await? as usize;
+        let host = &host[offset.min(host.len())..];
         let held = row.message_count as usize;
         if held == 0 || held >= host.len() {
             return Ok(());
@@ -260,10 +263,15 @@ impl LosslessEngine {
                 return Err(EngineError::HistoryNeeded);
             }
             if seeds && stored == Some(0) {
+                // A fork child's first sight of its transcript: the parent's history in it is
+                // what its seed shows, and is not stored again.
+                let covered = self
+                    .settle_fork(conversation.id, Some(&params.messages), None)
+                    .await? as usize;
                 self.ingest_messages(
                     &params.session_id,
                     params.session_key.as_deref(),
-                    &params.messages,
+                    &params.messages[covered.min(params.messages.len())..],
                     |index| MessageIdentity::default().at(index as u64),
                     None,
                 )

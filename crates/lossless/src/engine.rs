@@ -50,6 +50,9 @@ pub(crate) struct Inner {
     /// Conversations whose store was compared with the host's history by this instance (once
     /// each: see `reconcile_tail`).
     pub(crate) reconciled: StdMutex<Lru<ConversationId, ()>>,
+    /// How many of the host's leading messages a conversation's seeded context stands for (a
+    /// fork child's; 0 for every other conversation): see `crate::subagents`.
+    pub(crate) host_offsets: StdMutex<Lru<ConversationId, u64>>,
 }
 
 /// Most sessions whose conversation row, host prompt and compaction lock are kept in memory
@@ -138,6 +141,7 @@ impl LosslessEngine {
                 assembled: StdMutex::new(Assemblies::default()),
                 host_prompts: StdMutex::new(Lru::new(SESSION_CACHE)),
                 reconciled: StdMutex::new(Lru::new(SESSION_CACHE)),
+                host_offsets: StdMutex::new(Lru::new(SESSION_CACHE)),
                 turn_budgets: StdMutex::new(Lru::new(SESSION_CACHE)),
             }),
         }
@@ -371,6 +375,7 @@ impl LosslessEngine {
         lock_map(&self.inner.assembled).take(conversation);
         lock_map(&self.inner.host_prompts).remove(&conversation);
         lock_map(&self.inner.turn_budgets).remove(&conversation);
+        lock_map(&self.inner.host_offsets).remove(&conversation);
         lock_map(&self.inner.rendered).clear();
     }
 

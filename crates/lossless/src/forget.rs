@@ -57,6 +57,18 @@ impl LosslessEngine {
     /// Forgets a session and everything derived from it, then gives the space back.
     pub async fn forget_session(&self, session_id: &str) -> Result<Forgotten, EngineError> {
         let conversation = self.stored_conversation(session_id).await?;
+        let report = self.forget_conversation(&conversation).await?;
+        Ok(Forgotten {
+            report,
+            space: self.reclaim().await?,
+        })
+    }
+
+    /// Forgets a conversation and everything derived from it; the space is given back later.
+    pub(crate) async fn forget_conversation(
+        &self,
+        conversation: &Conversation,
+    ) -> Result<ForgetReport, EngineError> {
         let lock = self.compaction_lock(conversation.id);
         let _held = lock.lock().await;
         let report = self
@@ -65,11 +77,8 @@ impl LosslessEngine {
             .await
             .map_err(|error| store_error("forgetting a session", error))?
             .unwrap_or_default();
-        self.forget_cached(conversation.id, session_id);
-        Ok(Forgotten {
-            report,
-            space: self.reclaim().await?,
-        })
+        self.forget_cached(conversation.id, &conversation.session_id);
+        Ok(report)
     }
 
     /// Forgets a session's messages created before `before_ms`: the summaries above them are

@@ -319,11 +319,16 @@ impl LosslessEngine {
             .await?;
         // The turn's place in the host's transcript: a turn sent again after its messages came
         // back with the host's history (`reconcile_tail`) is found there and stored once.
-        let admitted_at = admitted_at(params);
-        if let (Some(at), Some(admission)) = (admitted_at, params.admission.as_ref()) {
-            self.fill_gap_from_the_hosts_record(conversation.id, admission, at)
+        // A fork child's places are the host's less the parent's history its seed shows.
+        let offset = match admitted_at(params) {
+            Some(at) => self.settle_fork(conversation.id, None, Some(at)).await?,
+            None => self.host_offset(conversation.id).await?,
+        };
+        if let (Some(at), Some(admission)) = (admitted_at(params), params.admission.as_ref()) {
+            self.fill_gap_from_the_hosts_record(conversation.id, admission, at, offset)
                 .await?;
         }
+        let admitted_at = admitted_at(params).and_then(|at| at.checked_sub(offset));
         let context_before = self
             .context_before_turn(conversation.id, &params.messages)
             .await?;
@@ -379,12 +384,14 @@ impl LosslessEngine {
     /// OpenClaw's agent database, which the turn's admission anchor names (`storePath`). Only
     /// where the store's last message is the record's message at the same place; anything
     /// else (no record, another shape, the two not meeting) leaves the store as it is and is
-    /// logged, and the turn is stored all the same.
+    /// logged, and the turn is stored all the same. `at` is the host's place; the store's own
+    /// messages begin at the host's `offset` (a fork child's: see `crate::subagents`).
     async fn fill_gap_from_the_hosts_record(
         &self,
         conversation: ConversationId,
         admission: &Value,
         at: u64,
+        offset: u64,
     ) -> Result<(), EngineError> {
         let (Some(path), Some(session)) = (
             admission.get("storePath").and_then(Value::as_str),
@@ -402,10 +409,10 @@ impl LosslessEngine {
             return Ok(());
         };
         let held = row.message_count;
-        if at <= held {
+        if at <= offset + held {
             return Ok(());
         }
-        let from = held.saturating_sub(1);
+        let from = offset + held.saturating_sub(1);
         let (path, session_id) = (std::path::PathBuf::from(path), session.to_owned());
         let read = tokio::task::spawn_blocking(move || {
             vilvona_transcript::agent_database::messages_at(&path, &session_id, from, at)

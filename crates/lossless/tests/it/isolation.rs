@@ -6,6 +6,7 @@ use serde_json::json;
 use tempfile::TempDir;
 use vilvona_core::clock::{Clock, ManualClock, SystemClock};
 use vilvona_core::engine::*;
+use vilvona_core::message::AgentMessage;
 use vilvona_lossless::{CompactionRequest, LosslessConfig, LosslessEngine, ToolCaller, ToolError};
 use vilvona_store::{HistoryStore, Store, StoreConfig};
 use vilvona_summarize::ExtractiveSummarizer;
@@ -376,4 +377,233 @@ async fn large_content_is_searchable_and_readable_by_every_session_that_referenc
         .await
         .unwrap_err();
     assert!(matches!(refused, ToolError::OutOfScope(_)), "{refused}");
+}
+
+/// A fork child sees its parent's history once, and each of the two folds on its own. The
+/// host's fork copies the parent's transcript into the child's (OpenClaw 2026.9): the child's
+/// first assembly must not store that copy beside the seeded context, and the parent's turn
+/// that spawned the child (not yet committed) is the child's first own messages. Before the
+/// fix the child held the parent's history twice, and whichever session folded the shared
+/// rows second failed with a UNIQUE constraint on every later call.
+#[tokio::test]
+async fn a_fork_sees_its_parents_history_once_and_each_folds_on_its_own() {
+    let dir = TempDir::new().unwrap();
+    let engine = engine(&dir).await;
+    let (parent_key, child_key) = ("agent:main:parent", "agent:main:subagent:fork");
+    let mut transcript: Vec<AgentMessage> = Vec::new();
+    for index in 0..12 {
+        let messages = turn(index);
+        commit(
+            &engine,
+            "parent",
+            parent_key,
+            &format!("p{index}"),
+            transcript.len(),
+            &messages,
+        )
+        .await;
+        transcript.extend(messages);
+    }
+    let parent = engine.conversation("parent", None).await.unwrap();
+    engine
+        .compact_conversation(parent.id, CompactionRequest::forced(4_000))
+        .await
+        .unwrap();
+    let parents_context = engine.store().context_refs(parent.id).await.unwrap();
+    assert!(
+        parents_context
+            .iter()
+            .any(|item| matches!(item.item, vilvona_store::ItemRef::Summary(_))),
+        "the parent has folded"
+    );
+
+    // The spawn, while the parent's turn that asks for it is in flight.
+    let spawn = SubagentSpawnParams {
+        parent_session_key: parent_key.to_owned(),
+        child_session_key: child_key.to_owned(),
+        parent_session_id: Some("parent".to_owned()),
+        child_session_id: Some("child".to_owned()),
+        context_mode: ContextMode::Fork,
+        ttl_ms: Some(60_000),
+        ..SubagentSpawnParams::default()
+    };
+    engine
+        .prepare_subagent_spawn(&spawn)
+        .await
+        .unwrap()
+        .unwrap();
+    // Sent again (the process died before it answered): one grant, one seed.
+    engine
+        .prepare_subagent_spawn(&spawn)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(engine.store().grants(child_key).await.unwrap().len(), 1);
+    let child = engine.conversation("child", None).await.unwrap();
+    assert_eq!(
+        engine.store().context_refs(child.id).await.unwrap().len(),
+        parents_context.len()
+    );
+
+    // The child's first assembly: the host's transcript is the parent's, and the in-flight
+    // turn's request and tool call.
+    let in_flight = vec![
+        message(json!({"role": "user", "content": "spawn a fork to look into m3", "timestamp": 1})),
+        message(
+            json!({"role": "assistant", "content": [{"type": "toolCall", "id": "spawn1", "name": "sessions_spawn", "arguments": {"context": "fork"}}], "timestamp": 2}),
+        ),
+    ];
+    let mut childs_host = transcript.clone();
+    childs_host.extend(in_flight.clone());
+    let assembled = assemble(&engine, "child", child_key, &childs_host).await;
+    assert_eq!(
+        assembled.messages.len(),
+        parents_context.len() + in_flight.len(),
+        "the parent's history once (its context), then the turn that spawned the child"
+    );
+    let stored = |engine: &LosslessEngine| {
+        let engine = engine.clone();
+        async move {
+            let id = engine.conversation("child", None).await.unwrap().id;
+            engine
+                .store()
+                .conversation_by_id(id)
+                .await
+                .unwrap()
+                .unwrap()
+                .message_count
+        }
+    };
+    assert_eq!(stored(&engine).await, 2);
+
+    // The child's turns, placed by the host after its copied transcript, and an assembly that
+    // brings the whole host transcript again: nothing is stored twice.
+    for index in 0..3 {
+        let messages = turn(100 + index);
+        commit(
+            &engine,
+            "child",
+            child_key,
+            &format!("c{index}"),
+            childs_host.len(),
+            &messages,
+        )
+        .await;
+        childs_host.extend(messages);
+    }
+    assert_eq!(stored(&engine).await, 14);
+    let fresh = engine.with_clock(Arc::new(SystemClock));
+    assemble(&fresh, "child", child_key, &childs_host).await;
+    assert_eq!(stored(&fresh).await, 14);
+
+    // Both fold the shared rows, in either order, and every later call of each works.
+    engine
+        .compact_conversation(child.id, CompactionRequest::forced(1_500))
+        .await
+        .unwrap();
+    for index in 12..20 {
+        let messages = turn(index);
+        commit(
+            &engine,
+            "parent",
+            parent_key,
+            &format!("p{index}"),
+            transcript.len(),
+            &messages,
+        )
+        .await;
+        transcript.extend(messages);
+    }
+    engine
+        .compact_conversation(parent.id, CompactionRequest::forced(1_500))
+        .await
+        .unwrap();
+    engine
+        .compact_conversation(child.id, CompactionRequest::forced(1_000))
+        .await
+        .unwrap();
+    assemble(&engine, "parent", parent_key, &transcript).await;
+    let report = engine.store().integrity_check().await.unwrap();
+    assert!(report.problems.is_empty(), "{:?}", report.problems);
+
+    // Completed: the child's history stays. Deleted: it goes, and nothing of the parent's.
+    let parent_messages = engine
+        .store()
+        .conversation_by_id(parent.id)
+        .await
+        .unwrap()
+        .unwrap()
+        .message_count;
+    for (reason, remains) in [
+        (SubagentEndReason::Completed, true),
+        (SubagentEndReason::Deleted, false),
+    ] {
+        engine
+            .on_subagent_ended(&SubagentEndedParams {
+                child_session_key: child_key.to_owned(),
+                reason,
+            })
+            .await
+            .unwrap();
+        assert_eq!(
+            engine
+                .store()
+                .conversation_by_id(child.id)
+                .await
+                .unwrap()
+                .is_some(),
+            remains,
+            "{reason:?}"
+        );
+    }
+    let parent_row = engine
+        .store()
+        .conversation_by_id(parent.id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(parent_row.message_count, parent_messages);
+    assemble(&engine, "parent", parent_key, &transcript).await;
+    let report = engine.store().integrity_check().await.unwrap();
+    assert!(report.problems.is_empty(), "{:?}", report.problems);
+}
+
+/// Commits a turn the host placed at `at` in the session's transcript.
+async fn commit(
+    engine: &LosslessEngine,
+    session: &str,
+    key: &str,
+    advancement: &str,
+    at: usize,
+    messages: &[AgentMessage],
+) {
+    engine
+        .commit_turn(&CommitTurnParams {
+            advancement_key: advancement.to_owned(),
+            session_id: session.to_owned(),
+            session_key: Some(key.to_owned()),
+            messages: messages.to_vec(),
+            admission: Some(json!({"sessionId": session, "activeMessagePosition": at})),
+            ..CommitTurnParams::default()
+        })
+        .await
+        .unwrap();
+}
+
+async fn assemble(
+    engine: &LosslessEngine,
+    session: &str,
+    key: &str,
+    messages: &[AgentMessage],
+) -> AssembleResult {
+    engine
+        .assemble(&AssembleParams {
+            session_id: session.to_owned(),
+            session_key: Some(key.to_owned()),
+            messages: messages.to_vec().into(),
+            token_budget: Some(100_000),
+            ..AssembleParams::default()
+        })
+        .await
+        .unwrap()
 }

@@ -506,14 +506,21 @@ pub(crate) async fn summary(
         .transpose()
 }
 
+/// The summary directly above an item in the item's own conversation (a fork's summaries
+/// may lie above its parent's rows too; the walk up follows the owner's). Twin of the SQLite
+/// backend's.
 async fn parent_row(client: &impl Sql, item: ItemRef) -> Result<Option<SummaryRowId>> {
     let (sql, id) = match item {
         ItemRef::Message(id) => (
-            "SELECT parent_id FROM summary_edges WHERE child_message_id = $1",
+            "SELECT e.parent_id FROM summary_edges e JOIN summaries p ON p.id = e.parent_id
+             WHERE e.child_message_id = $1
+               AND p.conversation_id = (SELECT conversation_id FROM messages WHERE id = $1)",
             id.0,
         ),
         ItemRef::Summary(id) => (
-            "SELECT parent_id FROM summary_edges WHERE child_summary_id = $1",
+            "SELECT e.parent_id FROM summary_edges e JOIN summaries p ON p.id = e.parent_id
+             WHERE e.child_summary_id = $1
+               AND p.conversation_id = (SELECT conversation_id FROM summaries WHERE id = $1)",
             id.0,
         ),
     };
@@ -524,8 +531,8 @@ async fn parent_row(client: &impl Sql, item: ItemRef) -> Result<Option<SummaryRo
         .transpose()
 }
 
-/// The topmost summary above an item, in one read (the walk up the edges runs in the
-/// database).
+/// The topmost summary above an item in the item's own conversation, in one read (the walk
+/// up the edges runs in the database; a fork's summaries above the same rows are not on it).
 pub(crate) async fn top_ancestor_row(
     client: &impl Sql,
     item: ItemRef,
@@ -533,11 +540,17 @@ pub(crate) async fn top_ancestor_row(
     let (message, summary) = columns_of(item);
     client
         .row_opt(
-            "WITH RECURSIVE up(id, depth) AS (
-                 SELECT parent_id, 1 FROM summary_edges
-                 WHERE child_message_id = $1 OR child_summary_id = $2
+            "WITH RECURSIVE owner(id) AS (
+                 SELECT conversation_id FROM messages WHERE id = $1
+                 UNION ALL SELECT conversation_id FROM summaries WHERE id = $2
+             ),
+             up(id, depth) AS (
+                 SELECT e.parent_id, 1 FROM summary_edges e
+                 JOIN summaries p ON p.id = e.parent_id AND p.conversation_id IN (SELECT id FROM owner)
+                 WHERE e.child_message_id = $1 OR e.child_summary_id = $2
                  UNION ALL
                  SELECT e.parent_id, up.depth + 1 FROM summary_edges e JOIN up ON e.child_summary_id = up.id
+                 JOIN summaries p ON p.id = e.parent_id AND p.conversation_id IN (SELECT id FROM owner)
                  WHERE up.depth < 10000 -- a damaged DAG's cycle ends here
              )
              SELECT id FROM up ORDER BY depth DESC LIMIT 1",

@@ -6,7 +6,8 @@ use tokio_postgres::Client;
 use crate::error::{Result, StoreError};
 
 /// Every migration, in order; the schema's version is how many ran.
-const MIGRATIONS: &[&str] = &[r#"
+const MIGRATIONS: &[&str] = &[
+    r#"
 CREATE TABLE conversations (
     id BIGSERIAL PRIMARY KEY,
     agent_id TEXT NOT NULL,
@@ -143,7 +144,19 @@ CREATE TABLE index_changes (
     seq BIGSERIAL PRIMARY KEY,
     key BIGINT NOT NULL
 );
-"#];
+"#,
+    // A row may lie under summaries of several conversations: a fork holds its parent's rows
+    // by reference and folds them on its own (one summary per conversation; see the SQLite
+    // schema's migration 4, its twin).
+    r#"
+DROP INDEX summary_edges_by_message;
+DROP INDEX summary_edges_by_summary;
+CREATE INDEX summary_edges_by_message ON summary_edges (child_message_id)
+    WHERE child_message_id IS NOT NULL;
+CREATE INDEX summary_edges_by_summary ON summary_edges (child_summary_id)
+    WHERE child_summary_id IS NOT NULL;
+"#,
+];
 
 /// The schema version this build writes.
 pub(crate) const PG_SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;

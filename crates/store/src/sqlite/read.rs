@@ -559,12 +559,19 @@ pub(crate) fn parent_of(connection: &Connection, item: ItemRef) -> Result<Option
     }
 }
 
+/// The summary directly above an item in the item's own conversation. A fork may fold its
+/// parent's rows too (a row then lies under one summary of each conversation): the walk up
+/// from a row follows the summaries of the conversation that owns it.
 fn parent_row(connection: &Connection, item: ItemRef) -> Result<Option<SummaryRowId>> {
     let parent = integer_of(
         connection,
         item,
-        "SELECT parent_id FROM summary_edges WHERE child_message_id = ?1",
-        "SELECT parent_id FROM summary_edges WHERE child_summary_id = ?1",
+        "SELECT e.parent_id FROM summary_edges e JOIN summaries p ON p.id = e.parent_id
+         WHERE e.child_message_id = ?1
+           AND p.conversation_id = (SELECT conversation_id FROM messages WHERE id = ?1)",
+        "SELECT e.parent_id FROM summary_edges e JOIN summaries p ON p.id = e.parent_id
+         WHERE e.child_summary_id = ?1
+           AND p.conversation_id = (SELECT conversation_id FROM summaries WHERE id = ?1)",
     )?;
     Ok(parent.map(SummaryRowId))
 }

@@ -73,8 +73,8 @@ CREATE TABLE summaries (
 CREATE INDEX summaries_by_conversation ON summaries (conversation_id, depth);
 
 -- Ordered children of a summary: messages for a leaf, summaries for a condensed node. A child
--- has at most one parent (the unique indexes), which makes the DAG a forest of trees over the
--- messages and keeps every message under at most one leaf.
+-- has at most one parent in each conversation (migration 4 lets a fork fold its parent's rows
+-- too): each conversation's summaries are a forest of trees over the rows it folded.
 CREATE TABLE summary_edges (
     parent_id INTEGER NOT NULL REFERENCES summaries (id),
     ordinal INTEGER NOT NULL,
@@ -183,6 +183,23 @@ CREATE TABLE compression_dictionaries (
     dictionary BLOB NOT NULL,
     created_at INTEGER NOT NULL
 );
+"#,
+    },
+    // 4: a row may lie under summaries of several conversations. A fork holds its parent's
+    // rows by reference and folds them on its own, so a message sits under one summary of each
+    // conversation that folded it (one per conversation: a context holds a row once, and a fold
+    // takes it out). Under the unique indexes whichever session folded second failed on every
+    // later call; dropping them is also what heals a store that already holds such a fork.
+    Migration {
+        rewrites_data: false,
+        backfill: None,
+        sql: r#"
+DROP INDEX summary_edges_by_message;
+DROP INDEX summary_edges_by_summary;
+CREATE INDEX summary_edges_by_message ON summary_edges (child_message_id)
+    WHERE child_message_id IS NOT NULL;
+CREATE INDEX summary_edges_by_summary ON summary_edges (child_summary_id)
+    WHERE child_summary_id IS NOT NULL;
 "#,
     },
 ];

@@ -145,6 +145,7 @@ on_both_backends!(
     two_nodes_compacting_one_run_publish_one_summary,
     two_nodes_ingesting_one_session_store_each_message_once,
     forks_grants_state_and_blobs,
+    a_fork_and_its_parent_fold_the_same_rows,
     search_answers_alike,
     a_read_only_store_refuses_writes,
     export_and_import_round_trip,
@@ -641,6 +642,97 @@ async fn forks_grants_state_and_blobs(backend: &Backend) {
         hits[0].snippet
     );
     assert!(store.conversation_bytes(parent).await.unwrap() >= 32);
+}
+
+/// The fork invariant: a forked child holds its parent's rows by reference, and each session
+/// folds them on its own. A row lies under at most one summary of each conversation, and under
+/// summaries of several conversations when they share it; the walk up from a row follows its
+/// own conversation's summaries; forgetting the child leaves the parent's DAG whole.
+async fn a_fork_and_its_parent_fold_the_same_rows(backend: &Backend) {
+    let store = backend.open().await;
+    let parent = store.conversation(&key("main", "parent")).await.unwrap().id;
+    let child = store
+        .conversation(&key("main", "parent-child"))
+        .await
+        .unwrap()
+        .id;
+    let messages: Vec<NewMessage> = (0..6)
+        .map(|n| new_message(&format!("parent message {n}"), 100 + n, None))
+        .collect();
+    let ids = stored(store.ingest(parent, messages, None).await.unwrap());
+    let parents_context = store.context(parent).await.unwrap();
+    store
+        .replace(plan(
+            parent,
+            &parents_context,
+            0..2,
+            "the parent's first leaf",
+        ))
+        .await
+        .unwrap();
+    // The fork: the parent's context (a summary and four messages) seeds the child's.
+    let seed: Vec<ItemRef> = store
+        .context_refs(parent)
+        .await
+        .unwrap()
+        .iter()
+        .map(|item| item.item)
+        .collect();
+    store.append_items(child, seed).await.unwrap();
+    // The child folds first, over the parent's summary and two of its messages.
+    let childs_context = store.context(child).await.unwrap();
+    let ReplaceOutcome::Replaced(childs) = store
+        .replace(plan(child, &childs_context, 1..3, "the child's leaf"))
+        .await
+        .unwrap()
+    else {
+        panic!("the child folds rows its parent owns");
+    };
+    // Then the parent folds the same two messages: the child's fold does not stand in its way.
+    let parents_context = store.context(parent).await.unwrap();
+    let ReplaceOutcome::Replaced(parents) = store
+        .replace(plan(
+            parent,
+            &parents_context,
+            1..3,
+            "the parent's second leaf",
+        ))
+        .await
+        .unwrap()
+    else {
+        panic!("the parent folds what its fork folded before it");
+    };
+    assert_ne!(parents.row_id, childs.row_id);
+    let shared = ItemRef::Message(ids[2].message_id);
+    assert_eq!(
+        store.top_ancestor(shared).await.unwrap().unwrap().row_id,
+        parents.row_id,
+        "the walk up from a row follows its own conversation's summaries"
+    );
+    assert_eq!(
+        store.parent_of(shared).await.unwrap().unwrap().row_id,
+        parents.row_id
+    );
+    for summary in [&childs, &parents] {
+        let children = store.children(summary.row_id).await.unwrap();
+        assert!(
+            matches!(&children[1], ItemContent::Message(m) if m.id == ids[3].message_id),
+            "both summaries reach the shared messages"
+        );
+    }
+    let report = store.integrity_check().await.unwrap();
+    assert!(report.problems.is_empty(), "{:?}", report.problems);
+    // A child deleted: its rows and its folds go, the parent's rows and DAG stay whole.
+    store.forget(ForgetPlan::whole(child)).await.unwrap();
+    assert!(store.context(child).await.unwrap().is_empty());
+    assert_eq!(store.summary(childs.row_id).await.unwrap(), None);
+    let children = store.children(parents.row_id).await.unwrap();
+    assert_eq!(children.len(), 2);
+    let context = store.context(parent).await.unwrap();
+    assert_eq!(context.len(), 4, "two leaves and the two newest messages");
+    let report = store.integrity_check().await.unwrap();
+    assert!(report.problems.is_empty(), "{:?}", report.problems);
+    assert_eq!(report.messages, 6);
 }
 
 /// What a hit names, whichever backend found it.
