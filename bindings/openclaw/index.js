@@ -150,11 +150,33 @@ export function declaredTools(proc, run = spawnSync) {
 }
 
 // `vilvona serve`'s error codes (crates/runtime/src/serve.rs). Only ENGINE_ERROR says the
-// engine cannot work; the others are about this call.
-const CANCELLED = -32800;
-const NOT_INITIALIZED = -32002;
-const TRANSIENT = -32006;
-const TRANSIENT_CODES = new Set([CANCELLED, NOT_INITIALIZED, TRANSIENT]);
+// engine cannot work (OpenClaw then rightly quarantines it). A tool's error and "send the
+// history" are answers to the call. Every other code (a parse error, invalid params, an
+// unknown method, cancelled, not initialized, transient, the host's model failing) is about
+// this call alone: transient, never a quarantine.
+const ENGINE_ERROR = -32001;
+const TOOL_ERROR = -32003;
+const ANSWER_CODES = new Set([TOOL_ERROR, HISTORY_NEEDED]);
+
+/** What a server error code is to the plugin: `broken`, an `answer`, or `transient`. */
+export function errorKind(code) {
+  if (code === ENGINE_ERROR) return "broken";
+  return ANSWER_CODES.has(code) ? "answer" : "transient";
+}
+
+// How long a call may go unanswered before its process is taken as stuck (stopped, blocked on
+// a dead disk, a lock that never frees): the process is killed, every call waiting on it fails
+// as transient (sent again to a new process), and the pending maps are emptied. Work that may
+// wait on a summarizer gets longer, and each `llm.complete` a call asks of the host restarts
+// its clock. `callTimeoutMs` sets them: a number for every method, or per method (`default`
+// for the rest).
+const CALL_DEADLINES_MS = { default: 30_000, initialize: 60_000, compact: 600_000, maintain: 600_000, "tools/call": 120_000 };
+
+export function callDeadlineMs(config, method) {
+  const setting = config?.callTimeoutMs;
+  if (typeof setting === "number") return setting;
+  return setting?.[method] ?? setting?.default ?? CALL_DEADLINES_MS[method] ?? CALL_DEADLINES_MS.default;
+}
 
 // A call that failed for a passing reason (the process died, the store was busy) is sent
 // again at most this many times, after these pauses.
@@ -290,6 +312,17 @@ class VilvonaProcess {
     for (const { reject } of [...this.pending.values()]) reject(transient ? new TransientError(`vilvona: ${why}`) : new Error(`vilvona: ${why}`));
   }
 
+  /** `child` left a call unanswered past its deadline: it is killed, and every call waiting on it fails as transient. */
+  stuck(child, why) {
+    if (this.child !== child) return;
+    try {
+      child.kill("SIGKILL");
+    } catch {
+      // Gone already: its exit handler settles the calls.
+    }
+    this.lost(child, `${why}; the vilvona process was killed and is started again`);
+  }
+
   /** A running, initialized child: started (again) when there is none, initialized (again) when the last try failed. */
   ensureReady() {
     if (!this.child) this.spawnChild();
@@ -327,7 +360,7 @@ class VilvonaProcess {
     if (!waiter) return;
     if (message.error) {
       const text = `vilvona: ${message.error.message}`;
-      const error = TRANSIENT_CODES.has(message.error.code) ? new TransientError(text) : new Error(text);
+      const error = errorKind(message.error.code) === "transient" ? new TransientError(text) : new Error(text);
       error.code = message.error.code;
       waiter.reject(error);
     } else {
@@ -338,6 +371,9 @@ class VilvonaProcess {
   /** Answers the server's `llm.complete` with the model of the call it serves (`params.scope`). */
   async answerLlm(child, message) {
     const reply = (payload) => this.write(child, { jsonrpc: "2.0", id: message.id, ...payload });
+    // The call is waiting on the host's model, not stuck: its clock starts again.
+    const waiting = () => this.pending.get(message.params?.scope)?.alive();
+    waiting();
     const scope = this.llms.get(message.params?.scope);
     if (!scope) {
       reply({ error: { code: -32004, message: "no host model in scope: OpenClaw offers llm.complete only during the call it passes it to" } });
@@ -350,6 +386,7 @@ class VilvonaProcess {
         typeof result === "string"
           ? result
           : result?.text ?? (Array.isArray(result?.content) ? result.content.map((block) => block.text ?? "").join("\n") : "");
+      waiting();
       reply({ result: { text } });
     } catch (error) {
       reply({ error: { code: -32004, message: String(error?.message ?? error) } });
@@ -378,14 +415,23 @@ class VilvonaProcess {
     const id = this.nextId++;
     return new Promise((resolve, reject) => {
       let onAbort = null;
+      let timer = null;
+      const deadline = callDeadlineMs(this.config, method);
+      const alive = () => {
+        clearTimeout(timer);
+        timer = setTimeout(() => this.stuck(child, `no answer to ${method} within ${deadline} ms`), deadline);
+        timer.unref?.();
+      };
       const settle = (finish) => (value) => {
         if (!this.pending.has(id)) return;
         this.pending.delete(id);
         this.llms.delete(id);
+        clearTimeout(timer);
         if (onAbort) signal.removeEventListener("abort", onAbort);
         finish(value);
       };
-      this.pending.set(id, { resolve: settle(resolve), reject: settle(reject) });
+      this.pending.set(id, { resolve: settle(resolve), reject: settle(reject), alive });
+      alive();
       if (llm) this.llms.set(id, llm);
       if (signal) {
         onAbort = () => {

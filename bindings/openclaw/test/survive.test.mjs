@@ -10,7 +10,7 @@ import { chmodSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 
-import register, { TransientError } from "../index.js";
+import register, { TransientError, callDeadlineMs, errorKind } from "../index.js";
 
 const binary = process.env.VILVONA_BIN;
 const SHARED = Symbol.for("vilvona.openclaw.process");
@@ -131,6 +131,46 @@ test("a child killed mid-call takes nothing down: the call is sent again to a ne
     process.off("uncaughtException", onUncaught);
     await close();
   }
+});
+
+test("a child that stops answering is killed past the call's deadline; the call is sent again to a new one and nothing waits on the old", async () => {
+  const { engine, proc, close } = plugin({ callTimeoutMs: { default: 1500 } });
+  const scope = { sessionId: "stop-1", sessionKey: "agent:main:stop-1" };
+  try {
+    await commitTurns(engine, scope, 2);
+    for (const how of ["SIGSTOP", "sleeps"]) {
+      const first = proc.child;
+      if (how === "SIGSTOP") first.kill("SIGSTOP");
+      // A process that sleeps forever in a call: its input is never read again.
+      else first.stdout.pause();
+      const started = Date.now();
+      const committed = await engine.commitTurn({ ...scope, advancementKey: `after-${how}`, messages: turn(30), prePromptMessageCount: 0 });
+      assert.ok(["committed", "duplicate"].includes(committed.status), JSON.stringify(committed));
+      assert.ok(Date.now() - started < 10_000, `answered after ${Date.now() - started} ms`);
+      assert.notEqual(proc.child, first, `${how}: a new child serves`);
+      assert.equal(proc.pending.size, 0, "no call waits on the stuck child");
+      assert.equal(proc.llms.size, 0);
+      assert.ok(first.signalCode === "SIGKILL" || first.killed, "the stuck child was killed");
+    }
+    const assembled = await engine.assemble({ ...scope, messages: [], tokenBudget: 100000 });
+    assert.ok(JSON.stringify(assembled.messages).includes("Request 30 about"));
+  } finally {
+    await close();
+  }
+});
+
+test("deadlines per method, and what each error code is to OpenClaw (ARCHITECTURE's three answers)", () => {
+  assert.equal(callDeadlineMs({}, "commitTurn"), 30_000);
+  assert.equal(callDeadlineMs({}, "compact"), 600_000);
+  assert.equal(callDeadlineMs({ callTimeoutMs: 5000 }, "compact"), 5000);
+  assert.equal(callDeadlineMs({ callTimeoutMs: { assemble: 2000, default: 9000 } }, "assemble"), 2000);
+  assert.equal(callDeadlineMs({ callTimeoutMs: { assemble: 2000, default: 9000 } }, "ingest"), 9000);
+  const table = [
+    [-32700, "transient"], [-32600, "transient"], [-32601, "transient"], [-32602, "transient"],
+    [-32800, "transient"], [-32001, "broken"], [-32002, "transient"], [-32003, "answer"],
+    [-32004, "transient"], [-32005, "answer"], [-32006, "transient"],
+  ];
+  for (const [code, kind] of table) assert.equal(errorKind(code), kind, String(code));
 });
 
 test("two sessions at once: each call's summaries are written by its own host model, in its own call", async () => {

@@ -26,12 +26,20 @@ pub(crate) async fn find_session(host: &Host, name: &str) -> Result<(String, Ses
     {
         return Ok(found);
     }
+    // An id names its session; a key its newest one (OpenClaw's `/new` and daily reset start
+    // a session under the same key, and the one it is in now is the newest). Sessions are
+    // listed oldest first.
     if let Ok(admin) = admin(host).await
-        && let Some(stored) = admin
-            .stored_sessions()
-            .await?
-            .into_iter()
-            .find(|s| s.session_id == name || s.session_key.as_deref() == Some(name))
+        && let Some(stored) = {
+            let stored = admin.stored_sessions().await?;
+            let by_id = stored.iter().position(|s| s.session_id == name);
+            let by_key = || {
+                stored
+                    .iter()
+                    .rposition(|s| s.session_key.as_deref() == Some(name))
+            };
+            by_id.or_else(by_key).map(|index| stored[index].clone())
+        }
     {
         let key = stored
             .session_key

@@ -1418,3 +1418,84 @@ fn a_disk_that_fills_under_a_running_server_acknowledges_nothing_it_cannot_keep(
     drop(client.stdin.take());
     client.child.wait().unwrap();
 }
+
+/// A key is a pointer to its newest session: after OpenClaw's `/new` (a new session id under
+/// the same key) every command given the key acts on the new session, and the old one stays
+/// reachable by its id. Before the fix `stats --session KEY` answered the oldest.
+#[test]
+fn a_key_means_its_newest_session() {
+    let dir = TempDir::new().unwrap();
+    let mut client = Client::start(dir.path());
+    initialize(&mut client, json!({}));
+    let key = "agent:main:main";
+    for (id, (session, turns)) in [("yesterday", 3), ("today", 1)].into_iter().enumerate() {
+        for turn in 0..turns {
+            client.call(
+                10 * id as u64 + turn,
+                "commitTurn",
+                json!({"sessionId": session, "sessionKey": key,
+                       "advancementKey": format!("{session}-{turn}"),
+                       "messages": [user(&format!("{session} turn {turn}"), turn as i64), assistant("ok")]}),
+            );
+        }
+    }
+    drop(client.stdin.take());
+    assert!(client.child.wait().unwrap().success());
+    let stats = |session: &str| -> Value {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_vilvona"))
+            .arg("--state-dir")
+            .arg(dir.path())
+            .args(["stats", "--session", session, "--json"])
+            .output()
+            .unwrap();
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        serde_json::from_slice(&output.stdout).unwrap()
+    };
+    assert_eq!(stats(key)["messages"], 2, "the key names today's session");
+    assert_eq!(stats("yesterday")["messages"], 6, "the old one by its id");
+}
+
+/// Any string JavaScript can hold is a message: a user turn whose text ends in an emoji cut in
+/// half (a lone UTF-16 surrogate, which `JSON.stringify` writes as `\ud83d`: valid JSON text)
+/// is stored and recalled with U+FFFD in the surrogate's place, never a parse error of the
+/// call (OpenClaw fell back to legacy for the rest of the session on one). A well-formed pair
+/// escaped the same way stays the emoji.
+#[test]
+fn a_string_cut_mid_emoji_is_a_message() {
+    let dir = TempDir::new().unwrap();
+    let mut client = Client::start(dir.path());
+    initialize(&mut client, json!({}));
+    let lines = [
+        r#"{"jsonrpc":"2.0","id":2,"method":"ingest","params":{"sessionId":"s","message":{"role":"user","content":"launch \ud83d","timestamp":1}}}"#,
+        r#"{"jsonrpc":"2.0","id":3,"method":"ingest","params":{"sessionId":"s","message":{"role":"user","content":"\udc80 tail and \\ud83d stays text","timestamp":2}}}"#,
+        r#"{"jsonrpc":"2.0","id":4,"method":"ingest","params":{"sessionId":"s","message":{"role":"user","content":"paired \ud83d\ude80 rocket","timestamp":3}}}"#,
+    ];
+    for (index, line) in lines.iter().enumerate() {
+        client.send_raw(line);
+        let reply = client.reply(2 + index as u64);
+        assert_eq!(reply["result"]["ingested"], true, "{line}: {reply}");
+    }
+    let context = client.call(
+        5,
+        "assemble",
+        json!({"sessionId": "s", "messages": [], "tokenBudget": 4000}),
+    );
+    let texts: Vec<&str> = context["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|message| message["content"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        texts,
+        [
+            "launch \u{fffd}",
+            "\u{fffd} tail and \\ud83d stays text",
+            "paired \u{1f680} rocket"
+        ]
+    );
+}

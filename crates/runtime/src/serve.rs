@@ -353,16 +353,20 @@ impl Server {
         if line.trim().is_empty() {
             return;
         }
-        let value: Value = match serde_json::from_str(&line) {
-            Ok(value) => value,
-            Err(error) => {
-                self.respond(
-                    readable_id(line.as_bytes()),
-                    Err(RpcError::new(PARSE_ERROR, format!("parse error: {error}"))),
-                );
-                return;
-            }
-        };
+        let value: Value =
+            match serde_json::from_str(&line).or_else(|error| match well_formed(&line) {
+                Some(repaired) => serde_json::from_str(&repaired),
+                None => Err(error),
+            }) {
+                Ok(value) => value,
+                Err(error) => {
+                    self.respond(
+                        readable_id(line.as_bytes()),
+                        Err(RpcError::new(PARSE_ERROR, format!("parse error: {error}"))),
+                    );
+                    return;
+                }
+            };
         let id = value.get("id").cloned();
         match (value.get("method").and_then(Value::as_str), id) {
             (Some("$/cancel"), _) => {
@@ -488,8 +492,9 @@ impl Server {
     /// this server returns. Substituting `legacy` here would leave OpenClaw believing the
     /// selected engine owns compaction while nothing does.
     async fn open(&self, setup: &Setup) -> Result<Active, RpcError> {
+        // A configuration that cannot be read is an engine that cannot work: -32001.
         let host_config = HostConfig::load(&setup.state_dir.join("vilvona.json5"))
-            .map_err(|e| RpcError::new(INVALID_PARAMS, error_chain(&e)))?;
+            .map_err(|e| RpcError::new(ENGINE_ERROR, error_chain(&e)))?;
         let estimator =
             vilvona_summarize::estimator(vilvona_summarize::TokenizerKind::Heuristic, 1.0);
         let summarizer: Arc<dyn Summarizer> = Arc::new(
@@ -873,6 +878,53 @@ impl HostLlmSummarizer {
 
 /// Serves requests read from `input` until it closes, answering on `output`; `state_dir` is
 /// where `initialize` opens the engine unless it names another.
+/// The line with every lone UTF-16 surrogate escape (`\ud83d` alone: a JavaScript string cut
+/// in the middle of an emoji, which `JSON.stringify` writes as valid JSON text) replaced by
+/// `\ufffd`, the replacement character, as JavaScript's `toWellFormed` does; `None` when the
+/// line has none (its parse error is another). Escaped pairs stay as they are, and so does an
+/// escaped backslash before `u` (`\\ud83d` is text). The same string always becomes the same
+/// text, so a message sent again is recognised as before.
+fn well_formed(line: &str) -> Option<String> {
+    let bytes = line.as_bytes();
+    let escape_at = |at: usize| -> Option<u32> {
+        let hex = bytes.get(at..at + 6)?;
+        if hex[0] != b'\\' || hex[1] != b'u' {
+            return None;
+        }
+        u32::from_str_radix(std::str::from_utf8(&hex[2..]).ok()?, 16).ok()
+    };
+    let mut out = String::with_capacity(line.len());
+    let (mut copied, mut at, mut repaired) = (0, 0, false);
+    while at < bytes.len() {
+        if bytes[at] != b'\\' {
+            at += 1;
+            continue;
+        }
+        match escape_at(at) {
+            Some(code @ 0xD800..=0xDFFF) => {
+                let paired = code <= 0xDBFF
+                    && escape_at(at + 6).is_some_and(|low| (0xDC00..=0xDFFF).contains(&low));
+                if paired {
+                    at += 12;
+                } else {
+                    out.push_str(&line[copied..at]);
+                    out.push_str("\\ufffd");
+                    at += 6;
+                    copied = at;
+                    repaired = true;
+                }
+            }
+            // Any other escape, `\\` included: its two characters are passed over together.
+            _ => at += 2,
+        }
+    }
+    if !repaired {
+        return None;
+    }
+    out.push_str(&line[copied..]);
+    Some(out)
+}
+
 pub async fn serve(
     state_dir: PathBuf,
     store_url: Option<String>,
@@ -969,6 +1021,28 @@ pub async fn serve(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Lone surrogate escapes become U+FFFD; pairs, escaped backslashes and other escapes stay.
+    #[test]
+    fn well_formed_replaces_only_lone_surrogates() {
+        let table: [(&str, Option<&str>); 9] = [
+            (r#""a\ud83d""#, Some(r#""a\ufffd""#)),
+            (r#""\udc80b""#, Some(r#""\ufffdb""#)),
+            (r#""\ud83d\ude80""#, None),
+            (r#""\ud83d\ud83d\ude80""#, Some(r#""\ufffd\ud83d\ude80""#)),
+            (r#""\\ud83d""#, None),
+            (r#""\\\ud83d""#, Some(r#""\\\ufffd""#)),
+            (r#""\u00e9 \n""#, None),
+            (r#""\ud83d\n""#, Some(r#""\ufffd\n""#)),
+            (r#""é\ud83d é""#, Some(r#""é\ufffd é""#)),
+        ];
+        for (line, expected) in table {
+            let repaired = well_formed(line);
+            assert_eq!(repaired.as_deref(), expected, "{line}");
+            let parsed: Value = serde_json::from_str(repaired.as_deref().unwrap_or(line)).unwrap();
+            assert!(parsed.is_string(), "{line}");
+        }
+    }
 
     /// Past its bound the record lets the session sent to longest ago go, one at a time: the
     /// sessions in use keep the revision their clients hold.
