@@ -3,7 +3,8 @@
 #
 #   scripts/soak-gateway.sh [--engine vilvona|legacy] [--window TOKENS] [--turns N] [--out DIR]
 #       [--shape chars4|tokenizer|no-usage] [--summarizer extractive|host] [--slow-summarizer MS]
-#       [--sessions N] [--kills N] [--damage index|wal] [--cell NAME]
+#       [--sessions N] [--kills N] [--stops N] [--damage index|wal] [--spawns SPEC] [--cut-emoji]
+#       [--cell NAME]
 #
 # One cell of the soak matrix (.ci/run runs several): the provider's shape (`chars4`: counts
 # characters/4 of the messages and reports usage; `tokenizer`: ~3.3 characters a token over the
@@ -15,6 +16,14 @@
 # through, turns continuing: `index` deletes the recall index's directory (it must be rebuilt
 # within a minute, with fewer than 100 log lines of vilvona's after it), `wal` truncates the
 # database's write-ahead log to nothing (no answered turn may be missing at the end).
+# `--spawns` has the model spawn subagents through OpenClaw's `sessions_spawn` (SPEC as
+# `5:fork,12:isolated:flag,20:default:delete,28:fork:nest`: the work turn, the child's context,
+# a planted fact it recalls, cleanup "delete", a fork of the fork), the mock answering the
+# children; bindings/openclaw/test/soak-subagents.mjs checks them (vilvona). `--cut-emoji`
+# ends work turns 5, 15, 25, … in a string cut mid-emoji (a lone UTF-16 surrogate): no turn
+# may be degraded to legacy. `--stops N` SIGSTOPs the `vilvona` child N times for longer than
+# the plugin's call deadline (set to 5 s for the run), then lets it go on: the plugin kills
+# it and starts another; at most the turn in flight a stop may fail.
 #
 # `openclaw gateway run` serves the scripted session of bindings/openclaw/test/soak-session.mjs
 # through its OpenAI-compatible endpoint (one session, one request at a time), with OpenClaw's
@@ -45,6 +54,9 @@ KILLS=0
 DAMAGE=""
 CELL=""
 PANEL=0
+SPAWNS=""
+CUT_EMOJI=""
+STOPS=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --engine) ENGINE="$2"; shift 2 ;;
@@ -59,7 +71,10 @@ while [ $# -gt 0 ]; do
     --damage) DAMAGE="$2"; shift 2 ;;
     --cell) CELL="$2"; shift 2 ;;
     --panel) PANEL=1; shift ;;
-    *) echo "usage: $0 [--engine vilvona|legacy] [--window TOKENS] [--turns N] [--out DIR] [--shape chars4|tokenizer|no-usage] [--summarizer extractive|host] [--slow-summarizer MS] [--sessions N] [--kills N] [--damage index|wal] [--panel]" >&2; exit 2 ;;
+    --spawns) SPAWNS="$2"; shift 2 ;;
+    --cut-emoji) CUT_EMOJI=1; shift ;;
+    --stops) STOPS="$2"; shift 2 ;;
+    *) echo "usage: $0 [--engine vilvona|legacy] [--window TOKENS] [--turns N] [--out DIR] [--shape chars4|tokenizer|no-usage] [--summarizer extractive|host] [--slow-summarizer MS] [--sessions N] [--kills N] [--stops N] [--damage index|wal] [--spawns SPEC] [--cut-emoji] [--panel]" >&2; exit 2 ;;
   esac
 done
 case "$ENGINE" in vilvona | legacy) ;; *) echo "$0: --engine is vilvona or legacy" >&2; exit 2 ;; esac
@@ -79,7 +94,9 @@ case "$SUMMARIZER" in
   *) echo "$0: --summarizer is extractive or host" >&2; exit 2 ;;
 esac
 export MOCK_SUMMARIZER_DELAY_MS="$SLOW_SUMMARIZER"
-NAME="soak-gateway[$ENGINE, $WINDOW, $TURNS turns, $SHAPE, $SUMMARIZER summarizer${SLOW_SUMMARIZER:+, slow $SLOW_SUMMARIZER ms}, $SESSIONS sessions, $KILLS kills${DAMAGE:+, $DAMAGE damaged}]"
+# The driver and the mock read the spawns from the environment (soak-session.mjs).
+export SOAK_SPAWNS="$SPAWNS" SOAK_CUT_EMOJI="$CUT_EMOJI"
+NAME="soak-gateway[$ENGINE, $WINDOW, $TURNS turns, $SHAPE, $SUMMARIZER summarizer${SLOW_SUMMARIZER:+, slow $SLOW_SUMMARIZER ms}, $SESSIONS sessions, $KILLS kills${DAMAGE:+, $DAMAGE damaged}${SPAWNS:+, spawns $SPAWNS}${CUT_EMOJI:+, cut emoji}$([ "$STOPS" -eq 0 ] || echo ", $STOPS stops")]"
 FIGURES_BIN="${VILVONA_FIGURES_BIN:-$ROOT/target/debug/economics}"
 [ -x "$FIGURES_BIN" ] || fail "$FIGURES_BIN is missing (cargo build -p vilvona-benches --bin economics)"
 
@@ -150,6 +167,15 @@ if [ "$ENGINE" = vilvona ]; then
       fs.writeFileSync(process.argv[1], JSON.stringify(config, null, 2));
     ' "$OPENCLAW_CONFIG_PATH" "$VILVONA_SOAK_ENGINE"
   fi
+  if [ "$STOPS" -gt 0 ]; then
+    # A call unanswered for 5 s: the plugin takes the child as stuck.
+    node -e '
+      const fs = require("fs");
+      const config = JSON.parse(fs.readFileSync(process.argv[1], "utf8"));
+      config.plugins.entries.vilvona.config = { ...(config.plugins.entries.vilvona.config ?? {}), callTimeoutMs: 5000 };
+      fs.writeFileSync(process.argv[1], JSON.stringify(config, null, 2));
+    ' "$OPENCLAW_CONFIG_PATH"
+  fi
 fi
 
 step "starting the gateway"
@@ -180,6 +206,25 @@ killer() {
       kill -KILL "$pid" 2>/dev/null && echo "killed vilvona $pid after $target turns" >>"$OUT/kills.log"
     done
     kill=$((kill + 1))
+  done
+}
+
+# --stops: SIGSTOP the child at evenly spaced turns for 12 s (past the 5 s deadline), then
+# SIGCONT whatever is left of it (the plugin has killed it by then).
+stopper() {
+  local stop=1 target pid
+  while [ "$stop" -le "$STOPS" ]; do
+    target=$((stop * TURNS * SESSIONS / (STOPS + 1)))
+    while [ "$(wc -l <"$OUT/results.jsonl")" -lt "$target" ]; do
+      kill -0 "$DRIVER_PID" 2>/dev/null || return 0
+      sleep 0.1
+    done
+    sleep 0.2
+    for pid in $(vilvona_children); do
+      kill -STOP "$pid" 2>/dev/null && echo "stopped vilvona $pid after $target turns" >>"$OUT/stops.log"
+      (sleep 12; kill -CONT "$pid" 2>/dev/null || true) &
+    done
+    stop=$((stop + 1))
   done
 }
 
@@ -218,6 +263,12 @@ if [ "$KILLS" -gt 0 ] && [ "$ENGINE" = vilvona ]; then
   killer &
   KILLER_PID=$!
 fi
+STOPPER_PID=""
+: >"$OUT/stops.log"
+if [ "$STOPS" -gt 0 ] && [ "$ENGINE" = vilvona ]; then
+  stopper &
+  STOPPER_PID=$!
+fi
 DAMAGER_PID=""
 if [ -n "$DAMAGE" ] && [ "$ENGINE" = vilvona ]; then
   damager &
@@ -230,6 +281,10 @@ if [ -n "$KILLER_PID" ]; then
 fi
 if [ -n "$DAMAGER_PID" ]; then
   wait "$DAMAGER_PID" 2>/dev/null || true
+fi
+if [ -n "$STOPPER_PID" ]; then
+  kill "$STOPPER_PID" 2>/dev/null || true
+  wait "$STOPPER_PID" 2>/dev/null || true
 fi
 if [ "$PANEL" -eq 1 ] && [ "$ENGINE" = vilvona ] && [ "$DRIVEN" -eq 0 ]; then
   # The panel in the gateway's own Control UI, in Chromium, while the gateway still runs.
@@ -260,7 +315,16 @@ node -e '
 [ "$GATEWAY_UP" -eq 1 ] || fail "the gateway was not running at the end (it crashed): $(tail -n 5 "$OUT/gateway.out" | cut -c1-400)"
 QUARANTINES=$(cat "$OUT/gateway.out" "$OUT/openclaw.log" 2>/dev/null | grep -ac "quarantining" || true)
 [ "$QUARANTINES" -eq 0 ] || fail "OpenClaw quarantined the engine: $(cat "$OUT/gateway.out" "$OUT/openclaw.log" 2>/dev/null | grep -a "quarantining" | head -n 2 | cut -c1-400)"
-KILLED=$(wc -l <"$OUT/kills.log")
+KILLED=$(($(wc -l <"$OUT/kills.log") + $(wc -l <"$OUT/stops.log")))
+if [ "$STOPS" -gt 0 ]; then
+  echo "$NAME: $(wc -l <"$OUT/stops.log") stop(s); the plugin killed the stopped child $(grep -ac "was killed and is started again" "$OUT/gateway.out" || true) time(s)"
+  [ "$(wc -l <"$OUT/stops.log")" -gt 0 ] || fail "--stops $STOPS: no vilvona child was found to stop"
+fi
+if [ -n "$CUT_EMOJI" ]; then
+  DEGRADED=$(grep -ac "degraded to" "$OUT/gateway.out" || true)
+  echo "$NAME: $DEGRADED turn(s) degraded to legacy with strings cut mid-emoji"
+  [ "$DEGRADED" -eq 0 ] || fail "turns degraded to legacy: $(grep -a "degraded to" "$OUT/gateway.out" | head -n 2 | cut -c1-400)"
+fi
 if [ "$SLOW_SUMMARIZER" -gt 0 ]; then
   # The cell is about OpenClaw aborting background maintenance for the next turn: it must have.
   ABORTS=$(grep -ac "yielded to a foreground turn" "$OUT/gateway.out" || true)
@@ -276,8 +340,8 @@ if [ -n "$DAMAGE" ]; then
   [ "$AFTER" -lt 100 ] || fail "$AFTER log lines of vilvona's after the damage (at most 99): $(tail -n 3 "$OUT/gateway.out" | cut -c1-300)"
 fi
 FAILED=$(grep -vc '"status":200' "$OUT/results.jsonl" || true)
-if [ "$KILLS" -gt 0 ]; then
-  [ "$KILLED" -gt 0 ] || fail "--kills $KILLS: no vilvona child was found to kill"
+if [ "$KILLS" -gt 0 ] || [ "$STOPS" -gt 0 ]; then
+  [ "$KILLED" -gt 0 ] || fail "--kills $KILLS --stops $STOPS: no vilvona child was found to kill or stop"
   [ "$FAILED" -le "$KILLED" ] || fail "$FAILED turns failed with $KILLED kills (at most the turn in flight a kill): $(grep -v '"status":200' "$OUT/results.jsonl" | head -n 3 | cut -c1-400)"
 else
   if [ "$DRIVEN" -ne 0 ]; then
@@ -312,6 +376,9 @@ if [ "$ENGINE" = vilvona ]; then
     console.log(`stored: ${list.length} session(s) (${[...stored.keys()].join(", ")}), ${answered.length} answered work turns, ${lost.length} missing from the store`);
     if (lost.length) { console.error(`missing from the store: ${lost.slice(0, 5).map((t) => `${t.session} turn ${t.turn}`).join(", ")}`); process.exit(1); }
   ' "$VILVONA" "$HOME/.vilvona" "$OUT/results.jsonl" "$OUT/sessions.json" "$OUT" || fail "acknowledged turns are missing from the store"
+  if [ -n "$SPAWNS" ]; then
+    node "$ROOT/bindings/openclaw/test/soak-subagents.mjs" "$OUT/mock.jsonl" "$OUT/gateway.out" "$OUT/sessions.json" || fail "the subagents"
+  fi
 fi
 node -e '
   const f = JSON.parse(require("fs").readFileSync(process.argv[1], "utf8"));

@@ -13,6 +13,7 @@ import { AsyncLocalStorage } from "node:async_hooks";
 import { spawn, spawnSync } from "node:child_process";
 import { accessSync, constants, statSync } from "node:fs";
 import { createRequire } from "node:module";
+import { randomUUID } from "node:crypto";
 import { createInterface } from "node:readline";
 import { homedir } from "node:os";
 import { delimiter, dirname, join } from "node:path";
@@ -320,7 +321,9 @@ class VilvonaProcess {
     } catch {
       // Gone already: its exit handler settles the calls.
     }
-    this.lost(child, `${why}; the vilvona process was killed and is started again`);
+    const said = `${why}; the vilvona process was killed and is started again`;
+    this.logger?.warn?.(`vilvona: ${said}`);
+    this.lost(child, said);
   }
 
   /** A running, initialized child: started (again) when there is none, initialized (again) when the last try failed. */
@@ -712,11 +715,16 @@ function createEngine(proc, logger) {
     async bootstrap(params) {
       return proc.call("bootstrap", { ...session(params), sessionFile: typeof params.sessionFile === "string" ? params.sessionFile : undefined }, options(params));
     },
+    // A call sent again after its process died stores nothing twice: a message the host gives
+    // no entry id gets one for this call, the same on every retry of it.
     async ingest(params) {
-      return proc.call("ingest", { ...session(params), message: params.message, isHeartbeat: !!params.isHeartbeat }, options(params));
+      const entryId = params.entryId ?? `call:${randomUUID()}`;
+      return proc.call("ingest", { ...session(params), message: params.message, entryId, isHeartbeat: !!params.isHeartbeat }, options(params));
     },
     async ingestBatch(params) {
-      return proc.call("ingestBatch", { ...session(params), messages: params.messages, isHeartbeat: !!params.isHeartbeat }, options(params));
+      const call = randomUUID();
+      const entryIds = params.messages.map((_, index) => params.entryIds?.[index] ?? `call:${call}:${index}`);
+      return proc.call("ingestBatch", { ...session(params), messages: params.messages, entryIds, isHeartbeat: !!params.isHeartbeat }, options(params));
     },
     async afterTurn(params) {
       await proc.call(
@@ -841,6 +849,7 @@ function createEngine(proc, logger) {
 
 export default function register(api) {
   const proc = shared(api.pluginConfig);
+  proc.logger ??= api.logger;
   api.registerContextEngine(ENGINE_ID, () => createEngine(proc, api.logger));
   proc.ui ??= new UiServer(proc.config);
   try {

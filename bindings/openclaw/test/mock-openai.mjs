@@ -29,7 +29,7 @@
 //   - otherwise a short answer.
 import { createServer } from "node:http";
 import { appendFileSync } from "node:fs";
-import { FACTS } from "./soak-session.mjs";
+import { FACTS, SPAWNS, childTask } from "./soak-session.mjs";
 
 const [port, logFile, windowArg] = process.argv.slice(2);
 const window = windowArg ? Number(windowArg) : Infinity;
@@ -129,6 +129,36 @@ function reply(body) {
   const turnText = turn.filter((m) => m.role === "user").map((m) => text(m.content)).join("\n");
   const toolText = turn.filter((m) => m.role === "tool").map((m) => text(m.content)).join(" ");
   const toolDone = turn.some((m) => m.role === "tool");
+  // A spawned child's task: the last `[Subagent Task]` (a fork's copy of its parent's turn
+  // comes before it, and a fork of a fork also holds its parent's task as background). What
+  // the child did is what follows that message.
+  const taskAt = messages.findLastIndex((m) => m.role === "user" && text(m.content).includes("[Subagent Task]"));
+  const child = taskAt >= 0 && /CHILD_TASK-([\d.]+) (\w+)(?: RECALL (\w+))?( NEST)?/.exec(text(messages[taskAt].content));
+  if (child) {
+    const [, id, mode, recall, nest] = child;
+    const own = messages.slice(taskAt + 1);
+    const ownTools = own.filter((m) => m.role === "tool").map((m) => text(m.content)).join(" ");
+    const fact = recall && FACTS.find((planted) => planted.id === recall);
+    if (fact && !ownTools) {
+      const call = recallCall(tools, fact.query);
+      if (call) return { toolCall: call };
+    }
+    if (nest && !ownTools) {
+      const args = { task: `CHILD_TASK-${id}.1 fork: review what step ${id.split(".")[0]} found and report.`, label: `step-${id}-nested`, context: "fork" };
+      return { toolCall: { name: "tool_call", arguments: JSON.stringify({ id: "sessions_spawn", args }) } };
+    }
+    const found = fact ? (ownTools.includes(fact.value) ? ` found ${fact.value}` : " found nothing") : "";
+    return { body: `CHILD_DONE-${id} ${mode}:${found} reviewed the module of step ${id}.` };
+  }
+  // A turn that delegates: its read first, then the spawn, then the step's answer.
+  const delegate = /SPAWN_SUBAGENT (\d+)/.exec(turnText);
+  const spawned = turn.some((m) => (m.tool_calls ?? []).some((c) => /sessions_spawn/.test(`${c.function?.name} ${c.function?.arguments}`)));
+  const readDone = turn.some((m) => (m.tool_calls ?? []).some((c) => c.function?.name === "read"));
+  const spawn = delegate && SPAWNS.find((planned) => planned.turn === Number(delegate[1]));
+  if (spawn && readDone && !spawned) {
+    const args = { task: childTask(spawn), label: `step-${spawn.turn}-${spawn.mode}`, ...(spawn.mode === "default" ? {} : { context: spawn.mode }), ...(spawn.cleanup ? { cleanup: spawn.cleanup } : {}) };
+    return { toolCall: { name: "tool_call", arguments: JSON.stringify({ id: "sessions_spawn", args }) } };
+  }
   const question = /QUESTION (\w+):/.exec(turnText);
   const fact = question && FACTS.find((planted) => planted.id === question[1]);
   if (fact) {

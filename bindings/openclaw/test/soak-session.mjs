@@ -26,6 +26,27 @@ export const FACTS = [
   { id: "flaky", turn: 7, sentence: "Side note, the flaky login test is tracked as QA-3318 and Dmitri owns it.", value: "QA-3318", question: "Which ticket tracks the unstable sign-in test?", query: "flaky login test tracked" },
 ];
 
+/**
+ * Subagents the session spawns (`SOAK_SPAWNS`, as `5:fork,12:isolated:flag,20:default:delete`):
+ * at work turn `turn`, after its `read`, the model calls `sessions_spawn` with the `context`
+ * (`fork`, `isolated`, or `default`: none given), the child recalling a planted fact of the
+ * parent's when one is named, `cleanup: "delete"` when asked, and (`nest`) the child forking
+ * a child of its own.
+ */
+export const SPAWNS = (process.env.SOAK_SPAWNS ?? "")
+  .split(",")
+  .filter(Boolean)
+  .map((spec) => {
+    const [turn, mode, ...rest] = spec.split(":");
+    const recall = rest.find((part) => FACTS.some((fact) => fact.id === part));
+    return { turn: Number(turn), mode, recall, cleanup: rest.includes("delete") ? "delete" : undefined, nest: rest.includes("nest") };
+  });
+
+/** The task a spawned child gets: what the mock answers it by (`NEST`: the child forks a child of its own, `CHILD_TASK-<turn>.1`). */
+export function childTask(spawn) {
+  return `CHILD_TASK-${spawn.turn} ${spawn.mode}${spawn.recall ? ` RECALL ${spawn.recall}` : ""}${spawn.nest ? " NEST" : ""}: review the module of step ${spawn.turn} and report.`;
+}
+
 /** A small deterministic generator (mulberry32), seeded per turn or file. */
 function random(seed) {
   let state = seed >>> 0;
@@ -86,7 +107,18 @@ export function workMessage(turn) {
   }
   const fact = FACTS.find((planted) => planted.turn === turn);
   if (fact) sentences.splice(Math.floor(sentences.length / 2), 0, fact.sentence);
-  return `${head}\n\nNotes for this step: ${sentences.join(" ")}`;
+  const spawn = SPAWNS.find((planned) => planned.turn === turn);
+  const delegate = spawn ? `\n\nSPAWN_SUBAGENT ${turn}` : "";
+  return `${head}\n\nNotes for this step: ${sentences.join(" ")}${delegate}${cutEmoji(turn)}`;
+}
+
+/**
+ * With `SOAK_CUT_EMOJI` set, work turns 5, 15, 25, … end in a string cut in the middle of an
+ * emoji, as `text.slice(0, n)` leaves it: a lone UTF-16 surrogate, which `JSON.stringify`
+ * writes as `\ud83d` (valid JSON text, passed on by OpenClaw as it is).
+ */
+function cutEmoji(turn) {
+  return process.env.SOAK_CUT_EMOJI && turn % 10 === 5 ? `\n\nThe deploy log said: finished 🚀`.slice(0, -1) : "";
 }
 
 /** The question turn about `fact`. */

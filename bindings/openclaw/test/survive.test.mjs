@@ -159,6 +159,31 @@ test("a child that stops answering is killed past the call's deadline; the call 
   }
 });
 
+test("an ingest sent again after its child stored it but died before it answered stores nothing twice", async () => {
+  const { engine, proc, close } = plugin({ callTimeoutMs: { default: 1500 } });
+  const scope = { sessionId: "retry-1", sessionKey: "agent:main:retry-1" };
+  try {
+    await engine.ingest({ ...scope, message: turn(1)[0] });
+    for (const [method, call] of [
+      ["ingest", () => engine.ingest({ ...scope, message: { role: "user", content: "stored once, single", timestamp: 5 } })],
+      ["ingestBatch", () => engine.ingestBatch({ ...scope, messages: [{ role: "user", content: "stored once, batch", timestamp: 6 }] })],
+    ]) {
+      // The child stores the message and answers, but the answer is never read: past the
+      // deadline the child is killed and the call is sent again to a new one.
+      const first = proc.child;
+      first.stdout.pause();
+      await call();
+      assert.notEqual(proc.child, first, `${method}: a new child served the retry`);
+    }
+    const assembled = await engine.assemble({ ...scope, messages: [], tokenBudget: 100000 });
+    const texts = assembled.messages.map((message) => message.content);
+    assert.equal(texts.filter((text) => text === "stored once, single").length, 1, JSON.stringify(texts));
+    assert.equal(texts.filter((text) => text === "stored once, batch").length, 1, JSON.stringify(texts));
+  } finally {
+    await close();
+  }
+});
+
 test("deadlines per method, and what each error code is to OpenClaw (ARCHITECTURE's three answers)", () => {
   assert.equal(callDeadlineMs({}, "commitTurn"), 30_000);
   assert.equal(callDeadlineMs({}, "compact"), 600_000);

@@ -205,7 +205,12 @@ test("vilvona ui follows a session as it grows, without a reload", async () => {
   const browser = await browserType.launch({ executablePath: chromium, args: ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update", "--no-first-run", "--disable-sync"] });
   try {
     const page = await browser.newPage({ viewport: { width: 1280, height: 900 } });
+    // The store check reads every row: asked when the panel opens and on "Check again",
+    // never on the refreshes the session's growth sets off.
+    const asked = [];
+    page.on("request", (request) => request.url().endsWith("/api/view") && asked.push(JSON.parse(request.postData() ?? "{}").view));
     await page.goto(url);
+    await page.waitForSelector("[data-part=health] [data-ok]");
     const before = await page.getAttribute("[data-total]", "data-total");
     // An expanded summary stays expanded across the redraw.
     const expand = page.locator("[data-part=dag] button[data-expand]").first();
@@ -219,6 +224,13 @@ test("vilvona ui follows a session as it grows, without a reload", async () => {
     if (await page.locator(`[data-part=dag] button[data-expand="${expanded}"]`).count()) {
       await page.waitForSelector(`[data-part=dag] button[data-expand="${expanded}"][aria-expanded=true]`);
     }
+    const refreshes = asked.filter((view) => view === "context").length;
+    assert.ok(refreshes >= 2, `${refreshes} refreshes`);
+    assert.equal(asked.filter((view) => view === "health").length, 1, asked.join(" "));
+    await page.click("[data-part=recheck]");
+    // Redrawn from the second check: its button is a new, enabled one.
+    await page.waitForSelector("[data-part=recheck]:not([disabled])");
+    assert.equal(asked.filter((view) => view === "health").length, 2, asked.join(" "));
   } finally {
     await browser.close();
   }

@@ -10,6 +10,7 @@
 use std::io::Write as _;
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{Context as _, Result};
 use serde_json::{Value, json};
@@ -30,6 +31,20 @@ const PAGE_JS: &str = include_str!("ui/page.js");
 
 /// A request's head and body may take this many bytes.
 const REQUEST_BYTES: usize = 64 * 1024;
+
+/// Most connections served at once: past it a new connection is closed at once (a local
+/// program opening connections without end cannot take the server's memory or descriptors).
+const CONNECTIONS: usize = 64;
+
+/// How long a connection may take to send its request; a slower one is answered 408.
+const READ_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long one connection may take in all (a repair included).
+const CONNECTION_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// How long the server waits after an accept failed (out of descriptors, say) before it
+/// accepts again.
+const ACCEPT_PAUSE: Duration = Duration::from_millis(100);
 
 /// What the server shares with each connection.
 struct Served {
@@ -79,12 +94,32 @@ pub(crate) async fn ui(
             "read-only"
         }
     );
+    let slots = Arc::new(tokio::sync::Semaphore::new(CONNECTIONS));
     loop {
-        let (stream, _) = listener.accept().await?;
+        // An accept that fails (no descriptors left, a connection reset before it was taken)
+        // fails that connection, not the server.
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            Err(error) => {
+                tracing::warn!(%error, "vilvona ui could not accept a connection; accepting again");
+                tokio::time::sleep(ACCEPT_PAUSE).await;
+                continue;
+            }
+        };
+        let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
+            tracing::debug!(
+                "vilvona ui serves {CONNECTIONS} connections already; closing a new one"
+            );
+            continue;
+        };
         let served = Arc::clone(&served);
         tokio::spawn(async move {
-            if let Err(error) = serve_connection(stream, &served).await {
-                tracing::debug!(%error, "a ui connection ended");
+            let _slot = slot;
+            match tokio::time::timeout(CONNECTION_TIMEOUT, serve_connection(stream, &served)).await
+            {
+                Ok(Err(error)) => tracing::debug!(%error, "a ui connection ended"),
+                Err(_) => tracing::debug!("a ui connection took too long and was closed"),
+                Ok(Ok(())) => {}
             }
         });
     }
@@ -156,7 +191,10 @@ fn random_token() -> Result<String> {
 
 /// One request, one answer, then the connection closes.
 async fn serve_connection(mut stream: TcpStream, served: &Served) -> Result<()> {
-    let Some(request) = read_request(&mut stream).await? else {
+    let Ok(request) = tokio::time::timeout(READ_TIMEOUT, read_request(&mut stream)).await else {
+        return respond(&mut stream, 408, "text/plain", b"the request took too long").await;
+    };
+    let Some(request) = request? else {
         return respond(&mut stream, 400, "text/plain", b"bad request").await;
     };
     match (request.method.as_str(), request.path.as_str()) {
@@ -283,6 +321,7 @@ async fn respond(stream: &mut TcpStream, status: u16, kind: &str, body: &[u8]) -
         400 => "Bad Request",
         401 => "Unauthorized",
         404 => "Not Found",
+        408 => "Request Timeout",
         _ => "Unprocessable Content",
     };
     // The page runs only its own scripts and styles and talks only to this server.

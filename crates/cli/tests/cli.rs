@@ -614,3 +614,59 @@ fn doctor_fix_without_a_store_says_nothing_of_an_index() {
     assert!(!said.contains("index"), "{said}");
     assert!(said.contains("tightened"), "{said}");
 }
+
+/// The panel's server stands up to a local program: connections beyond the descriptors it may
+/// open fail alone (it accepts again; it once ended on the first failed accept), and once they
+/// are gone a request is answered as before.
+#[test]
+fn the_panel_server_survives_running_out_of_descriptors() {
+    use std::io::{BufRead as _, BufReader, Read as _, Write as _};
+    use std::net::TcpStream;
+    let dir = TempDir::new().unwrap();
+    let mut server = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "ulimit -n 48 && exec '{}' --state-dir '{}' ui --port 0",
+            env!("CARGO_BIN_EXE_vilvona"),
+            dir.path().display()
+        ))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    BufReader::new(server.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    let address = first
+        .trim()
+        .strip_prefix("vilvona ui: http://")
+        .and_then(|rest| rest.split('/').next())
+        .unwrap_or_else(|| panic!("{first}"))
+        .to_owned();
+    // Twice as many connections as descriptors: the accepts beyond them fail.
+    let held: Vec<TcpStream> = (0..96)
+        .filter_map(|_| TcpStream::connect(&address).ok())
+        .collect();
+    assert!(held.len() > 48, "{} connections", held.len());
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    drop(held);
+    let page = (0..100).find_map(|_| {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        let mut stream = TcpStream::connect(&address).ok()?;
+        stream
+            .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            .ok()?;
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).ok()?;
+        answer.starts_with("HTTP/1.1 200").then_some(answer)
+    });
+    let running = server.try_wait().unwrap().is_none();
+    server.kill().ok();
+    server.wait().ok();
+    assert!(running, "the server ended");
+    assert!(
+        page.is_some(),
+        "the page was not served after the connections went"
+    );
+}

@@ -172,7 +172,8 @@ impl LosslessEngine {
         else {
             return Ok(());
         };
-        // A fork child's transcript begins with its parent's history, which its seed shows.
+        // A fork child's transcript begins with its parent's history, which its seed shows:
+        // its own messages begin at its offset (where they do not, nothing meets below).
         let offset = self.host_offset(conversation).await? as usize;
         let host = &host[offset.min(host.len())..];
         let held = row.message_count as usize;
@@ -265,13 +266,13 @@ impl LosslessEngine {
             if seeds && stored == Some(0) {
                 // A fork child's first sight of its transcript: the parent's history in it is
                 // what its seed shows, and is not stored again.
-                let covered = self
-                    .settle_fork(conversation.id, Some(&params.messages), None)
-                    .await? as usize;
+                let forked = self
+                    .forked_history(conversation.id, &params.messages)
+                    .await?;
                 self.ingest_messages(
                     &params.session_id,
                     params.session_key.as_deref(),
-                    &params.messages[covered.min(params.messages.len())..],
+                    &params.messages[forked..],
                     |index| MessageIdentity::default().at(index as u64),
                     None,
                 )

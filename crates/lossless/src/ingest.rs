@@ -321,7 +321,7 @@ impl LosslessEngine {
         // back with the host's history (`reconcile_tail`) is found there and stored once.
         // A fork child's places are the host's less the parent's history its seed shows.
         let offset = match admitted_at(params) {
-            Some(at) => self.settle_fork(conversation.id, None, Some(at)).await?,
+            Some(at) => self.settle_host_offset(conversation.id, at).await?,
             None => self.host_offset(conversation.id).await?,
         };
         if let (Some(at), Some(admission)) = (admitted_at(params), params.admission.as_ref()) {

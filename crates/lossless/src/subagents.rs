@@ -5,8 +5,8 @@
 //! child's state records what the seed stands for (`fork.origin`). The host then hands the
 //! child its own transcript, which begins with the parent's history copied: those leading
 //! messages are what the seed already shows, so they are never stored as the child's. The
-//! child's own messages are numbered from 0, and every place the host names is shifted by the
-//! number of host messages the seed covers (`host_offset`).
+//! child's own messages are numbered from 0, and every place the host names is shifted by
+//! where they begin among the host's places (`host_offset`, settled by the child's first turn).
 //!
 //! Each session folds on its own: the child's folds may take in the parent's rows (a row then
 //! lies under one summary of each conversation), and the parent's folds never see the child's.
@@ -36,9 +36,9 @@ struct ForkOrigin {
     parent: i64,
     /// How many messages the parent had stored when the child was forked.
     parent_messages: u64,
-    /// How many of the host's leading messages the seed stands for, once the child's first
-    /// assembly (or its first turn) showed the host's transcript.
-    covered: Option<u64>,
+    /// Where the child's own messages begin among the host's places, once its first turn
+    /// showed them.
+    offset: Option<u64>,
 }
 
 #[derive(Debug)]
@@ -178,7 +178,7 @@ impl LosslessEngine {
         let origin = ForkOrigin {
             parent: parent.0,
             parent_messages,
-            covered: None,
+            offset: None,
         };
         store
             .set_state(
@@ -237,9 +237,11 @@ impl LosslessEngine {
         Ok(text.and_then(|text| serde_json::from_str(&text).ok()))
     }
 
-    /// How many of the host's leading messages the conversation's seeded context stands for: 0
-    /// for every conversation but a fork child's. A host place `p` is the conversation's own
-    /// message `p - offset`.
+    /// Where the conversation's own messages begin among the host's places (its turns'
+    /// admission anchors, its record): 0 for every conversation but a fork child's, whose
+    /// host record begins with its parent's history. A host place `p` is the conversation's
+    /// own message `p - offset`. A fork child's is settled by its first turn
+    /// ([`LosslessEngine::settle_host_offset`]); until then, 0.
     pub(crate) async fn host_offset(
         &self,
         conversation: ConversationId,
@@ -250,87 +252,108 @@ impl LosslessEngine {
         let offset = match self.fork_origin(conversation).await? {
             None => 0,
             Some(ForkOrigin {
-                covered: Some(covered),
+                offset: Some(offset),
                 ..
-            }) => covered,
-            // Not settled yet: the child's first assembly or turn settles it.
+            }) => offset,
             Some(_) => return Ok(0),
         };
         lock_map(&self.inner.host_offsets).insert(conversation, offset);
         Ok(offset)
     }
 
-    /// Settles, on a fork child's first sight of the host's transcript, how many of its
-    /// leading messages the seed stands for, and answers it (0 for a conversation that is no
-    /// fork). `host` is the transcript before the child's own turn (its first assembly);
-    /// `first_own` the place of the child's first own message when only that is known (its
-    /// first turn).
-    ///
-    /// The host's fork copies the parent's transcript: where the parent's last message when
-    /// forked is the host's message at the same place, what comes before and at it is the
-    /// seed's; the rest (the parent's turn that spawned the child, not yet stored when the
-    /// spawn was prepared) is the child's to store. A transcript that does not meet the parent
-    /// there is taken as the seed's whole.
-    pub(crate) async fn settle_fork(
+    /// A turn the host places at `at`: a fork child's first one settles its offset (what it
+    /// has stored so far are its first messages, so the turn's first message is its next),
+    /// and every conversation's offset is answered.
+    pub(crate) async fn settle_host_offset(
         &self,
         conversation: ConversationId,
-        host: Option<&[AgentMessage]>,
-        first_own: Option<u64>,
+        at: u64,
     ) -> Result<u64, EngineError> {
+        if let Some(offset) = lock_map(&self.inner.host_offsets).get(&conversation) {
+            return Ok(*offset);
+        }
         let Some(mut origin) = self.fork_origin(conversation).await? else {
+            return self.host_offset(conversation).await;
+        };
+        if origin.offset.is_none() {
+            let held = self
+                .inner
+                .store
+                .conversation_by_id(conversation)
+                .await
+                .map_err(|error| store_error("reading the fork", error))?
+                .map_or(0, |row| row.message_count);
+            origin.offset = Some(at.saturating_sub(held));
+            self.inner
+                .store
+                .set_state(
+                    conversation,
+                    FORK_ORIGIN,
+                    &serde_json::to_string(&origin).unwrap_or_default(),
+                )
+                .await
+                .map_err(|error| store_error("recording the fork", error))?;
+        }
+        self.host_offset(conversation).await
+    }
+
+    /// How many of the host's leading messages, on a conversation's first sight of them,
+    /// are not its own to store: 0 for a conversation that is no fork. A fork child's
+    /// transcript is the parent's history (from the host's last compaction boundary on, so it
+    /// may be shorter than the parent's store), then the parent's turn that spawned the child,
+    /// not yet committed when the spawn was prepared: the history is what the seed shows, the
+    /// turn is the child's. They part after the parent's last messages at the spawn, found as
+    /// a run (one message can recur: the host's "missing tool result" stand-in follows every
+    /// spawn call). A transcript that does not hold that run is taken as the seed's whole.
+    pub(crate) async fn forked_history(
+        &self,
+        conversation: ConversationId,
+        host: &[AgentMessage],
+    ) -> Result<usize, EngineError> {
+        let Some(origin) = self.fork_origin(conversation).await? else {
             return Ok(0);
         };
-        if let Some(covered) = origin.covered {
-            return Ok(covered);
-        }
-        let covered = match (host, first_own) {
-            (Some(host), _) => {
-                let at = origin.parent_messages as usize;
-                let meets = at > 0 && at <= host.len() && {
-                    let last = self
-                        .inner
-                        .store
-                        .messages_in_seq_range(
-                            ConversationId(origin.parent),
-                            at as u64 - 1,
-                            at as u64 - 1,
-                        )
-                        .await
-                        .map_err(|error| store_error("reading the parent's last message", error))?;
-                    let first = &host[at - 1];
-                    last.first().is_some_and(|stored| {
-                        stored.role == first.role() && stored.text() == first.plain_text()
-                    })
-                };
-                if meets {
-                    at as u64
-                } else {
-                    if !host.is_empty() {
-                        tracing::warn!(
-                            conversation = conversation.0,
-                            parent = origin.parent,
-                            parent_messages = origin.parent_messages,
-                            host = host.len(),
-                            "a fork child's transcript does not meet its parent's history where it was forked; the seeded context stands for all of it"
-                        );
-                    }
-                    host.len() as u64
-                }
-            }
-            (None, Some(place)) => place,
-            (None, None) => return Ok(0),
+        let run = if origin.parent_messages == 0 {
+            Vec::new()
+        } else {
+            let first = origin.parent_messages.saturating_sub(FORK_RUN);
+            self.inner
+                .store
+                .messages_in_seq_range(
+                    ConversationId(origin.parent),
+                    first,
+                    origin.parent_messages - 1,
+                )
+                .await
+                .map_err(|error| store_error("reading the parent's last messages", error))?
         };
-        origin.covered = Some(covered);
-        self.inner
-            .store
-            .set_state(
-                conversation,
-                FORK_ORIGIN,
-                &serde_json::to_string(&origin).unwrap_or_default(),
-            )
-            .await
-            .map_err(|error| store_error("recording the fork", error))?;
-        lock_map(&self.inner.host_offsets).insert(conversation, covered);
-        Ok(covered)
+        let same = |stored: &StoredMessage, message: &AgentMessage| {
+            stored.role == message.role() && stored.text() == message.plain_text()
+        };
+        let parted = (!run.is_empty())
+            .then(|| {
+                (run.len()..=host.len()).rev().find(|&end| {
+                    run.iter()
+                        .zip(&host[end - run.len()..end])
+                        .all(|(stored, message)| same(stored, message))
+                })
+            })
+            .flatten();
+        Ok(parted.unwrap_or_else(|| {
+            if origin.parent_messages > 0 {
+                tracing::warn!(
+                    conversation = conversation.0,
+                    parent = origin.parent,
+                    parent_messages = origin.parent_messages,
+                    host = host.len(),
+                    "a fork child's transcript does not hold its parent's last messages at the spawn; the seeded context stands for all of it"
+                );
+            }
+            host.len()
+        }))
     }
 }
+
+/// How many of the parent's last messages at a spawn find where a fork child's transcript
+/// leaves the parent's history.
+const FORK_RUN: u64 = 4;

@@ -241,8 +241,15 @@ export function mountPanel(container, options) {
   }
 
   function drawHealth(check) {
+    // The store check reads every row and index file: asked when the panel opens, after a
+    // repair, and when the user asks again, never on the refreshes a turn sets off.
+    const again = el("button", { type: "button", "data-part": "recheck" }, "Check again");
+    again.addEventListener("click", () => {
+      again.disabled = true;
+      checkStore(state.generation);
+    });
     health.replaceChildren(
-      el("p", { class: check.ok ? "vv-ok" : "vv-error", "data-ok": check.ok }, check.ok ? "Healthy: " : "Needs attention: ", check.detail),
+      el("p", { class: check.ok ? "vv-ok" : "vv-error", "data-ok": check.ok }, check.ok ? "Healthy: " : "Needs attention: ", check.detail, " ", again),
       check.indexNeedsRebuild ? el("p", {}, "Rebuilding the recall index from the database heals this: `vilvona doctor --fix`.") : "",
       state.repaired ? el("p", { "data-part": "repair-result" }, state.repaired) : "",
     );
@@ -273,7 +280,7 @@ export function mountPanel(container, options) {
           confirm.disabled = cancel.disabled = true;
           try {
             state.repaired = result(await fix({ confirm: true }));
-            await refresh();
+            await refresh({ check: true });
           } catch (error) {
             box.replaceChildren(el("p", { class: "vv-error" }, `The repair failed: ${error.message ?? error}`));
           }
@@ -332,10 +339,21 @@ export function mountPanel(container, options) {
   searchInput.addEventListener("keydown", (event) => { if (event.key === "Enter") { clearTimeout(searchTimer); search(); } });
   searchMode.addEventListener("change", search);
 
-  async function refresh() {
+  /** Asks the store check and draws it (a panel switched to another session meanwhile draws nothing). */
+  function checkStore(generation) {
+    return ask({ view: "health" })
+      .then((check) => {
+        if (generation !== state.generation) return;
+        state.check = check;
+        drawHealth(check);
+      })
+      .catch((error) => health.replaceChildren(el("p", { class: "vv-error" }, `The store could not be checked: ${error.message ?? error}`)));
+  }
+
+  async function refresh({ check = false } = {}) {
     const generation = state.generation;
     const started = performance.now();
-    const checked = ask({ view: "health" });
+    const checking = check || !state.check;
     const [context, stats, dag, folds] = await Promise.all([ask({ view: "context" }), ask({ view: "stats" }),
       ask({ view: "dag", inContext: true }), ask({ view: "timeline", limit: TIMELINE_ROWS })]);
     if (state.disposed || generation !== state.generation) return;
@@ -348,9 +366,10 @@ export function mountPanel(container, options) {
     // How long the views took, asked to drawn (the browser tests read it).
     root.dataset.painted = String(Math.round(performance.now() - started));
     say(`Session ${state.sessionKey}`);
-    // The store check reads every index file: it comes after the paint.
-    checked.then((check) => generation === state.generation && drawHealth(check))
-      .catch((error) => health.replaceChildren(el("p", { class: "vv-error" }, `The store could not be checked: ${error.message ?? error}`)));
+    // The store check reads every index file: it comes after the paint. A refresh that does
+    // not ask it again redraws the last one (the repairs it offers follow the context).
+    if (checking) checkStore(generation);
+    else drawHealth(state.check);
   }
 
   /** Redraws when a turn commits or compaction publishes (the `watch` view answers then). */
@@ -379,6 +398,7 @@ export function mountPanel(container, options) {
     state.generation += 1;
     state.stamp = undefined;
     state.repaired = undefined;
+    state.check = undefined;
     hits.replaceChildren();
     say(`Loading ${state.sessionKey} …`);
     refresh().catch((error) => say(`Could not read ${state.sessionKey}: ${error.message ?? error}`));

@@ -404,6 +404,19 @@ async fn a_fork_sees_its_parents_history_once_and_each_folds_on_its_own() {
         .await;
         transcript.extend(messages);
     }
+    // The parent's last turn before the spawn spawned a child too: it ends in the host's
+    // stand-in for a tool result, which the in-flight turn below ends in again.
+    let earlier_spawn = spawn_turn("spawn an isolated child", "spawn0");
+    commit(
+        &engine,
+        "parent",
+        parent_key,
+        "p-spawn0",
+        transcript.len(),
+        &earlier_spawn,
+    )
+    .await;
+    transcript.extend(earlier_spawn);
     let parent = engine.conversation("parent", None).await.unwrap();
     engine
         .compact_conversation(parent.id, CompactionRequest::forced(4_000))
@@ -446,15 +459,14 @@ async fn a_fork_sees_its_parents_history_once_and_each_folds_on_its_own() {
     );
 
     // The child's first assembly: the host's transcript is the parent's, and the in-flight
-    // turn's request and tool call.
-    let in_flight = vec![
-        message(json!({"role": "user", "content": "spawn a fork to look into m3", "timestamp": 1})),
-        message(
-            json!({"role": "assistant", "content": [{"type": "toolCall", "id": "spawn1", "name": "sessions_spawn", "arguments": {"context": "fork"}}], "timestamp": 2}),
-        ),
-    ];
-    let mut childs_host = transcript.clone();
+    // turn's request, tool call and the host's stand-in for its result.
+    let in_flight = spawn_turn("spawn a fork to look into m3", "spawn1");
+    // The host's fork copies the parent's transcript from its last compaction boundary on
+    // (shorter than the parent's store), and places the child's turns in its own record by
+    // other numbers than the transcript's.
+    let mut childs_host = transcript[10..].to_vec();
     childs_host.extend(in_flight.clone());
+    let mut record = transcript.len() + 7 + in_flight.len();
     let assembled = assemble(&engine, "child", child_key, &childs_host).await;
     assert_eq!(
         assembled.messages.len(),
@@ -474,7 +486,7 @@ async fn a_fork_sees_its_parents_history_once_and_each_folds_on_its_own() {
                 .message_count
         }
     };
-    assert_eq!(stored(&engine).await, 2);
+    assert_eq!(stored(&engine).await, 3);
 
     // The child's turns, placed by the host after its copied transcript, and an assembly that
     // brings the whole host transcript again: nothing is stored twice.
@@ -485,16 +497,17 @@ async fn a_fork_sees_its_parents_history_once_and_each_folds_on_its_own() {
             "child",
             child_key,
             &format!("c{index}"),
-            childs_host.len(),
+            record,
             &messages,
         )
         .await;
+        record += messages.len();
         childs_host.extend(messages);
     }
-    assert_eq!(stored(&engine).await, 14);
+    assert_eq!(stored(&engine).await, 15);
     let fresh = engine.with_clock(Arc::new(SystemClock));
     assemble(&fresh, "child", child_key, &childs_host).await;
-    assert_eq!(stored(&fresh).await, 14);
+    assert_eq!(stored(&fresh).await, 15);
 
     // Both fold the shared rows, in either order, and every later call of each works.
     engine
@@ -566,6 +579,20 @@ async fn a_fork_sees_its_parents_history_once_and_each_folds_on_its_own() {
     assemble(&engine, "parent", parent_key, &transcript).await;
     let report = engine.store().integrity_check().await.unwrap();
     assert!(report.problems.is_empty(), "{:?}", report.problems);
+}
+
+/// A turn that spawns a subagent, as the host's transcript holds it while the turn is in
+/// flight: the request, the `sessions_spawn` call, and the host's stand-in for its result.
+fn spawn_turn(request: &str, call: &str) -> Vec<AgentMessage> {
+    vec![
+        message(json!({"role": "user", "content": request, "timestamp": 1})),
+        message(
+            json!({"role": "assistant", "content": [{"type": "toolCall", "id": call, "name": "sessions_spawn", "arguments": {"context": "fork"}}], "timestamp": 2}),
+        ),
+        message(
+            json!({"role": "toolResult", "toolCallId": call, "toolName": "sessions_spawn", "content": [{"type": "text", "text": "[openclaw] missing tool result in session history; inserted synthetic error result for transcript repair."}], "timestamp": 3}),
+        ),
+    ]
 }
 
 /// Commits a turn the host placed at `at` in the session's transcript.
