@@ -505,8 +505,10 @@ export class UiServer {
     this.started = null;
   }
 
+  /** The running server; a start that failed is tried again on the next call, not remembered. */
   start() {
-    this.started ??= new Promise((resolve, reject) => {
+    if (this.started) return this.started;
+    const started = new Promise((resolve, reject) => {
       // Repairs allowed: the gateway lets only operator.write connections ask for one. Its
       // stdin is this process's: when the gateway ends, however it ends, the server does too.
       const child = spawn(resolveBinary(this.config), ["--state-dir", stateDirOf(this.config), "ui", "--port", "0", "--allow-repair", "--exit-with-stdin"], {
@@ -524,11 +526,15 @@ export class UiServer {
       });
       child.once("error", reject);
       child.once("exit", (code, signal) => {
-        this.started = null;
+        if (this.started === started) this.started = null;
         reject(new Error(`vilvona ui exited (${signal ?? `status ${code}`}) before it served`));
       });
     });
-    return this.started;
+    this.started = started;
+    started.catch(() => {
+      if (this.started === started) this.started = null;
+    });
+    return started;
   }
 
   /** One view (crates/cli/src/views.rs), as `vilvona ui` answers it. */

@@ -10,7 +10,7 @@ import { chmodSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 
-import register, { TransientError, callDeadlineMs, errorKind } from "../index.js";
+import register, { TransientError, UiServer, callDeadlineMs, errorKind } from "../index.js";
 
 const binary = process.env.VILVONA_BIN;
 const SHARED = Symbol.for("vilvona.openclaw.process");
@@ -181,6 +181,24 @@ test("an ingest sent again after its child stored it but died before it answered
     assert.equal(texts.filter((text) => text === "stored once, batch").length, 1, JSON.stringify(texts));
   } finally {
     await close();
+  }
+});
+
+test("the panel's server that could not start is started on the next request", async () => {
+  const stateDir = mkdtempSync(join(tmpdir(), "vilvona-ui-start-"));
+  // A binary the system cannot start (its interpreter is missing: the spawn itself fails).
+  const broken = join(stateDir, "vilvona");
+  writeFileSync(broken, "#!/nonexistent/interpreter\n");
+  chmodSync(broken, 0o755);
+  const ui = new UiServer({ binary: broken, stateDir });
+  try {
+    await assert.rejects(ui.view({ view: "sessions" }));
+    ui.config = { binary, stateDir };
+    const sessions = await ui.view({ view: "sessions" });
+    assert.ok(sessions !== undefined);
+  } finally {
+    (await ui.started)?.child.kill();
+    rmSync(stateDir, { recursive: true, force: true });
   }
 });
 
