@@ -375,6 +375,16 @@ pub enum ResolveError {
         /// The failure, one line.
         reason: String,
     },
+    /// [`Registry::instantiate`]: the selected engine could not start for a passing reason
+    /// (its factory's error is transient: a database busy, or held by another process that
+    /// must let go of it first). The same call may succeed later; nothing is broken.
+    #[error("context engine \"{engine_id}\" could not start now: {reason}")]
+    Passing {
+        /// The engine.
+        engine_id: String,
+        /// The failure, one line.
+        reason: String,
+    },
     /// [`Registry::instantiate`]: the factory declined, as the context allowed it to (no
     /// storage to open for [`FactoryContext::existing_only`]). Nothing failed.
     #[error("context engine \"{engine_id}\" declined: {reason}")]
@@ -829,6 +839,10 @@ impl Registry {
             EngineError::Refused(reason) => ResolveError::Declined {
                 engine_id: requested.to_owned(),
                 reason: reason.to_string(),
+            },
+            error if error.is_transient() => ResolveError::Passing {
+                engine_id: requested.to_owned(),
+                reason: error_chain(&error),
             },
             error => unavailable(Stage::Factory, error_chain(&error)),
         })?;

@@ -528,10 +528,16 @@ impl Server {
                 origin: None,
             },
         );
-        let engine = registry
-            .instantiate(&selection)
-            .await
-            .map_err(|e| RpcError::new(ENGINE_ERROR, error_chain(&e)))?;
+        // A passing failure to open (the database held by a process that must let go of it
+        // first, its log cut under that one) is transient: the client tries again, and
+        // nothing is quarantined for it.
+        let engine = registry.instantiate(&selection).await.map_err(|e| {
+            let code = match e {
+                vilvona_core::registry::ResolveError::Passing { .. } => TRANSIENT,
+                _ => ENGINE_ERROR,
+            };
+            RpcError::new(code, error_chain(&e))
+        })?;
         // What the gateway gave, for the command line on this state directory (a record that
         // cannot be written costs the command line its copy, not the gateway its engine).
         if let Err(error) = crate::gateway_settings::record(

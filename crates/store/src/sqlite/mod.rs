@@ -261,7 +261,8 @@ impl Store {
                     dir,
                     commands: Mutex::new(None),
                     writer_thread: Mutex::new(None),
-                    readers: Mutex::new(vec![connection]),
+                    // A store opened for reading keeps no connection idle (see `read`).
+                    readers: Mutex::new(Vec::new()),
                     index,
                     index_problem,
                     embedder,
@@ -398,8 +399,16 @@ impl Store {
             };
             let result = query(&connection).map_err(|error| inner.explain(error));
             let mut readers = inner.readers.lock().unwrap_or_else(PoisonError::into_inner);
-            // A bounded pool: at most a few idle connections stay open.
-            if readers.len() < 4 {
+            if result.as_ref().is_err_and(StoreError::needs_reopen) {
+                // The database was replaced or its log cut: every connection held goes, and
+                // the next read opens it anew.
+                readers.clear();
+            } else if !inner.read_only && readers.len() < 4 {
+                // A bounded pool: at most a few idle connections stay open. A store opened
+                // for reading (the panel's server, an inspection command) keeps none: a
+                // process that only reads never holds the database between its reads, so a
+                // writer that must open it alone (its log cut under the last one) never
+                // waits on it.
                 readers.push(connection);
             }
             result
