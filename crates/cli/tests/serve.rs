@@ -1651,3 +1651,62 @@ fn a_cut_log_heals_with_readers_present() {
     drop(client.stdin.take());
     client.child.wait().unwrap();
 }
+
+/// Every fold of a backlog reaches the host's model: a compaction that summarizes several
+/// leaves together (a long backlog, a small budget) asks `llm.complete` for each, in the
+/// call's own scope. The leaves made together once ran in spawned tasks, which do not carry
+/// the call's scope: each was written by the fallback ("no host model in scope"), 38 % of a
+/// gateway session's folds.
+#[test]
+fn every_fold_of_a_backlog_reaches_the_hosts_model() {
+    let dir = TempDir::new().unwrap();
+    let mut client = Client::start(dir.path());
+    initialize(
+        &mut client,
+        json!({"summarizer": {"kind": "host"}, "freshTailCount": 2, "leafChunkTokens": 400, "leafTargetTokens": 60, "condensedTargetTokens": 50}),
+    );
+    let messages: Vec<Value> = (0..60)
+        .map(|i| {
+            user(
+                &format!("Backlog {i}: {}", "the queue drains the batch. ".repeat(10)),
+                i,
+            )
+        })
+        .collect();
+    client.call(
+        2,
+        "ingestBatch",
+        json!({"sessionId": "b", "messages": messages}),
+    );
+    client.send(
+        3,
+        "compact",
+        json!({"sessionId": "b", "tokenBudget": 2000, "force": true}),
+    );
+    let mut asked = 0;
+    let reply = loop {
+        let message = client.wait(|value| value["method"] == "llm.complete" || value["id"] == 3);
+        if message["id"] == 3 {
+            break message;
+        }
+        asked += 1;
+        // The scope names the call, so the client answers with that call's model (OpenClaw's
+        // plugin has no model for any other, and refuses).
+        assert_eq!(message["params"]["scope"], 3, "ask {asked}: {message}");
+        client.send_raw(&json!({"jsonrpc": "2.0", "id": message["id"], "result": {"text": format!("HOST SUMMARY {asked}")}}).to_string());
+    };
+    assert_eq!(reply["result"]["compacted"], true, "{reply}");
+    let details = &reply["result"]["result"]["details"];
+    assert!(
+        details["summariesCreated"].as_u64().unwrap() > 4,
+        "a backlog: several leaves made together: {reply}"
+    );
+    assert_eq!(details["degradedSummaries"], 0, "{reply}");
+    // Every summary but the truncation's (which asks no summarizer) was the model's.
+    assert_eq!(
+        asked,
+        details["summariesCreated"].as_u64().unwrap()
+            - details["fallbackSummaries"].as_u64().unwrap(),
+        "{reply}"
+    );
+}

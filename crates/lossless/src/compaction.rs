@@ -2,7 +2,6 @@
 //! same-depth summaries into condensed ones until the context fits, and the re-summarizing of
 //! fallback (truncated) summaries in `maintain`.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
@@ -905,35 +904,27 @@ impl LosslessEngine {
                 .await?;
             return Ok(vec![self.publish_or_wait(plan, wait_for_summarizer).await?]);
         }
-        let items: Arc<[ContextRef]> = items.into();
-        let mut tasks = tokio::task::JoinSet::new();
-        for (index, candidate) in batch.into_iter().enumerate() {
-            let (engine, items) = (self.clone(), items.clone());
-            let instructions = custom_instructions.map(str::to_owned);
-            tasks.spawn(async move {
-                let plan = engine
-                    .summarize_candidate(
+        // At once, on this call's own task: what the call carries in task-local state (the
+        // host's model in scope, which `serve` names per call) is the leaves' too. Spawned
+        // tasks lost it, and every leaf made together fell back ("no host model in scope").
+        let plans = all_at_once(
+            batch
+                .iter()
+                .map(|candidate| {
+                    self.summarize_candidate(
                         conversation,
-                        &items,
-                        &candidate,
+                        items,
+                        candidate,
                         limits,
-                        instructions.as_deref(),
+                        custom_instructions,
                     )
-                    .await;
-                (index, plan)
-            });
-        }
-        let mut plans = Vec::new();
-        while let Some(joined) = tasks.join_next().await {
-            let (index, plan) = joined.map_err(|error| {
-                EngineError::caused_by("lossless: a summarizing task failed", error)
-            })?;
-            plans.push((index, plan?));
-        }
-        plans.sort_by_key(|(index, _)| *index);
+                })
+                .collect(),
+        )
+        .await;
         let mut published = Vec::with_capacity(plans.len());
-        for (_, plan) in plans {
-            published.push(self.publish_or_wait(plan, wait_for_summarizer).await?);
+        for plan in plans {
+            published.push(self.publish_or_wait(plan?, wait_for_summarizer).await?);
         }
         Ok(published)
     }
@@ -1169,6 +1160,36 @@ fn report_details(report: &CompactionReport, prompt: &HostPrompt) -> serde_json:
         details["detail"] = json!(detail);
     }
     details
+}
+
+/// Runs futures at once on the calling task and answers their outputs in their order: they
+/// wait on the model together, and keep the caller's task-local state (which spawned tasks
+/// would not).
+async fn all_at_once<F: std::future::Future>(futures: Vec<F>) -> Vec<F::Output> {
+    let mut running: Vec<Option<std::pin::Pin<Box<F>>>> =
+        futures.into_iter().map(|future| Some(Box::pin(future))).collect();
+    let mut outputs: Vec<Option<F::Output>> = running.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut pending = false;
+        for (slot, output) in running.iter_mut().zip(outputs.iter_mut()) {
+            if let Some(future) = slot {
+                match future.as_mut().poll(cx) {
+                    std::task::Poll::Ready(value) => {
+                        *output = Some(value);
+                        *slot = None;
+                    }
+                    std::task::Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending {
+            std::task::Poll::Pending
+        } else {
+            std::task::Poll::Ready(())
+        }
+    })
+    .await;
+    outputs.into_iter().flatten().collect()
 }
 
 #[cfg(test)]
