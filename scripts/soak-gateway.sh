@@ -191,16 +191,21 @@ vilvona_children() {
   done
 }
 
+# Waits until the driver has answered `$1` turns; fails when it ended first.
+until_turn() {
+  while [ "$(wc -l <"$OUT/results.jsonl")" -lt "$1" ]; do
+    kill -0 "$DRIVER_PID" 2>/dev/null || return 1
+    sleep 0.1
+  done
+}
+
 # --kills: SIGKILL the child at evenly spaced turns, alternately at once (between turns, most
 # often) and 0.4 s later (in flight, most often).
 killer() {
   local kill=1 target pid
   while [ "$kill" -le "$KILLS" ]; do
     target=$((kill * TURNS * SESSIONS / (KILLS + 1)))
-    while [ "$(wc -l <"$OUT/results.jsonl")" -lt "$target" ]; do
-      kill -0 "$DRIVER_PID" 2>/dev/null || return 0
-      sleep 0.1
-    done
+    until_turn "$target" || return 0
     [ $((kill % 2)) -eq 0 ] && sleep 0.4
     for pid in $(vilvona_children); do
       kill -KILL "$pid" 2>/dev/null && echo "killed vilvona $pid after $target turns" >>"$OUT/kills.log"
@@ -215,10 +220,7 @@ stopper() {
   local stop=1 target pid
   while [ "$stop" -le "$STOPS" ]; do
     target=$((stop * TURNS * SESSIONS / (STOPS + 1)))
-    while [ "$(wc -l <"$OUT/results.jsonl")" -lt "$target" ]; do
-      kill -0 "$DRIVER_PID" 2>/dev/null || return 0
-      sleep 0.1
-    done
+    until_turn "$target" || return 0
     sleep 0.2
     for pid in $(vilvona_children); do
       kill -STOP "$pid" 2>/dev/null && echo "stopped vilvona $pid after $target turns" >>"$OUT/stops.log"
@@ -232,10 +234,7 @@ stopper() {
 # back within a minute (damage.log says how long it took, or that it did not come back).
 damager() {
   local store="$HOME/.vilvona/agents/main/lossless" target=$((TURNS * SESSIONS / 2)) waited=0
-  while [ "$(wc -l <"$OUT/results.jsonl")" -lt "$target" ]; do
-    kill -0 "$DRIVER_PID" 2>/dev/null || return 0
-    sleep 0.1
-  done
+  until_turn "$target" || return 0
   wc -l <"$WORK/gateway.out" >"$OUT/damage.at"
   case "$DAMAGE" in
   index)

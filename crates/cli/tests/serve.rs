@@ -403,11 +403,16 @@ fn calls_run_concurrently_and_each_session_keeps_its_order() {
 
 /// A compaction whose summarizer is the host's model: the server asks `llm.complete`.
 fn host_model_session(client: &mut Client) {
+    host_model_backlog(client, "h", 12);
+}
+
+/// Session `session` holding `count` messages, on a server whose summarizer is the host's.
+fn host_model_backlog(client: &mut Client, session: &str, count: i64) {
     initialize(
         client,
         json!({"summarizer": {"kind": "host"}, "freshTailCount": 2, "leafChunkTokens": 400, "leafTargetTokens": 60, "condensedTargetTokens": 50}),
     );
-    let messages: Vec<Value> = (0..12)
+    let messages: Vec<Value> = (0..count)
         .map(|i| {
             user(
                 &format!("Message {i}: {}", "the queue drains the batch. ".repeat(10)),
@@ -418,7 +423,7 @@ fn host_model_session(client: &mut Client) {
     client.call(
         2,
         "ingestBatch",
-        json!({"sessionId": "h", "messages": messages}),
+        json!({"sessionId": session, "messages": messages}),
     );
 }
 
@@ -1661,23 +1666,7 @@ fn a_cut_log_heals_with_readers_present() {
 fn every_fold_of_a_backlog_reaches_the_hosts_model() {
     let dir = TempDir::new().unwrap();
     let mut client = Client::start(dir.path());
-    initialize(
-        &mut client,
-        json!({"summarizer": {"kind": "host"}, "freshTailCount": 2, "leafChunkTokens": 400, "leafTargetTokens": 60, "condensedTargetTokens": 50}),
-    );
-    let messages: Vec<Value> = (0..60)
-        .map(|i| {
-            user(
-                &format!("Backlog {i}: {}", "the queue drains the batch. ".repeat(10)),
-                i,
-            )
-        })
-        .collect();
-    client.call(
-        2,
-        "ingestBatch",
-        json!({"sessionId": "b", "messages": messages}),
-    );
+    host_model_backlog(&mut client, "b", 60);
     client.send(
         3,
         "compact",

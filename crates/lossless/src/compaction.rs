@@ -1166,8 +1166,10 @@ fn report_details(report: &CompactionReport, prompt: &HostPrompt) -> serde_json:
 /// wait on the model together, and keep the caller's task-local state (which spawned tasks
 /// would not).
 async fn all_at_once<F: std::future::Future>(futures: Vec<F>) -> Vec<F::Output> {
-    let mut running: Vec<Option<std::pin::Pin<Box<F>>>> =
-        futures.into_iter().map(|future| Some(Box::pin(future))).collect();
+    let mut running: Vec<Option<std::pin::Pin<Box<F>>>> = futures
+        .into_iter()
+        .map(|future| Some(Box::pin(future)))
+        .collect();
     let mut outputs: Vec<Option<F::Output>> = running.iter().map(|_| None).collect();
     std::future::poll_fn(|cx| {
         let mut pending = false;

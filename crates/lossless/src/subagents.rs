@@ -180,14 +180,7 @@ impl LosslessEngine {
             parent_messages,
             offset: None,
         };
-        store
-            .set_state(
-                child,
-                FORK_ORIGIN,
-                &serde_json::to_string(&origin).unwrap_or_default(),
-            )
-            .await
-            .map_err(|error| store_error("recording the fork", error))?;
+        self.record_fork_origin(child, &origin).await?;
         store
             .append_items(child, items)
             .await
@@ -221,6 +214,19 @@ impl LosslessEngine {
             self.forget_conversation(&child).await?;
         }
         Ok(())
+    }
+
+    async fn record_fork_origin(
+        &self,
+        conversation: ConversationId,
+        origin: &ForkOrigin,
+    ) -> Result<(), EngineError> {
+        let text = serde_json::to_string(origin).unwrap_or_default();
+        self.inner
+            .store
+            .set_state(conversation, FORK_ORIGIN, &text)
+            .await
+            .map_err(|error| store_error("recording the fork", error))
     }
 
     /// The fork origin of a conversation, if it was seeded as one.
@@ -284,15 +290,7 @@ impl LosslessEngine {
                 .map_err(|error| store_error("reading the fork", error))?
                 .map_or(0, |row| row.message_count);
             origin.offset = Some(at.saturating_sub(held));
-            self.inner
-                .store
-                .set_state(
-                    conversation,
-                    FORK_ORIGIN,
-                    &serde_json::to_string(&origin).unwrap_or_default(),
-                )
-                .await
-                .map_err(|error| store_error("recording the fork", error))?;
+            self.record_fork_origin(conversation, &origin).await?;
         }
         self.host_offset(conversation).await
     }

@@ -391,19 +391,7 @@ async fn a_fork_sees_its_parents_history_once_and_each_folds_on_its_own() {
     let engine = engine(&dir).await;
     let (parent_key, child_key) = ("agent:main:parent", "agent:main:subagent:fork");
     let mut transcript: Vec<AgentMessage> = Vec::new();
-    for index in 0..12 {
-        let messages = turn(index);
-        commit(
-            &engine,
-            "parent",
-            parent_key,
-            &format!("p{index}"),
-            transcript.len(),
-            &messages,
-        )
-        .await;
-        transcript.extend(messages);
-    }
+    commit_turns(&engine, "parent", parent_key, 0..12, &mut transcript).await;
     // The parent's last turn before the spawn spawned a child too: it ends in the host's
     // stand-in for a tool result, which the in-flight turn below ends in again.
     let earlier_spawn = spawn_turn("spawn an isolated child", "spawn0");
@@ -514,19 +502,7 @@ async fn a_fork_sees_its_parents_history_once_and_each_folds_on_its_own() {
         .compact_conversation(child.id, CompactionRequest::forced(1_500))
         .await
         .unwrap();
-    for index in 12..20 {
-        let messages = turn(index);
-        commit(
-            &engine,
-            "parent",
-            parent_key,
-            &format!("p{index}"),
-            transcript.len(),
-            &messages,
-        )
-        .await;
-        transcript.extend(messages);
-    }
+    commit_turns(&engine, "parent", parent_key, 12..20, &mut transcript).await;
     engine
         .compact_conversation(parent.id, CompactionRequest::forced(1_500))
         .await
@@ -593,6 +569,31 @@ fn spawn_turn(request: &str, call: &str) -> Vec<AgentMessage> {
             json!({"role": "toolResult", "toolCallId": call, "toolName": "sessions_spawn", "content": [{"type": "text", "text": "[openclaw] missing tool result in session history; inserted synthetic error result for transcript repair."}], "timestamp": 3}),
         ),
     ]
+}
+
+/// Commits the fixture's turns `indexes`, each where the host's transcript places it, and
+/// adds them to that transcript.
+async fn commit_turns(
+    engine: &LosslessEngine,
+    session: &str,
+    key: &str,
+    indexes: std::ops::Range<usize>,
+    transcript: &mut Vec<AgentMessage>,
+) {
+    for index in indexes {
+        let messages = turn(index);
+        let advancement = format!("{session}-{index}");
+        commit(
+            engine,
+            session,
+            key,
+            &advancement,
+            transcript.len(),
+            &messages,
+        )
+        .await;
+        transcript.extend(messages);
+    }
 }
 
 /// Commits a turn the host placed at `at` in the session's transcript.
