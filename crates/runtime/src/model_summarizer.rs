@@ -168,9 +168,85 @@ fn user_prompt(request: &SummaryRequest) -> String {
         prompt.push_str("\n\n");
     }
     prompt.push_str("<source>\n");
-    prompt.push_str(&request.source_text().replace("</source>", "</ source>"));
+    for (index, item) in request.items.iter().enumerate() {
+        if index > 0 {
+            prompt.push('\n');
+        }
+        prompt.push('[');
+        prompt.push_str(&item.label);
+        prompt.push_str("] ");
+        let text = match item.label.starts_with("toolResult") {
+            true => tool_output_excerpt(&item.text),
+            false => std::borrow::Cow::Borrowed(item.text.as_str()),
+        };
+        prompt.push_str(&text.replace("</source>", "</ source>"));
+    }
     prompt.push_str("\n</source>");
     prompt
+}
+
+/// How much of a tool's output a summary request reads at most, in characters: its head, its
+/// tail, and the lines between them that report a failure.
+const TOOL_OUTPUT_HEAD: usize = 1_200;
+const TOOL_OUTPUT_TAIL: usize = 400;
+const TOOL_OUTPUT_FAILURES: usize = 6;
+const TOOL_OUTPUT_LINE: usize = 200;
+
+/// The last character boundary of `text` at or before `at`.
+fn floor_boundary(text: &str, at: usize) -> usize {
+    let mut at = at.min(text.len());
+    while !text.is_char_boundary(at) {
+        at -= 1;
+    }
+    at
+}
+
+/// The first character boundary of `text` at or after `at`.
+fn ceil_boundary(text: &str, at: usize) -> usize {
+    let mut at = at.min(text.len());
+    while !text.is_char_boundary(at) {
+        at += 1;
+    }
+    at
+}
+
+/// A tool's output as a summary request reads it. The store keeps every output whole, and
+/// recall (`vilvona_grep`, `vilvona_expand` on the summary) reaches it, so a long one is read
+/// as an excerpt: its head, its tail, the lines between that report an error or a failure,
+/// and how much was left out. The summarizer's prompt then grows with what a summary needs,
+/// not with the files a tool returned.
+fn tool_output_excerpt(text: &str) -> std::borrow::Cow<'_, str> {
+    let budget = TOOL_OUTPUT_HEAD + TOOL_OUTPUT_TAIL + TOOL_OUTPUT_FAILURES * TOOL_OUTPUT_LINE;
+    if text.len() <= budget {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let head_end = floor_boundary(text, TOOL_OUTPUT_HEAD);
+    let tail_start = ceil_boundary(text, text.len() - TOOL_OUTPUT_TAIL);
+    let middle = &text[head_end..tail_start];
+    let failures: Vec<&str> = middle
+        .lines()
+        .filter(|line| {
+            let lower = line.to_ascii_lowercase();
+            ["error", "fail", "panic", "exception", "fatal", "denied"]
+                .iter()
+                .any(|word| lower.contains(word))
+        })
+        .take(TOOL_OUTPUT_FAILURES)
+        .map(|line| &line[..floor_boundary(line, TOOL_OUTPUT_LINE)])
+        .collect();
+    let kept: usize = failures.iter().map(|line| line.len()).sum();
+    let mut out = String::with_capacity(budget + 120);
+    out.push_str(&text[..head_end]);
+    out.push_str(&format!(
+        "\n[… {} characters of this output left out; the store keeps it whole …]\n",
+        middle.len() - kept
+    ));
+    for line in failures {
+        out.push_str(line);
+        out.push('\n');
+    }
+    out.push_str(&text[tail_start..]);
+    std::borrow::Cow::Owned(out)
 }
 
 /// Removes reasoning the model wrote into its answer (`<think>…</think>` and kin).
@@ -373,5 +449,69 @@ impl Summarizer for DegradingSummarizer {
                 self.fallback.answer(request).await
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vilvona_core::summarize::SourceItem;
+
+    fn request(items: Vec<SourceItem>) -> SummaryRequest {
+        SummaryRequest {
+            kind: SummaryKind::Leaf,
+            level: SummaryLevel::Normal,
+            items,
+            depth: 0,
+            target_tokens: 200,
+            previous_context: None,
+            custom_instructions: None,
+        }
+    }
+
+    fn item(label: &str, text: String) -> SourceItem {
+        SourceItem {
+            label: label.to_owned(),
+            timestamp_ms: None,
+            text,
+        }
+    }
+
+    /// A tool's output enters the prompt as an excerpt (its head, its tail, the lines that
+    /// report a failure, and what was left out): the store keeps it whole and recall reaches
+    /// it, so the model need not read it all. What people wrote enters whole.
+    #[test]
+    fn a_large_tool_output_enters_the_prompt_as_an_excerpt() {
+        let file: String = (0..400)
+            .map(|line| match line {
+                250 => "ERROR: the ledger shard 7 failed its checksum\n".to_owned(),
+                _ => format!("line {line}: the worker drains the queue and moves the cursor\n"),
+            })
+            .collect();
+        let said = "Please remember: the staging DB port is 6543. ".repeat(60);
+        let (_, prompt) = summary_prompts(&request(vec![
+            item("user", said.clone()),
+            item("toolResult:read", file.clone()),
+            item("toolResult:exec", "ok\n".to_owned()),
+        ]));
+        assert!(prompt.contains(&said), "a person's words enter whole");
+        assert!(prompt.contains("line 0: the worker"), "the head");
+        assert!(prompt.contains("line 399: the worker"), "the tail");
+        assert!(
+            prompt.contains("ERROR: the ledger shard 7 failed"),
+            "the failure"
+        );
+        assert!(!prompt.contains("line 200: the worker"), "not the middle");
+        assert!(
+            prompt.contains("characters of this output left out"),
+            "{prompt}"
+        );
+        assert!(prompt.contains("[toolResult:exec] ok"));
+        let tool_part = prompt.len() - said.len();
+        assert!(
+            tool_part < file.len() / 4,
+            "{tool_part} characters for a {}-character output",
+            file.len()
+        );
     }
 }
