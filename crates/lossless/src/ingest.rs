@@ -320,15 +320,16 @@ impl LosslessEngine {
         // The turn's place in the host's transcript: a turn sent again after its messages came
         // back with the host's history (`reconcile_tail`) is found there and stored once.
         // A fork child's places are the host's less the parent's history its seed shows.
-        let offset = match admitted_at(params) {
+        let host_place = admitted_at(params);
+        let offset = match host_place {
             Some(at) => self.settle_host_offset(conversation.id, at).await?,
             None => self.host_offset(conversation.id).await?,
         };
-        if let (Some(at), Some(admission)) = (admitted_at(params), params.admission.as_ref()) {
+        if let (Some(at), Some(admission)) = (host_place, params.admission.as_ref()) {
             self.fill_gap_from_the_hosts_record(conversation.id, admission, at, offset)
                 .await?;
         }
-        let admitted_at = admitted_at(params).and_then(|at| at.checked_sub(offset));
+        let admitted_at = host_place.and_then(|at| at.checked_sub(offset));
         let context_before = self
             .context_before_turn(conversation.id, &params.messages)
             .await?;

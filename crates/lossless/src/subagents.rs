@@ -252,19 +252,7 @@ impl LosslessEngine {
         &self,
         conversation: ConversationId,
     ) -> Result<u64, EngineError> {
-        if let Some(offset) = lock_map(&self.inner.host_offsets).get(&conversation) {
-            return Ok(*offset);
-        }
-        let offset = match self.fork_origin(conversation).await? {
-            None => 0,
-            Some(ForkOrigin {
-                offset: Some(offset),
-                ..
-            }) => offset,
-            Some(_) => return Ok(0),
-        };
-        lock_map(&self.inner.host_offsets).insert(conversation, offset);
-        Ok(offset)
+        self.offset_settled_at(conversation, None).await
     }
 
     /// A turn the host places at `at`: a fork child's first one settles its offset (what it
@@ -275,24 +263,45 @@ impl LosslessEngine {
         conversation: ConversationId,
         at: u64,
     ) -> Result<u64, EngineError> {
+        self.offset_settled_at(conversation, Some(at)).await
+    }
+
+    /// The conversation's offset, from memory or its fork origin (read once); a fork child's
+    /// not yet settled is settled by a turn placed at `at`, else answered as 0 and not kept.
+    async fn offset_settled_at(
+        &self,
+        conversation: ConversationId,
+        at: Option<u64>,
+    ) -> Result<u64, EngineError> {
         if let Some(offset) = lock_map(&self.inner.host_offsets).get(&conversation) {
             return Ok(*offset);
         }
-        let Some(mut origin) = self.fork_origin(conversation).await? else {
-            return self.host_offset(conversation).await;
+        let offset = match (self.fork_origin(conversation).await?, at) {
+            (None, _) => 0,
+            (
+                Some(ForkOrigin {
+                    offset: Some(offset),
+                    ..
+                }),
+                _,
+            ) => offset,
+            (Some(mut origin), Some(at)) => {
+                let held = self
+                    .inner
+                    .store
+                    .conversation_by_id(conversation)
+                    .await
+                    .map_err(|error| store_error("reading the fork", error))?
+                    .map_or(0, |row| row.message_count);
+                let offset = at.saturating_sub(held);
+                origin.offset = Some(offset);
+                self.record_fork_origin(conversation, &origin).await?;
+                offset
+            }
+            (Some(_), None) => return Ok(0),
         };
-        if origin.offset.is_none() {
-            let held = self
-                .inner
-                .store
-                .conversation_by_id(conversation)
-                .await
-                .map_err(|error| store_error("reading the fork", error))?
-                .map_or(0, |row| row.message_count);
-            origin.offset = Some(at.saturating_sub(held));
-            self.record_fork_origin(conversation, &origin).await?;
-        }
-        self.host_offset(conversation).await
+        lock_map(&self.inner.host_offsets).insert(conversation, offset);
+        Ok(offset)
     }
 
     /// How many of the host's leading messages, on a conversation's first sight of them,
