@@ -292,9 +292,24 @@ if [ "$PANEL" -eq 1 ] && [ "$ENGINE" = vilvona ] && [ "$DRIVEN" -eq 0 ]; then
     node "$ROOT/bindings/openclaw/test/ui.gateway.mjs" "http://127.0.0.1:$GATEWAY_PORT" "$TOKEN" "$VILVONA" "$HOME/.vilvona" "$ROOT/target/ui" \
     || fail "the vilvona panel in the Control UI (screenshots in target/ui)"
 fi
+if [ -n "$SPAWNS" ] && [ "$DRIVEN" -eq 0 ]; then
+  # A child spawned a few turns before the end may not have run yet: stopping the gateway now
+  # would drop it, which would say nothing about the engine.
+  node "$ROOT/bindings/openclaw/test/soak-subagents.mjs" --settle "$OUT/mock.jsonl" 120
+fi
 GATEWAY_UP=1
 kill -0 "$GATEWAY_PID" 2>/dev/null || GATEWAY_UP=0
-kill "$GATEWAY_PID" 2>/dev/null && wait "$GATEWAY_PID" 2>/dev/null || true
+if kill "$GATEWAY_PID" 2>/dev/null; then
+  # OpenClaw drains its work before it exits (up to 315 s). A subagent's cleanup that it
+  # schedules after the child's end can keep that drain waiting on itself; past a minute the
+  # gateway is killed, and the cell says so.
+  for _ in $(seq 600); do kill -0 "$GATEWAY_PID" 2>/dev/null || break; sleep 0.1; done
+  if kill -0 "$GATEWAY_PID" 2>/dev/null; then
+    echo "$NAME: the gateway was still draining 60 s after SIGTERM ($(grep -a 'still draining' "$WORK/gateway.out" | tail -n 1 | sed 's/.*still draining/still draining/' | cut -c1-200)); killed"
+    kill -KILL "$GATEWAY_PID" 2>/dev/null || true
+  fi
+  wait "$GATEWAY_PID" 2>/dev/null || true
+fi
 GATEWAY_PID=""
 # The gateway's own logs stay with the figures, for whoever reads a surprising one.
 cp "$WORK/gateway.out" "$OUT/gateway.out" 2>/dev/null || true

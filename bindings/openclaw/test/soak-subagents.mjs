@@ -1,6 +1,7 @@
 // The subagent checks of a gateway soak run with SOAK_SPAWNS (scripts/soak-gateway.sh --spawns):
 // what every child's model requests and the gateway's log say about the spawns.
 //   node soak-subagents.mjs MOCK_JSONL GATEWAY_LOG SESSIONS_JSON
+//   node soak-subagents.mjs --settle MOCK_JSONL SECONDS
 // Each planned child (and a nested fork's own child) was asked by the model and its result
 // reached the session that spawned it (the announce); no child request was refused for its
 // size; each fork child's prompt holds its parent's history once (no raw turn and no summary
@@ -8,28 +9,66 @@
 // through vilvona_grep; a child spawned with cleanup "delete" left no session in the store; the
 // gateway's log has no UNIQUE constraint failure and no turn degraded to legacy. Prints one line
 // of figures; exits 1 with the problems.
+// `--settle` waits (at most SECONDS) until every child's result has reached a model request:
+// a child spawned near the session's last turn may not have started when the driver is done,
+// and a gateway stopped then never runs it. It says what it waited for; the checks judge.
 import { readFileSync } from "node:fs";
+import { setTimeout as sleep } from "node:timers/promises";
 import { FACTS, SPAWNS } from "./soak-session.mjs";
 
-const [mockFile, gatewayLog, sessionsFile] = process.argv.slice(2);
-const requests = readFileSync(mockFile, "utf8").split("\n").filter(Boolean).map(JSON.parse);
 const text = (content) => (typeof content === "string" ? content : Array.isArray(content) ? content.map((block) => block.text ?? "").join("\n") : "");
-const taskOf = (request) => {
-  const at = request.messages.findLastIndex((m) => m.role === "user" && text(m.content).includes("[Subagent Task]"));
-  return at < 0 ? null : /CHILD_TASK-([\d.]+) /.exec(text(request.messages[at].content))?.[1];
-};
 
 const children = [];
 for (const spawn of SPAWNS) {
   children.push({ id: String(spawn.turn), mode: spawn.mode === "default" ? "isolated" : spawn.mode, spawn, parent: null });
   if (spawn.nest) children.push({ id: `${spawn.turn}.1`, mode: "fork", spawn, parent: String(spawn.turn) });
 }
+
+if (process.argv[2] === "--settle") {
+  const [, mockFile, seconds] = process.argv.slice(2);
+  const started = performance.now();
+  const waiting = () => {
+    const all = readFileSync(mockFile, "utf8");
+    return children.filter((child) => !all.includes(`CHILD_DONE-${child.id} `)).map((child) => child.id);
+  };
+  let left = waiting();
+  while (left.length && performance.now() - started < Number(seconds) * 1000) {
+    await sleep(250);
+    left = waiting();
+  }
+  const waited = ((performance.now() - started) / 1000).toFixed(1);
+  console.log(left.length ? `subagents: still waiting for child ${left.join(", ")} after ${waited} s` : `subagents: every child's result reached a model ${waited} s after the last turn`);
+  process.exit(0);
+}
+
+const [mockFile, gatewayLog, sessionsFile] = process.argv.slice(2);
+const requests = readFileSync(mockFile, "utf8").split("\n").filter(Boolean).map(JSON.parse);
+const taskOf = (request) => {
+  const at = request.messages.findLastIndex((m) => m.role === "user" && text(m.content).includes("[Subagent Task]"));
+  return at < 0 ? null : /CHILD_TASK-([\d.]+) /.exec(text(request.messages[at].content))?.[1];
+};
+
+// What became of the `sessions_spawn` call that should have made child `id`: the tool's answer
+// in the first request that carries it, or that the model never made the call.
+const spawnOutcome = (id) => {
+  const task = `CHILD_TASK-${id} `;
+  for (const request of requests) {
+    const at = request.messages.findIndex((m) => (m.tool_calls ?? []).some((call) => call.function?.arguments?.includes(task)));
+    if (at < 0) continue;
+    const answer = request.messages.slice(at + 1).find((m) => m.role === "tool");
+    if (answer) return `the spawn answered: ${text(answer.content).replace(/\s+/g, " ").slice(0, 400)}`;
+  }
+  return requests.some((request) => request.messages.some((m) => (m.tool_calls ?? []).some((call) => call.function?.arguments?.includes(task))))
+    ? "the spawn was called and no answer reached the model"
+    : "the model never called sessions_spawn for it";
+};
+
 const problems = [];
 const figures = [];
 for (const child of children) {
   const own = requests.filter((request) => taskOf(request) === child.id);
   if (own.length === 0) {
-    problems.push(`child ${child.id} (${child.mode}): its model was never asked`);
+    problems.push(`child ${child.id} (${child.mode}): its model was never asked; ${spawnOutcome(child.id)}`);
     continue;
   }
   const refused = own.filter((request) => request.__mock.rejected);
