@@ -4,7 +4,7 @@
 #   scripts/soak-gateway.sh [--engine vilvona|legacy] [--window TOKENS] [--turns N] [--out DIR]
 #       [--shape chars4|tokenizer|no-usage] [--summarizer extractive|host] [--slow-summarizer MS]
 #       [--sessions N] [--kills N] [--stops N] [--damage index|wal] [--spawns SPEC] [--cut-emoji]
-#       [--cell NAME]
+#       [--resets TURNS] [--cell NAME]
 #
 # One cell of the soak matrix (.ci/run runs several): the provider's shape (`chars4`: counts
 # characters/4 of the messages and reports usage; `tokenizer`: ~3.3 characters a token over the
@@ -15,7 +15,8 @@
 # during the session (in flight and between turns). `--damage` damages the store halfway
 # through, turns continuing: `index` deletes the recall index's directory (it must be rebuilt
 # within a minute, with fewer than 100 log lines of vilvona's after it), `wal` truncates the
-# database's write-ahead log to nothing (no answered turn may be missing at the end).
+# database's write-ahead log to nothing (no answered turn may be missing at the end) while a
+# `vilvona ui` reads the store beside the gateway (it must answer for the last turn at the end).
 # `--spawns` has the model spawn subagents through OpenClaw's `sessions_spawn` (SPEC as
 # `5:fork,12:isolated:flag,20:default:delete,28:fork:nest`: the work turn, the child's context,
 # a planted fact it recalls, cleanup "delete", a fork of the fork), the mock answering the
@@ -23,7 +24,11 @@
 # ends work turns 5, 15, 25, … in a string cut mid-emoji (a lone UTF-16 surrogate): no turn
 # may be degraded to legacy. `--stops N` SIGSTOPs the `vilvona` child N times for longer than
 # the plugin's call deadline (set to 5 s for the run), then lets it go on: the plugin kills
-# it and starts another; at most the turn in flight a stop may fail.
+# it and starts another; at most the turn in flight a stop may fail. `--resets 10` resets the
+# session after turn 10 as `/new` does (OpenClaw's `sessions.reset`, which keeps the session id
+# and starts a new window of its transcript): bindings/openclaw/test/soak-resets.mjs checks that
+# no request after it holds a turn or a summary of before, and that `vilvona stats --session
+# KEY` shows the session as it is now, its earlier window kept under another id (vilvona).
 #
 # `openclaw gateway run` serves the scripted session of bindings/openclaw/test/soak-session.mjs
 # through its OpenAI-compatible endpoint (one session, one request at a time), with OpenClaw's
@@ -57,6 +62,7 @@ PANEL=0
 SPAWNS=""
 CUT_EMOJI=""
 STOPS=0
+RESETS=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --engine) ENGINE="$2"; shift 2 ;;
@@ -74,7 +80,8 @@ while [ $# -gt 0 ]; do
     --spawns) SPAWNS="$2"; shift 2 ;;
     --cut-emoji) CUT_EMOJI=1; shift ;;
     --stops) STOPS="$2"; shift 2 ;;
-    *) echo "usage: $0 [--engine vilvona|legacy] [--window TOKENS] [--turns N] [--out DIR] [--shape chars4|tokenizer|no-usage] [--summarizer extractive|host] [--slow-summarizer MS] [--sessions N] [--kills N] [--stops N] [--damage index|wal] [--spawns SPEC] [--cut-emoji] [--panel]" >&2; exit 2 ;;
+    --resets) RESETS="$2"; shift 2 ;;
+    *) echo "usage: $0 [--engine vilvona|legacy] [--window TOKENS] [--turns N] [--out DIR] [--shape chars4|tokenizer|no-usage] [--summarizer extractive|host] [--slow-summarizer MS] [--sessions N] [--kills N] [--stops N] [--damage index|wal] [--spawns SPEC] [--cut-emoji] [--resets TURNS] [--panel]" >&2; exit 2 ;;
   esac
 done
 case "$ENGINE" in vilvona | legacy) ;; *) echo "$0: --engine is vilvona or legacy" >&2; exit 2 ;; esac
@@ -95,8 +102,8 @@ case "$SUMMARIZER" in
 esac
 export MOCK_SUMMARIZER_DELAY_MS="$SLOW_SUMMARIZER"
 # The driver and the mock read the spawns from the environment (soak-session.mjs).
-export SOAK_SPAWNS="$SPAWNS" SOAK_CUT_EMOJI="$CUT_EMOJI"
-NAME="soak-gateway[$ENGINE, $WINDOW, $TURNS turns, $SHAPE, $SUMMARIZER summarizer${SLOW_SUMMARIZER:+, slow $SLOW_SUMMARIZER ms}, $SESSIONS sessions, $KILLS kills${DAMAGE:+, $DAMAGE damaged}${SPAWNS:+, spawns $SPAWNS}${CUT_EMOJI:+, cut emoji}$([ "$STOPS" -eq 0 ] || echo ", $STOPS stops")]"
+export SOAK_SPAWNS="$SPAWNS" SOAK_CUT_EMOJI="$CUT_EMOJI" SOAK_RESETS="$RESETS"
+NAME="soak-gateway[$ENGINE, $WINDOW, $TURNS turns, $SHAPE, $SUMMARIZER summarizer${SLOW_SUMMARIZER:+, slow $SLOW_SUMMARIZER ms}, $SESSIONS sessions, $KILLS kills${DAMAGE:+, $DAMAGE damaged}${SPAWNS:+, spawns $SPAWNS}${CUT_EMOJI:+, cut emoji}${RESETS:+, reset after turn $RESETS}$([ "$STOPS" -eq 0 ] || echo ", $STOPS stops")]"
 FIGURES_BIN="${VILVONA_FIGURES_BIN:-$ROOT/target/debug/economics}"
 [ -x "$FIGURES_BIN" ] || fail "$FIGURES_BIN is missing (cargo build -p vilvona-benches --bin economics)"
 
@@ -112,6 +119,7 @@ GATEWAY_PID=""
 MOCK_PID=""
 cleanup() {
   [ -n "$GATEWAY_PID" ] && kill "$GATEWAY_PID" 2>/dev/null && wait "$GATEWAY_PID" 2>/dev/null || true
+  [ -f "$WORK/reader.pid" ] && kill "$(cat "$WORK/reader.pid")" 2>/dev/null || true
   [ -n "$MOCK_PID" ] && kill "$MOCK_PID" 2>/dev/null || true
   if [ -n "${VILVONA_SOAK_KEEP:-}" ]; then echo "$NAME: kept $WORK"; else rm -rf "$WORK"; fi
 }
@@ -234,6 +242,10 @@ stopper() {
 # back within a minute (damage.log says how long it took, or that it did not come back).
 damager() {
   local store="$HOME/.vilvona/agents/main/lossless" target=$((TURNS * SESSIONS / 2)) waited=0
+  if [ "$DAMAGE" = wal ]; then
+    until_turn "$READER_BEFORE" || return 0
+    start_reader || return 0
+  fi
   until_turn "$target" || return 0
   wc -l <"$WORK/gateway.out" >"$OUT/damage.at"
   case "$DAMAGE" in
@@ -246,8 +258,35 @@ damager() {
     done
     echo "rebuilt after $((waited / 10)).$((waited % 10)) s" >>"$OUT/damage.log" ;;
   wal)
+    reader_finds "$READER_BEFORE" >>"$OUT/damage.log" || true
     truncate -s 0 "$store/vilvona.db-wal" && echo "truncated the WAL after $target turns" >>"$OUT/damage.log" ;;
   esac
+}
+
+# With `--damage wal`, a reader holds the store beside the gateway all along, as the panel's
+# server does (`vilvona ui`, which the panel's meter starts beside the engine): the cut log must
+# heal with it there, and it must read the healed store by itself. `reader_finds N` asks it for
+# work turn N (the panel's grep view) and says whether it found it.
+start_reader() {
+  "$VILVONA" --state-dir "$HOME/.vilvona" ui --port 0 >"$WORK/reader.out" 2>"$WORK/reader.err" &
+  echo $! >"$WORK/reader.pid"
+  for _ in $(seq 100); do grep -q "^vilvona ui: http://" "$WORK/reader.out" && return 0; sleep 0.1; done
+  echo "vilvona ui did not start within 10 s: $(tail -n 3 "$WORK/reader.err")" >>"$OUT/damage.log"
+  return 1
+}
+reader_finds() {
+  node -e '
+    const [line, turn] = process.argv.slice(1);
+    const [, address, token] = /^vilvona ui: (http:\/\/[^/]+)\/#token=(\S+)/.exec(line);
+    const view = { view: "grep", session: "agent:main:openai-user:soak", query: `refactor step ${turn}`, mode: "phrase" };
+    fetch(`${address}/api/view`, { method: "POST", headers: { authorization: `Bearer ${token}`, "content-type": "application/json" }, body: JSON.stringify(view) })
+      .then(async (response) => {
+        const body = await response.text();
+        const found = response.status === 200 && body.includes(`«${turn}»`);
+        console.log(`the reader ${found ? "found" : "did not find"} work turn ${turn} (HTTP ${response.status}${found ? "" : `: ${body.slice(0, 200)}`})`);
+        process.exit(found ? 0 : 1);
+      }, (error) => { console.log(`the reader did not answer: ${error.message}`); process.exit(1); });
+  ' "$(head -n 1 "$WORK/reader.out")" "$1"
 }
 
 step "driving $TURNS turns in $SESSIONS session(s)"
@@ -270,6 +309,10 @@ if [ "$STOPS" -gt 0 ] && [ "$ENGINE" = vilvona ]; then
 fi
 DAMAGER_PID=""
 if [ -n "$DAMAGE" ] && [ "$ENGINE" = vilvona ]; then
+  if [ "$DAMAGE" = wal ]; then
+    WORK_TURNS=$(node -e 'import(process.argv[1]).then((session) => console.log(session.script(Number(process.argv[2])).filter((turn) => turn.kind === "work").length))' "$ROOT/bindings/openclaw/test/soak-session.mjs" "$TURNS")
+    READER_BEFORE=$((TURNS * SESSIONS / 4))
+  fi
   damager &
   DAMAGER_PID=$!
 fi
@@ -306,7 +349,9 @@ if kill "$GATEWAY_PID" 2>/dev/null; then
   for _ in $(seq 600); do kill -0 "$GATEWAY_PID" 2>/dev/null || break; sleep 0.1; done
   if kill -0 "$GATEWAY_PID" 2>/dev/null; then
     echo "$NAME: the gateway was still draining 60 s after SIGTERM ($(grep -a 'still draining' "$WORK/gateway.out" | tail -n 1 | sed 's/.*still draining/still draining/' | cut -c1-200)); killed"
-    kill -KILL "$GATEWAY_PID" 2>/dev/null || true
+    # Its children (the spawn broker, `vilvona serve`) go with it, by parent id.
+    CHILDREN=$(ps -o pid= --ppid "$GATEWAY_PID" 2>/dev/null || true)
+    kill -KILL "$GATEWAY_PID" $CHILDREN 2>/dev/null || true
   fi
   wait "$GATEWAY_PID" 2>/dev/null || true
 fi
@@ -344,6 +389,10 @@ if [ "$SLOW_SUMMARIZER" -gt 0 ]; then
   ABORTS=$(grep -ac "yielded to a foreground turn" "$OUT/gateway.out" || true)
   echo "$NAME: OpenClaw aborted background maintenance $ABORTS time(s)"
   [ "$ABORTS" -gt 0 ] || fail "OpenClaw never aborted a maintenance compaction: the cell tested no abort (a slower summarizer, or more turns)"
+fi
+if [ "$DAMAGE" = wal ] && [ "$ENGINE" = vilvona ]; then
+  grep -q "^the reader found" "$OUT/damage.log" || fail "the reader beside the gateway did not read the store before the cut: $(head -n 1 "$OUT/damage.log")"
+  reader_finds "$WORK_TURNS" >>"$OUT/damage.log" || fail "the reader beside the gateway did not read the healed store: $(tail -n 1 "$OUT/damage.log")"
 fi
 if [ -n "$DAMAGE" ]; then
   echo "$NAME: $(tr '\n' ' ' <"$OUT/damage.log")"
@@ -390,6 +439,10 @@ if [ "$ENGINE" = vilvona ]; then
     console.log(`stored: ${list.length} session(s) (${[...stored.keys()].join(", ")}), ${answered.length} answered work turns, ${lost.length} missing from the store`);
     if (lost.length) { console.error(`missing from the store: ${lost.slice(0, 5).map((t) => `${t.session} turn ${t.turn}`).join(", ")}`); process.exit(1); }
   ' "$VILVONA" "$HOME/.vilvona" "$OUT/results.jsonl" "$OUT/sessions.json" "$OUT" || fail "acknowledged turns are missing from the store"
+  if [ -n "$RESETS" ]; then
+    "$VILVONA" --state-dir "$HOME/.vilvona" stats --session "agent:main:openai-user:soak" --json >"$OUT/stats.json" || fail "vilvona stats --session agent:main:openai-user:soak failed"
+    node "$ROOT/bindings/openclaw/test/soak-resets.mjs" "$OUT/mock.jsonl" "$OUT/sessions.json" "$OUT/stats.json" "$TURNS" || fail "the session reset"
+  fi
   if [ -n "$SPAWNS" ]; then
     node "$ROOT/bindings/openclaw/test/soak-subagents.mjs" "$OUT/mock.jsonl" "$OUT/gateway.out" "$OUT/sessions.json" || fail "the subagents"
   fi

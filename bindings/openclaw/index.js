@@ -853,6 +853,11 @@ function createEngine(proc, logger) {
   return engine;
 }
 
+/** Whether OpenClaw's config selects this engine (a host that shows no config: assumed so). */
+function selectsVilvona(config) {
+  return config === undefined || config?.plugins?.slots?.contextEngine === ENGINE_ID;
+}
+
 export default function register(api) {
   const proc = shared(api.pluginConfig);
   proc.logger ??= api.logger;
@@ -863,6 +868,20 @@ export default function register(api) {
   } catch (error) {
     // The panel is an extra: a host whose plugin UI API differs still gets the engine.
     api.logger?.warn?.(`vilvona: the Control UI panel's action could not be registered: ${error?.message ?? error}`);
+  }
+  // OpenClaw's `/new` and `/reset` keep the session id and start a new window of its
+  // transcript: the engine sets the session's earlier history aside, so the next assembly
+  // holds nothing of it (the hook is observed, not awaited: a failure is logged).
+  if (typeof api.on === "function" && selectsVilvona(api.config)) {
+    api.on("before_reset", async (event, context) => {
+      if (typeof context?.sessionId !== "string") return;
+      proc.assembled.delete(context.sessionId);
+      try {
+        await proc.call("onSessionReset", { sessionId: context.sessionId, sessionKey: context.sessionKey, reason: event?.reason });
+      } catch (error) {
+        api.logger?.warn?.(`vilvona: the session ${context.sessionId} was reset, and its earlier history could not be set aside: ${error?.message ?? error}`);
+      }
+    });
   }
   if (typeof api.registerTool === "function") {
     let tools = [];

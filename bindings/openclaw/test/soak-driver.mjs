@@ -5,6 +5,7 @@
 // at a time. Appends one JSON line per turn to RESULTS_FILE ({session, turn, kind, fact?,
 // expect?, status, ms, reply}) and prints a line per turn; exits 0 when every turn was answered
 // (the checks on the answers are the caller's).
+import { execFileSync } from "node:child_process";
 import { appendFileSync } from "node:fs";
 import { FACTS, script } from "./soak-session.mjs";
 
@@ -12,6 +13,15 @@ const [url, token, turnsArg, resultsFile, sessionsArg] = process.argv.slice(2);
 const sessions = Number(sessionsArg ?? 1);
 const TURN_TIMEOUT_MS = 240_000;
 let failed = 0;
+
+// `SOAK_RESETS` (turn numbers): after each, the session is reset as `/new` does (OpenClaw's
+// `sessions.reset`, reason "new").
+const RESETS = (process.env.SOAK_RESETS ?? "").split(",").filter(Boolean).map(Number);
+function reset(user) {
+  const params = JSON.stringify({ key: `agent:main:openai-user:${user}`, reason: "new" });
+  const answer = execFileSync("openclaw", ["gateway", "call", "sessions.reset", "--url", url.replace(/^http/, "ws"), "--token", token, "--params", params, "--json"], { encoding: "utf8" });
+  console.log(`${user}: reset: ${answer.replace(/\s+/g, " ").slice(0, 300)}`);
+}
 
 async function drive(user) {
   for (const turn of script(Number(turnsArg))) {
@@ -42,6 +52,7 @@ async function drive(user) {
     const record = { session: user, turn: turn.turn, kind: turn.kind, fact: turn.fact, expect, status, ms, reply: String(reply).slice(0, 2000) };
     appendFileSync(resultsFile, JSON.stringify(record) + "\n");
     console.log(`${user} turn ${turn.turn} ${turn.kind}${turn.fact ? ` ${turn.fact}` : ""}: ${status} in ${ms} ms${status === 200 ? "" : `: ${String(reply).slice(0, 300)}`}`);
+    if (RESETS.includes(turn.turn)) reset(user);
   }
 }
 

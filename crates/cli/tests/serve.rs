@@ -1464,6 +1464,119 @@ fn a_key_means_its_newest_session() {
     assert_eq!(stats("yesterday")["messages"], 6, "the old one by its id");
 }
 
+/// OpenClaw's `/new` and `/reset` keep the session id and start a new window of its
+/// transcript. Told so (`onSessionReset`, from the plugin's `before_reset` hook), the engine
+/// shows nothing of before in the session's context: its earlier history stays stored under
+/// another id, listed beside the key, and recallable; the host's places, which go on past the
+/// reset, bring nothing of before back from its record; a reset told twice is harmless. Before,
+/// the model kept seeing the earlier window after `/new`, and the store took the host's
+/// record of it for messages it had lost.
+#[test]
+fn a_session_begun_anew_under_the_same_id_shows_nothing_of_before() {
+    let dir = TempDir::new().unwrap();
+    let state = dir.path().join("state");
+    let record = dir.path().join("openclaw-agent.sqlite");
+    let session = json!({"sessionId": "same", "sessionKey": "agent:main:same"});
+    let turn = |n: i64| {
+        vec![
+            user(&format!("turn {n}: the godwit{n} code is GW-{n}"), n),
+            assistant(&format!("noted {n}")),
+        ]
+    };
+    // The host's record holds every turn it ran, before and after the reset; it places turn n
+    // at 2n.
+    let commit = |client: &mut Client, id: u64, n: i64| {
+        let ran: Vec<Value> = (0..=n).flat_map(turn).collect();
+        host_record(&record, "same", &ran);
+        let result = client.call(
+            id,
+            "commitTurn",
+            merged(
+                &session,
+                json!({
+                    "advancementKey": format!("k{n}"),
+                    "messages": turn(n),
+                    "admission": {"sessionId": "same", "storePath": record.to_str().unwrap(),
+                                  "activeMessagePosition": 2 * n},
+                }),
+            ),
+        );
+        assert_eq!(result["status"], "committed", "{result}");
+    };
+    let mut client = Client::start(&state);
+    initialize(&mut client, json!({}));
+    for n in 0..3 {
+        commit(&mut client, 10 + n as u64, n);
+    }
+    for id in [20, 21] {
+        client.call(
+            id,
+            "onSessionReset",
+            merged(&session, json!({"reason": "new"})),
+        );
+    }
+    // The host's first run after the reset shows its new window.
+    client.call(
+        22,
+        "assemble",
+        merged(
+            &session,
+            json!({"messages": [turn(3)[0]], "tokenBudget": 100_000}),
+        ),
+    );
+    for n in 3..6 {
+        commit(&mut client, 30 + n as u64, n);
+    }
+    let context = whole_context(&mut client, 40, &session);
+    each_once_in_order(&context, (3..6).map(|n| format!("godwit{n} code")));
+    for n in 0..3 {
+        assert!(
+            !context.contains(&format!("godwit{n} code")),
+            "turn {n} came before the reset: {context}"
+        );
+    }
+    let grep = client.call(
+        41,
+        "tools/call",
+        merged(
+            &session,
+            json!({"name": "vilvona_grep", "arguments": {"query": "godwit1"}}),
+        ),
+    );
+    assert!(
+        grep.to_string().contains("GW-1"),
+        "recall reaches the earlier history: {grep}"
+    );
+    drop(client.stdin.take());
+    assert!(client.child.wait().unwrap().success());
+    let sessions = std::process::Command::new(env!("CARGO_BIN_EXE_vilvona"))
+        .arg("--state-dir")
+        .arg(&state)
+        .args(["sessions", "--json"])
+        .output()
+        .unwrap();
+    let sessions: Value = serde_json::from_slice(&sessions.stdout).unwrap();
+    let listed: Vec<(String, u64)> = sessions
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            (
+                s["id"].as_str().unwrap().to_owned(),
+                s["messages"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(listed.len(), 2, "{sessions}");
+    assert!(
+        listed
+            .iter()
+            .any(|(id, messages)| id.starts_with("same@new-") && *messages == 6),
+        "the earlier history under its own id: {sessions}"
+    );
+    assert!(listed.contains(&("same".to_owned(), 6)), "{sessions}");
+}
+
 /// Any string JavaScript can hold is a message: a user turn whose text ends in an emoji cut in
 /// half (a lone UTF-16 surrogate, which `JSON.stringify` writes as `\ud83d`: valid JSON text)
 /// is stored and recalled with U+FFFD in the surrogate's place, never a parse error of the

@@ -604,6 +604,7 @@ pub fn selection_cases() -> Vec<SelectionCase> {
                     Stage::Assemble => &[Stage::Assemble],
                     Stage::Maintain => &[Stage::Maintain],
                     Stage::OnSubagentEnded => &[Stage::OnSubagentEnded],
+                    Stage::OnSessionReset => &[Stage::OnSessionReset],
                     _ => &[],
                 },
                 fail_as: Failure::Error,
@@ -616,6 +617,7 @@ pub fn selection_cases() -> Vec<SelectionCase> {
                 Stage::Assemble => &[Call::Stage(Stage::Assemble)],
                 Stage::Maintain => &[Call::Stage(Stage::Maintain)],
                 Stage::OnSubagentEnded => &[Call::Stage(Stage::OnSubagentEnded)],
+                Stage::OnSessionReset => &[Call::Stage(Stage::OnSessionReset)],
                 _ => &[],
             },
             LEGACY_ENGINE_ID,
@@ -781,6 +783,10 @@ pub fn selection_cases() -> Vec<SelectionCase> {
         lifecycle_failure(
             "a failing on_subagent_ended quarantines; legacy serves the retry",
             Stage::OnSubagentEnded,
+        ),
+        lifecycle_failure(
+            "a failing on_session_reset quarantines; legacy serves the retry",
+            Stage::OnSessionReset,
         ),
         SelectionCase {
             expect_quarantine: Some(Stage::Compact),
@@ -1129,6 +1135,14 @@ async fn run_call(engine: &dyn ContextEngine, call: Call) -> Result<(), EngineEr
                     })
                     .await
             }
+            Stage::OnSessionReset => {
+                engine
+                    .on_session_reset(&SessionResetParams {
+                        session_id,
+                        ..SessionResetParams::default()
+                    })
+                    .await
+            }
             Stage::CallTool => engine
                 .call_tool(
                     &vilvona_core::admin::ToolCaller::new(session_id, None),
@@ -1248,6 +1262,10 @@ impl ContextEngine for ProbeEngine {
 
     async fn on_subagent_ended(&self, _params: &SubagentEndedParams) -> Result<(), EngineError> {
         self.enter(Stage::OnSubagentEnded)
+    }
+
+    async fn on_session_reset(&self, _params: &SessionResetParams) -> Result<(), EngineError> {
+        self.enter(Stage::OnSessionReset)
     }
 }
 

@@ -949,6 +949,21 @@ pub struct SubagentEndedParams {
     pub reason: SubagentEndReason,
 }
 
+/// `on_session_reset`: the host begins the session anew under the same session id (OpenClaw's
+/// `/new` and `/reset` keep the id and start a new window of its transcript).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionResetParams {
+    /// The session that begins anew.
+    pub session_id: String,
+    /// Its key, when the host names one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_key: Option<String>,
+    /// The host's word for it (`new`, `reset`), as given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
 // --- the trait ----------------------------------------------------------------------------------
 
 /// A context engine: decides what the model sees on each run.
@@ -1041,6 +1056,13 @@ pub trait ContextEngine: Send + Sync {
 
     /// Cleans up after a subagent ended (its grants end).
     async fn on_subagent_ended(&self, _params: &SubagentEndedParams) -> Result<(), EngineError> {
+        Ok(())
+    }
+
+    /// The session begins anew: what the engine keeps for it must not reach the next
+    /// assembly. Nothing by default (an engine that builds from the host's messages sees the
+    /// new window as it is).
+    async fn on_session_reset(&self, _params: &SessionResetParams) -> Result<(), EngineError> {
         Ok(())
     }
 

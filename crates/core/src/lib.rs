@@ -35,8 +35,9 @@ pub use engine::{
     CompactDetails, CompactParams, CompactReason, CompactResult, CompactionTarget, ContextEngine,
     ContextMode, ContextProjection, EngineError, EngineInfo, HostParam, IngestBatchParams,
     IngestBatchResult, IngestParams, IngestResult, MaintainParams, MaintainReason, MaintainResult,
-    ProjectionMode, PromptAuthority, SpawnPreparation, SpawnRollback, SubagentEndReason,
-    SubagentEndedParams, SubagentSpawnParams, TranscriptSemantics, TurnMaintenanceMode,
+    ProjectionMode, PromptAuthority, SessionResetParams, SpawnPreparation, SpawnRollback,
+    SubagentEndReason, SubagentEndedParams, SubagentSpawnParams, TranscriptSemantics,
+    TurnMaintenanceMode,
 };
 pub use host::{
     Capability, HostProfile, HostRequirement, HostRequirementError, HostRequirements, Operation,

@@ -270,6 +270,8 @@ pub enum Stage {
     PrepareSubagentSpawn,
     /// `on_subagent_ended`.
     OnSubagentEnded,
+    /// `on_session_reset`.
+    OnSessionReset,
     /// `call_tool`.
     CallTool,
 }
@@ -291,6 +293,7 @@ impl Stage {
             Stage::CommitTurn => "commitTurn",
             Stage::PrepareSubagentSpawn => "prepareSubagentSpawn",
             Stage::OnSubagentEnded => "onSubagentEnded",
+            Stage::OnSessionReset => "onSessionReset",
             Stage::CallTool => "callTool",
         }
     }
@@ -1106,6 +1109,10 @@ impl ContextEngine for GuardedEngine {
             None,
             on_subagent_ended(params)
         )
+    }
+
+    async fn on_session_reset(&self, params: &SessionResetParams) -> Result<(), EngineError> {
+        guarded!(self, Stage::OnSessionReset, None, on_session_reset(params))
     }
 
     fn tools(&self) -> Vec<ToolDefinition> {

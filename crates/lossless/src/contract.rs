@@ -101,6 +101,10 @@ impl ContextEngine for LosslessEngine {
         self.end_subagent(params).await
     }
 
+    async fn on_session_reset(&self, params: &SessionResetParams) -> Result<(), EngineError> {
+        self.reset_session(params).await
+    }
+
     fn tools(&self) -> Vec<ToolDefinition> {
         tool_definitions()
     }

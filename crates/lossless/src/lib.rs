@@ -27,6 +27,7 @@ mod ingest;
 mod lru;
 mod registration;
 mod render;
+mod reset;
 mod subagents;
 mod tools;
 mod units;

@@ -25,20 +25,24 @@ use crate::cache::lock_map;
 use crate::engine::LosslessEngine;
 use crate::errors::store_error;
 
-/// The state key of a fork child: its [`ForkOrigin`].
-const FORK_ORIGIN: &str = "fork.origin";
+/// The state key of a conversation whose own messages do not begin at the host's first place:
+/// its [`HostOrigin`] (named when only fork children had one).
+const HOST_ORIGIN: &str = "fork.origin";
 
-/// Where a fork child's seeded context came from, and what of the host's history it shows.
+/// Why a conversation's own messages begin later among the host's places than its first: a
+/// fork child's record begins with its parent's history; a session the host began anew under
+/// the same id (`crate::reset`) keeps what came before in its record.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-struct ForkOrigin {
-    /// The parent's conversation.
-    parent: i64,
-    /// How many messages the parent had stored when the child was forked.
-    parent_messages: u64,
-    /// Where the child's own messages begin among the host's places, once its first turn
-    /// showed them.
-    offset: Option<u64>,
+pub(crate) struct HostOrigin {
+    /// A fork child's parent conversation (none for a session begun anew).
+    pub(crate) parent: Option<i64>,
+    /// How many messages the parent had stored when the child was forked (0 for a session
+    /// begun anew: every message the host shows at its first sight came before the reset).
+    pub(crate) parent_messages: u64,
+    /// Where the conversation's own messages begin among the host's places, once its first
+    /// turn showed them.
+    pub(crate) offset: Option<u64>,
 }
 
 #[derive(Debug)]
@@ -175,12 +179,12 @@ impl LosslessEngine {
             .iter()
             .map(|item| item.item)
             .collect();
-        let origin = ForkOrigin {
-            parent: parent.0,
+        let origin = HostOrigin {
+            parent: Some(parent.0),
             parent_messages,
             offset: None,
         };
-        self.record_fork_origin(child, &origin).await?;
+        self.record_host_origin(child, &origin).await?;
         store
             .append_items(child, items)
             .await
@@ -216,38 +220,39 @@ impl LosslessEngine {
         Ok(())
     }
 
-    async fn record_fork_origin(
+    pub(crate) async fn record_host_origin(
         &self,
         conversation: ConversationId,
-        origin: &ForkOrigin,
+        origin: &HostOrigin,
     ) -> Result<(), EngineError> {
         let text = serde_json::to_string(origin).unwrap_or_default();
         self.inner
             .store
-            .set_state(conversation, FORK_ORIGIN, &text)
+            .set_state(conversation, HOST_ORIGIN, &text)
             .await
-            .map_err(|error| store_error("recording the fork", error))
+            .map_err(|error| store_error("recording where the session's own messages begin", error))
     }
 
-    /// The fork origin of a conversation, if it was seeded as one.
-    async fn fork_origin(
+    /// The host origin of a conversation: a fork child's, or a session's begun anew.
+    async fn host_origin(
         &self,
         conversation: ConversationId,
-    ) -> Result<Option<ForkOrigin>, EngineError> {
+    ) -> Result<Option<HostOrigin>, EngineError> {
         let text = self
             .inner
             .store
-            .state(conversation, FORK_ORIGIN)
+            .state(conversation, HOST_ORIGIN)
             .await
-            .map_err(|error| store_error("reading the fork origin", error))?;
+            .map_err(|error| store_error("reading the host origin", error))?;
         Ok(text.and_then(|text| serde_json::from_str(&text).ok()))
     }
 
     /// Where the conversation's own messages begin among the host's places (its turns'
-    /// admission anchors, its record): 0 for every conversation but a fork child's, whose
-    /// host record begins with its parent's history. A host place `p` is the conversation's
-    /// own message `p - offset`. A fork child's is settled by its first turn
-    /// ([`LosslessEngine::settle_host_offset`]); until then, 0.
+    /// admission anchors, its record): 0 for every conversation but one with a
+    /// [`HostOrigin`] (a fork child, whose host record begins with its parent's history; a
+    /// session begun anew, whose record keeps what came before). A host place `p` is the
+    /// conversation's own message `p - offset`. Such a conversation's is settled by its first
+    /// turn ([`LosslessEngine::settle_host_offset`]); until then, 0.
     pub(crate) async fn host_offset(
         &self,
         conversation: ConversationId,
@@ -255,9 +260,9 @@ impl LosslessEngine {
         self.offset_settled_at(conversation, None).await
     }
 
-    /// A turn the host places at `at`: a fork child's first one settles its offset (what it
-    /// has stored so far are its first messages, so the turn's first message is its next),
-    /// and every conversation's offset is answered.
+    /// A turn the host places at `at`: the first one of a conversation with a host origin
+    /// settles its offset (what it has stored so far are its first messages, so the turn's
+    /// first message is its next), and every conversation's offset is answered.
     pub(crate) async fn settle_host_offset(
         &self,
         conversation: ConversationId,
@@ -266,8 +271,8 @@ impl LosslessEngine {
         self.offset_settled_at(conversation, Some(at)).await
     }
 
-    /// The conversation's offset, from memory or its fork origin (read once); a fork child's
-    /// not yet settled is settled by a turn placed at `at`, else answered as 0 and not kept.
+    /// The conversation's offset, from memory or its host origin (read once); one not yet
+    /// settled is settled by a turn placed at `at`, else answered as 0 and not kept.
     async fn offset_settled_at(
         &self,
         conversation: ConversationId,
@@ -276,10 +281,10 @@ impl LosslessEngine {
         if let Some(offset) = lock_map(&self.inner.host_offsets).get(&conversation) {
             return Ok(*offset);
         }
-        let offset = match (self.fork_origin(conversation).await?, at) {
+        let offset = match (self.host_origin(conversation).await?, at) {
             (None, _) => 0,
             (
-                Some(ForkOrigin {
+                Some(HostOrigin {
                     offset: Some(offset),
                     ..
                 }),
@@ -295,7 +300,7 @@ impl LosslessEngine {
                     .map_or(0, |row| row.message_count);
                 let offset = at.saturating_sub(held);
                 origin.offset = Some(offset);
-                self.record_fork_origin(conversation, &origin).await?;
+                self.record_host_origin(conversation, &origin).await?;
                 offset
             }
             (Some(_), None) => return Ok(0),
@@ -305,7 +310,8 @@ impl LosslessEngine {
     }
 
     /// How many of the host's leading messages, on a conversation's first sight of them,
-    /// are not its own to store: 0 for a conversation that is no fork. A fork child's
+    /// are not its own to store: 0 for a conversation without a host origin, all of them for
+    /// a session begun anew (they came before the reset). A fork child's
     /// transcript is the parent's history (from the host's last compaction boundary on, so it
     /// may be shorter than the parent's store), then the parent's turn that spawned the child,
     /// not yet committed when the spawn was prepared: the history is what the seed shows, the
@@ -317,22 +323,23 @@ impl LosslessEngine {
         conversation: ConversationId,
         host: &[AgentMessage],
     ) -> Result<usize, EngineError> {
-        let Some(origin) = self.fork_origin(conversation).await? else {
+        let Some(origin) = self.host_origin(conversation).await? else {
             return Ok(0);
         };
-        let run = if origin.parent_messages == 0 {
-            Vec::new()
-        } else {
-            let first = origin.parent_messages.saturating_sub(FORK_RUN);
-            self.inner
-                .store
-                .messages_in_seq_range(
-                    ConversationId(origin.parent),
-                    first,
-                    origin.parent_messages - 1,
-                )
-                .await
-                .map_err(|error| store_error("reading the parent's last messages", error))?
+        let run = match origin.parent.filter(|_| origin.parent_messages > 0) {
+            None => Vec::new(),
+            Some(parent) => {
+                let first = origin.parent_messages.saturating_sub(FORK_RUN);
+                self.inner
+                    .store
+                    .messages_in_seq_range(
+                        ConversationId(parent),
+                        first,
+                        origin.parent_messages - 1,
+                    )
+                    .await
+                    .map_err(|error| store_error("reading the parent's last messages", error))?
+            }
         };
         let same = |stored: &StoredMessage, message: &AgentMessage| {
             stored.role == message.role() && stored.text() == message.plain_text()
@@ -347,10 +354,10 @@ impl LosslessEngine {
             })
             .flatten();
         Ok(parted.unwrap_or_else(|| {
-            if origin.parent_messages > 0 {
+            if let Some(parent) = origin.parent.filter(|_| origin.parent_messages > 0) {
                 tracing::warn!(
                     conversation = conversation.0,
-                    parent = origin.parent,
+                    parent,
                     parent_messages = origin.parent_messages,
                     host = host.len(),
                     "a fork child's transcript does not hold its parent's last messages at the spawn; the seeded context stands for all of it"

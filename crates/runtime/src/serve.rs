@@ -651,6 +651,10 @@ impl Server {
                 engine_call!(on_subagent_ended, SubagentEndedParams);
                 Ok(json!({}))
             }
+            "onSessionReset" => {
+                engine_call!(on_session_reset, SessionResetParams);
+                Ok(json!({}))
+            }
             "dispose" => {
                 self.engine()
                     .await?

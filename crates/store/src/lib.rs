@@ -158,6 +158,11 @@ pub trait HistoryStore: Send + Sync + std::fmt::Debug {
     /// Archives a conversation (its rows leave the index; searches read them from the
     /// database) or makes it live again; false when it already was.
     async fn set_archived(&self, conversation: ConversationId, archived: bool) -> Result<bool>;
+    /// The conversation stops answering for its session, which the host began anew under the
+    /// same id: it keeps all it holds under `as_session_id` (and its key), and the session's
+    /// next call begins a new conversation.
+    async fn retire_session(&self, conversation: ConversationId, as_session_id: &str)
+    -> Result<()>;
     /// Bytes a conversation's rows hold (messages as stored, summaries, blobs it owns).
     async fn conversation_bytes(&self, conversation: ConversationId) -> Result<u64>;
     /// Gives space freed by forgetting back to the file system.

@@ -1673,6 +1673,22 @@ impl HistoryStore for PgStore {
         Ok(changed > 0)
     }
 
+    async fn retire_session(
+        &self,
+        conversation: ConversationId,
+        as_session_id: &str,
+    ) -> Result<()> {
+        self.writable()?;
+        let client = self.client().await?;
+        client
+            .run(
+                "UPDATE conversations SET session_id = $2 WHERE id = $1",
+                &[&conversation.0, &as_session_id],
+            )
+            .await?;
+        Ok(())
+    }
+
     async fn conversation_bytes(&self, conversation: ConversationId) -> Result<u64> {
         let client = self.client().await?;
         let row = client

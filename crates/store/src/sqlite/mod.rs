@@ -670,6 +670,20 @@ impl HistoryStore for Store {
         .await
     }
 
+    async fn retire_session(
+        &self,
+        conversation: ConversationId,
+        as_session_id: &str,
+    ) -> Result<()> {
+        let as_session_id = as_session_id.to_owned();
+        self.call(|reply| Command::RetireSession {
+            conversation,
+            as_session_id,
+            reply,
+        })
+        .await
+    }
+
     async fn conversation_bytes(&self, conversation: ConversationId) -> Result<u64> {
         self.read(move |connection| read::conversation_bytes(connection, conversation))
             .await

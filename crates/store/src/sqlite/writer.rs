@@ -96,6 +96,11 @@ pub(crate) enum Command {
         archived: bool,
         reply: Reply<bool>,
     },
+    RetireSession {
+        conversation: ConversationId,
+        as_session_id: String,
+        reply: Reply<()>,
+    },
     Reclaim {
         reply: Reply<()>,
     },
@@ -654,6 +659,13 @@ impl Writer {
                 reply,
             } => {
                 let _ = reply.send(self.set_archived(conversation, archived));
+            }
+            Command::RetireSession {
+                conversation,
+                as_session_id,
+                reply,
+            } => {
+                let _ = reply.send(self.retire_session(conversation, &as_session_id));
             }
             Command::Reclaim { reply } => {
                 let _ = reply.send(self.reclaim());
@@ -1358,6 +1370,15 @@ impl Writer {
                  ON CONFLICT (key) DO UPDATE SET value = excluded.value",
             )?
             .execute(params![key, value])?;
+        transaction.commit()?;
+        Ok(())
+    }
+
+    fn retire_session(&mut self, conversation: ConversationId, as_session_id: &str) -> Result<()> {
+        let transaction = self.transaction()?;
+        transaction
+            .prepare_cached("UPDATE conversations SET session_id = ?2 WHERE id = ?1")?
+            .execute(params![conversation.0, as_session_id])?;
         transaction.commit()?;
         Ok(())
     }

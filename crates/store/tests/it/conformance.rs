@@ -146,6 +146,7 @@ on_both_backends!(
     two_nodes_ingesting_one_session_store_each_message_once,
     forks_grants_state_and_blobs,
     a_fork_and_its_parent_fold_the_same_rows,
+    a_retired_session_keeps_its_rows_and_its_id_begins_anew,
     search_answers_alike,
     a_read_only_store_refuses_writes,
     export_and_import_round_trip,
@@ -642,6 +643,41 @@ async fn forks_grants_state_and_blobs(backend: &Backend) {
         hits[0].snippet
     );
     assert!(store.conversation_bytes(parent).await.unwrap() >= 32);
+}
+
+/// A session the host began anew under the same id: the conversation that held it keeps its
+/// rows under another id and its key, and the id's next lookup makes a new, empty one.
+async fn a_retired_session_keeps_its_rows_and_its_id_begins_anew(backend: &Backend) {
+    let store = backend.open().await;
+    let mut session = key("main", "anew");
+    session.session_key = Some("agent:main:anew".to_owned());
+    let before = store.conversation(&session).await.unwrap().id;
+    let messages: Vec<NewMessage> = (0..3)
+        .map(|n| new_message(&format!("before the reset {n}"), 100 + n, None))
+        .collect();
+    store.ingest(before, messages, None).await.unwrap();
+    store.retire_session(before, "anew@new-1").await.unwrap();
+    let now = store.conversation(&session).await.unwrap();
+    assert_ne!(now.id, before);
+    assert_eq!(now.message_count, 0);
+    let kept = store.conversation_by_id(before).await.unwrap().unwrap();
+    assert_eq!(
+        (
+            kept.session_id.as_str(),
+            kept.session_key.as_deref(),
+            kept.message_count
+        ),
+        ("anew@new-1", Some("agent:main:anew"), 3)
+    );
+    let under_key: Vec<ConversationId> = store
+        .conversations_by_session_key("main", "agent:main:anew")
+        .await
+        .unwrap()
+        .iter()
+        .map(|conversation| conversation.id)
+        .collect();
+    assert_eq!(under_key.len(), 2);
+    assert!(under_key.contains(&before) && under_key.contains(&now.id));
 }
 
 /// The fork invariant: a forked child holds its parent's rows by reference, and each session
