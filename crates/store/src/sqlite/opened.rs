@@ -9,6 +9,7 @@
 
 use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
+use std::sync::{Mutex, PoisonError};
 
 use rusqlite::{Connection, ErrorCode};
 
@@ -44,12 +45,69 @@ pub(crate) fn is_damage(error: &rusqlite::Error) -> bool {
     )
 }
 
-/// The log of the database at `path`, when it is there but holds no log (cut to nothing, or
-/// overwritten): with one of [`is_damage`]'s errors, the log was cut under a process.
+/// How many bytes the log's index (`-shm`, shared by every process that has the database
+/// open) says the log holds: its header and every frame it has indexed. `None` when there is
+/// no index, it is not initialized or is being written (its two copies of the header differ),
+/// or it indexes no frame: everything was checkpointed, and a log of any length is whole (a
+/// clean stop leaves one of 0 bytes behind).
+fn indexed_log_len(path: &Path) -> Option<u64> {
+    use std::os::unix::fs::FileExt as _;
+    let mut index = path.as_os_str().to_owned();
+    index.push("-shm");
+    // Two copies of the 48-byte header, in the host's byte order (SQLite's `WalIndexHdr`).
+    let mut headers = [0u8; 96];
+    with_index_file(&PathBuf::from(index), |file| {
+        file.read_exact_at(&mut headers, 0).ok()
+    })??;
+    let (header, copy) = headers.split_at(48);
+    let word = |at: usize| {
+        u32::from_ne_bytes([header[at], header[at + 1], header[at + 2], header[at + 3]])
+    };
+    const WAL_VERSION: u32 = 3_007_000;
+    if header != copy || word(0) != WAL_VERSION || header[12] != 1 {
+        return None;
+    }
+    let page = match u16::from_ne_bytes([header[14], header[15]]) {
+        1 => 65_536,
+        size => u64::from(size),
+    };
+    let frames = u64::from(word(16));
+    (frames > 0 && page > 0).then(|| 32 + frames * (24 + page))
+}
+
+/// The log indexes this process has read, kept open: closing a file drops every POSIX lock the
+/// process holds on it, SQLite's own included, and SQLite's connections would then use an
+/// index that other processes believe nobody holds (they may rebuild it under them). One whose
+/// file is gone (a database removed) is closed when another is first read.
+static INDEX_FILES: Mutex<Vec<(u64, u64, std::fs::File)>> = Mutex::new(Vec::new());
+
+/// Runs `read` on the log index at `path`, opened once for the process's life.
+fn with_index_file<T>(path: &Path, read: impl FnOnce(&std::fs::File) -> T) -> Option<T> {
+    let metadata = std::fs::metadata(path).ok()?;
+    let (dev, ino) = (metadata.dev(), metadata.ino());
+    let mut files = INDEX_FILES.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some((_, _, file)) = files.iter().find(|held| (held.0, held.1) == (dev, ino)) {
+        return Some(read(file));
+    }
+    files.retain(|(_, _, file)| file.metadata().is_ok_and(|held| held.nlink() > 0));
+    let file = std::fs::File::open(path).ok()?;
+    let answer = read(&file);
+    files.push((dev, ino, file));
+    Some(answer)
+}
+
+/// The log of the database at `path`, when it is cut: the log's index (which every process
+/// that has the database open shares) says it holds frames that it no longer does, its header
+/// gone (cut to nothing, overwritten) or its length short of them (cut to a length that keeps
+/// the header). With one of [`is_damage`]'s errors, the log was cut under a process; without
+/// such a claim (nothing to checkpoint, as after a clean stop), the error is the database's
+/// own: corruption is reported as corruption.
 pub(crate) fn cut_log(path: &Path) -> Option<PathBuf> {
     let log = log_path_of(path);
-    let there = std::fs::metadata(&log).is_ok();
-    (there && !log_header(&log).is_some_and(|header| LOG_MAGIC.contains(&header))).then_some(log)
+    let length = std::fs::metadata(&log).ok()?.len();
+    let claimed = indexed_log_len(path)?;
+    let headed = log_header(&log).is_some_and(|header| LOG_MAGIC.contains(&header));
+    (!headed || length < claimed).then_some(log)
 }
 
 /// The database file this process opened: its path, device and inode.
@@ -87,11 +145,15 @@ impl OpenedDatabase {
                 });
             }
         }
-        match log_header(&self.log_path()) {
-            Some(header) if !LOG_MAGIC.contains(&header) => Err(StoreError::LogLost {
-                path: self.log_path(),
-            }),
-            _ => Ok(()),
+        let log = self.log_path();
+        let overwritten = log_header(&log).is_some_and(|header| !LOG_MAGIC.contains(&header));
+        // Shorter than the frames its index holds: cut to a length that kept its header.
+        let short = indexed_log_len(&self.path).is_some_and(|claimed| {
+            std::fs::metadata(&log).is_ok_and(|metadata| metadata.len() < claimed)
+        });
+        match overwritten || short {
+            true => Err(StoreError::LogLost { path: log }),
+            false => Ok(()),
         }
     }
 

@@ -145,3 +145,75 @@ async fn an_undecodable_row_is_skipped_and_named() {
         report.problems
     );
 }
+
+/// Corruption is reported as corruption, a cut log as a cut log. After a clean stop the log is
+/// 0 bytes and SQLite never deletes it: a damaged database was then reported as a cut log (a
+/// passing failure, the server restarted on every call) because the check read only the log's
+/// first bytes. What decides now is the log's index: it claims frames only while a log holds
+/// them. A reader holds the database all along and never lets go (as the panel's server may).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_database_beside_an_empty_log_is_corruption() {
+    let dir = TempDir::new().unwrap();
+    let (store, _) = filled(&dir).await;
+    store.close().await.unwrap();
+    drop(store);
+    let database = dir.path().join(DATABASE_FILE);
+    let reader = rusqlite::Connection::open(&database).unwrap();
+    reader
+        .set_db_config(
+            rusqlite::config::DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE,
+            true,
+        )
+        .unwrap();
+    reader
+        .query_row("SELECT count(*) FROM conversations", [], |row| {
+            row.get::<_, i64>(0)
+        })
+        .unwrap();
+    let log = dir.path().join(format!("{DATABASE_FILE}-wal"));
+    assert_eq!(
+        std::fs::metadata(&log).map(|metadata| metadata.len()).ok(),
+        Some(0),
+        "a clean stop leaves an empty log (else this tests nothing)"
+    );
+    // Every page but the first overwritten.
+    let length = std::fs::metadata(&database).unwrap().len() as usize;
+    let mut bytes = std::fs::read(&database).unwrap();
+    let page = u16::from_be_bytes([bytes[16], bytes[17]]) as usize;
+    bytes[page..length].fill(0x5a);
+    std::fs::write(&database, bytes).unwrap();
+    let Err(error) = Store::open(StoreConfig::new(dir.path())).await else {
+        panic!("a damaged database does not open");
+    };
+    assert!(!error.needs_reopen(), "reported as a cut log: {error}");
+    drop(reader);
+}
+
+/// A log cut to a length that keeps its header, under a process that has the database open,
+/// is a cut log (the check read only the header, and found it whole).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_log_cut_short_of_its_frames_is_a_cut_log() {
+    let dir = TempDir::new().unwrap();
+    let (store, conversation) = filled(&dir).await;
+    let log = dir.path().join(format!("{DATABASE_FILE}-wal"));
+    let held = std::fs::metadata(&log).unwrap().len();
+    assert!(held > 4096, "the turns are in the log ({held} bytes)");
+    // The header and part of the first frame stay.
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&log)
+        .unwrap()
+        .set_len(100)
+        .unwrap();
+    let Err(error) = store
+        .ingest(
+            conversation,
+            vec![new_message("after the cut", 99, None)],
+            None,
+        )
+        .await
+    else {
+        panic!("nothing more is acknowledged through a cut log");
+    };
+    assert!(matches!(error, StoreError::LogLost { .. }), "{error}");
+}
