@@ -40,18 +40,28 @@ impl LosslessEngine {
         &self,
         session_id: &str,
     ) -> Result<Conversation, EngineError> {
-        self.store()
-            .conversations(Some(&self.config().agent_id))
-            .await
-            .map_err(|error| store_error("listing conversations", error))?
-            .into_iter()
-            .find(|conversation| conversation.session_id == session_id)
+        self.find_stored_conversation(session_id)
+            .await?
             .ok_or_else(|| {
                 EngineError::failed(format!(
                     "no stored session {session_id:?} for agent {:?}",
                     self.config().agent_id
                 ))
             })
+    }
+
+    /// The stored conversation of a session of this agent, if there is one (none is created).
+    pub(crate) async fn find_stored_conversation(
+        &self,
+        session_id: &str,
+    ) -> Result<Option<Conversation>, EngineError> {
+        Ok(self
+            .store()
+            .conversations(Some(&self.config().agent_id))
+            .await
+            .map_err(|error| store_error("listing conversations", error))?
+            .into_iter()
+            .find(|conversation| conversation.session_id == session_id))
     }
 
     /// Forgets a session and everything derived from it, then gives the space back.

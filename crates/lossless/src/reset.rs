@@ -14,24 +14,18 @@ use crate::errors::store_error;
 use crate::subagents::HostOrigin;
 
 impl LosslessEngine {
+    /// `on_session_reset`: the session's conversation steps aside (see the module).
     pub(crate) async fn reset_session(
         &self,
         params: &SessionResetParams,
     ) -> Result<(), EngineError> {
-        let Some(conversation) = self
-            .store()
-            .conversations(Some(&self.config().agent_id))
-            .await
-            .map_err(|error| store_error("listing conversations", error))?
-            .into_iter()
-            .find(|conversation| conversation.session_id == params.session_id)
-        else {
-            // Nothing stored yet (or a retried reset that already stepped aside).
+        let Some(conversation) = self.find_stored_conversation(&params.session_id).await? else {
+            // Nothing stored for the session: nothing to set aside.
             return Ok(());
         };
         // One that holds nothing yet (a reset told twice) stays; only where its own messages
-        // begin is noted.
-        let fresh = if conversation.message_count == 0 {
+        // begin is noted. (A fork child seeded but not yet run holds its parent's context.)
+        let fresh = if conversation.message_count == 0 && conversation.context_tokens == 0 {
             conversation
         } else {
             // A compaction of the conversation finishes first: what it writes stays with it.
