@@ -61,10 +61,8 @@ impl EngineAdmin for LosslessEngine {
 
     async fn stored_sessions(&self) -> Result<Vec<StoredSession>, EngineError> {
         Ok(self
-            .store()
-            .conversations(Some(&self.config().agent_id))
-            .await
-            .map_err(|error| store_error("listing conversations", error))?
+            .agent_conversations()
+            .await?
             .into_iter()
             .map(|conversation| StoredSession {
                 session_id: conversation.session_id,

@@ -56,12 +56,18 @@ impl LosslessEngine {
         session_id: &str,
     ) -> Result<Option<Conversation>, EngineError> {
         Ok(self
-            .store()
-            .conversations(Some(&self.config().agent_id))
-            .await
-            .map_err(|error| store_error("listing conversations", error))?
+            .agent_conversations()
+            .await?
             .into_iter()
             .find(|conversation| conversation.session_id == session_id))
+    }
+
+    /// Every conversation this engine's agent has stored.
+    pub(crate) async fn agent_conversations(&self) -> Result<Vec<Conversation>, EngineError> {
+        self.store()
+            .conversations(Some(&self.config().agent_id))
+            .await
+            .map_err(|error| store_error("listing conversations", error))
     }
 
     /// Forgets a session and everything derived from it, then gives the space back.
@@ -225,10 +231,7 @@ impl LosslessEngine {
         now_ms: i64,
     ) -> Result<Vec<RetentionAction>, EngineError> {
         let store = self.store();
-        let mut conversations = store
-            .conversations(Some(&self.config().agent_id))
-            .await
-            .map_err(|error| store_error("listing conversations", error))?;
+        let mut conversations = self.agent_conversations().await?;
         let activity = |c: &Conversation| c.last_activity_ms.unwrap_or(c.created_at_ms);
         conversations.sort_by_key(|c| (activity(c), c.id));
         let idle_days = |c: &Conversation| (now_ms - activity(c)).max(0) / DAY_MS;
@@ -324,10 +327,8 @@ impl LosslessEngine {
     ) -> Result<ReclaimReport, EngineError> {
         // One listing for all the actions (not one per action).
         let ids: HashMap<String, ConversationId> = self
-            .store()
-            .conversations(Some(&self.config().agent_id))
-            .await
-            .map_err(|error| store_error("listing conversations", error))?
+            .agent_conversations()
+            .await?
             .into_iter()
             .map(|conversation| (conversation.session_id, conversation.id))
             .collect();
