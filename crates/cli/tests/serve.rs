@@ -1581,7 +1581,7 @@ fn a_session_begun_anew_under_the_same_id_shows_nothing_of_before() {
 /// half (a lone UTF-16 surrogate, which `JSON.stringify` writes as `\ud83d`: valid JSON text)
 /// is stored and recalled with U+FFFD in the surrogate's place, never a parse error of the
 /// call (OpenClaw fell back to legacy for the rest of the session on one). A well-formed pair
-/// escaped the same way stays the emoji.
+/// escaped the same way stays the emoji. A NUL and a string of 10 MB are messages too.
 #[test]
 fn a_string_cut_mid_emoji_is_a_message() {
     let dir = TempDir::new().unwrap();
@@ -1616,6 +1616,44 @@ fn a_string_cut_mid_emoji_is_a_message() {
             "paired \u{1f680} rocket"
         ]
     );
+    // A NUL, and a string of 10 MB: stored, and recalled.
+    client.send_raw(
+        r#"{"jsonrpc":"2.0","id":6,"method":"ingest","params":{"sessionId":"s","message":{"role":"user","content":"nul \u0000 inside the tern note","timestamp":4}}}"#,
+    );
+    assert_eq!(client.reply(6)["result"]["ingested"], true);
+    let long = format!(
+        "{} the zebrafinch code is ZF-9 {}",
+        "filler words ".repeat(400_000),
+        "filler words ".repeat(400_000)
+    );
+    assert!(long.len() > 10_000_000);
+    let ingested = client.call(
+        7,
+        "ingest",
+        json!({"sessionId": "s", "message": {"role": "user", "content": long, "timestamp": 5}}),
+    );
+    assert_eq!(ingested["ingested"], true, "{ingested}");
+    let context = client
+        .call(
+            8,
+            "assemble",
+            json!({"sessionId": "s", "messages": [], "tokenBudget": 4000}),
+        )
+        .to_string();
+    assert!(context.contains(r"nul \u0000 inside"), "{context:.400}");
+    for (id, query) in [(9, "nul inside"), (10, "zebrafinch")] {
+        let found = client.call(
+            id,
+            "tools/call",
+            json!({"sessionId": "s", "name": "vilvona_grep", "arguments": {"query": query}}),
+        );
+        assert!(
+            found
+                .to_string()
+                .contains(if id == 9 { "nul" } else { "ZF-9" }),
+            "{query}: {found:.400}"
+        );
+    }
 }
 
 /// The panel's server (`vilvona ui`), started on `state`: its process, address and token.
