@@ -52,15 +52,15 @@ const taskOf = (request) => {
 // in the first request that carries it, or that the model never made the call.
 const spawnOutcome = (id) => {
   const task = `CHILD_TASK-${id} `;
+  let called = false;
   for (const request of requests) {
     const at = request.messages.findIndex((m) => (m.tool_calls ?? []).some((call) => call.function?.arguments?.includes(task)));
     if (at < 0) continue;
+    called = true;
     const answer = request.messages.slice(at + 1).find((m) => m.role === "tool");
     if (answer) return `the spawn answered: ${text(answer.content).replace(/\s+/g, " ").slice(0, 400)}`;
   }
-  return requests.some((request) => request.messages.some((m) => (m.tool_calls ?? []).some((call) => call.function?.arguments?.includes(task))))
-    ? "the spawn was called and no answer reached the model"
-    : "the model never called sessions_spawn for it";
+  return called ? "the spawn was called and no answer reached the model" : "the model never called sessions_spawn for it";
 };
 
 const problems = [];

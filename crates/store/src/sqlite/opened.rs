@@ -25,15 +25,14 @@ fn log_path_of(path: &Path) -> PathBuf {
     PathBuf::from(log)
 }
 
-/// The log's first bytes: `None` when it is missing or holds no header (a checkpoint may
-/// truncate it to nothing; only an error of SQLite's says that was not one).
-fn log_header(log: &Path) -> Option<[u8; 4]> {
+/// The log's length and its first bytes (`None` when it holds no header: a checkpoint may
+/// truncate it to nothing), from one open; `None` when there is no log.
+fn read_log(log: &Path) -> Option<(u64, Option<[u8; 4]>)> {
     use std::io::Read as _;
+    let mut file = std::fs::File::open(log).ok()?;
+    let length = file.metadata().ok()?.len();
     let mut header = [0u8; 4];
-    std::fs::File::open(log)
-        .and_then(|mut file| file.read_exact(&mut header))
-        .ok()
-        .map(|()| header)
+    Some((length, file.read_exact(&mut header).ok().map(|()| header)))
 }
 
 /// SQLite's errors for a file it cannot read as it expects: "not a database", an I/O error,
@@ -104,9 +103,9 @@ fn with_index_file<T>(path: &Path, read: impl FnOnce(&std::fs::File) -> T) -> Op
 /// own: corruption is reported as corruption.
 pub(crate) fn cut_log(path: &Path) -> Option<PathBuf> {
     let log = log_path_of(path);
-    let length = std::fs::metadata(&log).ok()?.len();
+    let (length, header) = read_log(&log)?;
     let claimed = indexed_log_len(path)?;
-    let headed = log_header(&log).is_some_and(|header| LOG_MAGIC.contains(&header));
+    let headed = header.is_some_and(|header| LOG_MAGIC.contains(&header));
     (!headed || length < claimed).then_some(log)
 }
 
@@ -146,15 +145,16 @@ impl OpenedDatabase {
             }
         }
         let log = self.log_path();
-        let overwritten = log_header(&log).is_some_and(|header| !LOG_MAGIC.contains(&header));
-        // Shorter than the frames its index holds: cut to a length that kept its header.
-        let short = indexed_log_len(&self.path).is_some_and(|claimed| {
-            std::fs::metadata(&log).is_ok_and(|metadata| metadata.len() < claimed)
-        });
-        match overwritten || short {
-            true => Err(StoreError::LogLost { path: log }),
-            false => Ok(()),
+        let Some((length, header)) = read_log(&log) else {
+            return Ok(());
+        };
+        let overwritten = header.is_some_and(|header| !LOG_MAGIC.contains(&header));
+        // Shorter than the frames its index holds: cut to a length that kept its header (the
+        // index is read only when the header is whole).
+        if overwritten || indexed_log_len(&self.path).is_some_and(|claimed| length < claimed) {
+            return Err(StoreError::LogLost { path: log });
         }
+        Ok(())
     }
 
     /// `error` as the files explain it: SQLite's "not a database", "disk I/O error" or
