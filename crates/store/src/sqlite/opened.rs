@@ -25,8 +25,7 @@ fn log_path_of(path: &Path) -> PathBuf {
     PathBuf::from(log)
 }
 
-/// The log's length and its first bytes (`None` when it holds no header: a checkpoint may
-/// truncate it to nothing), from one open; `None` when there is no log.
+/// The log's length and its first bytes, from one open; `None` when there is no log.
 fn read_log(log: &Path) -> Option<(u64, Option<[u8; 4]>)> {
     use std::io::Read as _;
     let mut file = std::fs::File::open(log).ok()?;
@@ -44,34 +43,69 @@ pub(crate) fn is_damage(error: &rusqlite::Error) -> bool {
     )
 }
 
-/// How many bytes the log's index (`-shm`, shared by every process that has the database
-/// open) says the log holds: its header and every frame it has indexed. `None` when there is
-/// no index, it is not initialized or is being written (its two copies of the header differ),
-/// or it indexes no frame: everything was checkpointed, and a log of any length is whole (a
-/// clean stop leaves one of 0 bytes behind).
-fn indexed_log_len(path: &Path) -> Option<u64> {
+/// The header of the log's index (`-shm`, shared by every process that has the database
+/// open): two copies of SQLite's 48-byte `WalIndexHdr`, in the host's byte order. `None` when
+/// there is no index, or it is not initialized or is being written (its two copies differ).
+fn index_header(path: &Path) -> Option<[u8; 48]> {
     use std::os::unix::fs::FileExt as _;
     let mut index = path.as_os_str().to_owned();
     index.push("-shm");
-    // Two copies of the 48-byte header, in the host's byte order (SQLite's `WalIndexHdr`).
     let mut headers = [0u8; 96];
     with_index_file(&PathBuf::from(index), |file| {
         file.read_exact_at(&mut headers, 0).ok()
     })??;
-    let (header, copy) = headers.split_at(48);
-    let word = |at: usize| {
-        u32::from_ne_bytes([header[at], header[at + 1], header[at + 2], header[at + 3]])
-    };
+    let mut header = [0u8; 48];
+    header.copy_from_slice(&headers[..48]);
     const WAL_VERSION: u32 = 3_007_000;
-    if header != copy || word(0) != WAL_VERSION || header[12] != 1 {
-        return None;
-    }
+    let version = u32::from_ne_bytes([header[0], header[1], header[2], header[3]]);
+    (header[..] == headers[48..] && version == WAL_VERSION && header[12] == 1).then_some(header)
+}
+
+/// How many bytes an index's header says the log holds: its header and every frame indexed.
+/// `None` when it indexes no frame: everything was checkpointed, and a log of any length is
+/// whole (a clean stop leaves one of 0 bytes behind).
+fn claimed_len(header: &[u8; 48]) -> Option<u64> {
     let page = match u16::from_ne_bytes([header[14], header[15]]) {
         1 => 65_536,
         size => u64::from(size),
     };
-    let frames = u64::from(word(16));
+    let frames = u64::from(u32::from_ne_bytes([
+        header[16], header[17], header[18], header[19],
+    ]));
     (frames > 0 && page > 0).then(|| 32 + frames * (24 + page))
+}
+
+/// The log as read between two readings of its index that agree.
+struct LogReading {
+    length: u64,
+    /// Its first bytes (`None` when it holds no header: a checkpoint may truncate it to nothing).
+    header: Option<[u8; 4]>,
+    /// The length its index claims for it; `None` when it claims no frame, or kept changing.
+    claimed: Option<u64>,
+}
+
+/// The log of the database at `path` (`None` when there is none), read between two readings
+/// of its index: other processes append to the log, restart it and truncate it at any moment,
+/// and a length read on either side of such a change says nothing of the other reading
+/// (frames appended after the length was read looked missing).
+fn read_log_and_its_claim(path: &Path) -> Option<LogReading> {
+    let log = log_path_of(path);
+    let mut claimed = None;
+    let mut read = read_log(&log)?;
+    for _ in 0..4 {
+        let before = index_header(path);
+        read = read_log(&log)?;
+        if before.is_some() && before == index_header(path) {
+            claimed = before.as_ref().and_then(claimed_len);
+            break;
+        }
+    }
+    let (length, header) = read;
+    Some(LogReading {
+        length,
+        header,
+        claimed,
+    })
 }
 
 /// The log indexes this process has read, kept open: closing a file drops every POSIX lock the
@@ -102,11 +136,10 @@ fn with_index_file<T>(path: &Path, read: impl FnOnce(&std::fs::File) -> T) -> Op
 /// such a claim (nothing to checkpoint, as after a clean stop), the error is the database's
 /// own: corruption is reported as corruption.
 pub(crate) fn cut_log(path: &Path) -> Option<PathBuf> {
-    let log = log_path_of(path);
-    let (length, header) = read_log(&log)?;
-    let claimed = indexed_log_len(path)?;
-    let headed = header.is_some_and(|header| LOG_MAGIC.contains(&header));
-    (!headed || length < claimed).then_some(log)
+    let log = read_log_and_its_claim(path)?;
+    let claimed = log.claimed?;
+    let headed = log.header.is_some_and(|header| LOG_MAGIC.contains(&header));
+    (!headed || log.length < claimed).then(|| log_path_of(path))
 }
 
 /// The database file this process opened: its path, device and inode.
@@ -144,15 +177,17 @@ impl OpenedDatabase {
                 });
             }
         }
-        let log = self.log_path();
-        let Some((length, header)) = read_log(&log) else {
+        let Some(log) = read_log_and_its_claim(&self.path) else {
             return Ok(());
         };
-        let overwritten = header.is_some_and(|header| !LOG_MAGIC.contains(&header));
-        // Shorter than the frames its index holds: cut to a length that kept its header (the
-        // index is read only when the header is whole).
-        if overwritten || indexed_log_len(&self.path).is_some_and(|claimed| length < claimed) {
-            return Err(StoreError::LogLost { path: log });
+        let overwritten = log
+            .header
+            .is_some_and(|header| !LOG_MAGIC.contains(&header));
+        // Shorter than the frames its index holds: cut to a length that kept its header.
+        if overwritten || log.claimed.is_some_and(|claimed| log.length < claimed) {
+            return Err(StoreError::LogLost {
+                path: self.log_path(),
+            });
         }
         Ok(())
     }
