@@ -426,6 +426,9 @@ pub struct SummaryUpdate {
     pub row_id: SummaryRowId,
     /// The level the caller read; the update is refused if it changed meanwhile.
     pub expected_level: SummaryLevel,
+    /// The summarizer the caller read; the update is refused if it changed meanwhile (another
+    /// call rewrote it first).
+    pub expected_summarizer: String,
     /// The new text.
     pub content: String,
     /// Its tokens.

@@ -1144,7 +1144,9 @@ impl HistoryStore for PgStore {
         else {
             return Ok(false);
         };
-        if current.level != update.expected_level {
+        if current.level != update.expected_level
+            || current.summarizer != update.expected_summarizer
+        {
             return Ok(false);
         }
         transaction
@@ -1717,13 +1719,14 @@ impl HistoryStore for PgStore {
         })
     }
 
-    async fn fallback_summaries(&self, conversation: ConversationId) -> Result<Vec<StoredSummary>> {
+    async fn stand_in_summaries(&self, conversation: ConversationId) -> Result<Vec<StoredSummary>> {
         let client = self.client().await?;
         client
             .rows(
                 &format!(
                     "SELECT {SUMMARY_COLUMNS} FROM summaries s
-                     WHERE s.conversation_id = $1 AND s.level = 'fallback'
+                     WHERE s.conversation_id = $1
+                       AND (s.level = 'fallback' OR s.summarizer LIKE '% in place of %')
                        AND EXISTS (SELECT 1 FROM context_items ci WHERE ci.summary_id = s.id)
                      ORDER BY s.id"
                 ),

@@ -689,8 +689,8 @@ impl HistoryStore for Store {
             .await
     }
 
-    async fn fallback_summaries(&self, conversation: ConversationId) -> Result<Vec<StoredSummary>> {
-        self.read(move |connection| read::fallback_summaries(connection, conversation))
+    async fn stand_in_summaries(&self, conversation: ConversationId) -> Result<Vec<StoredSummary>> {
+        self.read(move |connection| read::stand_in_summaries(connection, conversation))
             .await
     }
 

@@ -477,13 +477,14 @@ pub(crate) fn children(connection: &Connection, parent: SummaryRowId) -> Result<
 
 /// The fallback (truncated) summaries a conversation's context holds: what maintenance
 /// re-summarizes (a partial index keeps this cheap: no context is read).
-pub(crate) fn fallback_summaries(
+pub(crate) fn stand_in_summaries(
     connection: &Connection,
     conversation: ConversationId,
 ) -> Result<Vec<StoredSummary>> {
     let mut statement = connection.prepare_cached(&format!(
         "SELECT {SUMMARY_COLUMNS} FROM summaries s
-         WHERE s.conversation_id = ?1 AND s.level = 'fallback'
+         WHERE s.conversation_id = ?1
+           AND (s.level = 'fallback' OR s.summarizer LIKE '% in place of %')
            AND EXISTS (SELECT 1 FROM context_items ci WHERE ci.summary_id = s.id)
          ORDER BY s.id"
     ))?;

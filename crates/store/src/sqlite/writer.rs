@@ -1097,7 +1097,9 @@ impl Writer {
         let Some(current) = read::summary(&self.connection, update.row_id)? else {
             return Ok(false);
         };
-        if current.level != update.expected_level {
+        if current.level != update.expected_level
+            || current.summarizer != update.expected_summarizer
+        {
             return Ok(false);
         }
         let transaction = self.transaction()?;

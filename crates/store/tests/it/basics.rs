@@ -15,6 +15,7 @@ on_both_backends!(
     blobs_grants_and_state,
     bad_input_is_a_clear_error_and_loses_nothing,
     a_summary_is_rewritten_in_place_and_a_context_can_be_emptied,
+    the_summaries_a_stand_in_wrote_are_found_until_rewritten,
 );
 
 #[tokio::test]
@@ -408,6 +409,7 @@ async fn a_summary_is_rewritten_in_place_and_a_context_can_be_emptied(backend: &
     let update = SummaryUpdate {
         row_id: summary.row_id,
         expected_level: SummaryLevel::Fallback,
+        expected_summarizer: summary.summarizer.clone(),
         content: "a real summary of raw zero to two".to_owned(),
         tokens: 2,
         level: SummaryLevel::Normal,
@@ -462,4 +464,65 @@ async fn a_summary_is_rewritten_in_place_and_a_context_can_be_emptied(backend: &
             .context_tokens,
         0
     );
+}
+
+/// The summaries a stand-in wrote in the context: a truncation (level `Fallback`) and one the
+/// fallback summarizer wrote in place of the configured one (level `Normal`); a rewrite takes
+/// each off the list, and a second rewrite of what the first already rewrote is refused.
+async fn the_summaries_a_stand_in_wrote_are_found_until_rewritten(backend: &Backend) {
+    use vilvona_core::summarize::SummaryLevel;
+    let store = backend.open().await;
+    let conversation = store.conversation(&key("main", "s1")).await.unwrap().id;
+    let batch = (0..6)
+        .map(|i| new_message(&format!("raw {i}"), i, Some(&format!("e{i}"))))
+        .collect();
+    store.ingest(conversation, batch, None).await.unwrap();
+    let context = store.context(conversation).await.unwrap();
+    let mut truncated = plan(conversation, &context, 0..2, "[fallback] raw 0 raw 1");
+    truncated.summary.level = SummaryLevel::Fallback;
+    let mut stood_in = plan(
+        conversation,
+        &context,
+        2..4,
+        "raw 2 and raw 3, extractively",
+    );
+    stood_in.summary.summarizer = stand_in_summarizer("extractive/v1", "host-llm/v1");
+    let modeled = plan(
+        conversation,
+        &context,
+        4..6,
+        "raw 4 and raw 5, by the model",
+    );
+    for plan in [truncated, stood_in, modeled] {
+        assert!(matches!(
+            store.replace(plan).await.unwrap(),
+            ReplaceOutcome::Replaced(_)
+        ));
+    }
+    let found = store.stand_in_summaries(conversation).await.unwrap();
+    assert_eq!(
+        found
+            .iter()
+            .map(|summary| summary.summarizer.as_str())
+            .collect::<Vec<_>>(),
+        ["test/v1", "extractive/v1 in place of host-llm/v1"]
+    );
+    assert_eq!(found[0].level, SummaryLevel::Fallback);
+    let rewrite = SummaryUpdate {
+        row_id: found[1].row_id,
+        expected_level: SummaryLevel::Normal,
+        expected_summarizer: found[1].summarizer.clone(),
+        content: "raw 2 and raw 3, by the model".to_owned(),
+        tokens: 8,
+        level: SummaryLevel::Normal,
+        summarizer: "host-llm/v1".to_owned(),
+    };
+    assert!(store.update_summary(rewrite.clone()).await.unwrap());
+    assert!(
+        !store.update_summary(rewrite).await.unwrap(),
+        "already rewritten: refused"
+    );
+    let left = store.stand_in_summaries(conversation).await.unwrap();
+    assert_eq!(left.len(), 1);
+    assert_eq!(left[0].row_id, found[0].row_id);
 }

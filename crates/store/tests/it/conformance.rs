@@ -410,6 +410,7 @@ async fn the_dag_reads_back(backend: &Backend) {
             .update_summary(SummaryUpdate {
                 row_id: fallback.row_id,
                 expected_level: SummaryLevel::Fallback,
+                expected_summarizer: fallback.summarizer.clone(),
                 content: "never".to_owned(),
                 tokens: 1,
                 level: SummaryLevel::Normal,
@@ -424,6 +425,7 @@ async fn the_dag_reads_back(backend: &Backend) {
             .update_summary(SummaryUpdate {
                 row_id: top.row_id,
                 expected_level: SummaryLevel::Normal,
+                expected_summarizer: top.summarizer.clone(),
                 content: "both leaves, rewritten".to_owned(),
                 tokens: top.tokens + 5,
                 level: SummaryLevel::Normal,
@@ -1261,6 +1263,7 @@ async fn every_node_finds_what_another_wrote_and_loses_what_it_forgot(backend: &
         a.update_summary(SummaryUpdate {
             row_id: leaf.row_id,
             expected_level: SummaryLevel::Normal,
+            expected_summarizer: leaf.summarizer.clone(),
             content: "Summary: the kestrel ledger moved.".to_owned(),
             tokens: 8,
             level: SummaryLevel::Normal,
