@@ -7,9 +7,11 @@
 //! - [`extractive_answer`]: an answer to a question from evidence, without a model;
 //! - [`estimator`]: the heuristic or a BPE tokenizer (`o200k`, `cl100k`, vocabularies embedded),
 //!   with a calibration multiplier;
-//! - [`identifiers`]: the identifier extraction both use, also handy for descriptions.
+//! - [`identifiers`]: the identifier extraction both use, also handy for descriptions;
+//! - [`prompt_excerpt`]: what a model summarizer's prompt reads of each item.
 
 mod answer;
+mod excerpt;
 mod extractive;
 mod identifiers;
 mod time;
@@ -17,6 +19,7 @@ mod tokenizer;
 mod truncate;
 
 pub use answer::{extractive_answer, meaning_answer};
+pub use excerpt::prompt_excerpt;
 pub use extractive::{EXPAND_FOOTER, ExtractiveSummarizer, PINNED_PREFIX};
 pub use identifiers::identifiers;
 pub use time::{format_utc_minutes, format_utc_rfc3339, parse_rfc3339};
