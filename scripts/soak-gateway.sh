@@ -4,7 +4,7 @@
 #   scripts/soak-gateway.sh [--engine vilvona|legacy] [--window TOKENS] [--turns N] [--out DIR]
 #       [--shape chars4|tokenizer|no-usage] [--summarizer extractive|host] [--slow-summarizer MS]
 #       [--sessions N] [--kills N] [--stops N] [--damage index|wal] [--spawns SPEC] [--cut-emoji]
-#       [--resets TURNS] [--cell NAME]
+#       [--resets TURNS] [--stand-ins none|FROM-TO] [--cell NAME]
 #
 # One cell of the soak matrix (.ci/run runs several): the provider's shape (`chars4`: counts
 # characters/4 of the messages and reports usage; `tokenizer`: ~3.3 characters a token over the
@@ -29,6 +29,12 @@
 # and starts a new window of its transcript): bindings/openclaw/test/soak-resets.mjs checks that
 # no request after it holds a turn or a summary of before, and that `vilvona stats --session
 # KEY` shows the session as it is now, its earlier window kept under another id (vilvona).
+# `--stand-ins none` (with the host summarizer) fails when any fold was published by a stand-in
+# (the fallback summarizer or the truncation) while the model answered; `--stand-ins 20-35`
+# has the model refuse summary requests during work turns 20 to 35, and fails unless folds of
+# that stretch were published by a stand-in and none is left in the context at the end (run
+# 20 turns past the stretch: each was rewritten by the model within 20 turns);
+# bindings/openclaw/test/soak-stand-ins.mjs counts them (vilvona).
 #
 # `openclaw gateway run` serves the scripted session of bindings/openclaw/test/soak-session.mjs
 # through its OpenAI-compatible endpoint (one session, one request at a time), with OpenClaw's
@@ -63,6 +69,7 @@ SPAWNS=""
 CUT_EMOJI=""
 STOPS=0
 RESETS=""
+STAND_INS=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --engine) ENGINE="$2"; shift 2 ;;
@@ -81,7 +88,8 @@ while [ $# -gt 0 ]; do
     --cut-emoji) CUT_EMOJI=1; shift ;;
     --stops) STOPS="$2"; shift 2 ;;
     --resets) RESETS="$2"; shift 2 ;;
-    *) echo "usage: $0 [--engine vilvona|legacy] [--window TOKENS] [--turns N] [--out DIR] [--shape chars4|tokenizer|no-usage] [--summarizer extractive|host] [--slow-summarizer MS] [--sessions N] [--kills N] [--stops N] [--damage index|wal] [--spawns SPEC] [--cut-emoji] [--resets TURNS] [--panel]" >&2; exit 2 ;;
+    --stand-ins) STAND_INS="$2"; shift 2 ;;
+    *) echo "usage: $0 [--engine vilvona|legacy] [--window TOKENS] [--turns N] [--out DIR] [--shape chars4|tokenizer|no-usage] [--summarizer extractive|host] [--slow-summarizer MS] [--sessions N] [--kills N] [--stops N] [--damage index|wal] [--spawns SPEC] [--cut-emoji] [--resets TURNS] [--stand-ins none|FROM-TO] [--panel]" >&2; exit 2 ;;
   esac
 done
 case "$ENGINE" in vilvona | legacy) ;; *) echo "$0: --engine is vilvona or legacy" >&2; exit 2 ;; esac
@@ -101,9 +109,14 @@ case "$SUMMARIZER" in
   *) echo "$0: --summarizer is extractive or host" >&2; exit 2 ;;
 esac
 export MOCK_SUMMARIZER_DELAY_MS="$SLOW_SUMMARIZER"
+case "$STAND_INS" in
+  "" | none) export MOCK_SUMMARIZER_REFUSE="" ;;
+  *-*) export MOCK_SUMMARIZER_REFUSE="$STAND_INS" ;;
+  *) echo "$0: --stand-ins is none or FROM-TO" >&2; exit 2 ;;
+esac
 # The driver and the mock read the spawns from the environment (soak-session.mjs).
 export SOAK_SPAWNS="$SPAWNS" SOAK_CUT_EMOJI="$CUT_EMOJI" SOAK_RESETS="$RESETS"
-NAME="soak-gateway[$ENGINE, $WINDOW, $TURNS turns, $SHAPE, $SUMMARIZER summarizer${SLOW_SUMMARIZER:+, slow $SLOW_SUMMARIZER ms}, $SESSIONS sessions, $KILLS kills${DAMAGE:+, $DAMAGE damaged}${SPAWNS:+, spawns $SPAWNS}${CUT_EMOJI:+, cut emoji}${RESETS:+, reset after turn $RESETS}$([ "$STOPS" -eq 0 ] || echo ", $STOPS stops")]"
+NAME="soak-gateway[$ENGINE, $WINDOW, $TURNS turns, $SHAPE, $SUMMARIZER summarizer${SLOW_SUMMARIZER:+, slow $SLOW_SUMMARIZER ms}, $SESSIONS sessions, $KILLS kills${DAMAGE:+, $DAMAGE damaged}${SPAWNS:+, spawns $SPAWNS}${CUT_EMOJI:+, cut emoji}${RESETS:+, reset after turn $RESETS}${STAND_INS:+, stand-ins $STAND_INS}$([ "$STOPS" -eq 0 ] || echo ", $STOPS stops")]"
 FIGURES_BIN="${VILVONA_FIGURES_BIN:-$ROOT/target/debug/economics}"
 [ -x "$FIGURES_BIN" ] || fail "$FIGURES_BIN is missing (cargo build -p vilvona-benches --bin economics)"
 
@@ -442,6 +455,10 @@ if [ "$ENGINE" = vilvona ]; then
   if [ -n "$RESETS" ]; then
     "$VILVONA" --state-dir "$HOME/.vilvona" stats --session "agent:main:openai-user:soak" --json >"$OUT/stats.json" || fail "vilvona stats --session agent:main:openai-user:soak failed"
     node "$ROOT/bindings/openclaw/test/soak-resets.mjs" "$OUT/mock.jsonl" "$OUT/sessions.json" "$OUT/stats.json" "$TURNS" || fail "the session reset"
+  fi
+  if [ -n "$STAND_INS" ]; then
+    "$VILVONA" --state-dir "$HOME/.vilvona" context --session "agent:main:openai-user:soak" dag --format json >"$OUT/dag.json" || fail "vilvona context dag failed"
+    node "$ROOT/bindings/openclaw/test/soak-stand-ins.mjs" "$OUT/gateway.out" "$OUT/dag.json" "$OUT/mock.jsonl" "$([ "$STAND_INS" = none ] && echo none || echo rewritten)" || fail "the stand-ins"
   fi
   if [ -n "$SPAWNS" ]; then
     node "$ROOT/bindings/openclaw/test/soak-subagents.mjs" "$OUT/mock.jsonl" "$OUT/gateway.out" "$OUT/sessions.json" || fail "the subagents"

@@ -443,7 +443,9 @@ class VilvonaProcess {
         };
         signal.addEventListener("abort", onAbort, { once: true });
       }
-      this.write(child, { jsonrpc: "2.0", id, method, params });
+      // Whether this call brought the host's model: without it the server does not ask, and
+      // a routine fold waits for a call that brings one.
+      this.write(child, { jsonrpc: "2.0", id, method, params, hostModel: Boolean(llm) });
     });
   }
 

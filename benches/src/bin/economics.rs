@@ -11,8 +11,10 @@
 //!   of one soak side by side (a Markdown table); `--check` fails unless vilvona's cached input
 //!   per turn is at most 0.8 of legacy's, its cache-hit ratio on turn requests at least 90 %,
 //!   and its summarizer share of prompt tokens at most legacy's; `--check-cost` checks the
-//!   cost alone (the soak matrix's short cells). `--also` adds columns; a run made with
-//!   `economics soak --cell NAME` is headed by its cell.
+//!   cost alone (the soak matrix's short cells); `--at-most R` moves the cost bar to R of
+//!   legacy's; `--check-summarizer` also fails when vilvona's summarizer read more prompt
+//!   tokens than legacy's. `--also` adds columns; a run made with `economics soak --cell NAME`
+//!   is headed by its cell.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -82,6 +84,14 @@ enum Command {
         /// cache-hit bar).
         #[arg(long)]
         check_cost: bool,
+        /// The cost bar of `--check` and `--check-cost`: vilvona's cached input per turn at
+        /// most this share of legacy's.
+        #[arg(long, default_value_t = 0.8)]
+        at_most: f64,
+        /// Also fail unless vilvona's summarizer read no more prompt tokens than legacy's (a
+        /// model summarizer's cell).
+        #[arg(long)]
+        check_summarizer: bool,
     },
 }
 
@@ -143,6 +153,8 @@ async fn run(args: Args) -> Result<bool> {
             also,
             check,
             check_cost,
+            at_most,
+            check_summarizer,
         } => {
             let (vilvona, legacy) = (read_figures(&vilvona)?, read_figures(&legacy)?);
             let also = also
@@ -158,9 +170,18 @@ async fn run(args: Args) -> Result<bool> {
             let mut failed = Vec::new();
             let ratio = vilvona.cached_units_per_turn / legacy.cached_units_per_turn.max(1.0);
             eprintln!("economics: vilvona's cached input per turn is {ratio:.2} of legacy's");
-            if ratio > 0.8 {
+            if ratio > at_most {
                 failed.push(format!(
-                    "cached input per turn is {ratio:.2} of legacy's (at most 0.80)"
+                    "cached input per turn is {ratio:.2} of legacy's (at most {at_most:.2})"
+                ));
+            }
+            let (read, legacy_read) = (
+                vilvona.cache.summarizer_input_tokens,
+                legacy.cache.summarizer_input_tokens,
+            );
+            if check_summarizer && read > legacy_read {
+                failed.push(format!(
+                    "the summarizer read {read} prompt tokens, legacy's {legacy_read}"
                 ));
             }
             if check && vilvona.cache.turn_cache_hit_ratio < 0.9 {

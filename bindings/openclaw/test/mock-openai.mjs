@@ -15,6 +15,9 @@
 //   MOCK_MAX_TOKENS=1     the window holds the prompt plus the request's max_tokens
 //   MOCK_USAGE=0          no usage is reported (servers streaming without include_usage)
 //   MOCK_SUMMARIZER_DELAY_MS  summaries take this long (a slow summarizer model)
+//   MOCK_SUMMARIZER_REFUSE=FROM-TO  summary requests get 503 while the newest `STEP-n` a turn
+//                         request holds is within FROM..TO (a model down for a stretch of turns;
+//                         logged with `refused`, and not billed)
 // The count that is enforced and reported is `countedTokens`; `promptTokens` stays characters/4
 // of the messages, so the cost of runs of different shapes compares.
 //
@@ -40,7 +43,10 @@ const SHAPE = {
   maxTokens: process.env.MOCK_MAX_TOKENS === "1",
   usage: process.env.MOCK_USAGE !== "0",
   summarizerDelayMs: Number(process.env.MOCK_SUMMARIZER_DELAY_MS ?? 0),
+  summarizerRefused: (process.env.MOCK_SUMMARIZER_REFUSE ?? "").split("-").filter(Boolean).map(Number),
 };
+// The newest work turn a turn request has held.
+let newestStep = 0;
 let counter = 0;
 
 const REQUIRED_SECTIONS = ["## Decisions", "## Open TODOs", "## Constraints/Rules", "## Pending user asks", "## Exact identifiers"];
@@ -217,8 +223,18 @@ createServer((req, res) => {
     const summarizing = (body.tools ?? []).length === 0 && /summar/i.test(messages.map((m) => text(m.content)).join("\n"));
     const users = messages.filter((m) => m.role === "user").map((m) => text(m.content));
     const overflow = users.join("\n").match(/TRIGGER_OVERFLOW_\d+/g)?.find((token) => !overflowed.has(token));
-    const rejected = countedTokens + reserved > window || Boolean(overflow);
-    appendFileSync(logFile, JSON.stringify({ ...body, __mock: { stream: summarizing ? "summarizer" : "turn", promptTokens, countedTokens, reserved, rejected } }) + "\n");
+    if (!summarizing) {
+      for (const step of users.join("\n").matchAll(/STEP-(\d+):/g)) newestStep = Math.max(newestStep, Number(step[1]));
+    }
+    const [refuseFrom, refuseTo] = SHAPE.summarizerRefused;
+    const refused = summarizing && refuseFrom !== undefined && newestStep >= refuseFrom && newestStep <= refuseTo;
+    const rejected = countedTokens + reserved > window || Boolean(overflow) || refused;
+    appendFileSync(logFile, JSON.stringify({ ...body, __mock: { stream: summarizing ? "summarizer" : "turn", promptTokens, countedTokens, reserved, rejected, ...(refused ? { refused, step: newestStep } : {}) } }) + "\n");
+    if (refused) {
+      res.writeHead(503, { "content-type": "application/json" });
+      res.end(JSON.stringify({ error: { message: "the model is down for maintenance", type: "server_error" } }));
+      return;
+    }
     if (rejected) {
       if (overflow) overflowed.add(overflow);
       reject(res, countedTokens + reserved);

@@ -1850,3 +1850,96 @@ fn every_fold_of_a_backlog_reaches_the_hosts_model() {
         "{reply}"
     );
 }
+
+/// A call that does not bring the host's model (OpenClaw brings none to a turn's commit) is not
+/// asked for one: its folds are published by a stand-in, flagged, and the next call that
+/// brings the model (`maintain`) has the model rewrite them, so a session never keeps them.
+#[test]
+fn folds_a_stand_in_wrote_without_the_model_are_rewritten_by_it_later() {
+    let dir = TempDir::new().unwrap();
+    let mut client = Client::start(dir.path());
+    host_model_backlog(&mut client, "s", 12);
+    client.send_raw(
+        &json!({"jsonrpc": "2.0", "id": 3, "method": "compact", "hostModel": false,
+            "params": {"sessionId": "s", "tokenBudget": 2000, "force": true}})
+        .to_string(),
+    );
+    let reply = client.wait(|value| value["id"] == 3);
+    let details = &reply["result"]["result"]["details"];
+    assert!(
+        details["degradedSummaries"].as_u64().unwrap() > 0,
+        "{reply}"
+    );
+    assert!(
+        !client
+            .pending
+            .iter()
+            .any(|message| message["method"] == "llm.complete"),
+        "a call without the model is not asked for it"
+    );
+    client.send_raw(
+        &json!({"jsonrpc": "2.0", "id": 4, "method": "maintain", "hostModel": true,
+            "params": {"sessionId": "s"}})
+        .to_string(),
+    );
+    let mut asked = 0;
+    let reply = loop {
+        let message = client.wait(|value| value["method"] == "llm.complete" || value["id"] == 4);
+        if message["id"] == 4 {
+            break message;
+        }
+        asked += 1;
+        client.send_raw(&json!({"jsonrpc": "2.0", "id": message["id"], "result": {"text": format!("HOST REWRITE {asked}")}}).to_string());
+    };
+    let rewritten = reply["result"]["rewrittenEntries"].as_u64().unwrap();
+    assert!(rewritten > 0 && rewritten <= asked, "{reply}");
+    let assembled = client.call(
+        5,
+        "assemble",
+        json!({"sessionId": "s", "messages": [], "tokenBudget": 100000}),
+    );
+    assert!(
+        assembled.to_string().contains("HOST REWRITE"),
+        "{assembled}"
+    );
+    drop(client.stdin.take());
+    client.child.wait().unwrap();
+}
+
+/// OpenClaw answers `llm.complete` with an empty completion when its provider fails (a 503):
+/// the model is unavailable, so the extractive summarizer stands in (flagged, rewritten later),
+/// rather than the escalation meant for a model that writes badly ending in a truncation.
+#[test]
+fn an_empty_completion_is_the_model_unavailable() {
+    let dir = TempDir::new().unwrap();
+    let mut client = Client::start(dir.path());
+    host_model_session(&mut client);
+    client.send(
+        3,
+        "compact",
+        json!({"sessionId": "h", "tokenBudget": 2000, "force": true}),
+    );
+    let reply = loop {
+        let message = client.wait(|value| value["method"] == "llm.complete" || value["id"] == 3);
+        if message["id"] == 3 {
+            break message;
+        }
+        client.send_raw(
+            &json!({"jsonrpc": "2.0", "id": message["id"], "result": {"text": ""}}).to_string(),
+        );
+    };
+    let details = &reply["result"]["result"]["details"];
+    assert!(
+        details["degradedSummaries"].as_u64().unwrap() > 0,
+        "{reply}"
+    );
+    assert!(
+        details["degradedReason"]
+            .as_str()
+            .unwrap()
+            .contains("the host's model is unavailable"),
+        "{reply}"
+    );
+    drop(client.stdin.take());
+    client.child.wait().unwrap();
+}

@@ -192,6 +192,14 @@ pub trait Summarizer: Send + Sync + fmt::Debug {
     /// Summarizes the request's items within its target.
     async fn summarize(&self, request: &SummaryRequest) -> Result<Summary, SummarizeError>;
 
+    /// Whether the summarizer can be asked now. A host's model is within reach only during a
+    /// call that brings it (OpenClaw brings its model to `maintain` and `compact`, not to a
+    /// turn's commit); a fold that can wait for such a call does, rather than publish what a
+    /// stand-in writes in its place.
+    fn in_reach(&self) -> bool {
+        true
+    }
+
     /// Answers a question from the evidence alone, citing the evidence it used. The same model
     /// that writes the summaries answers; a summarizer without one says [`Unsupported`]
     /// (the engine then answers extractively).

@@ -154,12 +154,15 @@ impl EngineAdmin for LosslessEngine {
             .await?;
         let flagged = self
             .store()
-            .fallback_summaries(conversation.id)
+            .stand_in_summaries(conversation.id)
             .await
-            .map_err(|error| store_error("reading truncated summaries", error))?
+            .map_err(|error| store_error("reading the summaries a stand-in wrote", error))?
             .len() as u64;
         let rewritten = match apply && flagged > 0 {
-            true => self.resummarize_fallbacks(conversation.id).await?,
+            true => {
+                self.rewrite_stand_ins(conversation.id, flagged as usize)
+                    .await?
+            }
             false => 0,
         };
         // What this run found and did not rewrite (the summarizer failed, or wrote nothing

@@ -121,6 +121,10 @@ impl CompactionReport {
 /// Most leaf summaries made at once when a backlog needs several.
 const PARALLEL_LEAVES: usize = 4;
 
+/// How many summaries a stand-in wrote one `maintain` rewrites at most: a session catches up
+/// over a few calls, each call's wait bounded.
+const STAND_INS_PER_MAINTENANCE: usize = 4;
+
 /// The id a summary's header is measured with before it has one (ids are content-addressed and
 /// always this long).
 const PLACEHOLDER_ID: &str = "sum_0000000000000000";
@@ -343,6 +347,18 @@ impl LosslessEngine {
         // Whether this call must make room whatever it takes: the host needs it now (overflow,
         // preflight), or the context no longer fits what the host gives it.
         let must_fit = room_now || total > limits.ceiling;
+        if wait_for_summarizer && !self.inner.summarizer.in_reach() {
+            // A fold after a turn, in a call that cannot reach the summarizer (OpenClaw brings
+            // its model to `maintain`, which it calls right after a turn's commit, not to the
+            // commit): that call folds, even what must fit (nothing reads the context between
+            // the two; an assembly before it would fit the context itself).
+            report.reason = Some(CompactReason::SummarizerUnavailable);
+            report.detail = Some(format!(
+                "{} cannot be asked in this call; the fold waits for one that can",
+                self.inner.summarizer.id()
+            ));
+            return Ok(report);
+        }
         let min_run = self.min_summarized_run();
         let mut attempts = 0;
         loop {
@@ -802,6 +818,10 @@ impl LosslessEngine {
         }
         let summarizer = match &summary.degraded {
             Some(degraded) => stand_in_summarizer(&degraded.written_by, self.inner.summarizer.id()),
+            // The summarizer wrote nothing usable: the truncation stood in.
+            None if summary.level == SummaryLevel::Fallback => {
+                stand_in_summarizer(vilvona_summarize::TRUNCATION_ID, self.inner.summarizer.id())
+            }
             None => self.inner.summarizer.id().to_owned(),
         };
         let plan = ReplacePlan {
@@ -874,6 +894,23 @@ impl LosslessEngine {
         let Some((plan, degraded)) = plan else {
             return Ok(Published::NoProgress);
         };
+        let stood_in = match &degraded {
+            Some(degraded) => Some((degraded.written_by.as_str(), degraded.reason.as_str())),
+            None if plan.summary.level == SummaryLevel::Fallback => Some((
+                vilvona_summarize::TRUNCATION_ID,
+                "no summarizer wrote a usable summary, or none could fit the room",
+            )),
+            None => None,
+        };
+        if let Some((written_by, reason)) = stood_in {
+            // Counted by the soak: none while the configured summarizer answers.
+            tracing::warn!(
+                written_by,
+                reason,
+                "published a summary a stand-in wrote; maintenance rewrites it with {}",
+                self.inner.summarizer.id()
+            );
+        }
         let replaced: Vec<ItemRef> = plan.items.iter().map(|(_, item)| *item).collect();
         match self.inner.store.replace(plan).await {
             Ok(ReplaceOutcome::Replaced(summary)) => {
@@ -945,20 +982,28 @@ impl LosslessEngine {
         }
     }
 
-    /// Re-summarizes context summaries that the fallback produced, keeping their edges.
-    pub(crate) async fn resummarize_fallbacks(
+    /// Rewrites, with the configured summarizer, the context's summaries that a stand-in wrote
+    /// (the truncation, or the fallback summarizer while the configured one could not be
+    /// asked), oldest first and at most `at_most` of them, keeping their edges. Stops at the
+    /// first the summarizer cannot write (still unavailable: the next call tries again).
+    /// Returns how many were rewritten.
+    pub(crate) async fn rewrite_stand_ins(
         &self,
         conversation: ConversationId,
+        at_most: usize,
     ) -> Result<u64, EngineError> {
-        // Only the fallback summaries are read (an indexed query), not the whole context.
-        let fallbacks = self
+        if !self.inner.summarizer.in_reach() {
+            return Ok(0);
+        }
+        // Only those summaries are read (an indexed query), not the whole context.
+        let stand_ins = self
             .inner
             .store
-            .fallback_summaries(conversation)
+            .stand_in_summaries(conversation)
             .await
-            .map_err(|error| store_error("reading fallback summaries", error))?;
+            .map_err(|error| store_error("reading the summaries a stand-in wrote", error))?;
         let mut rewritten = 0;
-        for summary in &fallbacks {
+        for summary in stand_ins.iter().take(at_most) {
             let children = self
                 .inner
                 .store
@@ -970,23 +1015,35 @@ impl LosslessEngine {
                 .iter()
                 .map(|s| self.inner.estimator.text_tokens(&s.text))
                 .sum();
-            // No larger than the truncation it replaces: the context keeps its size (a
-            // truncation made to fit room stays within it).
             let target = match summary.kind {
                 SummaryKind::Leaf => self.inner.config.leaf_target_tokens,
                 SummaryKind::Condensed => self.inner.config.condensed_target_tokens,
             }
-            .min(source_tokens / 3)
-            .min(self.inner.estimator.text_tokens(&summary.content))
+            .min(source_tokens / 3);
+            // A truncation made to fit room stays within it: no larger than what it replaces.
+            let target = match summary.level {
+                SummaryLevel::Fallback => {
+                    target.min(self.inner.estimator.text_tokens(&summary.content))
+                }
+                _ => target,
+            }
             .max(MIN_SUMMARY_TEXT_TOKENS);
             let request = SummaryRequest::new(summary.kind, summary.depth, target, source);
-            let Ok(produced) = self.inner.summarizer.summarize(&request).await else {
-                // Still unavailable: try again at the next maintenance.
-                return Ok(rewritten);
+            let produced = match self.inner.summarizer.summarize(&request).await {
+                Ok(produced)
+                    if produced.degraded.is_none() || summary.level == SummaryLevel::Fallback =>
+                {
+                    produced
+                }
+                // Unavailable again: a stand-in's text in place of a stand-in's helps nobody.
+                _ => return Ok(rewritten),
             };
             let tokens = summary_tokens(&*self.inner.estimator, &summary.into(), &produced.text);
-            if produced.text.trim().is_empty() || tokens >= source_tokens || tokens > summary.tokens
-            {
+            let fits = match summary.level {
+                SummaryLevel::Fallback => tokens <= summary.tokens,
+                _ => tokens <= target.saturating_mul(3),
+            };
+            if produced.text.trim().is_empty() || tokens >= source_tokens || !fits {
                 continue;
             }
             let summarizer = match produced.degraded {
@@ -1000,15 +1057,24 @@ impl LosslessEngine {
                 .store
                 .update_summary(SummaryUpdate {
                     row_id: summary.row_id,
-                    expected_level: SummaryLevel::Fallback,
+                    expected_level: summary.level,
+                    expected_summarizer: summary.summarizer.clone(),
                     content: produced.text,
                     tokens,
                     level: produced.level,
                     summarizer,
                 })
                 .await
-                .map_err(|error| store_error("re-summarizing", error))?;
+                .map_err(|error| store_error("rewriting a summary", error))?;
             rewritten += u64::from(updated);
+        }
+        if rewritten > 0 {
+            tracing::info!(
+                rewritten,
+                left = stand_ins.len() as u64 - rewritten,
+                summarizer = self.inner.summarizer.id(),
+                "rewrote summaries a stand-in wrote"
+            );
         }
         Ok(rewritten)
     }
@@ -1080,23 +1146,23 @@ impl LosslessEngine {
         let conversation = self
             .conversation(&params.session_id, params.session_key.as_deref())
             .await?;
-        let rewritten = self.resummarize_fallbacks(conversation.id).await?;
+        let rewritten = self
+            .rewrite_stand_ins(conversation.id, STAND_INS_PER_MAINTENANCE)
+            .await?;
         self.maybe_run_retention(&self.inner.config.retention).await;
         let mut prompt = self.host_prompt(conversation.id).await?;
         prompt.note_window(params.runtime_settings.as_ref(), params.token_budget);
         if let Some(budget) = params.token_budget.filter(|budget| *budget > 0) {
             prompt.budget = Some(budget);
         }
+        let limits = prompt.limits(&self.inner.config);
         let report = self
-            .compact_conversation(
-                conversation.id,
-                CompactionRequest::within(prompt.limits(&self.inner.config)),
-            )
+            .compact_conversation(conversation.id, CompactionRequest::within(limits))
             .await?;
         let compacted = report.summaries_created > 0;
         let mut reasons = Vec::new();
         if rewritten > 0 {
-            reasons.push(format!("re-summarized {rewritten} fallback summaries"));
+            reasons.push(format!("rewrote {rewritten} summaries a stand-in wrote"));
         }
         if compacted {
             reasons.push(format!(

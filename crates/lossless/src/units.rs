@@ -36,7 +36,7 @@ pub(crate) fn unit_end(items: &[impl Unit], start: usize) -> usize {
 /// keeps routine compaction supplied: once the context is over its trigger, there is always
 /// something older than the tail to summarize.
 pub(crate) fn fresh_tail_start(items: &[ContextRef], config: &LosslessConfig, share: u64) -> usize {
-    let by_ratio = (share as f64 * config.fresh_tail_ratio) as u64;
+    let by_ratio = (share as f64 * config.fresh_tail_ratio()) as u64;
     let cap = config
         .fresh_tail_max_tokens
         .map_or(by_ratio, |cap| cap.min(by_ratio));

@@ -63,9 +63,18 @@ const HISTORY_NEEDED: i64 = -32005;
 const TRANSIENT: i64 = -32006;
 
 tokio::task_local! {
-    /// The id of the client's request whose work runs in this task: the scope a host-model
-    /// request (`llm.complete`) names, so the client answers it with that call's model.
-    static CALLER: Value;
+    /// The client's request whose work runs in this task.
+    static CALLER: Caller;
+}
+
+/// The client's request a task works for: its id is the scope a host-model request
+/// (`llm.complete`) names, so the client answers it with that call's model.
+#[derive(Clone, Debug)]
+struct Caller {
+    id: Value,
+    /// Whether the call brought the host's model (the request's `hostModel` member; `None`
+    /// when the client does not say, and is then asked).
+    host_model: Option<bool>,
 }
 
 /// How many sessions' last assembled context the server remembers (as hashes); past it, it
@@ -386,7 +395,10 @@ impl Server {
                 self.respond(id, declared_tools(&params));
             }
             (Some(method), Some(id)) => self.dispatch(
-                id,
+                Caller {
+                    id,
+                    host_model: value.get("hostModel").and_then(Value::as_bool),
+                },
                 method.to_owned(),
                 value.get("params").cloned().unwrap_or(Value::Null),
             ),
@@ -416,7 +428,9 @@ impl Server {
     }
 
     /// Runs a request: calls of one session in arrival order, others concurrently.
-    fn dispatch(self: &Arc<Self>, id: Value, method: String, params: Value) {
+    fn dispatch(self: &Arc<Self>, caller: Caller, method: String, params: Value) {
+        let id = caller.id.clone();
+        tracing::debug!(method, host_model = ?caller.host_model, "a call");
         let (flag, mut cancelled) = watch::channel(false);
         lock(&self.in_flight).insert(id.to_string(), flag);
         let server = self.clone();
@@ -428,7 +442,7 @@ impl Server {
         .and_then(Value::as_str)
         .map(str::to_owned);
         let job: Job = Box::pin(async move {
-            let work = CALLER.scope(id.clone(), server.call(&method, params, cancelled.clone()));
+            let work = CALLER.scope(caller, server.call(&method, params, cancelled.clone()));
             let outcome = tokio::select! {
                 outcome = work => outcome,
                 _ = cancelled.wait_for(|flag| *flag) => Err(RpcError::new(CANCELLED, format!("{method} was cancelled"))),
@@ -804,6 +818,13 @@ impl Summarizer for HostLlmSummarizer {
         "host-llm/v1"
     }
 
+    /// Within a client's call that brought the host's model, or did not say.
+    fn in_reach(&self) -> bool {
+        CALLER
+            .try_with(|caller| caller.host_model != Some(false))
+            .unwrap_or(false)
+    }
+
     async fn summarize(&self, request: &SummaryRequest) -> Result<Summary, SummarizeError> {
         let text = self
             .complete(
@@ -838,7 +859,14 @@ impl HostLlmSummarizer {
         (system, user): (String, String),
     ) -> Result<String, SummarizeError> {
         // No caller outside a client's call: the client then has no model to answer with.
-        let scope = CALLER.try_with(Value::clone).unwrap_or(Value::Null);
+        let scope = CALLER
+            .try_with(|caller| caller.id.clone())
+            .unwrap_or(Value::Null);
+        if !self.in_reach() {
+            return Err(SummarizeError::Transient(format!(
+                "llm.complete (error {HOST_LLM_ERROR}): no host model in scope: the call did not bring one"
+            )));
+        }
         let params = json!({
             "scope": scope,
             "purpose": purpose,
@@ -876,6 +904,13 @@ impl HostLlmSummarizer {
             })
             .or_else(|| answer.as_str().map(str::to_owned))
             .unwrap_or_default();
+        if text.trim().is_empty() {
+            // OpenClaw 2026.9.6 answers a provider's failure (a 503, an outage) with an empty
+            // completion, not an error: the model is unavailable, not writing badly.
+            return Err(SummarizeError::Transient(
+                "llm.complete returned nothing: the host's model is unavailable".to_owned(),
+            ));
+        }
         let text = strip_reasoning(&text);
         if text.is_empty() {
             return Err(SummarizeError::BadOutput(
