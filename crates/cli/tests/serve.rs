@@ -427,6 +427,27 @@ fn host_model_backlog(client: &mut Client, session: &str, count: i64) {
     );
 }
 
+/// Answers every `llm.complete` the server asks with `answer` (given the ask and how many came
+/// before it) until the reply to request `id` comes: the reply, and how many were asked.
+fn answer_asks_until(
+    client: &mut Client,
+    id: u64,
+    answer: impl Fn(&Value, usize) -> Value,
+) -> (Value, usize) {
+    let mut asked = 0;
+    loop {
+        let message = client.wait(|value| value["method"] == "llm.complete" || value["id"] == id);
+        if message["id"] == id {
+            return (message, asked);
+        }
+        let result = answer(&message, asked);
+        asked += 1;
+        client.send_raw(
+            &json!({"jsonrpc": "2.0", "id": message["id"], "result": result}).to_string(),
+        );
+    }
+}
+
 #[test]
 fn the_summarizer_can_be_the_hosts_model_and_a_call_can_be_cancelled() {
     let dir = TempDir::new().unwrap();
@@ -448,13 +469,11 @@ fn the_summarizer_can_be_the_hosts_model_and_a_call_can_be_cancelled() {
     );
     client.send_raw(&json!({"jsonrpc": "2.0", "id": ask["id"], "result": {"text": "HOST SUMMARY of the queue work"}}).to_string());
     // Later passes ask again; answer until the compaction replies.
-    let reply = loop {
-        let message = client.wait(|value| value["method"] == "llm.complete" || value["id"] == 3);
-        if message["id"] == 3 {
-            break message;
-        }
-        client.send_raw(&json!({"jsonrpc": "2.0", "id": message["id"], "result": {"content": [{"type": "text", "text": "HOST SUMMARY again"}]}}).to_string());
-    };
+    let (reply, _) = answer_asks_until(
+        &mut client,
+        3,
+        |_, _| json!({"content": [{"type": "text", "text": "HOST SUMMARY again"}]}),
+    );
     assert_eq!(reply["result"]["compacted"], true, "{reply}");
     let assembled = client.call(
         4,
@@ -1823,18 +1842,12 @@ fn every_fold_of_a_backlog_reaches_the_hosts_model() {
         "compact",
         json!({"sessionId": "b", "tokenBudget": 2000, "force": true}),
     );
-    let mut asked = 0;
-    let reply = loop {
-        let message = client.wait(|value| value["method"] == "llm.complete" || value["id"] == 3);
-        if message["id"] == 3 {
-            break message;
-        }
-        asked += 1;
+    let (reply, asked) = answer_asks_until(&mut client, 3, |ask, before| {
         // The scope names the call, so the client answers with that call's model (OpenClaw's
         // plugin has no model for any other, and refuses).
-        assert_eq!(message["params"]["scope"], 3, "ask {asked}: {message}");
-        client.send_raw(&json!({"jsonrpc": "2.0", "id": message["id"], "result": {"text": format!("HOST SUMMARY {asked}")}}).to_string());
-    };
+        assert_eq!(ask["params"]["scope"], 3, "ask {}: {ask}", before + 1);
+        json!({"text": format!("HOST SUMMARY {}", before + 1)})
+    });
     assert_eq!(reply["result"]["compacted"], true, "{reply}");
     let details = &reply["result"]["result"]["details"];
     assert!(
@@ -1844,7 +1857,7 @@ fn every_fold_of_a_backlog_reaches_the_hosts_model() {
     assert_eq!(details["degradedSummaries"], 0, "{reply}");
     // Every summary but the truncation's (which asks no summarizer) was the model's.
     assert_eq!(
-        asked,
+        asked as u64,
         details["summariesCreated"].as_u64().unwrap()
             - details["fallbackSummaries"].as_u64().unwrap(),
         "{reply}"
@@ -1882,17 +1895,13 @@ fn folds_a_stand_in_wrote_without_the_model_are_rewritten_by_it_later() {
             "params": {"sessionId": "s"}})
         .to_string(),
     );
-    let mut asked = 0;
-    let reply = loop {
-        let message = client.wait(|value| value["method"] == "llm.complete" || value["id"] == 4);
-        if message["id"] == 4 {
-            break message;
-        }
-        asked += 1;
-        client.send_raw(&json!({"jsonrpc": "2.0", "id": message["id"], "result": {"text": format!("HOST REWRITE {asked}")}}).to_string());
-    };
+    let (reply, asked) = answer_asks_until(
+        &mut client,
+        4,
+        |_, before| json!({"text": format!("HOST REWRITE {}", before + 1)}),
+    );
     let rewritten = reply["result"]["rewrittenEntries"].as_u64().unwrap();
-    assert!(rewritten > 0 && rewritten <= asked, "{reply}");
+    assert!(rewritten > 0 && rewritten <= asked as u64, "{reply}");
     let assembled = client.call(
         5,
         "assemble",
@@ -1919,15 +1928,7 @@ fn an_empty_completion_is_the_model_unavailable() {
         "compact",
         json!({"sessionId": "h", "tokenBudget": 2000, "force": true}),
     );
-    let reply = loop {
-        let message = client.wait(|value| value["method"] == "llm.complete" || value["id"] == 3);
-        if message["id"] == 3 {
-            break message;
-        }
-        client.send_raw(
-            &json!({"jsonrpc": "2.0", "id": message["id"], "result": {"text": ""}}).to_string(),
-        );
-    };
+    let (reply, _) = answer_asks_until(&mut client, 3, |_, _| json!({"text": ""}));
     let details = &reply["result"]["result"]["details"];
     assert!(
         details["degradedSummaries"].as_u64().unwrap() > 0,
