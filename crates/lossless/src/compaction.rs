@@ -894,19 +894,14 @@ impl LosslessEngine {
         let Some((plan, degraded)) = plan else {
             return Ok(Published::NoProgress);
         };
-        let stood_in = match &degraded {
-            Some(degraded) => Some((degraded.written_by.as_str(), degraded.reason.as_str())),
-            None if plan.summary.level == SummaryLevel::Fallback => Some((
-                vilvona_summarize::TRUNCATION_ID,
-                "no summarizer wrote a usable summary, or none could fit the room",
-            )),
-            None => None,
-        };
-        if let Some((written_by, reason)) = stood_in {
+        if written_by_a_stand_in(plan.summary.level, &plan.summary.summarizer) {
             // Counted by the soak: none while the configured summarizer answers.
             tracing::warn!(
-                written_by,
-                reason,
+                summarizer = %plan.summary.summarizer,
+                reason = degraded.as_ref().map_or(
+                    "no summarizer wrote a usable summary, or none could fit the room",
+                    |degraded| degraded.reason.as_str()
+                ),
                 "published a summary a stand-in wrote; maintenance rewrites it with {}",
                 self.inner.summarizer.id()
             );
@@ -1155,9 +1150,11 @@ impl LosslessEngine {
         if let Some(budget) = params.token_budget.filter(|budget| *budget > 0) {
             prompt.budget = Some(budget);
         }
-        let limits = prompt.limits(&self.inner.config);
         let report = self
-            .compact_conversation(conversation.id, CompactionRequest::within(limits))
+            .compact_conversation(
+                conversation.id,
+                CompactionRequest::within(prompt.limits(&self.inner.config)),
+            )
             .await?;
         let compacted = report.summaries_created > 0;
         let mut reasons = Vec::new();

@@ -858,15 +858,15 @@ impl HostLlmSummarizer {
         max_tokens: u64,
         (system, user): (String, String),
     ) -> Result<String, SummarizeError> {
-        // No caller outside a client's call: the client then has no model to answer with.
-        let scope = CALLER
-            .try_with(|caller| caller.id.clone())
-            .unwrap_or(Value::Null);
         if !self.in_reach() {
             return Err(SummarizeError::Transient(format!(
                 "llm.complete (error {HOST_LLM_ERROR}): no host model in scope: the call did not bring one"
             )));
         }
+        // No caller outside a client's call: the client then has no model to answer with.
+        let scope = CALLER
+            .try_with(|caller| caller.id.clone())
+            .unwrap_or(Value::Null);
         let params = json!({
             "scope": scope,
             "purpose": purpose,

@@ -710,6 +710,16 @@ pub struct IntegrityReport {
 pub(crate) const STAND_IN_SUMMARIES: &str =
     "SELECT count(*) FROM summaries WHERE summarizer LIKE '% in place of %'";
 
+/// Whether a summary was written by a stand-in: the truncation (level `Fallback`), or a
+/// fallback summarizer in place of the configured one ([`stand_in_summarizer`]).
+pub fn written_by_a_stand_in(level: SummaryLevel, summarizer: &str) -> bool {
+    level == SummaryLevel::Fallback || summarizer.contains(" in place of ")
+}
+
+/// [`written_by_a_stand_in`] in SQL, of a summary row aliased `s` (both backends).
+pub(crate) const WRITTEN_BY_A_STAND_IN: &str =
+    "(s.level = 'fallback' OR s.summarizer LIKE '% in place of %')";
+
 /// What a summary's `summarizer` records when `written_by` wrote it in place of `asked`.
 pub fn stand_in_summarizer(written_by: &str, asked: &str) -> String {
     format!("{written_by} in place of {asked}")

@@ -17,6 +17,7 @@ use std::borrow::Cow;
 
 use vilvona_core::summarize::SourceItem;
 
+use crate::extractive::sentences;
 use crate::{PINNED_PREFIX, identifiers};
 
 /// How much of one kind of item a summary request reads, in characters.
@@ -102,25 +103,13 @@ fn ceil_boundary(text: &str, at: usize) -> usize {
     at
 }
 
-/// The lines of a tool's output, or the sentences of prose (a line break or `. `, `? `, `! `
-/// ends one).
+/// The lines of a tool's output, or the sentences of prose (each line cut after `.`, `!` or
+/// `?`, as the extractive summarizer cuts them).
 fn pieces(text: &str, lines_only: bool) -> Vec<&str> {
-    if lines_only {
-        return text.lines().collect();
+    match lines_only {
+        true => text.lines().collect(),
+        false => text.lines().flat_map(sentences).collect(),
     }
-    let mut pieces = Vec::new();
-    let mut start = 0;
-    let bytes = text.as_bytes();
-    for (at, byte) in bytes.iter().enumerate() {
-        let ends = *byte == b'\n'
-            || (matches!(byte, b'.' | b'?' | b'!') && bytes.get(at + 1) == Some(&b' '));
-        if ends {
-            pieces.push(&text[start..=at]);
-            start = at + 1;
-        }
-    }
-    pieces.push(&text[start..]);
-    pieces
 }
 
 /// What a summary request reads of `item`: the whole text when it is short or a summary, else

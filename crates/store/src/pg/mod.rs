@@ -1725,8 +1725,7 @@ impl HistoryStore for PgStore {
             .rows(
                 &format!(
                     "SELECT {SUMMARY_COLUMNS} FROM summaries s
-                     WHERE s.conversation_id = $1
-                       AND (s.level = 'fallback' OR s.summarizer LIKE '% in place of %')
+                     WHERE s.conversation_id = $1 AND {WRITTEN_BY_A_STAND_IN}
                        AND EXISTS (SELECT 1 FROM context_items ci WHERE ci.summary_id = s.id)
                      ORDER BY s.id"
                 ),

@@ -90,21 +90,24 @@ struct LogReading {
 /// (frames appended after the length was read looked missing).
 fn read_log_and_its_claim(path: &Path) -> Option<LogReading> {
     let log = log_path_of(path);
-    let mut claimed = None;
-    let mut read = read_log(&log)?;
     for _ in 0..4 {
         let before = index_header(path);
-        read = read_log(&log)?;
-        if before.is_some() && before == index_header(path) {
-            claimed = before.as_ref().and_then(claimed_len);
-            break;
+        let (length, header) = read_log(&log)?;
+        if before == index_header(path) {
+            let claimed = before.as_ref().and_then(claimed_len);
+            return Some(LogReading {
+                length,
+                header,
+                claimed,
+            });
         }
     }
-    let (length, header) = read;
+    // The index kept changing: other processes are writing, and it claims nothing for sure.
+    let (length, header) = read_log(&log)?;
     Some(LogReading {
         length,
         header,
-        claimed,
+        claimed: None,
     })
 }
 
