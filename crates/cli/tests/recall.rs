@@ -557,7 +557,7 @@ fn the_embedding_model_is_a_file_or_none() {
     let model = state.join("model.safetensors");
     std::fs::copy(
         Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../embed/model/minilm-l6-static-128.safetensors"),
+            .join("../embed/model/minilm-l6-static-192.safetensors"),
         &model,
     )
     .unwrap();

@@ -45,7 +45,7 @@ pub fn chunks_for(role: &str) -> usize {
 }
 
 /// The built-in model's file (see the crate's documentation and the README for its origin).
-const BUILTIN: &[u8] = include_bytes!("../model/minilm-l6-static-128.safetensors");
+const BUILTIN: &[u8] = include_bytes!("../model/minilm-l6-static-192.safetensors");
 
 /// Why a model file could not be used.
 #[derive(Debug, thiserror::Error)]
@@ -436,7 +436,7 @@ impl Vectors {
 }
 
 /// Pairs of dimensions compared as one block (a stored vector's bytes; the built-in model's
-/// 128 dimensions are one).
+/// 192 dimensions are one and a half).
 const BLOCK: usize = 64;
 
 /// `Σ stored × q` over a block of stored bytes (two dimensions each), from the query's even
@@ -528,7 +528,7 @@ mod tests {
     #[test]
     fn the_builtin_model_places_meaning_near_meaning() {
         let model = builtin();
-        assert_eq!(model.dims(), 128);
+        assert_eq!(model.dims(), 192);
         let v = |text: &str| model.embed(text).unwrap();
         let relax = v("painting helps me relax after work");
         assert!(

@@ -1,8 +1,8 @@
 //! Snippets: where a hit's words are in its text, and the excerpt around the densest of them.
 //!
 //! A text or phrase search marks the query's words the way the index matched them: an
-//! alphanumeric word where the text has the same word (case aside), a CJK run wherever the
-//! text holds it. The words are compared while the text is scanned, so a search compiles
+//! alphanumeric word where the text has a word of the same term (case and English inflection
+//! aside), a CJK run wherever the text holds it. The words are compared while the text is scanned, so a search compiles
 //! nothing per query. A regex search marks the regex's own matches.
 
 use std::collections::VecDeque;
@@ -11,7 +11,7 @@ use std::ops::Range;
 use regex::Regex;
 
 use crate::tokenize::floor_boundary;
-use crate::tokenize::{Run, Runs, Word};
+use crate::tokenize::{Run, Runs, Word, word_term};
 
 /// Characters of context before the first match in a snippet.
 const SNIPPET_LEAD: usize = 60;
@@ -29,7 +29,7 @@ const UNMARKED_WORDS: &[&str] = &[
 /// The words of a text or phrase query, ready to be found in a text.
 #[derive(Debug, Default)]
 pub(crate) struct QueryWords {
-    /// Alphanumeric words, lowercased.
+    /// Alphanumeric words, as the index's terms (lowercased, stemmed).
     alphanumeric: Vec<String>,
     /// CJK runs as written (CJK has no case).
     cjk: Vec<String>,
@@ -40,18 +40,25 @@ impl QueryWords {
         let mut found = QueryWords::default();
         for word in words {
             let written = &text[word.start..word.end];
-            let list = if word.cjk {
-                (&mut found.cjk, written.to_owned())
-            } else {
-                (&mut found.alphanumeric, written.to_lowercase())
-            };
-            if !list.0.contains(&list.1) {
-                list.0.push(list.1);
+            if word.cjk {
+                if !found.cjk.iter().any(|held| held == written) {
+                    found.cjk.push(written.to_owned());
+                }
+            } else if !UNMARKED_WORDS.contains(&written.to_lowercase().as_str()) {
+                let term = word_term(written);
+                if !found.alphanumeric.contains(&term) {
+                    found.alphanumeric.push(term);
+                }
             }
         }
-        let telling = |word: &String| !UNMARKED_WORDS.contains(&word.as_str());
-        if found.alphanumeric.iter().any(telling) || !found.cjk.is_empty() {
-            found.alphanumeric.retain(telling);
+        // A query of nothing but words that carry no evidence marks them all.
+        if found.is_empty() {
+            for word in words.iter().filter(|word| !word.cjk) {
+                let term = word_term(&text[word.start..word.end]);
+                if !found.alphanumeric.contains(&term) {
+                    found.alphanumeric.push(term);
+                }
+            }
         }
         found
     }
@@ -62,16 +69,19 @@ impl QueryWords {
 
     /// Whether `written` (a whole alphanumeric word of a text) is one of the query's words.
     fn holds_word(&self, written: &str) -> bool {
-        self.alphanumeric.iter().any(|wanted| {
-            if written.is_ascii() {
-                written.eq_ignore_ascii_case(wanted)
-            } else {
-                written
-                    .chars()
-                    .flat_map(char::to_lowercase)
-                    .eq(wanted.chars())
-            }
-        })
+        // Most words of a text share no first letter with any query word: they are passed
+        // without making their term.
+        let first = |word: &str| word.chars().next().map(|c| c.to_lowercase().next());
+        let initial = first(written);
+        if !self
+            .alphanumeric
+            .iter()
+            .any(|wanted| first(wanted) == initial)
+        {
+            return false;
+        }
+        let term = word_term(written);
+        self.alphanumeric.contains(&term)
     }
 }
 

@@ -81,9 +81,11 @@ pub fn extractive_answer(request: &QuestionRequest, estimator: &dyn TokenEstimat
     })
 }
 
-/// Least similarity in meaning for a sentence to answer a question (the built-in model places
-/// unrelated sentences below 0.3).
-const MEANING_FLOOR: f32 = 0.4;
+/// Least similarity in meaning for a sentence to answer a question (the built-in model, at 192
+/// dimensions, places unrelated sentences below 0.25 and "Painting watercolours at night helps
+/// me relax" at 0.34 from "What does the user do to unwind?"; at 128 dimensions they were 0.3
+/// and 0.41, and the floor 0.4).
+const MEANING_FLOOR: f32 = 0.3;
 /// How far below the best a sentence may be and still be quoted with it.
 const MEANING_SPREAD: f32 = 0.05;
 
@@ -300,6 +302,6 @@ mod tests {
         assert_eq!(answer.text, "Thanks. Painting at night helps me relax.");
         assert_eq!(answer.citations, ["msg_3"]);
         // Nothing near enough: no answer by meaning.
-        assert!(meaning_answer(&request, &HeuristicEstimator, |_| Some(0.3)).is_none());
+        assert!(meaning_answer(&request, &HeuristicEstimator, |_| Some(0.25)).is_none());
     }
 }

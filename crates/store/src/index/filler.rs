@@ -33,12 +33,17 @@ pub(crate) fn embed_rows(
     embedder: &dyn Embedder,
     rows: &[IndexRow],
 ) -> Result<Vec<Vec<u8>>, EmbedError> {
-    let texts: Vec<(&str, usize)> = rows
+    let texts: Vec<(&str, usize, Option<&str>)> = rows
         .iter()
-        .map(|row| (row.text.as_str(), vilvona_embed::chunks_for(&row.role)))
+        .map(|row| {
+            (
+                row.text.as_str(),
+                vilvona_embed::chunks_for(&row.role),
+                row.neighbour.as_deref(),
+            )
+        })
         .collect();
-    Ok(embedder
-        .embed_texts(&texts)?
+    Ok(super::embed_documents(embedder, &texts)?
         .iter()
         .map(|chunks| Vectors::encode(chunks).0)
         .collect())

@@ -3,7 +3,7 @@
 //!
 //! A segment's vectors are read once into memory, in document order (segments never change),
 //! with each document's key and scope values, and kept while the segment is searched.
-//! Comparing a 128-dimension query with a chunk is about 25 ns on one core (four bits a
+//! Comparing a 128-dimension query with a chunk was about 25 ns on one core (four bits a
 //! dimension, whole numbers in 16-bit lanes the compiler vectorises), and pieces of 1,024
 //! documents are compared across the cores, sharing the least score that can still count
 //! (`Floor`). The comparison is exact: the similarities of this model's vectors lie close

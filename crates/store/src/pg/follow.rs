@@ -13,6 +13,7 @@
 //!   second in the background, and before each of its searches. Every other process reads
 //!   the index as last committed, and searches find the rows beyond it in the database.
 
+use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -22,7 +23,9 @@ use super::at;
 use crate::blobs::{BLOB_ID_KEY, INDEXED_BLOB_BYTES};
 use crate::error::{Result, StoreError};
 use crate::index::filler::{FILL_BATCH, VectorFiller};
-use crate::index::{IndexRow, IndexSink, IndexedRow, RecallIndex, SharedEmbedder, Watermark};
+use crate::index::{
+    IndexRow, IndexSink, IndexedRow, RecallIndex, SharedEmbedder, Watermark, neighbour_of,
+};
 
 /// Taken (for the rest of the transaction) before a transaction allocates a row id or a
 /// change-log entry: ids become visible in the order they were allocated.
@@ -278,13 +281,49 @@ impl Follower {
     }
 }
 
-/// A message's indexed text: its own, then (bounded) the text of the files it references.
-async fn message_doc(client: &impl Sql, row: &tokio_postgres::Row) -> Result<IndexRow> {
-    let id: i64 = at(row, 0)?;
-    let json: &str = at(row, 4)?;
-    let mut text = serde_json::from_str::<vilvona_core::AgentMessage>(json)
+/// The neighbour (see `index::neighbour_of`) of a conversation's message at `seq`: the end of
+/// the text of the message before it.
+pub(crate) async fn neighbour_before(
+    client: &impl Sql,
+    conversation: i64,
+    seq: i64,
+) -> Result<Option<String>> {
+    Ok(client
+        .row_opt(
+            "SELECT json FROM messages WHERE conversation_id = $1 AND seq < $2
+             ORDER BY seq DESC LIMIT 1",
+            &[&conversation, &seq],
+        )
+        .await?
+        .map(|before| at::<&str>(&before, 0).map(|json| neighbour_of(&plain_text(json))))
+        .transpose()?
+        .flatten())
+}
+
+/// A message's text, as its document and its next message's neighbour read it.
+fn plain_text(json: &str) -> String {
+    serde_json::from_str::<vilvona_core::AgentMessage>(json)
         .map(|message| message.plain_text())
-        .unwrap_or_default();
+        .unwrap_or_default()
+}
+
+/// A message's indexed text: its own, then (bounded) the text of the files it references;
+/// with its neighbour, from `last` (each conversation's message streamed before it) or read.
+async fn message_doc(
+    client: &impl Sql,
+    row: &tokio_postgres::Row,
+    last: &mut HashMap<i64, Option<String>>,
+) -> Result<IndexRow> {
+    let id: i64 = at(row, 0)?;
+    let conversation: i64 = at(row, 1)?;
+    let json: &str = at(row, 4)?;
+    let seq: i64 = at(row, 6)?;
+    let mut text = plain_text(json);
+    let neighbour = match last.remove(&conversation) {
+        Some(neighbour) => neighbour,
+        None => neighbour_before(client, conversation, seq).await?,
+    };
+    last.insert(conversation, neighbour_of(&text));
     if json.contains(BLOB_ID_KEY) {
         for blob in client
             .rows(
@@ -301,15 +340,18 @@ async fn message_doc(client: &impl Sql, row: &tokio_postgres::Row) -> Result<Ind
     }
     Ok(IndexRow {
         row: IndexedRow::Message(id),
-        conversation: at(row, 1)?,
+        conversation,
         agent: at(row, 2)?,
         role: at(row, 3)?,
         time_ms: at(row, 5)?,
         text,
+        neighbour,
     })
 }
 
-const MESSAGE_DOC: &str = "SELECT m.id, m.conversation_id, c.agent_id, m.role, m.json, m.created_at
+const MESSAGE_DOC: &str =
+    "SELECT m.id, m.conversation_id, c.agent_id, m.role, m.json, m.created_at,
+            m.seq
      FROM messages m JOIN conversations c ON c.id = m.conversation_id";
 const SUMMARY_DOC: &str = "SELECT s.id, s.conversation_id, c.agent_id, s.content,
             coalesce(s.latest_at, s.created_at)
@@ -323,6 +365,7 @@ fn summary_doc(row: &tokio_postgres::Row) -> Result<IndexRow> {
         role: crate::SUMMARY_ROLE.to_owned(),
         time_ms: at(row, 4)?,
         text: at(row, 3)?,
+        neighbour: None,
     })
 }
 
@@ -334,8 +377,9 @@ async fn messages_after(client: &impl Sql, after: i64) -> Result<Vec<IndexRow>> 
         )
         .await?;
     let mut docs = Vec::with_capacity(rows.len());
+    let mut last = HashMap::new();
     for row in &rows {
-        docs.push(message_doc(client, row).await?);
+        docs.push(message_doc(client, row, &mut last).await?);
     }
     Ok(docs)
 }
@@ -360,7 +404,9 @@ async fn doc_of(client: &impl Sql, row: IndexedRow) -> Result<Option<IndexRow>> 
                 .row_opt(&format!("{MESSAGE_DOC} WHERE m.id = $1"), &[&id])
                 .await?
             {
-                Some(found) => Ok(Some(message_doc(client, &found).await?)),
+                Some(found) => Ok(Some(
+                    message_doc(client, &found, &mut HashMap::new()).await?,
+                )),
                 None => Ok(None),
             }
         }

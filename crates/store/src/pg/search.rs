@@ -20,7 +20,7 @@ use crate::search::{
     REGEX_BLOB_BYTES, check_bounds, fuse_hits, match_share, message_hit, query_regex, row_nearness,
     summary_hit, widened, without_unavailable_model,
 };
-use crate::tokenize::words;
+use crate::tokenize::{term_screen, words};
 use crate::types::*;
 use vilvona_embed::Embedder;
 
@@ -139,9 +139,10 @@ async fn word_search(
     if query_words.is_empty() {
         return Ok(Vec::new());
     }
+    // A stemmed term screens by the part every word of it holds.
     let terms: Vec<String> = query_words
         .iter()
-        .flat_map(|word| word.terms.clone())
+        .flat_map(|word| word.terms.iter().map(|term| term_screen(term).to_owned()))
         .collect();
     let query_marks = QueryWords::new(&query.text, &query_words);
     let marks = Marks::Words(&query_marks);
@@ -361,15 +362,28 @@ async fn meaning_search(
                      WHERE m.conversation_id = ANY($1) AND c.agent_id = $2
                        AND ($3::BIGINT IS NULL OR m.created_at >= $3)
                        AND ($4::BIGINT IS NULL OR m.created_at < $4)
-                       AND m.id > $5"
+                       AND m.id > $5
+                     ORDER BY m.id"
                 ),
                 &[&conversations, &query.agent_id, &query.since_ms, &query.before_ms, &through.messages],
             )
             .await?;
+        // Each message's neighbour, as the index's document will have it.
+        let mut last: std::collections::HashMap<i64, Option<String>> =
+            std::collections::HashMap::new();
         for row in rows {
             let message = message_row(&row, 0)?;
             let text = message.text();
-            if let Some(score) = nearness(&text, &message.role) {
+            let conversation = message.conversation.0;
+            let neighbour = match last.remove(&conversation) {
+                Some(neighbour) => neighbour,
+                None => {
+                    super::follow::neighbour_before(client, conversation, message.seq as i64)
+                        .await?
+                }
+            };
+            last.insert(conversation, crate::index::neighbour_of(&text));
+            if let Some(score) = nearness(&text, &message.role, neighbour.as_deref()) {
                 let key = key_of(IndexedRow::Message(message.id.0));
                 let snippet = snippet(&text, marks);
                 found.push((key, score, message_hit(message, score, snippet, None)));
@@ -391,7 +405,7 @@ async fn meaning_search(
             .await?;
         for row in rows {
             let summary = summary_row(&row, 0)?;
-            if let Some(score) = nearness(&summary.content, SUMMARY_ROLE) {
+            if let Some(score) = nearness(&summary.content, SUMMARY_ROLE, None) {
                 let key = key_of(IndexedRow::Summary(summary.row_id.0));
                 found.push((key, score, summary_hit(summary, score, marks)));
             }

@@ -1,13 +1,15 @@
 //! Queries. Each takes a connection (a reader's, or the writer's inside its transaction) and
 //! uses cached statements; none holds a transaction open.
 
+use std::collections::HashMap;
+
 use rusqlite::{Connection, OptionalExtension, Row, params};
 use vilvona_core::message::AgentMessage;
 use vilvona_core::summarize::SummaryKind;
 
 use crate::codec;
 use crate::error::{Result, StoreError};
-use crate::index::{IndexRow, IndexedRow};
+use crate::index::{IndexRow, IndexedRow, neighbour_of};
 use crate::types::*;
 
 const CONVERSATION_COLUMNS: &str = "c.id, c.agent_id, c.session_id, c.session_key, c.active,
@@ -645,24 +647,25 @@ pub(crate) fn state(
         .optional()?)
 }
 
-/// Streams messages with `id > after`, in id order, with their text; returns the ids of rows
-/// that could not be decoded (skipped).
+/// Streams messages with `id > after`, in id order, with their text and neighbours (to index
+/// them); returns the ids of rows that could not be decoded (skipped).
 pub(crate) fn for_each_message_after(
     connection: &Connection,
     after: i64,
     f: impl FnMut(IndexRow) -> Result<()>,
 ) -> Result<Vec<i64>> {
-    for_each_message_after_where(connection, after, |_| true, f)
+    for_each_message_between(connection, after, i64::MAX, Neighbours::Read, |_| true, f)
 }
 
 /// [`for_each_message_after`], skipping (before parsing them) rows whose JSON fails `keep`.
 pub(crate) fn for_each_message_after_where(
     connection: &Connection,
     after: i64,
+    neighbours: Neighbours,
     keep: impl Fn(&str) -> bool + Sync,
     f: impl FnMut(IndexRow) -> Result<()>,
 ) -> Result<Vec<i64>> {
-    for_each_message_between(connection, after, i64::MAX, keep, f)
+    for_each_message_between(connection, after, i64::MAX, neighbours, keep, f)
 }
 
 /// One row as the index holds it (`None` when it no longer exists or cannot be decoded).
@@ -674,11 +677,42 @@ pub(crate) fn index_row(connection: &Connection, row: IndexedRow) -> Result<Opti
     };
     match row {
         IndexedRow::Message(id) => {
-            for_each_message_between(connection, id - 1, id, |_| true, keep)?;
+            for_each_message_between(connection, id - 1, id, Neighbours::Read, |_| true, keep)?;
         }
         IndexedRow::Summary(id) => for_each_summary_between(connection, id - 1, id, keep)?,
     }
     Ok(found)
+}
+
+/// Whether a stream of messages reads each one's neighbour (the message before it), which
+/// only its vectors need.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Neighbours {
+    Read,
+    Skip,
+}
+
+/// The neighbour (see `index::neighbour_of`) of a conversation's message at `seq`: the end of
+/// the text of the message before it.
+pub(crate) fn neighbour_before(
+    connection: &Connection,
+    conversation: i64,
+    seq: i64,
+) -> Result<Option<String>> {
+    let json: Option<Vec<u8>> = connection
+        .prepare_cached(
+            "SELECT json FROM messages WHERE conversation_id = ?1 AND seq < ?2
+             ORDER BY seq DESC LIMIT 1",
+        )?
+        .query_row(params![conversation, seq], |row| row.get(0))
+        .optional()?;
+    let Some(json) = json else {
+        return Ok(None);
+    };
+    let json = codec::decode(connection, &json)?;
+    Ok(serde_json::from_str::<AgentMessage>(&json)
+        .ok()
+        .and_then(|message| neighbour_of(&message.plain_text())))
 }
 
 /// Rows read from SQLite at a time; a batch at least [`PARALLEL_MIN`] long is decoded,
@@ -694,11 +728,14 @@ fn for_each_message_between(
     connection: &Connection,
     after: i64,
     through: i64,
+    neighbours: Neighbours,
     keep: impl Fn(&str) -> bool + Sync,
     mut f: impl FnMut(IndexRow) -> Result<()>,
 ) -> Result<Vec<i64>> {
     use rayon::prelude::*;
-    type Raw = (i64, i64, String, String, i64, Vec<u8>);
+    type Raw = (i64, i64, String, String, i64, Vec<u8>, i64);
+    // Each conversation's last message streamed, as its next message's neighbour.
+    let mut last: HashMap<i64, Option<String>> = HashMap::new();
     /// A row's text and the blobs it references (`None`: screened out), or why it cannot be
     /// decoded.
     type Parsed = rusqlite::Result<Option<(String, Vec<String>)>>;
@@ -719,7 +756,7 @@ fn for_each_message_between(
         }))
     };
     let mut statement = connection.prepare_cached(
-        "SELECT m.id, m.conversation_id, c.agent_id, m.role, m.created_at, m.json
+        "SELECT m.id, m.conversation_id, c.agent_id, m.role, m.created_at, m.json, m.seq
          FROM messages m JOIN conversations c ON c.id = m.conversation_id
          WHERE m.id > ?1 AND m.id <= ?2 ORDER BY m.id",
     )?;
@@ -736,6 +773,7 @@ fn for_each_message_between(
                 row.get(3)?,
                 row.get(4)?,
                 row.get(5)?,
+                row.get(6)?,
             ));
             if batch.len() < BATCH {
                 continue;
@@ -750,7 +788,7 @@ fn for_each_message_between(
         } else {
             batch.iter().zip(dictionaries).map(parse).collect()
         };
-        for ((id, conversation, agent, role, time_ms, _), parsed) in
+        for ((id, conversation, agent, role, time_ms, _, seq), parsed) in
             std::mem::take(&mut batch).into_iter().zip(parsed)
         {
             // One damaged row (a flipped byte in its page) is skipped and named, never a
@@ -764,6 +802,17 @@ fn for_each_message_between(
                     continue;
                 }
             };
+            let neighbour = match neighbours {
+                Neighbours::Read => {
+                    let before = match last.remove(&conversation) {
+                        Some(before) => before,
+                        None => neighbour_before(connection, conversation, seq)?,
+                    };
+                    last.insert(conversation, neighbour_of(&text));
+                    before
+                }
+                Neighbours::Skip => None,
+            };
             super::blobs::indexed_text(connection, &mut text, &blobs)?;
             f(IndexRow {
                 row: IndexedRow::Message(id),
@@ -772,6 +821,7 @@ fn for_each_message_between(
                 role,
                 time_ms,
                 text,
+                neighbour,
             })?;
         }
         if row.is_none() {
@@ -810,6 +860,7 @@ fn for_each_summary_between(
             role: crate::SUMMARY_ROLE.to_owned(),
             time_ms: row.get(3)?,
             text: row.get(4)?,
+            neighbour: None,
         })?;
     }
     Ok(())
@@ -866,7 +917,8 @@ pub(crate) fn integrity_problems(
 /// What integrity_problems checks after the pages: decoding, counts, references, the DAG.
 fn structure_problems(connection: &Connection, report: &mut IntegrityReport) -> Result<()> {
     // Damage inside a row's bytes passes quick_check: every stored message must decode.
-    let undecodable = for_each_message_after_where(connection, 0, |_| false, |_| Ok(()))?;
+    let undecodable =
+        for_each_message_after_where(connection, 0, Neighbours::Skip, |_| false, |_| Ok(()))?;
     if !undecodable.is_empty() {
         let shown: Vec<String> = undecodable.iter().take(10).map(i64::to_string).collect();
         report.problems.push(format!(

@@ -14,7 +14,8 @@ use crate::search::{
     REGEX_BLOB_BYTES, check_bounds, fuse, match_share, message_hit, query_regex, row_nearness,
     summary_hit, widened, without_unavailable_model,
 };
-use crate::tokenize::{Word, words};
+use crate::sqlite::read::Neighbours;
+use crate::tokenize::{Word, term_screen, words};
 use crate::types::*;
 use vilvona_embed::Embedder;
 
@@ -227,7 +228,14 @@ fn meaning_rows(
     if embedder.local() {
         let quantised = vilvona_embed::QueryVector::new(&vector);
         let nearness = row_nearness(embedder, &quantised);
-        rows.extend(rows_after(connection, query, through, |_| true, &nearness)?);
+        rows.extend(rows_after(
+            connection,
+            query,
+            through,
+            Neighbours::Read,
+            |_| true,
+            &nearness,
+        )?);
         rows.extend(archived_rows(connection, query, &nearness)?);
     }
     rows.sort_by(|a, b| {
@@ -248,9 +256,10 @@ fn unindexed_matches(
     through: Watermark,
     best: f32,
 ) -> Result<Vec<(IndexedRow, f32)>> {
+    // A stemmed term screens by the part every word of it holds.
     let all_terms: Vec<String> = query_words
         .iter()
-        .flat_map(|word| word.terms.clone())
+        .flat_map(|word| word.terms.iter().map(|term| term_screen(term).to_owned()))
         .collect();
     // A cheap screen before parsing a row: its JSON, lowercased, must contain the query's terms
     // (any of them for text, all for a phrase). JSON escapes no letter unless asked to: a row
@@ -268,9 +277,14 @@ fn unindexed_matches(
             present.any(|found| found)
         }
     };
-    rows_after(connection, query, through, screen, |text, _| {
-        match_share(query.mode, text, query_words).map(|share| best * share)
-    })
+    rows_after(
+        connection,
+        query,
+        through,
+        Neighbours::Skip,
+        screen,
+        |text, _, _| match_share(query.mode, text, query_words).map(|share| best * share),
+    )
 }
 
 /// Rows beyond the watermark in the query's scope (its agent, conversations, times and
@@ -281,8 +295,9 @@ fn rows_after(
     connection: &Connection,
     query: &SearchQuery,
     through: Watermark,
+    neighbours: Neighbours,
     screen: impl Fn(&str) -> bool + Sync,
-    score: impl Fn(&str, &str) -> Option<f32>,
+    score: impl Fn(&str, &str, Option<&str>) -> Option<f32>,
 ) -> Result<Vec<(IndexedRow, f32)>> {
     let mut found = Vec::new();
     let mut consider = |row: IndexRow| -> Result<()> {
@@ -293,14 +308,20 @@ fn rows_after(
                 .contains(&ConversationId(doc.conversation))
             && query.since_ms.is_none_or(|since| doc.time_ms >= since)
             && query.before_ms.is_none_or(|before| doc.time_ms < before)
-            && let Some(score) = score(doc.text, doc.role)
+            && let Some(score) = score(doc.text, doc.role, doc.neighbour)
         {
             found.push((doc.row, score));
         }
         Ok(())
     };
     if query.target != SearchTarget::Summaries {
-        read::for_each_message_after_where(connection, through.messages, screen, &mut consider)?;
+        read::for_each_message_after_where(
+            connection,
+            through.messages,
+            neighbours,
+            screen,
+            &mut consider,
+        )?;
     }
     if query.target != SearchTarget::Messages {
         read::for_each_summary_after(connection, through.summaries, &mut consider)?;
@@ -316,7 +337,7 @@ fn archived_matches(
     query_words: &[Word],
     best: f32,
 ) -> Result<Vec<(IndexedRow, f32)>> {
-    archived_rows(connection, query, |text, _| {
+    archived_rows(connection, query, |text, _, _| {
         match_share(query.mode, text, query_words).map(|share| best * share)
     })
 }
@@ -326,7 +347,7 @@ fn archived_matches(
 fn archived_rows(
     connection: &Connection,
     query: &SearchQuery,
-    score: impl Fn(&str, &str) -> Option<f32>,
+    score: impl Fn(&str, &str, Option<&str>) -> Option<f32>,
 ) -> Result<Vec<(IndexedRow, f32)>> {
     let archived = read::archived_conversations(connection)?;
     let mut found = Vec::new();
@@ -337,7 +358,7 @@ fn archived_rows(
         if query.target != SearchTarget::Summaries {
             // Rows on damaged pages are skipped (and counted in the log), as text search does.
             read::for_each_message_in(connection, *conversation, query, |message| {
-                if let Some(score) = score(&message.text(), &message.role) {
+                if let Some(score) = score(&message.text(), &message.role, None) {
                     found.push((IndexedRow::Message(message.id.0), score));
                 }
                 Ok(true)
@@ -345,7 +366,7 @@ fn archived_rows(
         }
         if query.target != SearchTarget::Messages {
             read::for_each_summary_in(connection, *conversation, query, |summary| {
-                if let Some(score) = score(&summary.content, SUMMARY_ROLE) {
+                if let Some(score) = score(&summary.content, SUMMARY_ROLE, None) {
                     found.push((IndexedRow::Summary(summary.row_id.0), score));
                 }
                 Ok(true)

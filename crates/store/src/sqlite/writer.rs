@@ -19,7 +19,7 @@ use super::{archive, blobs, forget, read};
 use crate::codec::{self, EncoderSlot};
 use crate::error::{Result, StoreError};
 use crate::index::filler::{FILL_BATCH, VectorFiller, embed_rows};
-use crate::index::{IndexDoc, IndexRow, IndexSink, IndexSlot, IndexedRow};
+use crate::index::{IndexDoc, IndexRow, IndexSink, IndexSlot, IndexedRow, neighbour_of};
 use crate::rows::{POSITION_STEP, PreparedMessage, hex16, sequence_key, summary_id};
 use crate::types::*;
 use vilvona_core::archive::{ImportReport, SessionArchive};
@@ -890,6 +890,8 @@ impl Writer {
                 let id = next_id;
                 next_id += 1;
                 let mut message = message;
+                // The next message's neighbour: this one's own text, before any file's.
+                let tail = neighbour_of(&message.text);
                 if !message.blobs.is_empty() {
                     blobs::record_references(&transaction, id, conversation, &message.blobs)?;
                     blobs::indexed_text(transaction.reader(), &mut message.text, &message.blobs)?;
@@ -906,9 +908,9 @@ impl Writer {
                     ingested: true,
                 });
                 added_tokens += message.tokens as i64;
+                created.push((id, message, next_seq, tail));
                 next_seq += 1;
                 next_position += POSITION_STEP;
-                created.push((id, message));
             }
         }
         if !created.is_empty() {
@@ -931,15 +933,30 @@ impl Writer {
             }
         }
         transaction.commit()?;
+        // Each message's neighbour: the one created before it, or for the first, the
+        // conversation's message before it.
+        let first_neighbour = match created.first() {
+            Some((_, _, seq, _))
+                if self.sink.is_some() && self.index.current().embedder().is_some() =>
+            {
+                read::neighbour_before(&self.connection, conversation.0, *seq)?
+            }
+            _ => None,
+        };
+        let neighbours: Vec<Option<&str>> = std::iter::once(first_neighbour.as_deref())
+            .chain(created.iter().map(|(.., tail)| tail.as_deref()))
+            .collect();
         let docs: Vec<IndexDoc<'_>> = created
             .iter()
-            .map(|(id, message)| IndexDoc {
+            .zip(neighbours)
+            .map(|((id, message, ..), neighbour)| IndexDoc {
                 row: IndexedRow::Message(*id),
                 conversation: conversation.0,
                 agent: &agent,
                 role: &message.role,
                 time_ms: message.created_at_ms,
                 text: &message.text,
+                neighbour,
             })
             .collect();
         self.index_committed(&docs)?;
@@ -1056,6 +1073,7 @@ impl Writer {
             role: crate::SUMMARY_ROLE,
             time_ms: stored.latest_at_ms.unwrap_or(created_at),
             text: &stored.content,
+            neighbour: None,
         }])?;
         Ok(ReplaceOutcome::Replaced(stored))
     }
