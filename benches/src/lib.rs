@@ -8,6 +8,7 @@
 //! and subtracted from compaction time.
 
 pub mod economics;
+pub mod locomo;
 pub mod meaning;
 
 use std::path::{Path, PathBuf};

@@ -11,7 +11,9 @@ use serde::Serialize;
 use serde_json::json;
 use vilvona_core::engine::{ContextEngine, IngestBatchParams};
 use vilvona_core::tokens::{HeuristicEstimator, TokenEstimator};
-use vilvona_lossless::{CompactionRequest, LosslessConfig, LosslessEngine, ToolCaller};
+use vilvona_lossless::{
+    CompactionRequest, EmbeddingSelection, LosslessConfig, LosslessEngine, ToolCaller,
+};
 use vilvona_store::{SearchMode, SearchOrder, SearchQuery, SearchTarget};
 use vilvona_summarize::ExtractiveSummarizer;
 use vilvona_workload::meaning::{PROBES, Planted, plant};
@@ -65,18 +67,7 @@ pub async fn evaluate(turns: usize, seed: u64, progress: impl Fn(&str)) -> Resul
     let mut workload = vilvona_workload::generate(turns, seed, 0);
     let planted = plant(&mut workload, PROBES);
     let dir = tempfile::TempDir::new()?;
-    let estimator: Arc<dyn TokenEstimator> = Arc::new(HeuristicEstimator);
-    let config = LosslessConfig {
-        default_token_budget: BUDGET,
-        store_dir: Some(dir.path().join("store").display().to_string()),
-        ..LosslessConfig::default()
-    };
-    let store = config
-        .open_store(None, false, false)
-        .await
-        .map_err(|error| anyhow!("opening the store: {error}"))?;
-    let summarizer = Arc::new(ExtractiveSummarizer::new(estimator.clone()));
-    let engine = LosslessEngine::new(store, summarizer, estimator, config);
+    let engine = extractive_engine(dir.path(), BUDGET, &EmbeddingSelection::default()).await?;
     let (session, key) = ("meaning", "agent:main:meaning");
     let conversation = engine.conversation(session, Some(key)).await?;
     for turn in 0..workload.turns.len() {
@@ -160,6 +151,28 @@ pub async fn evaluate(turns: usize, seed: u64, progress: impl Fn(&str)) -> Resul
         }
     }
     Ok(figures)
+}
+
+/// A lossless engine with the extractive summarizer, its store in `dir`, compacting to
+/// `budget`, embedding with `embedding`: the recall evaluations' engine.
+pub async fn extractive_engine(
+    dir: &std::path::Path,
+    budget: u64,
+    embedding: &EmbeddingSelection,
+) -> Result<LosslessEngine> {
+    let estimator: Arc<dyn TokenEstimator> = Arc::new(HeuristicEstimator);
+    let config = LosslessConfig {
+        default_token_budget: budget,
+        store_dir: Some(dir.join("store").display().to_string()),
+        embedding: embedding.clone(),
+        ..LosslessConfig::default()
+    };
+    let store = config
+        .open_store(None, false, false)
+        .await
+        .map_err(|error| anyhow!("opening the store: {error}"))?;
+    let summarizer = Arc::new(ExtractiveSummarizer::new(estimator.clone()));
+    Ok(LosslessEngine::new(store, summarizer, estimator, config))
 }
 
 /// The id (`msg_N`) of the message that states `statement` (found by phrase).
