@@ -162,6 +162,32 @@ fn benches(c: &mut Criterion) {
         tokens.bench_function(name, |b| b.iter(|| estimator.text_tokens(&text)));
     }
     tokens.finish();
+
+    // Search by meaning compares the query with every stored chunk vector: 1,000 chunks of
+    // the built-in model's (four bits a dimension), as one document's worth each.
+    let model = vilvona_embed::builtin();
+    let sentences: Vec<String> = (0..1_000)
+        .map(|at| format!("The {at}th sentence about deployment budgets and retry windows."))
+        .collect();
+    let stored: Vec<Vec<u8>> = sentences
+        .iter()
+        .map(|sentence| vilvona_embed::Vectors::encode(&model.embed_chunks(sentence, 1)).0)
+        .collect();
+    let query = vilvona_embed::QueryVector::new(
+        &model
+            .embed("when is the deployment window")
+            .unwrap_or_default(),
+    );
+    let mut meaning = c.benchmark_group("meaning");
+    meaning.bench_function("compare_1000_chunks", |b| {
+        b.iter(|| {
+            stored
+                .iter()
+                .filter_map(|bytes| vilvona_embed::Vectors::best_similarity(bytes, &query))
+                .fold(f32::MIN, f32::max)
+        })
+    });
+    meaning.finish();
 }
 
 criterion_group!(engine, benches);
