@@ -7,7 +7,9 @@
 //! needle answers present verbatim in one final assembly. The summarizer's own time is measured
 //! and subtracted from compaction time.
 
+pub mod cells;
 pub mod economics;
+pub mod hold;
 pub mod locomo;
 pub mod meaning;
 
@@ -183,17 +185,27 @@ pub struct Figures {
     /// Peak resident memory through ingest, compaction, assembly and grep: before the
     /// integrity check and the index's merge into one segment at the end.
     pub peak_rss_before_maintenance_mib: f64,
+    /// Resident memory after grep, before that maintenance: the process's own (heap, stacks:
+    /// Linux `RssAnon`) and the pages of mapped files it holds (`RssFile`: the index's files,
+    /// which the kernel can drop and read again).
+    pub rss_anon_after_grep_mib: f64,
+    pub rss_file_after_grep_mib: f64,
     pub wall_s: f64,
 }
 
 /// Peak resident memory of this process (Linux `VmHWM`), in MiB.
 pub fn peak_rss_mib() -> f64 {
+    status_mib("VmHWM:")
+}
+
+/// A memory figure of this process's `/proc/self/status` (Linux), in MiB; 0 elsewhere.
+fn status_mib(field: &str) -> f64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|status| {
             status
                 .lines()
-                .find_map(|line| line.strip_prefix("VmHWM:"))
+                .find_map(|line| line.strip_prefix(field))
                 .and_then(|value| {
                     value
                         .trim()
@@ -557,7 +569,12 @@ pub async fn run(options: &RunOptions) -> Result<Figures> {
             assemble.push(begin.elapsed());
         }
         if options.progress_every > 0 && (index + 1) % options.progress_every == 0 {
-            eprintln!("  {} turns", index + 1);
+            eprintln!(
+                "  {} turns (resident: {:.0} MiB own, {:.0} MiB of mapped files)",
+                index + 1,
+                status_mib("RssAnon:"),
+                status_mib("RssFile:")
+            );
         }
         index += 1;
     }
@@ -666,6 +683,8 @@ pub async fn run(options: &RunOptions) -> Result<Figures> {
         .count();
 
     let peak_rss_before_maintenance_mib = peak_rss_mib();
+    let (rss_anon_after_grep_mib, rss_file_after_grep_mib) =
+        (status_mib("RssAnon:"), status_mib("RssFile:"));
     let items = engine.store().context(conversation.id).await?;
     let mut by_depth = std::collections::BTreeMap::new();
     let integrity = engine.store().integrity_check().await?;
@@ -750,6 +769,8 @@ pub async fn run(options: &RunOptions) -> Result<Figures> {
         store_to_transcript_merged: ratio(store_bytes_merged, transcript_bytes),
         peak_rss_mib: peak_rss_mib(),
         peak_rss_before_maintenance_mib,
+        rss_anon_after_grep_mib,
+        rss_file_after_grep_mib,
         wall_s: started.elapsed().as_secs_f64(),
     })
 }
@@ -892,6 +913,13 @@ pub fn table(figures: &Figures) -> String {
             format!(
                 "{:.0} MiB ({:.0} MiB before the maintenance at the end)",
                 figures.peak_rss_mib, figures.peak_rss_before_maintenance_mib,
+            ),
+        ),
+        (
+            "resident after grep",
+            format!(
+                "{:.0} MiB own (heap), {:.0} MiB of mapped files",
+                figures.rss_anon_after_grep_mib, figures.rss_file_after_grep_mib,
             ),
         ),
         ("wall time", format!("{:.1} s", figures.wall_s)),

@@ -1,5 +1,6 @@
 //! `workload --transcript FILE --needles FILE [--summarizer fake|extractive] [--concurrent-grep]
-//! [--json]`
+//! [--json] [--hold RECORDED.json]`, or `workload --generate TURNS …` (the workload crate's own
+//! generator, seed 7, ten needles: no Python).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -10,10 +11,18 @@ use vilvona_benches::{RunOptions, SummarizerChoice, run, table, to_json};
 #[derive(Parser, Debug)]
 #[command(about = "Runs the reference workload through vilvona's store and lossless engine")]
 struct Args {
-    #[arg(long)]
-    transcript: PathBuf,
-    #[arg(long)]
-    needles: PathBuf,
+    #[arg(long, required_unless_present = "generate")]
+    transcript: Option<PathBuf>,
+    #[arg(long, required_unless_present = "generate")]
+    needles: Option<PathBuf>,
+    /// Instead of --transcript and --needles: a session of TURNS turns made by the workload
+    /// crate's generator (seed 7, ten needles), written to a temporary directory first.
+    #[arg(long, value_name = "TURNS", conflicts_with_all = ["transcript", "needles"])]
+    generate: Option<usize>,
+    /// Hold the run's figures against these (a `--json` document of an earlier run): print
+    /// each held figure and fail when one is past its margin (see `vilvona_benches::hold`).
+    #[arg(long, value_name = "RECORDED")]
+    hold: Option<PathBuf>,
     #[arg(long, value_enum, default_value_t = SummarizerChoice::Fake)]
     summarizer: SummarizerChoice,
     /// Keep the store here instead of a temporary directory.
@@ -62,11 +71,11 @@ struct Args {
 async fn main() -> ExitCode {
     let args = Args::parse();
     if args.probe_grep {
-        let Some(store_dir) = &args.store_dir else {
-            eprintln!("workload: --probe-grep needs --store-dir");
+        let (Some(store_dir), Some(needles)) = (&args.store_dir, &args.needles) else {
+            eprintln!("workload: --probe-grep needs --store-dir and --needles");
             return ExitCode::FAILURE;
         };
-        return match vilvona_benches::probe_grep(store_dir, &args.needles).await {
+        return match vilvona_benches::probe_grep(store_dir, needles).await {
             Ok(()) => ExitCode::SUCCESS,
             Err(error) => {
                 eprintln!("workload probe: {error:#}");
@@ -91,9 +100,33 @@ async fn main() -> ExitCode {
         );
         return ExitCode::FAILURE;
     }
+    let generated = match args.generate.map(generate) {
+        Some(Ok(generated)) => Some(generated),
+        Some(Err(error)) => {
+            eprintln!("workload: generating the session: {error:#}");
+            return ExitCode::FAILURE;
+        }
+        None => None,
+    };
+    let (transcript, needles) = match (&generated, args.transcript, args.needles) {
+        (Some(dir), _, _) => (
+            dir.path().join("session.jsonl"),
+            dir.path().join("needles.json"),
+        ),
+        (None, Some(transcript), Some(needles)) => (transcript, needles),
+        // clap requires both without --generate.
+        _ => return ExitCode::FAILURE,
+    };
+    let recorded = match args.hold.as_deref().map(read_json).transpose() {
+        Ok(recorded) => recorded,
+        Err(error) => {
+            eprintln!("workload: {error:#}");
+            return ExitCode::FAILURE;
+        }
+    };
     let options = RunOptions {
-        transcript: args.transcript,
-        needles: args.needles,
+        transcript,
+        needles,
         summarizer: args.summarizer,
         store_dir: args.store_dir,
         store_url: args.store_url,
@@ -121,6 +154,27 @@ async fn main() -> ExitCode {
         return print_json(vilvona_benches::run_forget(&options, sessions).await);
     }
     match run(&options).await {
+        Ok(figures) if recorded.is_some() => {
+            print!("{}", table(&figures));
+            let held = to_json(&figures).and_then(|now| {
+                vilvona_benches::hold::hold(&now, recorded.as_ref().unwrap_or(&now))
+            });
+            match held {
+                Ok(held) => {
+                    print!("{}", vilvona_benches::hold::report(&held));
+                    if held.iter().all(|held| held.holds) {
+                        ExitCode::SUCCESS
+                    } else {
+                        eprintln!("workload: figures past their margins (BROKEN above)");
+                        ExitCode::FAILURE
+                    }
+                }
+                Err(error) => {
+                    eprintln!("workload: {error:#}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
         Ok(figures) if args.json => print_json(to_json(&figures)),
         Ok(figures) => {
             print!("{}", table(&figures));
@@ -131,6 +185,25 @@ async fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// A temporary directory holding `session.jsonl` and `needles.json` of `turns` generated turns.
+fn generate(turns: usize) -> anyhow::Result<tempfile::TempDir> {
+    let dir = tempfile::tempdir()?;
+    let workload = vilvona_workload::generate(turns, 7, 10);
+    std::fs::write(dir.path().join("session.jsonl"), workload.to_jsonl())?;
+    std::fs::write(
+        dir.path().join("needles.json"),
+        serde_json::to_string_pretty(&workload.needles)?,
+    )?;
+    Ok(dir)
+}
+
+fn read_json(path: &std::path::Path) -> anyhow::Result<serde_json::Value> {
+    use anyhow::Context;
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))
 }
 
 /// Prints figures as one JSON document, or the error.
