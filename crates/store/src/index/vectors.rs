@@ -3,7 +3,7 @@
 //!
 //! A segment's vectors are read once into memory, in document order (segments never change),
 //! with each document's key and scope values, and kept while the segment is searched.
-//! Comparing a 128-dimension query with a chunk was about 25 ns on one core (four bits a
+//! Comparing a 192-dimension query with a chunk is about 16–35 ns on one core (four bits a
 //! dimension, whole numbers in 16-bit lanes the compiler vectorises), and pieces of 1,024
 //! documents are compared across the cores, sharing the least score that can still count
 //! (`Floor`). The comparison is exact: the similarities of this model's vectors lie close
@@ -11,10 +11,10 @@
 //! rest of a vector prune almost nothing, and a cheaper first pass to pick whom to compare
 //! exactly (the first 32 or 64 dimensions, or one bit a dimension) kept only 61–90 % of the
 //! best 60 even when it passed on 20 times as many (BENCHMARKS.md). The work grows with the
-//! scope: a scope of 5,000 turns (27,000 documents, 78,000 chunks) is about 2 ms of one
-//! core's time (callgrind counts are in BENCHMARKS.md). Past a few times that, an approximate
-//! nearest-neighbour index over the chunks (HNSW, e.g. the `hnsw_rs` or `instant-distance`
-//! crates) would answer sooner, at the price of which rows are returned; nothing here has one.
+//! scope. An inverted file over the chunks was measured (`vilvona_benches::cells`): to keep
+//! 0.95 of this search's ten best it compares about a quarter of the chunks, a constant factor,
+//! so nothing here has one; a graph index (HNSW) over vectors kept on disk is what would answer
+//! in time that does not grow with the history (BENCHMARKS.md, "Months of history").
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};

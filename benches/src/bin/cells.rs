@@ -1,0 +1,71 @@
+//! `cells --transcript FILE --needles FILE [--cells 256,1024] [--probe 16,64] [--json]`: how
+//! much of exact search's top ten an inverted file over the built-in model's vectors keeps,
+//! and at what share of the work (see `vilvona_benches::cells`).
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Parser;
+
+#[derive(Parser, Debug)]
+#[command(
+    about = "Measures an inverted file (IVF) over the built-in model's vectors against exact search"
+)]
+struct Args {
+    #[arg(long)]
+    transcript: PathBuf,
+    #[arg(long)]
+    needles: PathBuf,
+    /// Codebook sizes tried.
+    #[arg(long, value_delimiter = ',', default_values_t = [256, 1024])]
+    cells: Vec<usize>,
+    /// Numbers of cells probed per query.
+    #[arg(long, value_delimiter = ',', default_values_t = [16, 32, 64, 128])]
+    probe: Vec<usize>,
+    /// Print one JSON document instead of the table.
+    #[arg(long)]
+    json: bool,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let corpus = match vilvona_benches::cells::corpus(&args.transcript, &args.needles) {
+        Ok(corpus) => corpus,
+        Err(error) => {
+            eprintln!("cells: {error:#}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let chunks: usize = corpus.documents.iter().map(Vec::len).sum();
+    eprintln!(
+        "{} documents, {chunks} chunks, {} queries ({} needles)",
+        corpus.documents.len(),
+        corpus.queries.len(),
+        corpus.needle_queries
+    );
+    let rows = vilvona_benches::cells::evaluate(&corpus, &args.cells, &args.probe);
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&rows).unwrap_or_default()
+        );
+        return ExitCode::SUCCESS;
+    }
+    println!(
+        "| cells | filed in | probed | needles' top 10 kept | questions' top 10 kept | chunks compared | largest cell |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    for row in rows {
+        println!(
+            "| {} | {} | {} | {:.3} | {:.3} | {:.1} % | {:.1} % |",
+            row.cells,
+            row.filed_in,
+            row.probed,
+            row.needles_recall,
+            row.questions_recall,
+            row.compared * 100.0,
+            row.largest_cell * 100.0
+        );
+    }
+    ExitCode::SUCCESS
+}

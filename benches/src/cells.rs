@@ -1,0 +1,372 @@
+//! Would an inverted file (IVF) make search by meaning sub-linear for the built-in model?
+//! `cells --transcript FILE --needles FILE` measures it: every message's chunk vectors (as the
+//! index stores them, neighbour vectors aside), the exact best ten documents for each needle's
+//! query and each paraphrase question of `vilvona_workload::meaning::PROBES` (their statements
+//! added as messages), then, for codebooks of several sizes trained by spherical k-means on a
+//! sample of the vectors, how many of those ten an IVF search finds when it compares only the
+//! chunks filed in the cells nearest the query, and what share of all chunks that is.
+//!
+//! Nothing in the store uses this: it is the measurement a design was chosen by
+//! (BENCHMARKS.md, "Months of history").
+
+use std::collections::HashSet;
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use rayon::prelude::*;
+use serde::Serialize;
+use vilvona_embed::chunks_for;
+
+/// A vector space's cells: `cells × dims` unit centres.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Codebook {
+    dims: usize,
+    centres: Vec<f32>,
+}
+
+impl Codebook {
+    /// The codebook of `dims`-dimensional centres laid out one after another; `None` when the
+    /// values are not whole centres or there are none.
+    pub fn new(dims: usize, centres: Vec<f32>) -> Option<Codebook> {
+        (dims > 0 && !centres.is_empty() && centres.len().is_multiple_of(dims))
+            .then_some(Codebook { dims, centres })
+    }
+
+    /// Trains `cells` centres on unit vectors by spherical k-means: the first centres are
+    /// vectors spread evenly through `vectors`, then each round moves every centre to the
+    /// normalised mean of the vectors nearest it (a centre left with none keeps its place).
+    /// Deterministic: the same vectors give the same codebook.
+    pub fn train(vectors: &[Vec<f32>], cells: usize, rounds: usize) -> Option<Codebook> {
+        let dims = vectors.first()?.len();
+        let cells = cells.min(vectors.len()).max(1);
+        let mut centres: Vec<f32> = (0..cells)
+            .flat_map(|cell| vectors[cell * vectors.len() / cells].iter().copied())
+            .collect();
+        for _ in 0..rounds {
+            let codebook = Codebook {
+                dims,
+                centres: centres.clone(),
+            };
+            let mut sums = vec![0.0_f32; cells * dims];
+            for vector in vectors {
+                let cell = codebook.cell_of(vector) as usize;
+                for (sum, x) in sums[cell * dims..(cell + 1) * dims].iter_mut().zip(vector) {
+                    *sum += x;
+                }
+            }
+            for (cell, sum) in sums.chunks_exact(dims).enumerate() {
+                let norm = sum.iter().map(|x| x * x).sum::<f32>().sqrt();
+                if norm > 0.0 {
+                    for (centre, x) in centres[cell * dims..(cell + 1) * dims].iter_mut().zip(sum) {
+                        *centre = x / norm;
+                    }
+                }
+            }
+        }
+        Codebook::new(dims, centres)
+    }
+
+    /// Dimensions of the centres.
+    pub fn dims(&self) -> usize {
+        self.dims
+    }
+
+    /// Number of cells.
+    pub fn cells(&self) -> usize {
+        self.centres.len() / self.dims
+    }
+
+    /// The centres, one after another.
+    pub fn centres(&self) -> &[f32] {
+        &self.centres
+    }
+
+    fn scores<'a>(&'a self, vector: &'a [f32]) -> impl Iterator<Item = f32> + 'a {
+        self.centres
+            .chunks_exact(self.dims)
+            .map(move |centre| dot(centre, vector))
+    }
+
+    /// The cell a vector belongs to (0 for a vector of other dimensions).
+    pub fn cell_of(&self, vector: &[f32]) -> u32 {
+        if vector.len() != self.dims {
+            return 0;
+        }
+        let mut best = (0, f32::MIN);
+        for (cell, score) in self.scores(vector).enumerate() {
+            if score > best.1 {
+                best = (cell, score);
+            }
+        }
+        best.0 as u32
+    }
+
+    /// The `count` cells whose centres are nearest `vector`, nearest first.
+    pub fn nearest(&self, vector: &[f32], count: usize) -> Vec<u32> {
+        if vector.len() != self.dims {
+            return Vec::new();
+        }
+        let mut scored: Vec<(f32, u32)> = self
+            .scores(vector)
+            .enumerate()
+            .map(|(cell, score)| (score, cell as u32))
+            .collect();
+        scored.sort_unstable_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+        scored.truncate(count);
+        scored.into_iter().map(|(_, cell)| cell).collect()
+    }
+}
+
+/// One codebook's outcome at one number of cells probed.
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Probed {
+    pub cells: usize,
+    /// Cells each chunk is filed in (2: in its nearest two, "spilled").
+    pub filed_in: usize,
+    pub probed: usize,
+    /// Of exact search's ten best documents, the share found (needles' queries; questions).
+    pub needles_recall: f64,
+    pub questions_recall: f64,
+    /// Chunk entries compared, as a share of all chunks (the exact search's work is 1).
+    pub compared: f64,
+    /// The largest cell's entries, as a share of all.
+    pub largest_cell: f64,
+}
+
+/// The documents' chunk vectors and the queries (needles first), read and embedded.
+#[derive(Debug)]
+pub struct Corpus {
+    pub documents: Vec<Vec<Vec<f32>>>,
+    pub queries: Vec<Vec<f32>>,
+    pub needle_queries: usize,
+}
+
+/// Reads an OpenClaw transcript's messages and a needles file, and embeds them with the
+/// built-in model; the paraphrase set's statements are added as messages, its questions as
+/// queries.
+pub fn corpus(transcript: &Path, needles: &Path) -> Result<Corpus> {
+    let model = vilvona_embed::builtin();
+    let text = std::fs::read_to_string(transcript)
+        .with_context(|| format!("reading {}", transcript.display()))?;
+    let messages: Vec<(String, String)> = text
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .filter(|entry| entry["type"] == "message")
+        .map(|entry| {
+            let message = &entry["message"];
+            let text = match &message["content"] {
+                serde_json::Value::String(text) => text.clone(),
+                serde_json::Value::Array(parts) => parts
+                    .iter()
+                    .filter_map(|part| part["text"].as_str())
+                    .collect::<Vec<_>>()
+                    .join("\n"),
+                _ => String::new(),
+            };
+            (message["role"].as_str().unwrap_or("").to_owned(), text)
+        })
+        .collect();
+    let mut documents: Vec<Vec<Vec<f32>>> = messages
+        .par_iter()
+        .map(|(role, text)| model.embed_chunks(text, chunks_for(role)))
+        .collect();
+    let probes = vilvona_workload::meaning::PROBES;
+    documents.extend(
+        probes
+            .iter()
+            .map(|probe| model.embed_chunks(probe.statement, 8)),
+    );
+    let needles: Vec<crate::Needle> = serde_json::from_str(
+        &std::fs::read_to_string(needles)
+            .with_context(|| format!("reading {}", needles.display()))?,
+    )?;
+    let mut queries: Vec<Vec<f32>> = needles
+        .iter()
+        .filter_map(|n| model.embed(&n.query))
+        .collect();
+    let needle_queries = queries.len();
+    queries.extend(
+        probes
+            .iter()
+            .filter_map(|probe| model.embed(probe.question)),
+    );
+    Ok(Corpus {
+        documents,
+        queries,
+        needle_queries,
+    })
+}
+
+/// The best similarity of a document's chunks that pass `filter`.
+fn best(chunks: &[Vec<f32>], query: &[f32], filter: impl Fn(usize) -> bool) -> Option<f32> {
+    chunks
+        .iter()
+        .enumerate()
+        .filter(|(at, _)| filter(*at))
+        .map(|(_, chunk)| dot(chunk, query))
+        .reduce(f32::max)
+}
+
+/// The ten best documents, best first.
+fn ten_best(scores: impl Iterator<Item = (f32, usize)>) -> Vec<usize> {
+    let mut scores: Vec<(f32, usize)> = scores.collect();
+    scores.sort_unstable_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+    scores.into_iter().take(10).map(|(_, doc)| doc).collect()
+}
+
+/// IVF against exact search, for each number of cells (a codebook trained on 40 vectors a
+/// cell, 8 rounds), chunks filed in 1 or 2 cells, and each number of cells probed.
+pub fn evaluate(corpus: &Corpus, cell_counts: &[usize], probes: &[usize]) -> Vec<Probed> {
+    let exact: Vec<Vec<usize>> = corpus
+        .queries
+        .par_iter()
+        .map(|query| {
+            ten_best(
+                corpus
+                    .documents
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(doc, chunks)| {
+                        best(chunks, query, |_| true).map(|score| (score, doc))
+                    }),
+            )
+        })
+        .collect();
+    let all: Vec<&Vec<f32>> = corpus.documents.iter().flatten().collect();
+    let mut rows = Vec::new();
+    for &cells in cell_counts {
+        let sample: Vec<Vec<f32>> = all
+            .iter()
+            .step_by((all.len() / (cells * 40)).max(1))
+            .map(|vector| (*vector).clone())
+            .collect();
+        let Some(codebook) = Codebook::train(&sample, cells, 8) else {
+            continue;
+        };
+        for filed_in in [1, 2] {
+            // Per document, per chunk, the cells it is filed in.
+            let filed: Vec<Vec<Vec<u32>>> = corpus
+                .documents
+                .par_iter()
+                .map(|chunks| {
+                    chunks
+                        .iter()
+                        .map(|chunk| codebook.nearest(chunk, filed_in))
+                        .collect()
+                })
+                .collect();
+            let mut sizes = vec![0_usize; codebook.cells()];
+            for cell in filed.iter().flatten().flatten() {
+                sizes[*cell as usize] += 1;
+            }
+            let entries: usize = sizes.iter().sum();
+            for &probed in probes {
+                let outcome: Vec<(usize, usize, usize)> = corpus
+                    .queries
+                    .par_iter()
+                    .zip(&exact)
+                    .map(|(query, exact)| {
+                        let near: HashSet<u32> =
+                            codebook.nearest(query, probed).into_iter().collect();
+                        let compared: usize = near.iter().map(|cell| sizes[*cell as usize]).sum();
+                        let found = ten_best(corpus.documents.iter().enumerate().filter_map(
+                            |(doc, chunks)| {
+                                let cells = &filed[doc];
+                                best(chunks, query, |at| {
+                                    cells[at].iter().any(|c| near.contains(c))
+                                })
+                                .map(|score| (score, doc))
+                            },
+                        ));
+                        let kept = exact.iter().filter(|doc| found.contains(doc)).count();
+                        (kept, exact.len(), compared)
+                    })
+                    .collect();
+                let recall = |range: std::ops::Range<usize>| {
+                    let (kept, of) = outcome[range]
+                        .iter()
+                        .fold((0, 0), |(kept, of), row| (kept + row.0, of + row.1));
+                    kept as f64 / of.max(1) as f64
+                };
+                rows.push(Probed {
+                    cells,
+                    filed_in,
+                    probed,
+                    needles_recall: recall(0..corpus.needle_queries),
+                    questions_recall: recall(corpus.needle_queries..outcome.len()),
+                    compared: outcome.iter().map(|row| row.2).sum::<usize>() as f64
+                        / outcome.len().max(1) as f64
+                        / all.len().max(1) as f64,
+                    largest_cell: sizes.iter().copied().max().unwrap_or(0) as f64
+                        / entries.max(1) as f64,
+                });
+            }
+        }
+    }
+    rows
+}
+
+/// `Σ a × b`, eight sums apart (so that the compiler makes it a vector loop).
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut lanes = [0.0_f32; 8];
+    let (a_blocks, a_tail) = a.as_chunks::<8>();
+    let (b_blocks, b_tail) = b.as_chunks::<8>();
+    for (a, b) in a_blocks.iter().zip(b_blocks) {
+        for lane in 0..8 {
+            lanes[lane] += a[lane] * b[lane];
+        }
+    }
+    lanes.iter().sum::<f32>() + a_tail.iter().zip(b_tail).map(|(a, b)| a * b).sum::<f32>()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn unit(values: &[f32]) -> Vec<f32> {
+        let norm = values.iter().map(|x| x * x).sum::<f32>().sqrt();
+        values.iter().map(|x| x / norm).collect()
+    }
+
+    #[test]
+    fn training_finds_the_groups_of_vectors() {
+        // Three groups around three directions, interleaved.
+        let directions = [
+            [1.0, 0.0, 0.0, 0.0],
+            [0.0, 1.0, 0.0, 0.0],
+            [0.0, 0.0, 0.0, 1.0],
+        ];
+        let vectors: Vec<Vec<f32>> = (0..300)
+            .map(|at| {
+                let mut vector = directions[at % 3].to_vec();
+                vector[2] = (at % 7) as f32 * 0.05;
+                unit(&vector)
+            })
+            .collect();
+        let codebook = Codebook::train(&vectors, 3, 5).expect("a codebook");
+        assert_eq!(codebook.cells(), 3);
+        for group in 0..3 {
+            let cells: std::collections::HashSet<u32> = vectors
+                .iter()
+                .skip(group)
+                .step_by(3)
+                .map(|vector| codebook.cell_of(vector))
+                .collect();
+            assert_eq!(cells.len(), 1, "group {group} lies in one cell");
+        }
+        let query = unit(&[0.0, 0.9, 0.1, 0.0]);
+        assert_eq!(
+            codebook.nearest(&query, 1),
+            vec![codebook.cell_of(&vectors[1])]
+        );
+        assert_eq!(codebook.nearest(&query, 5).len(), 3);
+    }
+
+    #[test]
+    fn centres_must_be_whole() {
+        assert!(Codebook::new(4, vec![0.0; 6]).is_none());
+        assert!(Codebook::new(4, Vec::new()).is_none());
+        assert!(Codebook::train(&[], 4, 1).is_none());
+    }
+}
