@@ -138,7 +138,7 @@ pub fn report(held: &[Held]) -> String {
     held.iter()
         .map(|held| {
             format!(
-                "{} {:<24} {:>10.3} (recorded {:.3}, bound {:.3})\n",
+                "{} {:<30} {:>10.3} (recorded {:.3}, bound {:.3})\n",
                 if held.holds { "holds " } else { "BROKEN" },
                 held.figure,
                 held.now,

@@ -114,8 +114,10 @@ async fn main() -> ExitCode {
             dir.path().join("needles.json"),
         ),
         (None, Some(transcript), Some(needles)) => (transcript, needles),
-        // clap requires both without --generate.
-        _ => return ExitCode::FAILURE,
+        _ => {
+            eprintln!("workload: --transcript and --needles, or --generate TURNS");
+            return ExitCode::FAILURE;
+        }
     };
     let recorded = match args.hold.as_deref().map(read_json).transpose() {
         Ok(recorded) => recorded,
@@ -153,28 +155,26 @@ async fn main() -> ExitCode {
     if let Some(sessions) = args.forget_half_of {
         return print_json(vilvona_benches::run_forget(&options, sessions).await);
     }
-    match run(&options).await {
-        Ok(figures) if recorded.is_some() => {
-            print!("{}", table(&figures));
-            let held = to_json(&figures).and_then(|now| {
-                vilvona_benches::hold::hold(&now, recorded.as_ref().unwrap_or(&now))
-            });
-            match held {
-                Ok(held) => {
-                    print!("{}", vilvona_benches::hold::report(&held));
-                    if held.iter().all(|held| held.holds) {
-                        ExitCode::SUCCESS
-                    } else {
-                        eprintln!("workload: figures past their margins (BROKEN above)");
-                        ExitCode::FAILURE
-                    }
-                }
-                Err(error) => {
-                    eprintln!("workload: {error:#}");
+    let figures = run(&options).await;
+    if let (Ok(figures), Some(recorded)) = (&figures, &recorded) {
+        print!("{}", table(figures));
+        return match to_json(figures).and_then(|now| vilvona_benches::hold::hold(&now, recorded)) {
+            Ok(held) => {
+                print!("{}", vilvona_benches::hold::report(&held));
+                if held.iter().all(|held| held.holds) {
+                    ExitCode::SUCCESS
+                } else {
+                    eprintln!("workload: figures past their margins (BROKEN above)");
                     ExitCode::FAILURE
                 }
             }
-        }
+            Err(error) => {
+                eprintln!("workload: {error:#}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    match figures {
         Ok(figures) if args.json => print_json(to_json(&figures)),
         Ok(figures) => {
             print!("{}", table(&figures));
