@@ -66,19 +66,9 @@ impl Codebook {
         Codebook::new(dims, centres)
     }
 
-    /// Dimensions of the centres.
-    pub fn dims(&self) -> usize {
-        self.dims
-    }
-
     /// Number of cells.
     pub fn cells(&self) -> usize {
         self.centres.len() / self.dims
-    }
-
-    /// The centres, one after another.
-    pub fn centres(&self) -> &[f32] {
-        &self.centres
     }
 
     fn scores<'a>(&'a self, vector: &'a [f32]) -> impl Iterator<Item = f32> + 'a {
