@@ -179,6 +179,16 @@ fn benches(c: &mut Criterion) {
             .unwrap_or_default(),
     );
     let mut meaning = c.benchmark_group("meaning");
+    // What the index pays per message: a generated session's 4 KB of text, as chunks.
+    let session = vilvona_workload::generate(3, 7, 1).to_jsonl();
+    let end = (0..=session.len().min(4096))
+        .rev()
+        .find(|at| session.is_char_boundary(*at))
+        .unwrap_or(0);
+    let message = &session[..end];
+    meaning.bench_function("embed_4kb_message", |b| {
+        b.iter(|| model.embed_chunks(message, vilvona_embed::chunks_for("assistant")))
+    });
     meaning.bench_function("compare_1000_chunks", |b| {
         b.iter(|| {
             stored

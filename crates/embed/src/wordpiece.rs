@@ -4,7 +4,7 @@
 //! each word is cut into the longest vocabulary pieces from its start (`##` marks a piece that
 //! continues a word). A word with no such cut, or longer than 100 characters, has no pieces.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 
 use unicode_normalization::UnicodeNormalization;
 use unicode_normalization::char::is_combining_mark;
@@ -14,14 +14,16 @@ const MAX_WORD_CHARS: usize = 100;
 
 /// A vocabulary: each token's id.
 pub(crate) struct Vocabulary {
-    ids: HashMap<String, u32>,
+    /// Hashed with a fast, not collision-resistant hash: the vocabulary is the model's own,
+    /// and lookups are most of the cost of embedding.
+    ids: FxHashMap<String, u32>,
     /// Characters of the longest piece (`##` aside): no longer cut is looked up.
     longest: usize,
 }
 
 impl Vocabulary {
     pub(crate) fn new<'a>(tokens: impl IntoIterator<Item = &'a str>) -> Vocabulary {
-        let ids: HashMap<String, u32> = tokens
+        let ids: FxHashMap<String, u32> = tokens
             .into_iter()
             .enumerate()
             .map(|(id, token)| (token.to_owned(), id as u32))
@@ -76,24 +78,38 @@ impl Vocabulary {
 
     /// The longest pieces from the start of `word`; none when one part has no piece.
     fn word_pieces(&self, word: &str, piece: &mut String, each: &mut impl FnMut(u32)) {
-        let chars: Vec<(usize, char)> = word.char_indices().collect();
-        if chars.len() > MAX_WORD_CHARS {
+        // Where each character starts: for an ASCII word (most words), every byte.
+        let ascii = word.is_ascii();
+        let starts: Vec<usize> = if ascii {
+            Vec::new()
+        } else {
+            word.char_indices().map(|(at, _)| at).collect()
+        };
+        let chars = if ascii { word.len() } else { starts.len() };
+        if chars > MAX_WORD_CHARS {
             return;
         }
+        let byte_at = |char_at: usize| match (ascii, starts.get(char_at)) {
+            (true, _) => char_at,
+            (false, Some(at)) => *at,
+            (false, None) => word.len(),
+        };
         let mut found: Vec<u32> = Vec::new();
         let mut start = 0;
-        while start < chars.len() {
-            let mut end = chars.len().min(start + self.longest);
+        while start < chars {
+            let mut end = chars.min(start + self.longest);
             let mut matched = None;
             while end > start {
-                piece.clear();
-                if start > 0 {
+                let candidate = &word[byte_at(start)..byte_at(end)];
+                let id = if start == 0 {
+                    self.ids.get(candidate)
+                } else {
+                    piece.clear();
                     piece.push_str("##");
-                }
-                let from = chars[start].0;
-                let to = chars.get(end).map_or(word.len(), |(at, _)| *at);
-                piece.push_str(&word[from..to]);
-                if let Some(id) = self.ids.get(piece.as_str()) {
+                    piece.push_str(candidate);
+                    self.ids.get(piece.as_str())
+                };
+                if let Some(id) = id {
                     matched = Some(*id);
                     break;
                 }
@@ -111,8 +127,6 @@ impl Vocabulary {
     }
 }
 
-/// The CJK Unified Ideographs and their extensions and compatibility blocks (what BERT's
-/// tokenizer pads with spaces).
 fn is_cjk(ch: char) -> bool {
     matches!(ch as u32,
         0x4E00..=0x9FFF
@@ -139,6 +153,8 @@ fn is_punctuation(ch: char) -> bool {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::HashMap;
+
     use super::*;
 
     fn pieces(vocabulary: &Vocabulary, text: &str) -> Vec<String> {
