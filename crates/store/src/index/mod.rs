@@ -34,6 +34,7 @@ use crate::types::{SearchMode, SearchOrder, SearchQuery, SearchTarget};
 const WRITER_HEAP_BYTES: usize = 24 * 1024 * 1024;
 
 pub(crate) mod filler;
+mod pipeline;
 mod top;
 mod vectors;
 
@@ -46,6 +47,14 @@ const NOTHING_EMBEDDED: [u8; 1] = [0];
 
 const KIND_MESSAGE: u64 = 0;
 const KIND_SUMMARY: u64 = 1;
+
+/// Whether an index commit waits for the vectors still being made (see `pipeline`): an
+/// explicit flush does; a commit on a timer, or before a search, does not.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Waiting {
+    ForAll,
+    ForNone,
+}
 
 /// The highest row ids the index holds.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -592,6 +601,7 @@ impl RecallIndex {
                     pending: 0,
                     first_pending_at: None,
                     unembedded: Vec::new(),
+                    pipeline: None,
                     embed_later: false,
                 }))
             }
@@ -967,6 +977,9 @@ pub(crate) struct IndexSink {
     /// commits (or before a removal, which must follow them), not while the rows' writer
     /// waits for its answer.
     unembedded: Vec<Unembedded>,
+    /// A local model's vectors made as documents arrive (see `pipeline`): started with the
+    /// first document to embed.
+    pipeline: Option<pipeline::Pipeline>,
     /// Documents are added without vectors, for the filler to embed in the background (a
     /// whole index being rebuilt or caught up must not hold the store's open or its writer).
     embed_later: bool,
@@ -1009,6 +1022,10 @@ impl IndexSink {
 
     pub(crate) fn add(&mut self, doc: IndexDoc<'_>) -> Result<()> {
         let fields = self.fields;
+        let advances = match doc.row {
+            IndexedRow::Message(id) => id > self.watermark.messages,
+            IndexedRow::Summary(id) => id > self.watermark.summaries,
+        };
         match doc.row {
             IndexedRow::Message(id) => self.watermark.messages = self.watermark.messages.max(id),
             IndexedRow::Summary(id) => self.watermark.summaries = self.watermark.summaries.max(id),
@@ -1019,15 +1036,29 @@ impl IndexSink {
             // local one while a whole index is filled), in the background: the document waits
             // without vectors (see `waiting_for_vectors`).
             Some(embedder) if fields.vectors.is_some() && embedder.local() && !self.embed_later => {
-                self.unembedded.push((
-                    key_of(doc.row),
-                    document,
+                let job = (
                     doc.text.to_owned(),
                     vilvona_embed::chunks_for(doc.role),
                     doc.neighbour.map(str::to_owned),
-                ));
+                );
+                if self.pipeline.is_none() {
+                    self.pipeline = pipeline::Pipeline::start(embedder.clone());
+                }
+                match self.pipeline.as_mut() {
+                    Some(pipeline) => {
+                        pipeline.push(doc.row, advances, document, job);
+                        if pipeline.len() > pipeline::MOST_WAITING {
+                            self.add_embedded_until(pipeline::MOST_WAITING / 2)?;
+                        }
+                    }
+                    None => self
+                        .unembedded
+                        .push((key_of(doc.row), document, job.0, job.1, job.2)),
+                }
             }
             _ => {
+                // Not before the documents that wait for their vectors (see `commit_ready`).
+                self.add_embedded(true)?;
                 self.writer.add_document(document)?;
             }
         }
@@ -1039,6 +1070,13 @@ impl IndexSink {
     /// Embeds the documents that wait for their vectors and adds them. A document the model
     /// could not embed is added without vectors (text search must not wait for the model).
     fn add_unembedded(&mut self) -> Result<()> {
+        self.add_embedded(true)?;
+        self.embed_unembedded()
+    }
+
+    /// Embeds and adds the documents that wait without the embedding thread (it could not
+    /// start).
+    fn embed_unembedded(&mut self) -> Result<()> {
         let (Some(field), Some(embedder)) = (self.fields.vectors, &self.embedder) else {
             return Ok(());
         };
@@ -1058,15 +1096,49 @@ impl IndexSink {
             }
         }
         .into_iter();
-        for (_, mut document, ..) in waiting {
-            match embedded.next() {
-                Some(chunks) if chunks.is_empty() => document.add_bytes(field, &NOTHING_EMBEDDED),
-                Some(chunks) => document.add_bytes(field, &Vectors::encode(&chunks).0),
-                // Not embedded: it waits for the filler.
-                None => {}
-            }
-            self.writer.add_document(document)?;
+        for (_, document, ..) in waiting {
+            self.add_embedded_document(field, document, embedded.next())?;
         }
+        Ok(())
+    }
+
+    /// Adds the documents whose vectors the embedding thread made (see `pipeline`); with
+    /// `wait`, every one it was handed. One the model could not embed is added without
+    /// vectors, for the filler.
+    pub(crate) fn add_embedded(&mut self, wait: bool) -> Result<()> {
+        self.add_embedded_until(if wait { 0 } else { usize::MAX })
+    }
+
+    /// [`Self::add_embedded`], after waiting until at most `left` documents wait.
+    fn add_embedded_until(&mut self, left: usize) -> Result<()> {
+        let (Some(field), Some(pipeline)) = (self.fields.vectors, self.pipeline.as_mut()) else {
+            return Ok(());
+        };
+        if pipeline.is_empty() {
+            return Ok(());
+        }
+        for (document, made) in pipeline.take(left) {
+            let chunks = made
+                .inspect_err(|error| tracing::warn!(%error, "indexing a document without vectors"))
+                .ok();
+            self.add_embedded_document(field, document, chunks)?;
+        }
+        Ok(())
+    }
+
+    /// Adds a document with its chunk vectors; `None`: not embedded, it waits for the filler.
+    fn add_embedded_document(
+        &mut self,
+        field: Field,
+        mut document: TantivyDocument,
+        chunks: Option<Vec<Vec<f32>>>,
+    ) -> Result<()> {
+        match chunks {
+            Some(chunks) if chunks.is_empty() => document.add_bytes(field, &NOTHING_EMBEDDED),
+            Some(chunks) => document.add_bytes(field, &Vectors::encode(&chunks).0),
+            None => {}
+        }
+        self.writer.add_document(document)?;
         Ok(())
     }
 
@@ -1082,8 +1154,9 @@ impl IndexSink {
         let Some(field) = self.fields.vectors else {
             return Ok(());
         };
-        // This document replaces any of the row's that waits to be embedded at the commit.
-        self.unembedded.retain(|(key, ..)| *key != key_of(doc.row));
+        // This document replaces any of the row's that waits to be embedded.
+        self.forget_waiting(key_of(doc.row));
+        self.add_embedded(true)?;
         self.writer
             .delete_term(Term::from_field_u64(self.fields.key, key_of(doc.row)));
         let mut document = self.document(doc);
@@ -1101,17 +1174,56 @@ impl IndexSink {
         Ok(())
     }
 
-    /// Commits what was added, with the watermark as the commit's payload.
-    pub(crate) fn commit(&mut self) -> Result<()> {
+    /// Commits what was added, with the watermark as the commit's payload; returns it.
+    pub(crate) fn commit(&mut self) -> Result<Watermark> {
         self.add_unembedded()?;
-        let payload = serde_json::to_string(&self.watermark)
+        self.commit_added()
+    }
+
+    /// [`Self::commit`] or [`Self::commit_ready`].
+    pub(crate) fn commit_waiting(&mut self, waiting: Waiting) -> Result<Watermark> {
+        match waiting {
+            Waiting::ForAll => self.commit(),
+            Waiting::ForNone => self.commit_ready(),
+        }
+    }
+
+    /// Commits the documents whose vectors are made. Those still being made wait for a later
+    /// commit, and the watermark committed stops below the first of them (searches read the
+    /// rows beyond it from the database), so that a commit does not wait for the model.
+    /// Except for a row indexed again (its old document's removal commits now, and what asked
+    /// for it counts it done): then it waits for every document, as [`Self::commit`].
+    pub(crate) fn commit_ready(&mut self) -> Result<Watermark> {
+        let again = self
+            .pipeline
+            .as_ref()
+            .is_some_and(pipeline::Pipeline::holds_indexed_again);
+        self.add_embedded(again)?;
+        self.embed_unembedded()?;
+        self.commit_added()
+    }
+
+    fn commit_added(&mut self) -> Result<Watermark> {
+        let watermark = match &self.pipeline {
+            Some(pipeline) => pipeline.below_waiting(self.watermark),
+            None => self.watermark,
+        };
+        let payload = serde_json::to_string(&watermark)
             .map_err(|error| StoreError::CorruptRow(error.to_string()))?;
         let mut prepared = self.writer.prepare_commit()?;
         prepared.set_payload(&payload);
         prepared.commit()?;
-        self.pending = 0;
-        self.first_pending_at = None;
-        Ok(())
+        match self.pipeline.as_ref().map_or(0, pipeline::Pipeline::len) {
+            0 => {
+                self.pending = 0;
+                self.first_pending_at = None;
+            }
+            waiting => {
+                self.pending = waiting;
+                self.first_pending_at = Some(Instant::now());
+            }
+        }
+        Ok(watermark)
     }
 
     /// Adds a row's document unless its conversation is archived (its rows stay out of the
@@ -1191,16 +1303,27 @@ impl IndexSink {
     /// Removes a row's document (before re-adding it with new text).
     pub(crate) fn remove(&mut self, row: IndexedRow) {
         // Not yet added: it never will be.
-        self.unembedded.retain(|(key, ..)| *key != key_of(row));
+        self.forget_waiting(key_of(row));
         self.writer
             .delete_term(Term::from_field_u64(self.fields.key, key_of(row)));
         self.pending += 1;
         self.first_pending_at.get_or_insert_with(Instant::now);
     }
 
+    /// Drops the row's document that waits for its vectors, if one does.
+    fn forget_waiting(&mut self, key: u64) {
+        self.unembedded.retain(|(waiting, ..)| *waiting != key);
+        if let Some(pipeline) = self.pipeline.as_mut() {
+            pipeline.drop_key(key);
+        }
+    }
+
     /// Drops every document (for a rebuild).
     pub(crate) fn clear(&mut self) -> Result<()> {
         self.unembedded.clear();
+        if let Some(pipeline) = self.pipeline.as_mut() {
+            pipeline.drop_all();
+        }
         self.writer.delete_all_documents()?;
         self.watermark = Watermark::default();
         Ok(())

@@ -24,7 +24,7 @@ use crate::blobs::{BLOB_ID_KEY, INDEXED_BLOB_BYTES};
 use crate::error::{Result, StoreError};
 use crate::index::filler::{FILL_BATCH, VectorFiller};
 use crate::index::{
-    IndexRow, IndexSink, IndexedRow, RecallIndex, SharedEmbedder, Watermark, neighbour_of,
+    IndexRow, IndexSink, IndexedRow, RecallIndex, SharedEmbedder, Waiting, Watermark, neighbour_of,
 };
 
 /// Taken (for the rest of the transaction) before a transaction allocates a row id or a
@@ -101,7 +101,11 @@ impl Follower {
 
     /// Indexes what the database holds beyond the watermark and applies the change log, then
     /// commits; returns the documents added. Nothing when another process maintains it.
-    pub(crate) async fn follow(self: &Arc<Self>, client: &impl Sql) -> Result<u64> {
+    pub(crate) async fn follow(
+        self: &Arc<Self>,
+        client: &impl Sql,
+        waiting: Waiting,
+    ) -> Result<u64> {
         let _following = self.following.lock().await;
         let Some(mut watermark) = self.sink().as_ref().map(IndexSink::watermark) else {
             return Ok(0);
@@ -156,7 +160,7 @@ impl Follower {
             let follower = self.clone();
             tokio::task::spawn_blocking(move || -> Result<()> {
                 if let Some(sink) = follower.sink().as_mut() {
-                    sink.commit()?;
+                    sink.commit_waiting(waiting)?;
                 }
                 follower.index.reload()
             })

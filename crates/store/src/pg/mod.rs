@@ -43,7 +43,7 @@ use vilvona_core::summarize::SummaryKind;
 use crate::HistoryStore;
 use crate::dag::{self, DagSummary, DagView};
 use crate::error::{PostgresError, Result, StoreError};
-use crate::index::IndexedRow;
+use crate::index::{IndexedRow, Waiting};
 use crate::rows::prepare;
 use crate::rows::{POSITION_STEP, hex16, summary_id};
 use crate::types::*;
@@ -205,7 +205,7 @@ impl PgStore {
             .await
             .map_err(StoreError::TaskFailed)??;
             let _ = store.inner.follower.set(Arc::new(follower));
-            store.follow().await?;
+            store.follow(Waiting::ForAll).await?;
             store.follow_in_background();
         }
         store.measure().await?;
@@ -269,12 +269,14 @@ impl PgStore {
         self.inner.follower.get()
     }
 
-    /// Brings this node's index up to the database (when this process maintains it).
-    async fn follow(&self) -> Result<u64> {
+    /// Brings this node's index up to the database (when this process maintains it); with
+    /// [`Waiting::ForNone`], documents whose vectors are still being made are committed by a
+    /// later pass.
+    async fn follow(&self, waiting: Waiting) -> Result<u64> {
         match self.follower() {
             Some(follower) if follower.maintains() => {
                 let client = self.client().await?;
-                follower.follow(&client).await
+                follower.follow(&client, waiting).await
             }
             _ => Ok(0),
         }
@@ -291,7 +293,7 @@ impl PgStore {
                 let Some(inner) = store.upgrade() else {
                     return;
                 };
-                if let Err(error) = (PgStore { inner }).follow().await {
+                if let Err(error) = (PgStore { inner }).follow(Waiting::ForNone).await {
                     tracing::warn!(%error, "following the database into this node's recall index failed; trying again");
                 }
             }
@@ -1360,7 +1362,7 @@ impl HistoryStore for PgStore {
         // What this node's index lacks is found in the database anyway; following first
         // only keeps that part short.
         if query.mode != SearchMode::Regex
-            && let Err(error) = self.follow().await
+            && let Err(error) = self.follow(Waiting::ForNone).await
         {
             tracing::warn!(%error, "this node's recall index could not follow the database; searching it as it is");
         }
@@ -1836,7 +1838,7 @@ impl HistoryStore for PgStore {
         transaction.commit().await?;
         drop(client);
         // A bulk of new rows: this node's index takes them now, not on its next tick.
-        self.follow().await?;
+        self.follow(Waiting::ForAll).await?;
         Ok(imported)
     }
 
@@ -1845,7 +1847,7 @@ impl HistoryStore for PgStore {
     }
 
     async fn index_doc_count(&self) -> Result<u64> {
-        self.follow().await?;
+        self.follow(Waiting::ForAll).await?;
         match self.follower() {
             Some(follower) => {
                 follower.index().refresh()?;
@@ -1856,7 +1858,7 @@ impl HistoryStore for PgStore {
     }
 
     async fn documents_waiting_for_vectors(&self) -> Result<u64> {
-        self.follow().await?;
+        self.follow(Waiting::ForAll).await?;
         match self.follower() {
             Some(follower) => {
                 follower.index().refresh()?;
@@ -1873,7 +1875,7 @@ impl HistoryStore for PgStore {
         ))?;
         follower.clear().await?;
         // The background follower may take some of the rows first: count what is there.
-        self.follow().await?;
+        self.follow(Waiting::ForAll).await?;
         Ok(follower.index().doc_count())
     }
 

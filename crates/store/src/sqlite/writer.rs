@@ -19,7 +19,7 @@ use super::{archive, blobs, forget, read};
 use crate::codec::{self, EncoderSlot};
 use crate::error::{Result, StoreError};
 use crate::index::filler::{FILL_BATCH, VectorFiller, embed_rows};
-use crate::index::{IndexDoc, IndexRow, IndexSink, IndexSlot, IndexedRow, neighbour_of};
+use crate::index::{IndexDoc, IndexRow, IndexSink, IndexSlot, IndexedRow, Waiting, neighbour_of};
 use crate::rows::{POSITION_STEP, PreparedMessage, hex16, sequence_key, summary_id};
 use crate::types::*;
 use vilvona_core::archive::{ImportReport, SessionArchive};
@@ -386,7 +386,7 @@ impl Writer {
             .as_ref()
             .and_then(IndexSink::first_pending_at)
             .is_some_and(|first| first.elapsed() >= self.commit_delay);
-        if commit_due && !self.commit_index_logged() {
+        if commit_due && !self.commit_index_logged(Waiting::ForNone) {
             return;
         }
         if self.vector_retry.due() {
@@ -540,7 +540,7 @@ impl Writer {
                     if let Err(error) = self.fill_before_stopping() {
                         tracing::warn!(%error, "adding vectors to the recall index failed; the next writer adds them");
                     }
-                    let _ = self.commit_index_logged();
+                    let _ = self.commit_index_logged(Waiting::ForAll);
                     self.checkpoint_if_whole();
                     return;
                 }
@@ -555,9 +555,19 @@ impl Writer {
                 .as_ref()
                 .is_some_and(|sink| sink.pending() >= INDEX_COMMIT_DOCS)
             {
-                let _ = self.commit_index_logged();
+                let _ = self.commit_index_logged(Waiting::ForNone);
             }
+            self.add_embedded();
             self.index_work();
+        }
+    }
+
+    /// Adds to the index the documents whose vectors the embedding thread has made since.
+    fn add_embedded(&mut self) {
+        if let Some(sink) = self.sink.as_mut()
+            && let Err(error) = sink.add_embedded(false)
+        {
+            self.index_failed("adding documents to the recall index", &error);
         }
     }
 
@@ -1259,14 +1269,19 @@ impl Writer {
     }
 
     fn commit_index(&mut self) -> Result<()> {
+        self.commit_index_with(Waiting::ForAll)
+    }
+
+    /// Commits the index: every document added, or (on the timer) those whose vectors are
+    /// made, the rest in a later commit (see `IndexSink::commit_ready`).
+    fn commit_index_with(&mut self, waiting: Waiting) -> Result<()> {
         let Some(sink) = self.sink.as_mut() else {
             return Ok(());
         };
         if sink.pending() == 0 || self.counter.skips_index_commits() {
             return Ok(());
         }
-        sink.commit()?;
-        let watermark = sink.watermark();
+        let watermark = sink.commit_waiting(waiting)?;
         self.index.current().reload()?;
         let watermark = serde_json::to_string(&watermark).map_err(StoreError::Unserializable)?;
         self.set_store_state("index_watermark", &watermark)
@@ -1274,11 +1289,11 @@ impl Writer {
 
     /// Commits the index unless its last failure is too recent; false when it failed (now or
     /// lately). What was not committed is caught up from the database later.
-    fn commit_index_logged(&mut self) -> bool {
+    fn commit_index_logged(&mut self, waiting: Waiting) -> bool {
         if !self.index_retry.due() {
             return false;
         }
-        match self.commit_index() {
+        match self.commit_index_with(waiting) {
             Ok(()) => true,
             Err(error) => {
                 self.index_failed("committing the recall index", &error);

@@ -19,6 +19,7 @@ on_both_backends!(
     oversize_queries_are_refused_with_one_line,
     meaning_is_found_in_other_words,
     another_model_embeds_in_the_background,
+    a_slow_model_holds_neither_writes_nor_searches,
 );
 
 struct Fixture {
@@ -642,6 +643,47 @@ async fn another_model_embeds_in_the_background(backend: &Backend) {
     );
     gate.store(true, std::sync::atomic::Ordering::SeqCst);
     found_by_meaning(&*store, &meaning, "Painting watercolours").await;
+}
+
+/// A local model that takes its time (here: until its gate opens) embeds beside the store's
+/// writes and searches: ingests answer, the index commits on its timer without the waiting
+/// documents, and words find them in the database meanwhile; meaning finds them once made.
+async fn a_slow_model_holds_neither_writes_nor_searches(backend: &Backend) {
+    let gate = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let store = backend
+        .open_with(Some(Arc::new(GatedModel(gate.clone()))))
+        .await;
+    let main = store.conversation(&key("main", "s1")).await.unwrap().id;
+    let seconds = std::time::Duration::from_secs(20);
+    let lines = [
+        "Painting watercolours in the evening helps me relax after long days.",
+        "The lighthouse keeper logs the barometer reading at dawn.",
+    ];
+    for (at, line) in lines.iter().enumerate() {
+        tokio::time::timeout(
+            seconds,
+            store.ingest(main, vec![new_message(line, 1_000 + at as i64, None)], None),
+        )
+        .await
+        .expect("an ingest answers while the model embeds")
+        .unwrap();
+        // Past the index's commit delay: a commit on the timer has come and gone.
+        tokio::time::sleep(std::time::Duration::from_millis(600)).await;
+    }
+    for word in ["watercolours", "barometer"] {
+        let mut words = query("main", vec![main], word);
+        words.mode = SearchMode::Text;
+        let hits = tokio::time::timeout(seconds, store.search(words))
+            .await
+            .expect("a search answers while the model embeds")
+            .unwrap();
+        assert_eq!(texts(&hits).len(), 1, "{word}: {:?}", texts(&hits));
+    }
+    gate.store(true, std::sync::atomic::Ordering::SeqCst);
+    let mut meaning = query("main", vec![main], "What do I do to unwind?");
+    meaning.mode = SearchMode::Semantic;
+    found_by_meaning(&*store, &meaning, "Painting watercolours").await;
+    assert_eq!(store.index_doc_count().await.unwrap(), 2);
 }
 
 /// Searches until the first hit starts with `first` (the background makes the vectors within
