@@ -1160,7 +1160,18 @@ fn a_state_directory_removed_under_a_running_server_acknowledges_nothing_it_cann
         let reply = commit(&mut client, n, &mut history).unwrap();
         assert_eq!(reply["result"]["status"], "committed", "{reply}");
     }
-    std::fs::remove_dir_all(&state).unwrap();
+    // The server's index may be writing a commit into it meanwhile (its vectors are made
+    // beside the turns): removed again until nothing is left, as `rm -rf` retried would.
+    let mut removed = std::fs::remove_dir_all(&state);
+    for _ in 0..50 {
+        match &removed {
+            Err(error) if error.kind() == std::io::ErrorKind::DirectoryNotEmpty => {
+                removed = std::fs::remove_dir_all(&state);
+            }
+            _ => break,
+        }
+    }
+    removed.unwrap();
     // The first turn after it is refused as a passing failure (-32006: a new process will
     // store it), and the server stops so that its client starts one.
     let reply = commit(&mut client, 3, &mut history).unwrap();
