@@ -1,7 +1,8 @@
-//! A local model's vectors made on a thread of their own as documents arrive, so that the
-//! index's commit finds them made (or nearly) instead of making them all at once while the
-//! store's writer waits. Documents leave in the order they came; one removed while its
-//! vectors are made is dropped when they come back.
+//! A local model's vectors made on a thread of their own as documents arrive, instead of all
+//! at once when the index commits while the store's writer (and the turn behind it) waits: a
+//! commit takes the documents whose vectors are made (see `IndexSink::commit_ready`).
+//! Documents leave in the order they came; one removed while its vectors are made is dropped
+//! when they come back.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
