@@ -381,6 +381,9 @@ impl Writer {
                 }
             }
         }
+        if !self.add_embedded() {
+            return;
+        }
         let commit_due = self
             .sink
             .as_ref()
@@ -557,17 +560,19 @@ impl Writer {
             {
                 let _ = self.commit_index_logged(Waiting::ForNone);
             }
-            self.add_embedded();
             self.index_work();
         }
     }
 
-    /// Adds to the index the documents whose vectors the embedding thread has made since.
-    fn add_embedded(&mut self) {
-        if let Some(sink) = self.sink.as_mut()
-            && let Err(error) = sink.add_embedded(false)
-        {
-            self.index_failed("adding documents to the recall index", &error);
+    /// Adds to the index the documents whose vectors the embedding thread has made since;
+    /// false when that failed (the index work then pauses, as after a failed commit).
+    fn add_embedded(&mut self) -> bool {
+        match self.sink.as_mut().map(|sink| sink.add_embedded(false)) {
+            Some(Err(error)) => {
+                self.index_failed("adding documents to the recall index", &error);
+                false
+            }
+            _ => true,
         }
     }
 
