@@ -16,7 +16,7 @@ WORK=""
 fail() {
   echo "$NAME: FAIL: $*" >&2
   if [ -n "$WORK" ] && [ -d "$WORK" ] && declare -F on_failure >/dev/null; then on_failure >&2 || true; fi
-  exit 1
+  exit "${FAIL_STATUS:-1}"
 }
 
 step() { echo "$NAME: $* ($(($(date +%s) - STARTED)) s)"; }

@@ -461,7 +461,12 @@ if [ "$ENGINE" = vilvona ]; then
     node "$ROOT/bindings/openclaw/test/soak-stand-ins.mjs" "$OUT/gateway.out" "$OUT/dag.json" "$OUT/mock.jsonl" "$([ "$STAND_INS" = none ] && echo none || echo rewritten)" || fail "the stand-ins"
   fi
   if [ -n "$SPAWNS" ]; then
-    node "$ROOT/bindings/openclaw/test/soak-subagents.mjs" "$OUT/mock.jsonl" "$OUT/gateway.out" "$OUT/sessions.json" || fail "the subagents"
+    # Exit 3: OpenClaw failed a child's run while its own database was held (the script says
+    # which child and shows the lines); the cell exits 3 as well, and .ci/run runs it once more.
+    SUBAGENTS=0
+    node "$ROOT/bindings/openclaw/test/soak-subagents.mjs" "$OUT/mock.jsonl" "$OUT/gateway.out" "$OUT/sessions.json" || SUBAGENTS=$?
+    [ "$SUBAGENTS" -eq 3 ] && FAIL_STATUS=3 fail "the subagents: OpenClaw failed a child's run in its own database (above)"
+    [ "$SUBAGENTS" -eq 0 ] || fail "the subagents"
   fi
 fi
 node -e '

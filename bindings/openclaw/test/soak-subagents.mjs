@@ -8,7 +8,11 @@
 // twice) and the parent's turn that spawned it; an isolated child recalled the parent's fact
 // through vilvona_grep; a child spawned with cleanup "delete" left no session in the store; the
 // gateway's log has no UNIQUE constraint failure and no turn degraded to legacy. Prints one line
-// of figures; exits 1 with the problems.
+// of figures; exits 1 with the problems. A child never asked, with OpenClaw's own database held
+// past its busy timeout in the log (a run it fails before the model call: seen once in CI on 2
+// cores, a 10 s hold in its `heartbeat.outcome.claim`), is the host's failure, not the engine's:
+// the gateway's lines about that child and the database are printed, and it exits 3 (the
+// caller may run the cell once more) unless another problem stands.
 // `--settle` waits (at most SECONDS) until every child's result has reached a model request:
 // a child spawned near the session's last turn may not have started when the driver is done,
 // and a gateway stopped then never runs it. It says what it waited for; the checks judge.
@@ -63,12 +67,21 @@ const spawnOutcome = (id) => {
   return called ? "the spawn was called and no answer reached the model" : "the model never called sessions_spawn for it";
 };
 
+const log = readFileSync(gatewayLog, "utf8").split("\n");
+// OpenClaw's own database held: a write refused, or a transaction held for seconds.
+const hostHeld = log.filter((line) => /database is locked|slow SQLite transaction hold.*openclaw-agent\.sqlite/.test(line));
 const problems = [];
+// Children the host never ran: with its database held, the host's failure.
+const neverAsked = [];
 const figures = [];
 for (const child of children) {
   const own = requests.filter((request) => taskOf(request) === child.id);
   if (own.length === 0) {
-    problems.push(`child ${child.id} (${child.mode}): its model was never asked; ${spawnOutcome(child.id)}`);
+    const outcome = spawnOutcome(child.id);
+    neverAsked.push(`child ${child.id} (${child.mode}): its model was never asked; ${outcome}`);
+    // What the gateway said about it: the lines naming its session or run.
+    const names = outcome.match(/[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}/g) ?? [];
+    for (const line of log.filter((l) => names.some((name) => l.includes(name))).slice(0, 8)) neverAsked.push(`  gateway: ${line.slice(0, 300)}`);
     continue;
   }
   const refused = own.filter((request) => request.__mock.rejected);
@@ -102,9 +115,8 @@ for (const child of children) {
   }
 }
 
-const log = readFileSync(gatewayLog, "utf8");
 for (const [what, pattern] of [["a UNIQUE constraint failure", /UNIQUE constraint/], ["a turn degraded to legacy", /degraded to "?legacy/]]) {
-  const line = log.split("\n").find((l) => pattern.test(l));
+  const line = log.find((l) => pattern.test(l));
   if (line) problems.push(`the gateway's log has ${what}: ${line.slice(0, 300)}`);
 }
 // Children kept (not deleted) stay in the store, besides the session that spawned them.
@@ -112,9 +124,20 @@ const sessions = JSON.parse(readFileSync(sessionsFile, "utf8"));
 const list = Array.isArray(sessions) ? sessions : sessions.sessions ?? [];
 const stored = list.filter((session) => /:subagent:/.test(session.key ?? session.sessionKey ?? "")).length;
 const kept = children.filter((child) => child.spawn.cleanup !== "delete" || child.parent).length;
-if (stored !== kept) problems.push(`${stored} child sessions stored, ${kept} expected (a child spawned with cleanup "delete" goes)`);
+// A child never run is a session never stored: counted with the children never asked.
+const storedProblem = stored !== kept ? `${stored} child sessions stored, ${kept} expected (a child spawned with cleanup "delete" goes)` : null;
+if (storedProblem && !neverAsked.length) problems.push(storedProblem);
 console.log(`subagents: ${children.length} children (${figures.join("; ")}), ${stored} kept in the store`);
+if (neverAsked.length) {
+  const held = hostHeld.map((line) => `  gateway: ${line.slice(0, 300)}`);
+  console.error([...neverAsked, ...(storedProblem ? [storedProblem] : []), ...(held.length ? ["OpenClaw's own database was held meanwhile:", ...held] : [])].join("\n"));
+  if (!hostHeld.length) problems.push("a child was never asked, with OpenClaw's database never held");
+}
 if (problems.length) {
   console.error(problems.join("\n"));
   process.exit(1);
+}
+if (neverAsked.length) {
+  console.error("subagents: OpenClaw failed a child's run while its own database was held (the host's failure, not the engine's)");
+  process.exit(3);
 }
