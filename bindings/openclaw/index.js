@@ -607,7 +607,7 @@ export function fitForOpenClaw(view) {
 }
 
 /** The views the panel may ask of its own session (never another session's, never the list). */
-const PANEL_VIEWS = new Set(["context", "stats", "dag", "timeline", "grep", "expand", "describe", "health", "watch"]);
+const PANEL_VIEWS = new Set(["context", "stats", "dag", "timeline", "history", "grep", "expand", "describe", "health", "watch"]);
 
 /**
  * The Control UI panel's backend, answered by `vilvona ui`: `view` (operator.read) reads the

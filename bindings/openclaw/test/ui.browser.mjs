@@ -42,7 +42,16 @@ function transcriptLines() {
   const first = JSON.parse(lines[1]);
   first.message.content = `${first.message.content} Keep this markup verbatim: ${SCRIPT}`;
   lines[1] = JSON.stringify(first);
-  return lines;
+  // What a provider with a prompt cache reports (the fixture's usage is all zeros): the
+  // panel's second chart draws it, and its cached share.
+  let call = 0;
+  return lines.map((line) => {
+    const entry = JSON.parse(line);
+    if (entry.message?.role !== "assistant" || !entry.message.usage) return line;
+    call += 1;
+    entry.message.usage = { input: 200 + 10 * call, output: 40, cacheRead: 1500 + 50 * call, cacheWrite: call % 3 === 0 ? 120 : 0 };
+    return JSON.stringify(entry);
+  });
 }
 
 /** Replays the transcript's first `count` lines (all by default) into `state`; again, the rest. */
@@ -86,6 +95,8 @@ test("vilvona ui: the window, search, the DAG to its sources, and stored markup 
   const dag = JSON.parse(vilvona(state, "context", "dag", "--format", "json", "--session", SESSION));
   assert.ok(dag.summaries.some((s) => s.inContext), "the replay made no summaries to show");
   const folds = JSON.parse(vilvona(state, "context", "timeline", "--json", "--session", SESSION));
+  const turns = JSON.parse(vilvona(state, "context", "history", "--json", "--session", SESSION));
+  assert.ok(turns.some((turn) => turn.folds?.length) && turns.every((turn) => turn.usage), "the replay recorded no fold, or a turn without usage");
   const url = `${await startUi(state)}&session=${SESSION}`;
 
   // A request without the token reads nothing.
@@ -102,10 +113,29 @@ test("vilvona ui: the window, search, the DAG to its sources, and stored markup 
       const page = await browser.newPage({ viewport: { width, height: 900 } });
       const errors = [];
       page.on("pageerror", (error) => errors.push(String(error)));
+      page.on("console", (message) => message.type() === "error" && errors.push(`console: ${message.text()}`));
+      page.on("response", (response) => response.status() >= 400 && errors.push(`HTTP ${response.status()}: ${response.url()}`));
+      page.on("request", (request) => !request.url().startsWith(new URL(url).origin) && !request.url().startsWith("data:") && errors.push(`an outside request: ${request.url()}`));
       const opened = Date.now();
       await page.goto(url);
       await page.waitForSelector("[data-total]");
       const paint = Date.now() - opened;
+
+      // The charts' points are `context history --json`'s, turn by turn.
+      await page.waitForSelector("[data-chart=prompt] g[data-turn]");
+      const drawn = await page.$$eval("[data-chart=prompt] g[data-turn]", (groups) => groups.map((g) => ({
+        turn: Number(g.dataset.turn), host: Number(g.dataset.host), summaries: Number(g.dataset.summaries), messages: Number(g.dataset.messages) })));
+      const sum = (context, summary) => Object.entries(context).filter(([kind]) => kind.startsWith("summary") === summary).reduce((total, [, tokens]) => total + tokens, 0);
+      assert.deepEqual(drawn, turns.map((turn) => ({ turn: turn.turn, host: turn.hostPrompt ?? 0, summaries: sum(turn.context, true), messages: sum(turn.context, false) })));
+      const marked = await page.$$eval("[data-chart=prompt] [data-fold-turn]", (marks) => marks.map((m) => [Number(m.dataset.foldTurn), m.dataset.folds]));
+      assert.deepEqual(marked, turns.filter((turn) => turn.folds?.length).map((turn) => [turn.turn, turn.folds.join(" ")]));
+      const charged = await page.$$eval("[data-chart=provider] g[data-turn]", (groups) => groups.map((g) => ({
+        turn: Number(g.dataset.turn), input: Number(g.dataset.input), cacheRead: Number(g.dataset.cacheRead), cacheWrite: Number(g.dataset.cacheWrite), output: Number(g.dataset.output), share: Number(g.dataset.cachedShare) })));
+      assert.deepEqual(charged, turns.map(({ turn, usage }) => ({ turn, input: usage.input, cacheRead: usage.cacheRead, cacheWrite: usage.cacheWrite, output: usage.output,
+        share: Math.round((1000 * usage.cacheRead) / (usage.input + usage.cacheRead + usage.cacheWrite)) / 10 })));
+      assert.ok(charged.every((point) => point.share > 50), JSON.stringify(charged.slice(0, 3)));
+      // The plugin's version and the store's size.
+      assert.match(await page.textContent("[data-part=about]"), /^vilvona \d+\.\d+\.\d+; the store: \d+\.\d MiB/);
 
       // The bar's numbers are the report's.
       assert.equal(await page.getAttribute("[data-total]", "data-total"), String(expected.sessionTokens));

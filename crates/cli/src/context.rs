@@ -1,4 +1,4 @@
-//! `context list|detail|json|map|dag|timeline`: what a stored session's next prompt is made
+//! `context list|detail|json|map|dag|timeline|history`: what a stored session's next prompt is made
 //! of, its summary DAG and its compactions.
 
 use std::path::Path;
@@ -268,6 +268,56 @@ pub(crate) async fn timeline(global: &Global, session: &str, json: bool) -> Resu
     Ok(ExitCode::SUCCESS)
 }
 
+/// `vilvona context history`: the session turn by turn, oldest first (or its JSON).
+pub(crate) async fn history(global: &Global, session: &str, json: bool) -> Result<ExitCode> {
+    let host = global.reader().await?;
+    let turns = crate::views::history(&host, session).await?;
+    if json {
+        print_json(&serde_json::to_value(&turns)?)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!("turn  committed (UTC)       host    context  window   trigger  provider: input  cache read  cache write  output  folds");
+    for turn in &turns {
+        let context: u64 = turn.context.values().sum();
+        let usage = turn.usage.map_or_else(
+            || format!("{:>15}", "-"),
+            |usage| {
+                format!(
+                    "{:>15}  {:>10}  {:>11}  {:>6}",
+                    grouped(usage.input),
+                    grouped(usage.cache_read),
+                    grouped(usage.cache_write),
+                    grouped(usage.output)
+                )
+            },
+        );
+        let optional = |value: Option<u64>| value.map_or_else(|| "-".to_owned(), grouped);
+        println!(
+            "{:>4}  {}  {:>6}  {:>7}  {:>6}  {:>7}  {usage}  {}",
+            turn.turn,
+            &vilvona_summarize::format_utc_rfc3339(turn.at)[..19],
+            optional(turn.host_prompt),
+            grouped(context),
+            optional(turn.window),
+            grouped(turn.trigger),
+            if turn.folds.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    "{} ({} -> {} tok)",
+                    turn.folds.join(" "),
+                    grouped(turn.context_before_compaction),
+                    grouped(turn.context_after_compaction)
+                )
+            },
+        );
+    }
+    if turns.is_empty() {
+        println!("no turn recorded yet (turns are recorded as they are committed)");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 pub(crate) async fn context(
     global: &Global,
     view: ContextView,
@@ -285,7 +335,7 @@ pub(crate) async fn context(
         ContextView::List => print_list(&report, false),
         ContextView::Detail => print_list(&report, true),
         ContextView::Json => print_json(&crate::views::context_json(&report))?,
-        ContextView::Dag | ContextView::Timeline => {}
+        ContextView::Dag | ContextView::Timeline | ContextView::History => {}
         ContextView::Map => {
             let mut tiles = vec![Tile {
                 group: "System prompt".to_owned(),

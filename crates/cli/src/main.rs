@@ -92,7 +92,7 @@ enum Command {
         /// The workspace whose bootstrap files are injected (AGENTS.md, SOUL.md, …).
         #[arg(long, value_name = "DIR")]
         workspace: Option<PathBuf>,
-        /// `timeline`: print one JSON document.
+        /// `timeline`, `history`: print one JSON document.
         #[arg(long)]
         json: bool,
     },
@@ -307,6 +307,9 @@ enum ContextView {
     /// The compactions, newest first: what each fold folded and wrote, by which summarizer,
     /// and how much of the next prompt the provider's cache could still serve (see --json).
     Timeline,
+    /// The session turn by turn (the newest 1,000 at most): the context each model call was
+    /// assembled from by kind, the folds each turn made, the provider's usage (see --json).
+    History,
 }
 
 #[derive(Copy, Clone, Debug, ValueEnum)]
@@ -538,8 +541,10 @@ async fn run(command: Command, global: &Global) -> Result<ExitCode> {
             workspace,
             json,
         } => {
-            if let ContextView::Timeline = view {
-                return context::timeline(global, &session, json).await;
+            match view {
+                ContextView::Timeline => return context::timeline(global, &session, json).await,
+                ContextView::History => return context::history(global, &session, json).await,
+                _ => {}
             }
             context::context(
                 global,

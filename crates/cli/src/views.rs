@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use anyhow::{Context as _, Result, anyhow, bail};
 use serde_json::{Value, json};
-use vilvona_core::admin::StorageCheck;
+use vilvona_core::admin::{StorageCheck, TurnRecord};
 use vilvona_runtime::Host;
 use vilvona_runtime::context_report::{ContextReport, context_report};
 
@@ -52,6 +52,14 @@ pub(crate) async fn answer(host: &Host, request: &Value) -> Result<Value> {
             )?);
         }
         "stats" => return stats(host, session()?).await,
+        "history" => {
+            // The newest `limit` turns (all that are kept without it).
+            let mut turns = history(host, session()?).await?;
+            if let Some(limit) = request["limit"].as_u64() {
+                turns.drain(..turns.len().saturating_sub(limit as usize));
+            }
+            return Ok(serde_json::to_value(turns)?);
+        }
         "health" => return health(host).await,
         "watch" => return watch(host, session()?, request["since"].as_str()).await,
         "grep" => tool("vilvona_grep", &["query", "mode", "limit"]),
@@ -164,9 +172,18 @@ pub(crate) async fn stats(host: &Host, session: &str) -> Result<Value> {
     let usage = admin.usage().await?;
     let mut value = serde_json::to_value(&stats)?;
     value["engine"] = json!(engine.info().id);
+    value["version"] = json!(env!("CARGO_PKG_VERSION"));
     value["databaseBytes"] = json!(usage.database_bytes);
     value["indexDocs"] = json!(usage.index_docs);
     Ok(value)
+}
+
+/// The session turn by turn, oldest first (`vilvona context history`, the panel's charts).
+pub(crate) async fn history(host: &Host, session: &str) -> Result<Vec<TurnRecord>> {
+    let (key, record) = find_session(host, session).await?;
+    let engine = host.history().await?;
+    let admin = crate::inspect::admin_of(&engine)?;
+    Ok(admin.turn_history(&caller(&key, &record)).await?)
 }
 
 /// The store's integrity, as doctor's "store integrity" line says it.

@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 
 use async_trait::async_trait;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::archive::{ImportReport, SessionArchive};
@@ -135,6 +135,61 @@ pub struct WindowPlan {
     pub goal: u64,
     /// The most the context may hold.
     pub ceiling: u64,
+}
+
+/// One turn of a session as the engine saw it when the turn was committed: the context its
+/// model call was assembled from, what the host added, the folds the turn's compaction made,
+/// and what the provider reported for its calls. An engine keeps a bounded number of the
+/// newest, forgotten with the session.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TurnRecord {
+    /// The turn's number in the session, from 1.
+    pub turn: u64,
+    /// When it was committed, in milliseconds since the epoch.
+    pub at: i64,
+    /// Tokens of the context the turn's last assembly held, by kind (`summary, depth 0`,
+    /// `message, user`); empty when this engine instance assembled none for it.
+    pub context: BTreeMap<String, u64>,
+    /// What the host adds around the context (system prompt, tools, the user's prompt), as the
+    /// provider counted it, else the host's estimate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_prompt: Option<u64>,
+    /// The host's window, when it said.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window: Option<u64>,
+    /// Context tokens above which compaction runs.
+    pub trigger: u64,
+    /// What the provider reported for the turn's model calls, summed; `None` when it
+    /// reported nothing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<TurnUsage>,
+    /// The summaries the turn's compaction published (`sum_…`), in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub folds: Vec<String>,
+    /// Context tokens before the turn's compaction.
+    pub context_before_compaction: u64,
+    /// Context tokens after it.
+    pub context_after_compaction: u64,
+    /// A heartbeat turn (never compacts).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub heartbeat: bool,
+}
+
+/// A turn's model calls as the provider counted them (tokens).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TurnUsage {
+    /// Calls that reported usage.
+    pub calls: u64,
+    /// Input tokens read fresh (neither from nor into the cache).
+    pub input: u64,
+    /// Input tokens read from the prompt cache.
+    pub cache_read: u64,
+    /// Input tokens written to the prompt cache.
+    pub cache_write: u64,
+    /// Output tokens.
+    pub output: u64,
 }
 
 /// Items of one kind in a context.
@@ -315,6 +370,10 @@ pub trait EngineAdmin: Send + Sync {
 
     /// The session's summary DAG.
     async fn dag(&self, session: &ToolCaller) -> Result<DagView, EngineError>;
+
+    /// The session's newest turns as the engine recorded them (see [`TurnRecord`]), oldest
+    /// first.
+    async fn turn_history(&self, session: &ToolCaller) -> Result<Vec<TurnRecord>, EngineError>;
 
     /// Rewrites the session's truncated summaries (those in its context that deterministic
     /// truncation wrote when no summarizer could) with the configured summarizer, each keeping

@@ -8,7 +8,7 @@ use async_trait::async_trait;
 use vilvona_core::EngineError;
 use vilvona_core::admin::{
     DagView, EngineAdmin, Forgotten, ItemGroup, Resummarized, RetentionRun, SessionStats,
-    StorageCheck, StorageUsage, StoredSession, ToolCaller, WindowPlan,
+    StorageCheck, StorageUsage, StoredSession, TurnRecord, ToolCaller, WindowPlan,
 };
 use vilvona_core::archive::{ImportReport, SessionArchive};
 use vilvona_store::{ConversationId, ItemContent, MessageId, StoreError};
@@ -132,6 +132,13 @@ impl EngineAdmin for LosslessEngine {
             context_tokens: row.context_tokens,
             context_by_kind,
         })
+    }
+
+    async fn turn_history(&self, session: &ToolCaller) -> Result<Vec<TurnRecord>, EngineError> {
+        let conversation = self
+            .conversation(&session.session_id, session.session_key.as_deref())
+            .await?;
+        self.turn_records(conversation.id).await
     }
 
     async fn dag(&self, session: &ToolCaller) -> Result<DagView, EngineError> {

@@ -1,6 +1,7 @@
 //! Assembly: the context as the model sees it, rendered once per item and extended when the
 //! context only grew.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use vilvona_core::engine::*;
@@ -117,6 +118,15 @@ impl LosslessEngine {
             list.push(message.as_ref().clone());
         }
         // Summaries are few: a walk over the item references finds them.
+        let mut by_kind: BTreeMap<String, u64> = BTreeMap::new();
+        for (entry, message) in shown.iter().zip(messages.iter()) {
+            let kind = match entry.summary {
+                Some(shape) => format!("summary, depth {}", shape.depth),
+                None => format!("message, {}", message.role()),
+            };
+            *by_kind.entry(kind).or_default() += entry.tokens;
+        }
+        self.note_assembled(conversation, by_kind);
         let summaries = visible
             .iter()
             .enumerate()

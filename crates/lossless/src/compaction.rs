@@ -100,6 +100,8 @@ pub struct CompactionReport {
     pub degraded: u32,
     /// Why the configured summarizer did not write them (the last reason).
     pub degraded_reason: Option<String>,
+    /// The summaries published, in order (`sum_…`).
+    pub published: Vec<String>,
     /// Why the call stopped.
     pub reason: Option<CompactReason>,
     /// What the reason means here, when it needs saying.
@@ -110,6 +112,7 @@ impl CompactionReport {
     /// Counts a published summary.
     fn count(&mut self, summary: &StoredSummary, degraded: Option<Degraded>) {
         self.summaries_created += 1;
+        self.published.push(summary.summary_id.clone());
         self.fallbacks += u32::from(summary.level == SummaryLevel::Fallback);
         if let Some(degraded) = degraded {
             self.degraded += 1;

@@ -4,6 +4,7 @@
 //! [`crate::tools`], [`crate::forget`]) adds its own `impl LosslessEngine` and takes nothing
 //! else from here.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex as StdMutex};
 
@@ -53,6 +54,9 @@ pub(crate) struct Inner {
     /// How many of the host's leading messages a conversation's seeded context stands for (a
     /// fork child's; 0 for every other conversation): see `crate::subagents`.
     pub(crate) host_offsets: StdMutex<Lru<ConversationId, u64>>,
+    /// What the last assembly of a conversation held, tokens by kind: the turn committed next
+    /// records it (see `crate::turns`).
+    pub(crate) assembled_kinds: StdMutex<Lru<ConversationId, BTreeMap<String, u64>>>,
 }
 
 /// Most sessions whose conversation row, host prompt and compaction lock are kept in memory
@@ -142,6 +146,7 @@ impl LosslessEngine {
                 host_prompts: StdMutex::new(Lru::new(SESSION_CACHE)),
                 reconciled: StdMutex::new(Lru::new(SESSION_CACHE)),
                 host_offsets: StdMutex::new(Lru::new(SESSION_CACHE)),
+                assembled_kinds: StdMutex::new(Lru::new(SESSION_CACHE)),
                 turn_budgets: StdMutex::new(Lru::new(SESSION_CACHE)),
             }),
         }

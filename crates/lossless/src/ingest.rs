@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use serde_json::Value;
+use vilvona_core::admin::TurnRecord;
 use vilvona_core::engine::*;
 use vilvona_core::message::{AgentMessage, ContentBlock, MessageContent};
 use vilvona_store::*;
@@ -14,6 +15,7 @@ use crate::cache::Rendition;
 use crate::compaction::CompactionRequest;
 use crate::engine::LosslessEngine;
 use crate::errors::store_error;
+use crate::turns::turn_usage;
 
 /// The smallest threshold above which content moves to a blob, however small the room: below
 /// it, a reference and a description would save little.
@@ -288,20 +290,37 @@ impl LosslessEngine {
             prompt.note_turn(turn.messages, context_before, &*self.inner.estimator);
         }
         self.keep_host_prompt(conversation, prompt).await?;
+        let limits = prompt.limits(&self.inner.config);
+        let mut record = TurnRecord {
+            at: self.inner.clock.now_ms(),
+            host_prompt: prompt.overhead,
+            window: prompt.window,
+            trigger: limits.trigger,
+            usage: turn_usage(turn.messages),
+            heartbeat: turn.is_heartbeat,
+            ..TurnRecord::default()
+        };
         if turn.is_heartbeat {
-            return Ok(());
+            let tokens = self.context_tokens(conversation).await?;
+            record.context_before_compaction = tokens;
+            record.context_after_compaction = tokens;
+        } else {
+            // The summaries wait for the configured summarizer: a host's model is not always in
+            // scope here (OpenClaw passes it to `maintain`, which follows, not to `commitTurn`).
+            let report = self
+                .compact_conversation(
+                    conversation,
+                    CompactionRequest {
+                        wait_for_summarizer: true,
+                        ..CompactionRequest::within(limits)
+                    },
+                )
+                .await?;
+            record.context_before_compaction = report.tokens_before;
+            record.context_after_compaction = report.tokens_after;
+            record.folds = report.published;
         }
-        // The summaries wait for the configured summarizer: a host's model is not always in
-        // scope here (OpenClaw passes it to `maintain`, which follows, not to `commitTurn`).
-        self.compact_conversation(
-            conversation,
-            CompactionRequest {
-                wait_for_summarizer: true,
-                ..CompactionRequest::within(prompt.limits(&self.inner.config))
-            },
-        )
-        .await?;
-        Ok(())
+        self.record_turn(conversation, record).await
     }
 
     /// One atomic write per advancement key; a message without entry id is identified by the

@@ -30,6 +30,7 @@ mod render;
 mod reset;
 mod subagents;
 mod tools;
+mod turns;
 mod units;
 
 pub use budget::{HostPrompt, Limits};

@@ -70,8 +70,54 @@ export function windowParts(context, stats) {
 /** A time in milliseconds as `2026-12-03 14:05` (UTC). */
 const minute = (ms) => new Date(ms).toISOString().replace("T", " ").slice(0, 16);
 
+/** Bytes as MiB with one decimal. */
+const mebibytes = (bytes) => (Number(bytes ?? 0) / 1048576).toFixed(1);
+
 /** "1 summary", "2 summaries". */
 const count = (n, one, many) => `${grouped(n)} ${n === 1 ? one : many}`;
+
+const SVG = "http://www.w3.org/2000/svg";
+
+/** An SVG element with attributes and children (strings become text nodes, as in `el`). */
+function svg(tag, attributes = {}, ...children) {
+  const node = document.createElementNS(SVG, tag);
+  for (const [name, value] of Object.entries(attributes)) {
+    if (value !== undefined && value !== null && value !== false) node.setAttribute(name, String(value));
+  }
+  for (const child of children.flat()) {
+    if (child === undefined || child === null || child === false) continue;
+    node.append(typeof child === "string" || typeof child === "number" ? document.createTextNode(String(child)) : child);
+  }
+  return node;
+}
+
+/**
+ * The charts' points, one a turn, from the `history` view (`vilvona context history --json`):
+ * the prompt by part (the host's, summaries, messages) against the window and the trigger,
+ * the folds the turn made, and what the provider counted, with the share read from its cache.
+ */
+export function historyPoints(turns) {
+  return turns.map((turn) => {
+    let summaries = 0;
+    let messages = 0;
+    for (const [kind, tokens] of Object.entries(turn.context ?? {})) {
+      if (kind.startsWith("summary")) summaries += tokens;
+      else messages += tokens;
+    }
+    const host = turn.hostPrompt ?? 0;
+    const usage = turn.usage ?? null;
+    const read = usage ? usage.input + usage.cacheRead + usage.cacheWrite : 0;
+    return {
+      turn: turn.turn, at: turn.at, host, summaries, messages, total: host + summaries + messages,
+      window: turn.window ?? null, trigger: turn.trigger + host, folds: turn.folds ?? [],
+      before: turn.contextBeforeCompaction, after: turn.contextAfterCompaction, usage,
+      cachedShare: read > 0 ? usage.cacheRead / read : null,
+    };
+  });
+}
+
+/** How many turns the charts draw, the newest. */
+const HISTORY_TURNS = 300;
 
 /** How many folds the timeline lists; the rest are counted. */
 const TIMELINE_ROWS = 40;
@@ -92,13 +138,16 @@ export function mountPanel(container, options) {
   const hits = el("ol", { class: "vv-hits", "data-part": "hits" });
   const dagList = el("ul", { class: "vv-dag", "data-part": "dag" });
   const health = el("div", { class: "vv-health", "data-part": "health" });
+  const about = el("p", { class: "vv-muted", "data-part": "about" });
   const timeline = el("div", { class: "vv-timeline", "data-part": "timeline" });
+  const history = el("div", { class: "vv-history", "data-part": "history" });
   root.append(
     el("h2", {}, "Context"), status, windowBox,
+    el("h3", {}, "Turn by turn"), history,
     el("h3", {}, "Search"), el("div", { class: "vv-search" }, searchInput, searchMode), hits,
     el("h3", {}, "Summaries in the context"), dagList,
     el("h3", {}, "Compactions"), timeline,
-    el("h3", {}, "Store"), health,
+    el("h3", {}, "Store"), about, health,
   );
 
   const ask = (payload) => options.request({ session: state.sessionKey, ...payload });
@@ -197,6 +246,91 @@ export function mountPanel(container, options) {
       if (state.expanded.has(id)) open();
     }
     return li;
+  }
+
+  /**
+   * The session over time, from the `history` view: the prompt per turn stacked by part
+   * against the window and the compaction threshold, each fold marked; then what the provider
+   * counted per turn, with the share its cache served. Every bar carries its figures as data
+   * attributes (the browser tests compare them with `vilvona context history --json`).
+   */
+  function drawHistory(turns) {
+    const points = historyPoints(turns);
+    if (points.length === 0) {
+      history.replaceChildren(el("p", { class: "vv-muted" }, "No turn recorded yet: a turn is recorded when it is committed."));
+      return;
+    }
+    const width = 600;
+    const height = 160;
+    const step = width / points.length;
+    const bar = Math.max(step * 0.8, 0.5);
+    const top = Math.max(...points.map((p) => Math.max(p.total, p.window ?? 0, p.trigger))) * 1.08 || 1;
+    const y = (tokens) => height - (height * tokens) / top;
+    const prompt = svg("svg", { class: "vv-chart", viewBox: `0 0 ${width} ${height}`, preserveAspectRatio: "none", role: "img", "data-chart": "prompt",
+      "aria-label": `The prompt's tokens over ${points.length} turns against the window and the compaction threshold` });
+    points.forEach((p, index) => {
+      const x = index * step;
+      let base = height;
+      const group = svg("g", { "data-turn": p.turn, "data-host": p.host, "data-summaries": p.summaries, "data-messages": p.messages, "data-total": p.total },
+        svg("title", {}, `Turn ${p.turn}: ${grouped(p.total)} tokens — the host's ${grouped(p.host)}, summaries ${grouped(p.summaries)}, messages ${grouped(p.messages)}`));
+      for (const [kind, tokens] of [["system", p.host], ["summary", p.summaries], ["message", p.messages]]) {
+        if (!tokens) continue;
+        const h = (height * tokens) / top;
+        group.append(svg("rect", { class: `vv-${kind}`, x, y: base - h, width: bar, height: h }));
+        base -= h;
+      }
+      prompt.append(group);
+      if (p.folds.length) {
+        prompt.append(svg("g", { class: "vv-fold", "data-fold-turn": p.turn, "data-folds": p.folds.join(" ") },
+          svg("title", {}, `Turn ${p.turn} folded the context from ${grouped(p.before)} to ${grouped(p.after)} tokens: ${p.folds.join(", ")}`),
+          svg("rect", { x, y: 0, width: Math.max(bar, 2), height: 8 })));
+      }
+    });
+    // The limits, as the newest turn saw them.
+    const newest = points[points.length - 1];
+    const limit = (tokens, name) => svg("line", { class: `vv-limit vv-${name}`, x1: 0, x2: width, y1: y(tokens), y2: y(tokens), "data-limit": name, "data-tokens": tokens, "vector-effect": "non-scaling-stroke" });
+    if (newest.window) prompt.append(limit(newest.window, "window"));
+    prompt.append(limit(newest.trigger, "trigger"));
+    const folds = points.filter((p) => p.folds.length);
+    const parts = [
+      el("p", { class: "vv-muted" }, `${count(points.length, "turn", "turns")} from ${points[0].turn} to ${newest.turn}; ${count(folds.length, "turn", "turns")} folded (marked above the bars). ` +
+        (newest.window ? `The window: ${grouped(newest.window)} tokens (the solid line); ` : "") + `compaction above ${grouped(newest.trigger)} (the dashed line, the host's prompt included).`),
+      prompt,
+      el("ul", { class: "vv-legend" }, [["system", "The host's prompt"], ["summary", "Summaries"], ["message", "Messages"], ["fold", "A fold"]].map(([kind, name]) =>
+        el("li", {}, el("span", { class: `vv-swatch vv-${kind}` }), name))),
+    ];
+    const reported = points.filter((p) => p.usage);
+    if (reported.length) {
+      const most = Math.max(...reported.map((p) => p.usage.input + p.usage.cacheRead + p.usage.cacheWrite + p.usage.output)) * 1.08 || 1;
+      const provider = svg("svg", { class: "vv-chart", viewBox: `0 0 ${width} ${height}`, preserveAspectRatio: "none", role: "img", "data-chart": "provider",
+        "aria-label": `What the provider counted over ${reported.length} turns, with the share read from its cache` });
+      points.forEach((p, index) => {
+        if (!p.usage) return;
+        const { input, cacheRead, cacheWrite, output } = p.usage;
+        const share = p.cachedShare === null ? "" : Math.round(1000 * p.cachedShare) / 10;
+        const group = svg("g", { "data-turn": p.turn, "data-input": input, "data-cache-read": cacheRead, "data-cache-write": cacheWrite, "data-output": output, "data-cached-share": share },
+          svg("title", {}, `Turn ${p.turn}: ${grouped(cacheRead)} tokens read from the cache${share === "" ? "" : ` (${share} %)`}, ${grouped(cacheWrite)} written to it, ${grouped(input)} read fresh, ${grouped(output)} written out`));
+        let base = height;
+        for (const [kind, tokens] of [["cached", cacheRead], ["cache-write", cacheWrite], ["fresh", input], ["output", output]]) {
+          if (!tokens) continue;
+          const h = (height * tokens) / most;
+          group.append(svg("rect", { class: `vv-${kind}`, x: index * step, y: base - h, width: bar, height: h }));
+          base -= h;
+        }
+        provider.append(group);
+      });
+      const cached = reported.reduce((sum, p) => sum + p.usage.cacheRead, 0);
+      const read = reported.reduce((sum, p) => sum + p.usage.input + p.usage.cacheRead + p.usage.cacheWrite, 0);
+      parts.push(
+        el("p", { class: "vv-muted", "data-part": "provider" }, `What the provider counted, ${count(reported.length, "turn", "turns")} reporting: ${grouped(read)} input tokens, ${percent(cached, read)} % of them read from its cache.`),
+        provider,
+        el("ul", { class: "vv-legend" }, [["cached", "Read from the cache"], ["cache-write", "Written to the cache"], ["fresh", "Read fresh"], ["output", "Output"]].map(([kind, name]) =>
+          el("li", {}, el("span", { class: `vv-swatch vv-${kind}` }), name))),
+      );
+    } else {
+      parts.push(el("p", { class: "vv-muted", "data-part": "provider" }, "The provider reported no usage for these turns."));
+    }
+    history.replaceChildren(...parts);
   }
 
   function drawDag(dag) {
@@ -354,11 +488,13 @@ export function mountPanel(container, options) {
     const generation = state.generation;
     const started = performance.now();
     const checking = check || !state.check;
-    const [context, stats, dag, folds] = await Promise.all([ask({ view: "context" }), ask({ view: "stats" }),
-      ask({ view: "dag", inContext: true }), ask({ view: "timeline", limit: TIMELINE_ROWS })]);
+    const [context, stats, dag, folds, turns] = await Promise.all([ask({ view: "context" }), ask({ view: "stats" }),
+      ask({ view: "dag", inContext: true }), ask({ view: "timeline", limit: TIMELINE_ROWS }), ask({ view: "history", limit: HISTORY_TURNS })]);
     if (state.disposed || generation !== state.generation) return;
     const prompt = windowParts(context, stats);
     drawWindow(prompt, stats);
+    drawHistory(turns);
+    about.replaceChildren(`vilvona ${stats.version ?? "?"}; the store: ${mebibytes(stats.databaseBytes)} MiB, ${count(stats.indexDocs ?? 0, "document", "documents")} in the recall index.`);
     drawDag(dag);
     // The system prompt and tools: the first part, which every prompt starts with.
     drawTimeline(folds, prompt.parts[0].tokens);
