@@ -4,7 +4,7 @@
 #   scripts/soak-gateway.sh [--engine vilvona|legacy] [--window TOKENS] [--turns N] [--out DIR]
 #       [--shape chars4|tokenizer|no-usage] [--summarizer extractive|host] [--slow-summarizer MS]
 #       [--sessions N] [--kills N] [--stops N] [--damage index|wal] [--spawns SPEC] [--cut-emoji]
-#       [--resets TURNS] [--stand-ins none|FROM-TO] [--cell NAME]
+#       [--resets TURNS] [--stand-ins none|FROM-TO] [--panel] [--cell NAME]
 #
 # One cell of the soak matrix (.ci/run runs several): the provider's shape (`chars4`: counts
 # characters/4 of the messages and reports usage; `tokenizer`: ~3.3 characters a token over the
@@ -34,7 +34,10 @@
 # has the model refuse summary requests during work turns 20 to 35, and fails unless folds of
 # that stretch were published by a stand-in and none is left in the context at the end (run
 # 20 turns past the stretch: each was rewritten by the model within 20 turns);
-# bindings/openclaw/test/soak-stand-ins.mjs counts them (vilvona).
+# bindings/openclaw/test/soak-stand-ins.mjs counts them (vilvona). `--panel` opens the vilvona
+# panel in the gateway's Control UI in Chromium at the end (bindings/openclaw/test/ui.gateway.mjs:
+# its meter, bar, charts, search, expansion and repairs); for it the mock reports what its
+# prompt cache served and the model has prices per token kind, so the charts show both.
 #
 # `openclaw gateway run` serves the scripted session of bindings/openclaw/test/soak-session.mjs
 # through its OpenAI-compatible endpoint (one session, one request at a time), with OpenClaw's
@@ -109,6 +112,14 @@ case "$SUMMARIZER" in
   *) echo "$0: --summarizer is extractive or host" >&2; exit 2 ;;
 esac
 export MOCK_SUMMARIZER_DELAY_MS="$SLOW_SUMMARIZER"
+# The panel's cell: the provider reports what its prompt cache served, and the model has
+# prices per token kind (per million tokens, as a user configures them), which OpenClaw
+# prices each call at: the panel charts both. Every other cell: no cache report, no prices.
+COST="{ input: 0, output: 0, cacheRead: 0, cacheWrite: 0 }"
+if [ "$PANEL" -eq 1 ]; then
+  export MOCK_CACHE=1
+  COST="{ input: 3, output: 15, cacheRead: 0.3, cacheWrite: 3.75 }"
+fi
 case "$STAND_INS" in
   "" | none) export MOCK_SUMMARIZER_REFUSE="" ;;
   *-*) export MOCK_SUMMARIZER_REFUSE="$STAND_INS" ;;
@@ -165,7 +176,7 @@ cat >"$OPENCLAW_CONFIG_PATH" <<JSON
   models: { mode: "merge", catalogRefresh: { enabled: false },
     providers: { mock: { baseUrl: "http://127.0.0.1:$MOCK_PORT/v1", apiKey: "local", api: "openai-completions",
       models: [{ id: "mock-1", name: "Mock 1", reasoning: false, input: ["text"],
-        cost: { input: 0, output: 0, cacheRead: 0, cacheWrite: 0 }, contextWindow: $WINDOW, maxTokens: 4096 }] } } },
+        cost: $COST, contextWindow: $WINDOW, maxTokens: 4096 }] } } },
   agents: { defaults: { model: { primary: "mock/mock-1" }, workspace: "$WORK/workspace" } },
   gateway: { mode: "local", port: $GATEWAY_PORT, bind: "loopback", auth: { mode: "token", token: "$TOKEN" },
     http: { endpoints: { chatCompletions: { enabled: true } } },

@@ -14,6 +14,8 @@
 //   MOCK_COUNT_TOOLS=1    the tool schemas count toward the prompt, as every real provider does
 //   MOCK_MAX_TOKENS=1     the window holds the prompt plus the request's max_tokens
 //   MOCK_USAGE=0          no usage is reported (servers streaming without include_usage)
+//   MOCK_CACHE=1          the usage says what a prompt cache served (prompt_tokens_details.cached_tokens):
+//                         the leading messages an earlier prompt began with
 //   MOCK_SUMMARIZER_DELAY_MS  summaries take this long (a slow summarizer model)
 //   MOCK_SUMMARIZER_REFUSE=FROM-TO  summary requests get 503 while the newest `STEP-n` a turn
 //                         request holds is within FROM..TO (a model down for a stretch of turns;
@@ -42,6 +44,7 @@ const SHAPE = {
   countTools: process.env.MOCK_COUNT_TOOLS === "1",
   maxTokens: process.env.MOCK_MAX_TOKENS === "1",
   usage: process.env.MOCK_USAGE !== "0",
+  cache: process.env.MOCK_CACHE === "1",
   summarizerDelayMs: Number(process.env.MOCK_SUMMARIZER_DELAY_MS ?? 0),
   summarizerRefused: (process.env.MOCK_SUMMARIZER_REFUSE ?? "").split("-").filter(Boolean).map(Number),
 };
@@ -57,12 +60,37 @@ function text(content) {
   return "";
 }
 
-function respond(res, reply, stream, promptTokens) {
+// The prompts a cache holds (MOCK_CACHE=1): the newest requests' messages, as JSON each.
+const cached = [];
+const CACHED_PROMPTS = 16;
+
+/**
+ * What a provider's prompt cache serves of `messages` (tokens of `promptTokens`): the longest
+ * run of leading messages an earlier prompt began with, as a share of the prompt's characters;
+ * then the prompt is cached in its turn.
+ */
+function cacheRead(messages, promptTokens) {
+  const parts = messages.map((m) => JSON.stringify(m));
+  let longest = 0;
+  for (const earlier of cached) {
+    let same = 0;
+    while (same < parts.length && same < earlier.length && parts[same] === earlier[same]) same += 1;
+    longest = Math.max(longest, same);
+  }
+  cached.unshift(parts);
+  cached.length = Math.min(cached.length, CACHED_PROMPTS);
+  const all = parts.reduce((sum, part) => sum + part.length, 0);
+  const prefix = parts.slice(0, longest).reduce((sum, part) => sum + part.length, 0);
+  return all > 0 ? Math.floor((promptTokens * prefix) / all) : 0;
+}
+
+function respond(res, reply, stream, promptTokens, cachedTokens) {
   const { body = "", toolCall = null } = reply;
   const id = `chatcmpl-${++counter}`;
   const created = Math.floor(Date.now() / 1000);
   const completion = Math.ceil((body.length + JSON.stringify(toolCall ?? "").length) / 4);
-  const usage = { prompt_tokens: promptTokens, completion_tokens: completion, total_tokens: promptTokens + completion };
+  const usage = { prompt_tokens: promptTokens, completion_tokens: completion, total_tokens: promptTokens + completion,
+    ...(cachedTokens === undefined ? {} : { prompt_tokens_details: { cached_tokens: cachedTokens } }) };
   const call = toolCall && { id: `call_${counter}`, type: "function", function: toolCall };
   if (!stream) {
     const message = call ? { role: "assistant", content: null, tool_calls: [call] } : { role: "assistant", content: body };
@@ -240,7 +268,8 @@ createServer((req, res) => {
       reject(res, countedTokens + reserved);
       return;
     }
-    const answer = () => respond(res, reply(body), body.stream, countedTokens);
+    const served = SHAPE.cache && !summarizing ? cacheRead(messages, countedTokens) : undefined;
+    const answer = () => respond(res, reply(body), body.stream, countedTokens, served);
     if (summarizing && SHAPE.summarizerDelayMs > 0) setTimeout(answer, SHAPE.summarizerDelayMs);
     else answer();
   });

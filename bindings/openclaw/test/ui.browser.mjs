@@ -206,11 +206,24 @@ test("vilvona ui: the window, search, the DAG to its sources, and stored markup 
       assert.equal(await page.evaluate(() => window.__vvRan), undefined);
       assert.equal(await page.locator("#panel script, #panel img").count(), 0);
 
+      // Previews render Markdown, sanitized by construction: markup in a stored text stays
+      // text, and a link goes only to http(s).
+      const rendered = await page.evaluate(async (script) => {
+        const { markdown } = await import("/index.js");
+        const node = markdown(`## Decisions\n- keep **the API** and \`cargo test\`\n- see [the run](https://example.test/run) or [no](javascript:alert(1))\n\n${script}\n\n\`\`\`\nfn main() {}\n\`\`\``);
+        return { html: node.innerHTML, text: node.textContent, tags: [...node.querySelectorAll("*")].map((n) => n.tagName.toLowerCase()), links: [...node.querySelectorAll("a")].map((a) => a.href) };
+      }, SCRIPT);
+      assert.deepEqual(rendered.tags, ["h5", "ul", "li", "strong", "code", "li", "a", "p", "pre", "code"]);
+      assert.deepEqual(rendered.links, ["https://example.test/run"]);
+      assert.ok(rendered.text.includes(SCRIPT), rendered.html);
+      assert.ok(rendered.text.includes("[no](javascript:alert(1))"), rendered.html);
+
       // Read-only by default: no repair is offered.
       await page.waitForSelector("[data-part=health] [data-ok]");
       assert.equal(await page.locator("[data-part=repair]").count(), 0);
 
       await page.screenshot({ path: join(out, `vilvona-ui-${width}.png`), fullPage: true });
+      await page.locator("[data-part=history]").screenshot({ path: join(out, `vilvona-ui-${width}-history.png`) });
       assert.deepEqual(errors, []);
       // Also as the page timed them: from asking the views to drawing them.
       timings[width] = {
@@ -329,8 +342,13 @@ test("vilvona ui --allow-repair: truncated summaries re-summarized with the conf
   try {
     const page = await browser.newPage({ viewport: { width: 1280, height: 900 } });
     await page.goto(url);
-    const offer = page.locator("[data-repair=resummarize] [data-part=repair]");
-    assert.equal(await offer.textContent(), `Re-summarize ${flagged} truncated ${flagged === 1 ? "summary" : "summaries"}…`);
+    // "Needs attention" lists each, marked truncated, with the rewrite beside them.
+    const listed = page.locator("[data-part=attention] li[data-id]");
+    await listed.first().waitFor();
+    assert.deepEqual(await listed.evaluateAll((items) => items.map((item) => item.dataset.id)), rewritten);
+    for (const badge of await page.locator("[data-part=attention] li .vv-badge").allTextContents()) assert.equal(badge, "truncated");
+    const offer = page.locator("[data-part=attention] [data-repair=resummarize] [data-part=repair]");
+    assert.equal(await offer.textContent(), `Rewrite ${flagged} ${flagged === 1 ? "summary" : "summaries"} with the configured summarizer…`);
     const asked = model.requests;
     await offer.click();
     const preview = await page.locator("[data-repair=resummarize] [data-part=repair-preview]").textContent();
@@ -347,6 +365,7 @@ test("vilvona ui --allow-repair: truncated summaries re-summarized with the conf
     // truncation flag any more (summaries already folded deeper keep theirs: the repair
     // rewrites what the context shows).
     await page.locator("[data-repair=resummarize]").waitFor({ state: "detached" });
+    assert.equal(await page.getAttribute("[data-part=attention] [data-flagged]", "data-flagged"), "0");
     let shown = 0;
     for (const id of rewritten) {
       const row = page.locator(`[data-part=timeline] li[data-id="${id}"]`);

@@ -47,6 +47,13 @@ try {
   for (const width of [1280, 360]) {
     const context = await browser.newContext({ viewport: { width, height: 900 } });
     page = await context.newPage();
+    // The console on load, and every failed request: none of the panel's (its module, its
+    // styles, its views). OpenClaw 2026.9.6's own page asks for a user avatar and a workspace
+    // icon it answers 404 (printed, not ours to fix).
+    const errors = [];
+    page.on("console", (message) => message.type() === "error" && errors.push(`console: ${message.text()} (${message.location().url})`));
+    page.on("pageerror", (error) => errors.push(`${error}: ${error.stack ?? ""}`));
+    page.on("response", (response) => response.status() >= 400 && errors.push(`HTTP ${response.status()}: ${response.url()}`));
     const loaded = Date.now();
     await page.goto(`${gateway}${path}#token=${token}`);
     // The window meter on the session's header.
@@ -68,7 +75,30 @@ try {
     // The compaction steps: one a summary of the store's DAG.
     const dag = vilvona("context", "dag", "--format", "json", "--session", session.key);
     assert.equal(await view.locator("[data-compactions]").getAttribute("data-compactions"), String(dag.summaries.length));
+    // The charts, turn by turn: their points are `vilvona context history --json`'s (the
+    // newest 300, as the panel asks), every fold marked, the cached share where reported.
+    const turns = vilvona("context", "history", "--json", "--session", session.key).slice(-300);
+    assert.ok(turns.length > 0, "the gateway's session recorded no turn");
+    await view.locator("[data-chart=prompt] g[data-turn]").first().waitFor({ timeout: 30_000 });
+    const drawn = await view.locator("[data-chart=prompt] g[data-turn]").evaluateAll((groups) => groups.map((g) => ({
+      turn: Number(g.dataset.turn), host: Number(g.dataset.host), summaries: Number(g.dataset.summaries), messages: Number(g.dataset.messages) })));
+    const sum = (context, summary) => Object.entries(context).filter(([kind]) => kind.startsWith("summary") === summary).reduce((all, [, tokens]) => all + tokens, 0);
+    assert.deepEqual(drawn, turns.map((turn) => ({ turn: turn.turn, host: turn.hostPrompt ?? 0, summaries: sum(turn.context, true), messages: sum(turn.context, false) })));
+    const marked = await view.locator("[data-chart=prompt] [data-fold-turn]").evaluateAll((marks) => marks.map((m) => [Number(m.dataset.foldTurn), m.dataset.folds]));
+    const folded = turns.filter((turn) => turn.folds?.length).map((turn) => [turn.turn, turn.folds.join(" ")]);
+    assert.ok(folded.length > 0, "no turn of the gateway's session folded");
+    assert.deepEqual(marked, folded);
+    const charged = await view.locator("[data-chart=provider] g[data-turn]").evaluateAll((groups) => groups.map((g) => ({
+      turn: Number(g.dataset.turn), cacheRead: Number(g.dataset.cacheRead), input: Number(g.dataset.input), share: g.dataset.cachedShare, cost: g.dataset.cost })));
+    const share = ({ input, cacheRead, cacheWrite }) => (input + cacheRead + cacheWrite > 0 ? String(Math.round((1000 * cacheRead) / (input + cacheRead + cacheWrite)) / 10) : "");
+    assert.deepEqual(charged, turns.filter((turn) => turn.usage).map(({ turn, usage }) => ({ turn, cacheRead: usage.cacheRead, input: usage.input, share: share(usage), cost: String(usage.cost ?? "") })));
+    // The soak's provider reports its cache and its model has prices (soak-gateway.sh --panel).
+    assert.ok(charged.filter((point) => Number(point.share) > 50).length > charged.length / 2, `most turns read little from the provider's cache: ${JSON.stringify(charged.slice(-3))}`);
+    assert.ok(charged.every((point) => Number(point.cost) > 0), `a turn the host did not price: ${JSON.stringify(charged.find((point) => !(Number(point.cost) > 0)))}`);
+    timings[width].turnsCharted = drawn.length;
+    timings[width].foldsMarked = marked.length;
     await page.screenshot({ path: join(out, `openclaw-panel-${width}-window.png`) });
+    await view.locator("[data-part=history]").screenshot({ path: join(out, `openclaw-panel-${width}-history.png`) });
 
     // A planted fact, found by search, its text shown.
     const typed = Date.now();
@@ -93,6 +123,9 @@ try {
     assert.match(await view.locator("[data-part=repair-preview]").textContent({ timeout: 30_000 }), /rebuild the recall index/);
 
     await page.screenshot({ path: join(out, `openclaw-panel-${width}-search.png`) });
+    const ours = errors.filter((error) => /vilvona|vv-/i.test(error));
+    assert.deepEqual(ours, [], `the panel at ${width} px`);
+    timings[width].hostErrors = errors.filter((error) => !ours.includes(error)).map((error) => error.slice(0, 160));
     await context.close();
   }
 

@@ -269,25 +269,35 @@ pub(crate) async fn timeline(global: &Global, session: &str, json: bool) -> Resu
 }
 
 /// `vilvona context history`: the session turn by turn, oldest first (or its JSON).
-pub(crate) async fn history(global: &Global, session: &str, json: bool) -> Result<ExitCode> {
+pub(crate) async fn history(
+    global: &Global,
+    session: &str,
+    json: bool,
+    prices: Option<vilvona_core::admin::TokenPrices>,
+) -> Result<ExitCode> {
     let host = global.reader().await?;
-    let turns = crate::views::history(&host, session).await?;
+    let turns = crate::views::history(&host, session, prices).await?;
     if json {
         print_json(&serde_json::to_value(&turns)?)?;
         return Ok(ExitCode::SUCCESS);
     }
-    println!("turn  committed (UTC)       host    context  window   trigger  provider: input  cache read  cache write  output  folds");
+    println!(
+        "turn  committed (UTC)       host    context  window   trigger  provider: input  cache read  cache write  output      cost  folds"
+    );
     for turn in &turns {
         let context: u64 = turn.context.values().sum();
         let usage = turn.usage.map_or_else(
             || format!("{:>15}", "-"),
             |usage| {
                 format!(
-                    "{:>15}  {:>10}  {:>11}  {:>6}",
+                    "{:>15}  {:>10}  {:>11}  {:>6}  {:>8}",
                     grouped(usage.input),
                     grouped(usage.cache_read),
                     grouped(usage.cache_write),
-                    grouped(usage.output)
+                    grouped(usage.output),
+                    usage
+                        .cost
+                        .map_or_else(|| "-".to_owned(), |cost| format!("{cost:.4}")),
                 )
             },
         );

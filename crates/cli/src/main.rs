@@ -16,6 +16,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context as _, Result, bail};
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
+use vilvona_core::admin::TokenPrices;
 use vilvona_runtime::{Host, HostOptions, default_state_dir};
 
 #[derive(Parser, Debug)]
@@ -95,6 +96,10 @@ enum Command {
         /// `timeline`, `history`: print one JSON document.
         #[arg(long)]
         json: bool,
+        /// `history`: price the turns the host did not price, INPUT,CACHED,WRITE,OUTPUT per
+        /// million tokens (as `vilvona ui --prices`).
+        #[arg(long, value_name = "PRICES", value_parser = parse_prices)]
+        prices: Option<TokenPrices>,
     },
     /// Manual /compact through the host.
     Compact {
@@ -272,6 +277,12 @@ enum Command {
         /// does), so it never outlives its parent.
         #[arg(long)]
         exit_with_stdin: bool,
+        /// Price the turns the host did not price: INPUT,CACHED,WRITE,OUTPUT in money per
+        /// million tokens of fresh input, input read from the cache, input written to it, and
+        /// output (as 3,0.3,3.75,15). Without it (and without the host's prices) the charts
+        /// show tokens only.
+        #[arg(long, value_name = "PRICES", value_parser = parse_prices)]
+        prices: Option<TokenPrices>,
     },
     /// Serve one engine over JSON-RPC 2.0 (for the OpenClaw plugin in bindings/openclaw).
     Serve {
@@ -289,6 +300,11 @@ enum PluginsAction {
         /// The engine id (for example `lossless`).
         id: String,
     },
+}
+
+/// `--prices INPUT,CACHED,WRITE,OUTPUT`.
+fn parse_prices(text: &str) -> Result<TokenPrices, String> {
+    TokenPrices::parse(text)
 }
 
 #[derive(Copy, Clone, Debug, ValueEnum)]
@@ -532,7 +548,8 @@ async fn run(command: Command, global: &Global) -> Result<ExitCode> {
             port,
             allow_repair,
             exit_with_stdin,
-        } => ui::ui(global, port, allow_repair, exit_with_stdin).await,
+            prices,
+        } => ui::ui(global, port, allow_repair, exit_with_stdin, prices).await,
         Command::Context {
             view,
             session,
@@ -540,10 +557,13 @@ async fn run(command: Command, global: &Global) -> Result<ExitCode> {
             format,
             workspace,
             json,
+            prices,
         } => {
             match view {
                 ContextView::Timeline => return context::timeline(global, &session, json).await,
-                ContextView::History => return context::history(global, &session, json).await,
+                ContextView::History => {
+                    return context::history(global, &session, json, prices).await;
+                }
                 _ => {}
             }
             context::context(

@@ -16,6 +16,7 @@ use anyhow::{Context as _, Result};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::{TcpListener, TcpStream};
+use vilvona_core::admin::TokenPrices;
 use vilvona_runtime::Host;
 
 use crate::Global;
@@ -54,6 +55,8 @@ struct Served {
     token: String,
     /// Where a repair opens its writing host (`None`: read-only, no repairs).
     repairs: Option<Global>,
+    /// Prices per million tokens for the turns the host did not price.
+    prices: Option<TokenPrices>,
 }
 
 /// Runs the server until the process is stopped. `port` 0 takes a free one. With
@@ -63,6 +66,7 @@ pub(crate) async fn ui(
     port: u16,
     allow_repair: bool,
     exit_with_stdin: bool,
+    prices: Option<TokenPrices>,
 ) -> Result<ExitCode> {
     if exit_with_stdin {
         // The parent holds the other end: when it ends, however it ends, so does this.
@@ -81,6 +85,7 @@ pub(crate) async fn ui(
         host,
         token: random_token()?,
         repairs: allow_repair.then(|| global.clone()),
+        prices,
     });
     // One line on stdout, flushed: the URL to open (a parent process reads it too).
     println!("vilvona ui: http://{address}/#token={}", served.token);
@@ -218,7 +223,7 @@ async fn serve_connection(mut stream: TcpStream, served: &Served) -> Result<()> 
             let answer = match serde_json::from_slice::<Value>(&request.body) {
                 Err(error) => Err(anyhow::anyhow!("the request is not JSON: {error}")),
                 Ok(asked) if path == "/api/repair" => repair(served, &asked).await,
-                Ok(view) => crate::views::answer(&served.host, &view)
+                Ok(view) => crate::views::answer(&served.host, &view, served.prices)
                     .await
                     .map(|mut answer| {
                         // The page offers a repair only where one is allowed.

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use anyhow::{Context as _, Result, anyhow, bail};
 use serde_json::{Value, json};
-use vilvona_core::admin::{StorageCheck, TurnRecord};
+use vilvona_core::admin::{StorageCheck, TokenPrices, TurnRecord};
 use vilvona_runtime::Host;
 use vilvona_runtime::context_report::{ContextReport, context_report};
 
@@ -21,7 +21,11 @@ const WATCH_WAIT: Duration = Duration::from_secs(20);
 const WATCH_EVERY: Duration = Duration::from_millis(250);
 
 /// Answers one request of the page (see the module's documentation).
-pub(crate) async fn answer(host: &Host, request: &Value) -> Result<Value> {
+pub(crate) async fn answer(
+    host: &Host,
+    request: &Value,
+    prices: Option<TokenPrices>,
+) -> Result<Value> {
     let view = request["view"].as_str().unwrap_or_default();
     let session = || {
         request["session"]
@@ -54,7 +58,7 @@ pub(crate) async fn answer(host: &Host, request: &Value) -> Result<Value> {
         "stats" => return stats(host, session()?).await,
         "history" => {
             // The newest `limit` turns (all that are kept without it).
-            let mut turns = history(host, session()?).await?;
+            let mut turns = history(host, session()?, prices).await?;
             if let Some(limit) = request["limit"].as_u64() {
                 turns.drain(..turns.len().saturating_sub(limit as usize));
             }
@@ -179,11 +183,24 @@ pub(crate) async fn stats(host: &Host, session: &str) -> Result<Value> {
 }
 
 /// The session turn by turn, oldest first (`vilvona context history`, the panel's charts).
-pub(crate) async fn history(host: &Host, session: &str) -> Result<Vec<TurnRecord>> {
+/// With `prices`, a turn the host did not price is priced at them.
+pub(crate) async fn history(
+    host: &Host,
+    session: &str,
+    prices: Option<TokenPrices>,
+) -> Result<Vec<TurnRecord>> {
     let (key, record) = find_session(host, session).await?;
     let engine = host.history().await?;
     let admin = crate::inspect::admin_of(&engine)?;
-    Ok(admin.turn_history(&caller(&key, &record)).await?)
+    let mut turns = admin.turn_history(&caller(&key, &record)).await?;
+    if let Some(prices) = prices {
+        for usage in turns.iter_mut().filter_map(|turn| turn.usage.as_mut()) {
+            if usage.cost.is_none() {
+                usage.cost = Some(prices.cost(usage));
+            }
+        }
+    }
+    Ok(turns)
 }
 
 /// The store's integrity, as doctor's "store integrity" line says it.

@@ -141,7 +141,7 @@ pub struct WindowPlan {
 /// model call was assembled from, what the host added, the folds the turn's compaction made,
 /// and what the provider reported for its calls. An engine keeps a bounded number of the
 /// newest, forgotten with the session.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct TurnRecord {
     /// The turn's number in the session, from 1.
@@ -176,8 +176,9 @@ pub struct TurnRecord {
     pub heartbeat: bool,
 }
 
-/// A turn's model calls as the provider counted them (tokens).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// A turn's model calls as the provider counted them (tokens), and what the host priced them
+/// at.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct TurnUsage {
     /// Calls that reported usage.
@@ -190,6 +191,60 @@ pub struct TurnUsage {
     pub cache_write: u64,
     /// Output tokens.
     pub output: u64,
+    /// What the calls cost, as the host priced them from its model's configured prices per
+    /// token kind (OpenClaw's `usage.cost.total`), when it priced any above zero; or as
+    /// `vilvona context history --prices` prices the tokens.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost: Option<f64>,
+}
+
+/// Prices per million tokens of each kind, to price a turn's usage where the host did not.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct TokenPrices {
+    /// Input read fresh.
+    pub input: f64,
+    /// Input read from the cache.
+    pub cached_input: f64,
+    /// Input written to the cache.
+    pub cache_write: f64,
+    /// Output.
+    pub output: f64,
+}
+
+impl TokenPrices {
+    /// `INPUT,CACHED,WRITE,OUTPUT` per million tokens (`3,0.3,3.75,15`).
+    pub fn parse(text: &str) -> Result<TokenPrices, String> {
+        let prices: Vec<f64> = text
+            .split(',')
+            .map(|part| {
+                part.trim()
+                    .parse::<f64>()
+                    .ok()
+                    .filter(|price| price.is_finite() && *price >= 0.0)
+                    .ok_or_else(|| format!("{part:?} is not a price (a number, 0 or more)"))
+            })
+            .collect::<Result<_, _>>()?;
+        match prices[..] {
+            [input, cached_input, cache_write, output] => Ok(TokenPrices {
+                input,
+                cached_input,
+                cache_write,
+                output,
+            }),
+            _ => Err(format!(
+                "{text:?}: four prices per million tokens are needed, INPUT,CACHED,WRITE,OUTPUT (as 3,0.3,3.75,15)"
+            )),
+        }
+    }
+
+    /// What `usage` costs at these prices.
+    pub fn cost(&self, usage: &TurnUsage) -> f64 {
+        (usage.input as f64 * self.input
+            + usage.cache_read as f64 * self.cached_input
+            + usage.cache_write as f64 * self.cache_write
+            + usage.output as f64 * self.output)
+            / 1_000_000.0
+    }
 }
 
 /// Items of one kind in a context.

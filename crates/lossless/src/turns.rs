@@ -45,6 +45,12 @@ pub(crate) fn turn_usage(messages: &[AgentMessage]) -> Option<TurnUsage> {
         sum.cache_read += usage.cache_read.unwrap_or(0);
         sum.cache_write += usage.cache_write.unwrap_or(0);
         sum.output += usage.output.unwrap_or(0);
+        // OpenClaw prices each call from its model's configured prices (zeros by default).
+        if let Some(cost) = usage.extra.get("cost").and_then(|cost| cost["total"].as_f64()) {
+            if cost > 0.0 {
+                *sum.cost.get_or_insert(0.0) += cost;
+            }
+        }
     }
     (sum.calls > 0).then_some(sum)
 }
@@ -141,7 +147,7 @@ mod tests {
         let turn = [AgentMessage::user_text("q"), answer(100, Some(900)), answer(50, None)];
         assert_eq!(
             turn_usage(&turn),
-            Some(TurnUsage { calls: 2, input: 150, cache_read: 900, cache_write: 0, output: 14 })
+            Some(TurnUsage { calls: 2, input: 150, cache_read: 900, cache_write: 0, output: 14, cost: None })
         );
         assert_eq!(turn_usage(&[AgentMessage::user_text("q")]), None);
     }

@@ -39,6 +39,70 @@ function snippet(text) {
   return out;
 }
 
+/** Inline Markdown (`code`, **strong**, *emphasis*, [text](http…)) as nodes, all of it text. */
+function inline(text) {
+  const nodes = [];
+  const pattern = /`([^`]+)`|\*\*([^*]+)\*\*|(?<![\w*])[*_]([^*_\s][^*_]*)[*_](?![\w*])|\[([^\]]+)\]\((https?:\/\/[^\s)]+)\)/g;
+  let at = 0;
+  for (const match of text.matchAll(pattern)) {
+    if (match.index > at) nodes.push(text.slice(at, match.index));
+    const [, code, strong, emphasis, label, href] = match;
+    if (code !== undefined) nodes.push(el("code", {}, code));
+    else if (strong !== undefined) nodes.push(el("strong", {}, strong));
+    else if (emphasis !== undefined) nodes.push(el("em", {}, emphasis));
+    else nodes.push(el("a", { href, rel: "noopener noreferrer nofollow", target: "_blank" }, label));
+    at = match.index + match[0].length;
+  }
+  if (at < text.length) nodes.push(text.slice(at));
+  return nodes;
+}
+
+/**
+ * A stored text with its Markdown rendered: headings, lists, fenced code, paragraphs, and the
+ * inline marks. Sanitized by construction: every piece becomes a text node or one of a few
+ * elements made here (links only to http and https), never markup parsed from the text, so a
+ * stored `<script>` shows as text.
+ */
+export function markdown(text) {
+  const out = el("div", { class: "vv-text vv-markdown" });
+  const lines = String(text ?? "").split("\n");
+  let list = null;
+  let paragraph = [];
+  const flush = () => {
+    if (paragraph.length) out.append(el("p", {}, inline(paragraph.join("\n"))));
+    paragraph = [];
+  };
+  for (let index = 0; index < lines.length; index += 1) {
+    const line = lines[index];
+    const fence = /^\s*```/.test(line);
+    const heading = /^(#{1,6})\s+(.*)$/.exec(line);
+    const item = /^\s*(?:[-*+]|(\d+)[.)])\s+(.*)$/.exec(line);
+    if (fence || heading || !line.trim()) flush();
+    if (!item || fence || heading) list = null;
+    if (fence) {
+      const code = [];
+      for (index += 1; index < lines.length && !/^\s*```/.test(lines[index]); index += 1) code.push(lines[index]);
+      out.append(el("pre", {}, el("code", {}, code.join("\n"))));
+    } else if (heading) {
+      out.append(el(`h${Math.min(heading[1].length + 3, 6)}`, {}, inline(heading[2])));
+    } else if (item) {
+      flush();
+      if (!list) {
+        list = el(item[1] ? "ol" : "ul");
+        out.append(list);
+      }
+      list.append(el("li", {}, inline(item[2])));
+    } else if (line.trim()) {
+      paragraph.push(line);
+    }
+  }
+  flush();
+  return out;
+}
+
+/** Whether a stand-in wrote a summary: the truncation, or a fallback in place of the configured summarizer. */
+const standIn = (summary) => summary.level === "fallback" || / in place of /.test(summary.summarizer ?? "");
+
 /**
  * The parts of the prompt against the window. Where the host told the engine its window (a
  * gateway's session), from `stats`: the host's own prompt as last counted, the engine's
@@ -69,6 +133,9 @@ export function windowParts(context, stats) {
 
 /** A time in milliseconds as `2026-12-03 14:05` (UTC). */
 const minute = (ms) => new Date(ms).toISOString().replace("T", " ").slice(0, 16);
+
+/** A cost in the prices' unit, to four decimals. */
+const money = (amount) => Number(amount).toFixed(4);
 
 /** Bytes as MiB with one decimal. */
 const mebibytes = (bytes) => (Number(bytes ?? 0) / 1048576).toFixed(1);
@@ -112,6 +179,8 @@ export function historyPoints(turns) {
       window: turn.window ?? null, trigger: turn.trigger + host, folds: turn.folds ?? [],
       before: turn.contextBeforeCompaction, after: turn.contextAfterCompaction, usage,
       cachedShare: read > 0 ? usage.cacheRead / read : null,
+      // As the host priced it (its model's prices per token kind), or `vilvona ui --prices`.
+      cost: usage?.cost ?? null,
     };
   });
 }
@@ -139,6 +208,7 @@ export function mountPanel(container, options) {
   const dagList = el("ul", { class: "vv-dag", "data-part": "dag" });
   const health = el("div", { class: "vv-health", "data-part": "health" });
   const about = el("p", { class: "vv-muted", "data-part": "about" });
+  const attention = el("div", { class: "vv-attention", "data-part": "attention" });
   const timeline = el("div", { class: "vv-timeline", "data-part": "timeline" });
   const history = el("div", { class: "vv-history", "data-part": "history" });
   root.append(
@@ -146,6 +216,7 @@ export function mountPanel(container, options) {
     el("h3", {}, "Turn by turn"), history,
     el("h3", {}, "Search"), el("div", { class: "vv-search" }, searchInput, searchMode), hits,
     el("h3", {}, "Summaries in the context"), dagList,
+    el("h3", {}, "Needs attention"), attention,
     el("h3", {}, "Compactions"), timeline,
     el("h3", {}, "Store"), about, health,
   );
@@ -205,7 +276,7 @@ export function mountPanel(container, options) {
     if (item.inContext) head.append(el("span", { class: "vv-badge" }, "in context"));
     li.append(head);
     const body = item.content ?? item.text;
-    if (body) li.append(el("pre", { class: "vv-text" }, String(body)));
+    if (body) li.append(markdown(body));
     if (isSummary && !path.includes(id)) {
       const children = el("ul", { class: "vv-children" });
       const button = el("button", { type: "button", "aria-expanded": "false", "data-expand": id }, "Expand");
@@ -271,7 +342,7 @@ export function mountPanel(container, options) {
     points.forEach((p, index) => {
       const x = index * step;
       let base = height;
-      const group = svg("g", { "data-turn": p.turn, "data-host": p.host, "data-summaries": p.summaries, "data-messages": p.messages, "data-total": p.total },
+      const group = svg("g", { "data-turn": p.turn, "data-host": p.host, "data-summaries": p.summaries, "data-messages": p.messages },
         svg("title", {}, `Turn ${p.turn}: ${grouped(p.total)} tokens — the host's ${grouped(p.host)}, summaries ${grouped(p.summaries)}, messages ${grouped(p.messages)}`));
       for (const [kind, tokens] of [["system", p.host], ["summary", p.summaries], ["message", p.messages]]) {
         if (!tokens) continue;
@@ -308,8 +379,8 @@ export function mountPanel(container, options) {
         if (!p.usage) return;
         const { input, cacheRead, cacheWrite, output } = p.usage;
         const share = p.cachedShare === null ? "" : Math.round(1000 * p.cachedShare) / 10;
-        const group = svg("g", { "data-turn": p.turn, "data-input": input, "data-cache-read": cacheRead, "data-cache-write": cacheWrite, "data-output": output, "data-cached-share": share },
-          svg("title", {}, `Turn ${p.turn}: ${grouped(cacheRead)} tokens read from the cache${share === "" ? "" : ` (${share} %)`}, ${grouped(cacheWrite)} written to it, ${grouped(input)} read fresh, ${grouped(output)} written out`));
+        const group = svg("g", { "data-turn": p.turn, "data-input": input, "data-cache-read": cacheRead, "data-cache-write": cacheWrite, "data-output": output, "data-cached-share": share, "data-cost": p.cost ?? "" },
+          svg("title", {}, `Turn ${p.turn}: ${grouped(cacheRead)} tokens read from the cache${share === "" ? "" : ` (${share} %)`}, ${grouped(cacheWrite)} written to it, ${grouped(input)} read fresh, ${grouped(output)} written out${p.cost === null ? "" : `; cost ${money(p.cost)}`}`));
         let base = height;
         for (const [kind, tokens] of [["cached", cacheRead], ["cache-write", cacheWrite], ["fresh", input], ["output", output]]) {
           if (!tokens) continue;
@@ -321,8 +392,12 @@ export function mountPanel(container, options) {
       });
       const cached = reported.reduce((sum, p) => sum + p.usage.cacheRead, 0);
       const read = reported.reduce((sum, p) => sum + p.usage.input + p.usage.cacheRead + p.usage.cacheWrite, 0);
+      const priced = reported.filter((p) => p.cost !== null);
+      const spent = priced.reduce((sum, p) => sum + p.cost, 0);
       parts.push(
-        el("p", { class: "vv-muted", "data-part": "provider" }, `What the provider counted, ${count(reported.length, "turn", "turns")} reporting: ${grouped(read)} input tokens, ${percent(cached, read)} % of them read from its cache.`),
+        el("p", { class: "vv-muted", "data-part": "provider", "data-cost": priced.length ? spent : "" },
+          `What the provider counted, ${count(reported.length, "turn", "turns")} reporting: ${grouped(read)} input tokens, ${percent(cached, read)} % of them read from its cache` +
+          (priced.length ? `; cost ${money(spent)} in all, ${money(spent / priced.length)} a turn (the model's prices per token kind).` : " (no prices configured: tokens only).")),
         provider,
         el("ul", { class: "vv-legend" }, [["cached", "Read from the cache"], ["cache-write", "Written to the cache"], ["fresh", "Read fresh"], ["output", "Output"]].map(([kind, name]) =>
           el("li", {}, el("span", { class: `vv-swatch vv-${kind}` }), name))),
@@ -391,15 +466,36 @@ export function mountPanel(container, options) {
     if (!options.repair || !(options.canRepair ?? check.canRepair)) return;
     offerRepair(check, "rebuild-index", "Rebuild the recall index…", "Rebuild now",
       (done) => `Rebuilt the recall index: ${grouped(done.rebuilt)} documents.`);
-    if (state.truncated > 0) {
-      offerRepair(check, "resummarize", `Re-summarize ${count(state.truncated, "truncated summary", "truncated summaries")}…`, "Re-summarize now",
-        (done) => `Re-summarized ${grouped(done.rewritten)} of ${grouped(done.flagged)} with ${done.summarizer}` +
-          (done.remaining ? `; ${grouped(done.remaining)} still truncated.` : "."));
+    drawAttention(check);
+  }
+
+  /**
+   * The summaries in the context a stand-in wrote (the truncation, or a fallback in place of
+   * the configured summarizer), each with why; the rewrite by the configured summarizer
+   * beside them, for who may repair.
+   */
+  function drawAttention(check) {
+    const flagged = state.standIns ?? [];
+    if (flagged.length === 0) {
+      attention.replaceChildren(el("p", { class: "vv-ok", "data-flagged": 0 }, "Nothing: the configured summarizer wrote every summary in the context."));
+      return;
     }
+    attention.replaceChildren(
+      el("p", { class: "vv-warn", "data-flagged": flagged.length }, `${count(flagged.length, "summary", "summaries")} in the context ${flagged.length === 1 ? "was" : "were"} written by a stand-in; the configured summarizer can write them again, each in its place.`),
+      el("ul", { class: "vv-dag" }, flagged.map((summary) => el("li", { "data-id": summary.summaryId },
+        el("div", { class: "vv-row" },
+          el("span", { class: "vv-depth" }, `D${summary.depth}`), el("code", {}, summary.summaryId),
+          el("span", { class: "vv-badge vv-warn" }, summary.level === "fallback" ? "truncated" : "fallback"),
+          el("span", { class: "vv-muted" }, `${grouped(summary.tokens)} tok, ${summary.summarizer}`))))),
+    );
+    if (!check || !options.repair || !(options.canRepair ?? check.canRepair)) return;
+    offerRepair(check, "resummarize", `Rewrite ${count(flagged.length, "summary", "summaries")} with the configured summarizer…`, "Rewrite now",
+      (done) => `Re-summarized ${grouped(done.rewritten)} of ${grouped(done.flagged)} with ${done.summarizer}` +
+        (done.remaining ? `; ${grouped(done.remaining)} still written by a stand-in.` : "."), attention);
   }
 
   /** A repair's button: its preview (what it will do, whether it is needed), then a confirmation. */
-  function offerRepair(check, repair, label, confirmLabel, result) {
+  function offerRepair(check, repair, label, confirmLabel, result, container = health) {
     const fix = (payload) => options.repair({ session: state.sessionKey, repair, ...payload });
     const box = el("div", { class: "vv-repair", "data-repair": repair });
     const start = el("button", { type: "button", "data-part": "repair" }, label);
@@ -430,7 +526,7 @@ export function mountPanel(container, options) {
       }
     });
     box.append(start);
-    health.append(box);
+    container.append(box);
   }
 
   /** Opens the summary a hit lies under, at the top of the DAG, and shows it. */
@@ -498,7 +594,8 @@ export function mountPanel(container, options) {
     drawDag(dag);
     // The system prompt and tools: the first part, which every prompt starts with.
     drawTimeline(folds, prompt.parts[0].tokens);
-    state.truncated = dag.summaries.filter((summary) => summary.level === "fallback").length;
+    state.standIns = dag.summaries.filter((summary) => summary.inContext && standIn(summary));
+    drawAttention(state.check);
     // How long the views took, asked to drawn (the browser tests read it).
     root.dataset.painted = String(Math.round(performance.now() - started));
     say(`Session ${state.sessionKey}`);
