@@ -223,6 +223,8 @@ test("vilvona ui: the window, search, the DAG to its sources, and stored markup 
       assert.equal(await page.locator("[data-part=repair]").count(), 0);
 
       await page.screenshot({ path: join(out, `vilvona-ui-${width}.png`), fullPage: true });
+      await page.evaluate(() => window.scrollTo(0, 0));
+      await page.screenshot({ path: join(out, `vilvona-ui-${width}-top.png`) });
       await page.locator("[data-part=history]").screenshot({ path: join(out, `vilvona-ui-${width}-history.png`) });
       assert.deepEqual(errors, []);
       // Also as the page timed them: from asking the views to drawing them.

@@ -133,7 +133,10 @@ fn turns_are_recorded(state: &Path, store: &[&str], turns: u64, kept: u64) {
         &["context", "history", "--json", "--session", SESSION],
     );
     let records = history.as_array().unwrap();
-    let numbers: Vec<u64> = records.iter().map(|r| r["turn"].as_u64().unwrap()).collect();
+    let numbers: Vec<u64> = records
+        .iter()
+        .map(|r| r["turn"].as_u64().unwrap())
+        .collect();
     assert_eq!(numbers, (turns - kept + 1..=turns).collect::<Vec<u64>>());
     let mut left_by_previous: Option<u64> = None;
     for record in records {
@@ -157,8 +160,13 @@ fn turns_are_recorded(state: &Path, store: &[&str], turns: u64, kept: u64) {
             assert_eq!(assembled, left, "turn {n}: {record}");
         }
         left_by_previous = record["contextAfterCompaction"].as_u64();
-        assert!(record["hostPrompt"].as_u64().unwrap() > 0, "turn {n}: {record}");
-        assert!(record["contextAfterCompaction"].as_u64() <= record["contextBeforeCompaction"].as_u64());
+        assert!(
+            record["hostPrompt"].as_u64().unwrap() > 0,
+            "turn {n}: {record}"
+        );
+        assert!(
+            record["contextAfterCompaction"].as_u64() <= record["contextBeforeCompaction"].as_u64()
+        );
     }
     // The folds: some turns made them, each a summary of the DAG, and the context afterwards
     // holds summaries.
@@ -184,9 +192,11 @@ fn turns_are_recorded(state: &Path, store: &[&str], turns: u64, kept: u64) {
         assert!(summaries.contains(fold), "{fold} is not in the DAG");
     }
     assert!(
-        records
-            .iter()
-            .any(|r| r["context"].as_object().unwrap().keys().any(|kind| kind.starts_with("summary"))),
+        records.iter().any(|r| r["context"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .any(|kind| kind.starts_with("summary"))),
         "no turn was assembled with a summary"
     );
     // Forgotten with the session.

@@ -457,3 +457,25 @@ pub trait EngineAdmin: Send + Sync {
     /// summaries, is already stored.
     async fn import_session(&self, archive: SessionArchive) -> Result<ImportReport, EngineError>;
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prices_are_four_numbers_per_million_tokens() {
+        let prices = TokenPrices::parse("3, 0.3,3.75,15").unwrap();
+        let usage = TurnUsage {
+            calls: 1,
+            input: 1_000_000,
+            cache_read: 2_000_000,
+            cache_write: 0,
+            output: 100_000,
+            cost: None,
+        };
+        assert!((prices.cost(&usage) - (3.0 + 0.6 + 1.5)).abs() < 1e-9);
+        for wrong in ["3,0.3,3.75", "3,0.3,3.75,x", "3,-1,3.75,15", ""] {
+            assert!(TokenPrices::parse(wrong).is_err(), "{wrong}");
+        }
+    }
+}

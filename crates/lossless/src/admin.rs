@@ -8,7 +8,7 @@ use async_trait::async_trait;
 use vilvona_core::EngineError;
 use vilvona_core::admin::{
     DagView, EngineAdmin, Forgotten, ItemGroup, Resummarized, RetentionRun, SessionStats,
-    StorageCheck, StorageUsage, StoredSession, TurnRecord, ToolCaller, WindowPlan,
+    StorageCheck, StorageUsage, StoredSession, ToolCaller, TurnRecord, WindowPlan,
 };
 use vilvona_core::archive::{ImportReport, SessionArchive};
 use vilvona_store::{ConversationId, ItemContent, MessageId, StoreError};

@@ -37,7 +37,11 @@ pub(crate) fn turn_usage(messages: &[AgentMessage]) -> Option<TurnUsage> {
         let AgentMessage::Assistant(assistant) = message else {
             continue;
         };
-        let Some(usage) = assistant.usage.as_ref().filter(|usage| usage.input.is_some()) else {
+        let Some(usage) = assistant
+            .usage
+            .as_ref()
+            .filter(|usage| usage.input.is_some())
+        else {
             continue;
         };
         sum.calls += 1;
@@ -46,10 +50,13 @@ pub(crate) fn turn_usage(messages: &[AgentMessage]) -> Option<TurnUsage> {
         sum.cache_write += usage.cache_write.unwrap_or(0);
         sum.output += usage.output.unwrap_or(0);
         // OpenClaw prices each call from its model's configured prices (zeros by default).
-        if let Some(cost) = usage.extra.get("cost").and_then(|cost| cost["total"].as_f64()) {
-            if cost > 0.0 {
-                *sum.cost.get_or_insert(0.0) += cost;
-            }
+        if let Some(cost) = usage
+            .extra
+            .get("cost")
+            .and_then(|cost| cost["total"].as_f64())
+            .filter(|cost| *cost > 0.0)
+        {
+            *sum.cost.get_or_insert(0.0) += cost;
         }
     }
     (sum.calls > 0).then_some(sum)
@@ -58,7 +65,11 @@ pub(crate) fn turn_usage(messages: &[AgentMessage]) -> Option<TurnUsage> {
 impl LosslessEngine {
     /// Notes what an assembly of the conversation held, by kind: the turn that commits next
     /// records the last one.
-    pub(crate) fn note_assembled(&self, conversation: ConversationId, by_kind: BTreeMap<String, u64>) {
+    pub(crate) fn note_assembled(
+        &self,
+        conversation: ConversationId,
+        by_kind: BTreeMap<String, u64>,
+    ) {
         lock_map(&self.inner.assembled_kinds).insert(conversation, by_kind);
     }
 
@@ -92,7 +103,10 @@ impl LosslessEngine {
         chunk.push(record);
         let text = serde_json::to_string(&chunk)
             .map_err(|error| EngineError::caused_by("lossless: writing a turn's record", error))?;
-        store.set_state(conversation, &key, &text).await.map_err(failed)?;
+        store
+            .set_state(conversation, &key, &text)
+            .await
+            .map_err(failed)?;
         store
             .set_state(conversation, LAST_TURN, &(last + 1).to_string())
             .await
@@ -114,7 +128,10 @@ impl LosslessEngine {
                 .map_err(|error| store_error("reading the turns' records", error))?;
             if let Some(text) = text {
                 let kept: Vec<TurnRecord> = serde_json::from_str(&text).map_err(|error| {
-                    EngineError::caused_by(format!("lossless: the turns' records in turns.{chunk}"), error)
+                    EngineError::caused_by(
+                        format!("lossless: the turns' records in turns.{chunk}"),
+                        error,
+                    )
                 })?;
                 records.extend(kept);
             }
@@ -144,12 +161,43 @@ mod tests {
 
     #[test]
     fn a_turns_usage_sums_its_calls_and_is_none_without_a_report() {
-        let turn = [AgentMessage::user_text("q"), answer(100, Some(900)), answer(50, None)];
+        let turn = [
+            AgentMessage::user_text("q"),
+            answer(100, Some(900)),
+            answer(50, None),
+        ];
         assert_eq!(
             turn_usage(&turn),
-            Some(TurnUsage { calls: 2, input: 150, cache_read: 900, cache_write: 0, output: 14, cost: None })
+            Some(TurnUsage {
+                calls: 2,
+                input: 150,
+                cache_read: 900,
+                cache_write: 0,
+                output: 14,
+                cost: None
+            })
         );
         assert_eq!(turn_usage(&[AgentMessage::user_text("q")]), None);
+    }
+
+    #[test]
+    fn the_hosts_prices_are_summed_and_zero_prices_are_none() {
+        let priced = |total: f64| {
+            let mut message = answer(100, None);
+            if let AgentMessage::Assistant(assistant) = &mut message {
+                let usage = assistant.usage.as_mut().unwrap();
+                usage.extra.insert(
+                    "cost".to_owned(),
+                    serde_json::json!({"input": 0.0, "total": total}),
+                );
+            }
+            message
+        };
+        assert_eq!(
+            turn_usage(&[priced(0.25), priced(0.5)]).unwrap().cost,
+            Some(0.75)
+        );
+        assert_eq!(turn_usage(&[priced(0.0)]).unwrap().cost, None);
     }
 
     #[test]

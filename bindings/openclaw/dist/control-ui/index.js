@@ -365,7 +365,7 @@ export function mountPanel(container, options) {
     const folds = points.filter((p) => p.folds.length);
     const parts = [
       el("p", { class: "vv-muted" }, `${count(points.length, "turn", "turns")} from ${points[0].turn} to ${newest.turn}; ${count(folds.length, "turn", "turns")} folded (marked above the bars). ` +
-        (newest.window ? `The window: ${grouped(newest.window)} tokens (the solid line); ` : "") + `compaction above ${grouped(newest.trigger)} (the dashed line, the host's prompt included).`),
+        (newest.window ? `The window: ${grouped(newest.window)} tokens (the solid line); compaction` : "Compaction") + ` runs above ${grouped(newest.trigger)} (the dashed line, the host's prompt included).`),
       prompt,
       el("ul", { class: "vv-legend" }, [["system", "The host's prompt"], ["summary", "Summaries"], ["message", "Messages"], ["fold", "A fold"]].map(([kind, name]) =>
         el("li", {}, el("span", { class: `vv-swatch vv-${kind}` }), name))),
