@@ -9,75 +9,17 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Write};
-use std::path::Path;
-use std::process::{Child, ChildStdin, Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{Receiver, channel};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use serde_json::{Value, json};
 use tempfile::TempDir;
 
-struct Gateway {
-    child: Child,
-    stdin: ChildStdin,
-    lines: Receiver<Value>,
-    next_id: u64,
-}
+/// A gateway's engine process: `vilvona serve --stdio` on its own state directory.
+use common::Serve as Gateway;
 
 impl Gateway {
-    fn start(state: &Path, config: &Value) -> Gateway {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_vilvona"))
-            .args(["--state-dir", state.to_str().unwrap(), "serve", "--stdio"])
-            .env_remove("VILVONA_STORE_URL")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let stdout = child.stdout.take().unwrap();
-        let (sender, lines) = channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                if sender.send(serde_json::from_str(&line).unwrap()).is_err() {
-                    break;
-                }
-            }
-        });
-        let mut gateway = Gateway {
-            stdin: child.stdin.take().unwrap(),
-            child,
-            lines,
-            next_id: 0,
-        };
-        gateway.call(
-            "initialize",
-            json!({"engineId": "lossless", "config": config}),
-        );
-        gateway
-    }
-
-    fn call(&mut self, method: &str, params: Value) -> Value {
-        self.next_id += 1;
-        let id = self.next_id;
-        let line = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
-        writeln!(self.stdin, "{line}").unwrap();
-        self.stdin.flush().unwrap();
-        loop {
-            let reply = self
-                .lines
-                .recv_timeout(Duration::from_secs(60))
-                .unwrap_or_else(|error| panic!("{method}: no reply ({error})"));
-            if reply["id"] == id && reply.get("method").is_none() {
-                assert!(reply.get("error").is_none(), "{method}: {reply}");
-                return reply["result"].clone();
-            }
-        }
-    }
-
     fn grep(&mut self, query: &str) -> Vec<String> {
         let found = self.call(
             "tools/call",
@@ -97,13 +39,6 @@ impl Gateway {
             json!({"sessionId": "shared", "messages": [], "tokenBudget": 4000}),
         )["messages"]
             .clone()
-    }
-}
-
-impl Drop for Gateway {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -130,8 +65,8 @@ fn two_gateways_keep_one_history() {
     );
     let config = json!({"store": {"kind": "postgres", "url": url}, "freshTailCount": 6});
     let mut gateways = [
-        Gateway::start(one.path(), &config),
-        Gateway::start(two.path(), &config),
+        Gateway::start(one.path(), &[], &config),
+        Gateway::start(two.path(), &[], &config),
     ];
     // The budget both compact against, remembered in the shared database.
     gateways[0].assembled();

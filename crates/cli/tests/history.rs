@@ -8,71 +8,12 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 
 use serde_json::{Value, json};
 use tempfile::TempDir;
 
-/// `vilvona serve --stdio` on a store, answering one call at a time.
-struct Serve {
-    child: Child,
-    stdin: ChildStdin,
-    stdout: BufReader<ChildStdout>,
-    next_id: u64,
-}
-
-impl Serve {
-    fn start(state: &Path, store: &[&str]) -> Serve {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_vilvona"))
-            .arg("--state-dir")
-            .arg(state)
-            .args(store)
-            .args(["serve", "--stdio"])
-            .env_remove("VILVONA_STORE_URL")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let mut serve = Serve {
-            stdin: child.stdin.take().unwrap(),
-            stdout: BufReader::new(child.stdout.take().unwrap()),
-            child,
-            next_id: 0,
-        };
-        serve.call("initialize", json!({"engineId": "lossless"}));
-        serve
-    }
-
-    fn call(&mut self, method: &str, params: Value) -> Value {
-        self.next_id += 1;
-        let id = self.next_id;
-        let line = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
-        writeln!(self.stdin, "{line}").unwrap();
-        self.stdin.flush().unwrap();
-        loop {
-            let mut text = String::new();
-            assert!(
-                self.stdout.read_line(&mut text).unwrap() > 0,
-                "{method}: serve ended"
-            );
-            let reply: Value = serde_json::from_str(&text).unwrap();
-            if reply["id"] == id && reply.get("method").is_none() {
-                assert!(reply.get("error").is_none(), "{method}: {reply}");
-                return reply["result"].clone();
-            }
-        }
-    }
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+use common::Serve;
 
 const SESSION: &str = "history";
 
@@ -122,7 +63,7 @@ fn output_json(state: &Path, store: &[&str], args: &[&str]) -> Value {
 
 /// Runs `turns` turns and checks the records: the newest `kept` of them, each as committed.
 fn turns_are_recorded(state: &Path, store: &[&str], turns: u64, kept: u64) {
-    let mut serve = Serve::start(state, store);
+    let mut serve = Serve::start(state, store, &json!({}));
     for n in 1..=turns {
         run_turn(&mut serve, n);
     }

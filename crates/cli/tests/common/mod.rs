@@ -3,8 +3,13 @@
 #[allow(dead_code)]
 pub(crate) mod tmpfs;
 
+use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::{Child, ChildStdin, Command, Output, Stdio};
+use std::sync::mpsc::{Receiver, channel};
+use std::time::Duration;
+
+use serde_json::{Value, json};
 
 /// `vilvona --state-dir STATE ARGS…`, with logs at their default level.
 #[allow(dead_code)]
@@ -59,4 +64,78 @@ pub(crate) fn postgres_database(purpose: &str) -> String {
 #[allow(dead_code)]
 pub(crate) fn full_suites() -> bool {
     std::env::var_os("VILVONA_FULL_SUITES").is_some()
+}
+
+/// `vilvona --state-dir STATE ARGS… serve --stdio`, initialized with the lossless engine and
+/// `config`, answering one JSON-RPC call at a time (within a minute). Killed when dropped.
+#[allow(dead_code)]
+pub(crate) struct Serve {
+    child: Child,
+    stdin: ChildStdin,
+    lines: Receiver<Value>,
+    next_id: u64,
+}
+
+#[allow(dead_code)]
+impl Serve {
+    pub(crate) fn start(state: &Path, args: &[&str], config: &Value) -> Serve {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_vilvona"))
+            .arg("--state-dir")
+            .arg(state)
+            .args(args)
+            .args(["serve", "--stdio"])
+            .env_remove("VILVONA_STORE_URL")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (sender, lines) = channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if sender.send(serde_json::from_str(&line).unwrap()).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut serve = Serve {
+            stdin: child.stdin.take().unwrap(),
+            child,
+            lines,
+            next_id: 0,
+        };
+        serve.call(
+            "initialize",
+            json!({"engineId": "lossless", "config": config}),
+        );
+        serve
+    }
+
+    /// Calls `method`; its result (an error reply fails the test).
+    pub(crate) fn call(&mut self, method: &str, params: Value) -> Value {
+        self.next_id += 1;
+        let id = self.next_id;
+        let line = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+        writeln!(self.stdin, "{line}").unwrap();
+        self.stdin.flush().unwrap();
+        loop {
+            let reply = self
+                .lines
+                .recv_timeout(Duration::from_secs(60))
+                .unwrap_or_else(|error| panic!("{method}: no reply ({error})"));
+            if reply["id"] == id && reply.get("method").is_none() {
+                assert!(reply.get("error").is_none(), "{method}: {reply}");
+                return reply["result"].clone();
+            }
+        }
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }
