@@ -68,8 +68,18 @@ node -e '
   fs.writeFileSync(`${out}/package.json`, JSON.stringify(manifest, null, 2) + "\n");
 ' "$ROOT/bindings/openclaw/package.json" "$ROOT/bindings/npm/platforms.json" "$VERSION" "$OUT/stage/plugin"
 
-for stage in plugin cli; do
-  (cd "$OUT/stage/$stage" && npm pack --silent --pack-destination "$OUT" >/dev/null)
-done
+# The platform package is the binary, compressed (~20 s for a debug build): one packed from the
+# same files (the binary's bytes and the manifest, by their SHA-256) is taken from the last run
+# instead of packed again — the soak matrix packs the same binary for every cell.
+CACHE_DIR="$ROOT/target/npm-packed"
+KEY=$(cd "$OUT/stage/cli" && sha256sum bin/vilvona package.json | sha256sum | cut -d' ' -f1)
+(cd "$OUT/stage/plugin" && npm pack --silent --pack-destination "$OUT" >/dev/null)
+if [ -f "$CACHE_DIR/$KEY.tgz" ]; then
+  cp "$CACHE_DIR/$KEY.tgz" "$OUT/$(cat "$CACHE_DIR/$KEY.name")"
+else
+  NAME=$(cd "$OUT/stage/cli" && npm pack --silent --pack-destination "$OUT")
+  rm -rf "$CACHE_DIR" && mkdir -p "$CACHE_DIR"
+  cp "$OUT/$NAME" "$CACHE_DIR/$KEY.tgz" && echo "$NAME" >"$CACHE_DIR/$KEY.name"
+fi
 ls "$OUT"/*.tgz
 echo "package-npm: $PACKAGE and the plugin at $VERSION ($(du -h "$OUT/stage/cli/bin/vilvona" | cut -f1) binary)" >&2
