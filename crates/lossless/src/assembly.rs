@@ -117,7 +117,7 @@ impl LosslessEngine {
                 .ok_or_else(|| EngineError::failed("lossless assemble: a context item vanished"))?;
             list.push(message.as_ref().clone());
         }
-        // Summaries are few: a walk over the item references finds them.
+        // What it holds by kind, for the turn's record (see `crate::turns`).
         let mut by_kind: BTreeMap<String, u64> = BTreeMap::new();
         for (entry, message) in shown.iter().zip(messages.iter()) {
             let kind = match entry.summary {
@@ -127,6 +127,7 @@ impl LosslessEngine {
             *by_kind.entry(kind).or_default() += entry.tokens;
         }
         self.note_assembled(conversation, by_kind);
+        // Summaries are few: a walk over the item references finds them.
         let summaries = visible
             .iter()
             .enumerate()

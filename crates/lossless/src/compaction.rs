@@ -1115,6 +1115,7 @@ impl LosslessEngine {
                 },
             )
             .await?;
+        self.record_later_folds(conversation.id, &report).await?;
         let compacted = report.summaries_created > 0 && report.tokens_after < report.tokens_before;
         let reason = report.reason.clone().unwrap_or(if compacted {
             CompactReason::Compacted
@@ -1159,6 +1160,7 @@ impl LosslessEngine {
                 CompactionRequest::within(prompt.limits(&self.inner.config)),
             )
             .await?;
+        self.record_later_folds(conversation.id, &report).await?;
         let compacted = report.summaries_created > 0;
         let mut reasons = Vec::new();
         if rewritten > 0 {

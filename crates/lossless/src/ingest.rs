@@ -275,7 +275,8 @@ impl LosslessEngine {
 
     /// After a stored turn: what it shows of the host's prompt is kept (the budget of its
     /// assemblies, the overhead its model call reported), then the conversation is compacted
-    /// against the limits that gives. A heartbeat turn never compacts.
+    /// against the limits that gives, and the turn is recorded (`crate::turns`). A heartbeat
+    /// turn never compacts.
     async fn compact_after_turn(
         &self,
         conversation: ConversationId,

@@ -16,6 +16,7 @@ use vilvona_core::message::AgentMessage;
 use vilvona_store::ConversationId;
 
 use crate::cache::lock_map;
+use crate::compaction::CompactionReport;
 use crate::engine::LosslessEngine;
 use crate::errors::store_error;
 
@@ -109,6 +110,47 @@ impl LosslessEngine {
             .map_err(failed)?;
         store
             .set_state(conversation, LAST_TURN, &(last + 1).to_string())
+            .await
+            .map_err(failed)
+    }
+
+    /// Folds made after a turn was recorded (by `maintain`, which OpenClaw calls right after
+    /// the commit with its model in reach, or a `compact`) belong to that turn: they are added
+    /// to the newest record, with the context they left. Nothing when no turn is recorded.
+    pub(crate) async fn record_later_folds(
+        &self,
+        conversation: ConversationId,
+        report: &CompactionReport,
+    ) -> Result<(), EngineError> {
+        if report.published.is_empty() || self.inner.store.is_read_only() {
+            return Ok(());
+        }
+        let store = &self.inner.store;
+        let failed = |error| store_error("recording a turn's folds", error);
+        let Some(last) = store
+            .state(conversation, LAST_TURN)
+            .await
+            .map_err(failed)?
+            .and_then(|text| text.parse::<u64>().ok())
+        else {
+            return Ok(());
+        };
+        let key = chunk_key(last);
+        let mut chunk: Vec<TurnRecord> = store
+            .state(conversation, &key)
+            .await
+            .map_err(failed)?
+            .and_then(|text| serde_json::from_str(&text).ok())
+            .unwrap_or_default();
+        let Some(record) = chunk.iter_mut().find(|record| record.turn == last) else {
+            return Ok(());
+        };
+        record.folds.extend(report.published.iter().cloned());
+        record.context_after_compaction = report.tokens_after;
+        let text = serde_json::to_string(&chunk)
+            .map_err(|error| EngineError::caused_by("lossless: writing a turn's record", error))?;
+        store
+            .set_state(conversation, &key, &text)
             .await
             .map_err(failed)
     }

@@ -11,3 +11,4 @@ mod model;
 mod overflow;
 mod replay;
 mod support;
+mod turns;
