@@ -80,38 +80,21 @@ impl LosslessEngine {
         conversation: ConversationId,
         mut record: TurnRecord,
     ) -> Result<(), EngineError> {
-        let store = &self.inner.store;
-        let failed = |error| store_error("recording a turn", error);
-        let last = store
-            .state(conversation, LAST_TURN)
-            .await
-            .map_err(failed)?
-            .and_then(|text| text.parse::<u64>().ok())
-            .unwrap_or(0);
+        let last = self.last_recorded_turn(conversation).await?.unwrap_or(0);
         record.turn = last + 1;
         record.context = lock_map(&self.inner.assembled_kinds)
             .remove(&conversation)
             .unwrap_or_default();
-        let key = chunk_key(record.turn);
-        let mut chunk: Vec<TurnRecord> = store
-            .state(conversation, &key)
-            .await
-            .map_err(failed)?
-            .and_then(|text| serde_json::from_str(&text).ok())
-            .unwrap_or_default();
+        let mut chunk = self.turn_chunk(conversation, record.turn).await?;
         // A chunk that held an older hundred starts over.
         chunk.retain(|kept| kept.turn / CHUNK == record.turn / CHUNK && kept.turn < record.turn);
         chunk.push(record);
-        let text = serde_json::to_string(&chunk)
-            .map_err(|error| EngineError::caused_by("lossless: writing a turn's record", error))?;
-        store
-            .set_state(conversation, &key, &text)
-            .await
-            .map_err(failed)?;
-        store
+        self.keep_turn_chunk(conversation, last + 1, &chunk).await?;
+        self.inner
+            .store
             .set_state(conversation, LAST_TURN, &(last + 1).to_string())
             .await
-            .map_err(failed)
+            .map_err(|error| store_error("recording a turn", error))
     }
 
     /// Folds made after a turn was recorded (by `maintain`, which OpenClaw calls right after
@@ -125,34 +108,63 @@ impl LosslessEngine {
         if report.published.is_empty() || self.inner.store.is_read_only() {
             return Ok(());
         }
-        let store = &self.inner.store;
-        let failed = |error| store_error("recording a turn's folds", error);
-        let Some(last) = store
-            .state(conversation, LAST_TURN)
-            .await
-            .map_err(failed)?
-            .and_then(|text| text.parse::<u64>().ok())
-        else {
+        let Some(last) = self.last_recorded_turn(conversation).await? else {
             return Ok(());
         };
-        let key = chunk_key(last);
-        let mut chunk: Vec<TurnRecord> = store
-            .state(conversation, &key)
-            .await
-            .map_err(failed)?
-            .and_then(|text| serde_json::from_str(&text).ok())
-            .unwrap_or_default();
+        let mut chunk = self.turn_chunk(conversation, last).await?;
         let Some(record) = chunk.iter_mut().find(|record| record.turn == last) else {
             return Ok(());
         };
         record.folds.extend(report.published.iter().cloned());
         record.context_after_compaction = report.tokens_after;
-        let text = serde_json::to_string(&chunk)
-            .map_err(|error| EngineError::caused_by("lossless: writing a turn's record", error))?;
-        store
-            .set_state(conversation, &key, &text)
+        self.keep_turn_chunk(conversation, last, &chunk).await
+    }
+
+    /// The number of the newest recorded turn, if any.
+    async fn last_recorded_turn(
+        &self,
+        conversation: ConversationId,
+    ) -> Result<Option<u64>, EngineError> {
+        Ok(self
+            .inner
+            .store
+            .state(conversation, LAST_TURN)
             .await
-            .map_err(failed)
+            .map_err(|error| store_error("reading the last recorded turn", error))?
+            .and_then(|text| text.parse::<u64>().ok()))
+    }
+
+    /// The chunk turn `turn` goes to, as stored (empty when none is, or it does not parse: a
+    /// writer starts it over).
+    async fn turn_chunk(
+        &self,
+        conversation: ConversationId,
+        turn: u64,
+    ) -> Result<Vec<TurnRecord>, EngineError> {
+        Ok(self
+            .inner
+            .store
+            .state(conversation, &chunk_key(turn))
+            .await
+            .map_err(|error| store_error("reading the turns' records", error))?
+            .and_then(|text| serde_json::from_str(&text).ok())
+            .unwrap_or_default())
+    }
+
+    /// Stores the chunk turn `turn` goes to.
+    async fn keep_turn_chunk(
+        &self,
+        conversation: ConversationId,
+        turn: u64,
+        chunk: &[TurnRecord],
+    ) -> Result<(), EngineError> {
+        let text = serde_json::to_string(chunk)
+            .map_err(|error| EngineError::caused_by("lossless: writing a turn's record", error))?;
+        self.inner
+            .store
+            .set_state(conversation, &chunk_key(turn), &text)
+            .await
+            .map_err(|error| store_error("recording a turn", error))
     }
 
     /// The conversation's recorded turns, oldest first.
