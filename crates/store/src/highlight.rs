@@ -11,7 +11,7 @@ use std::ops::Range;
 use regex::Regex;
 
 use crate::tokenize::floor_boundary;
-use crate::tokenize::{Run, Runs, Word, word_term};
+use crate::tokenize::{Run, Runs, Word, term_screen, word_term};
 
 /// Characters of context before the first match in a snippet.
 const SNIPPET_LEAD: usize = 60;
@@ -69,20 +69,34 @@ impl QueryWords {
 
     /// Whether `written` (a whole alphanumeric word of a text) is one of the query's words.
     fn holds_word(&self, written: &str) -> bool {
-        // Most words of a text share no first letter with any query word: they are passed
-        // without making their term.
-        let first = |word: &str| word.chars().next().map(|c| c.to_lowercase().next());
-        let initial = first(written);
-        if !self
-            .alphanumeric
-            .iter()
-            .any(|wanted| first(wanted) == initial)
-        {
+        // Most words of a text hold no query term's screen (or, not ASCII, share no first
+        // letter with a query word): they are passed without making their term.
+        let screened = if written.is_ascii() {
+            self.alphanumeric
+                .iter()
+                .any(|wanted| holds_ignoring_case(written, term_screen(wanted)))
+        } else {
+            let first = |word: &str| word.chars().next().map(|c| c.to_lowercase().next());
+            let initial = first(written);
+            self.alphanumeric
+                .iter()
+                .any(|wanted| first(wanted) == initial)
+        };
+        if !screened {
             return false;
         }
         let term = word_term(written);
         self.alphanumeric.contains(&term)
     }
+}
+
+/// Whether ASCII `text` holds `part`, ignoring ASCII case.
+fn holds_ignoring_case(text: &str, part: &str) -> bool {
+    part.is_empty()
+        || text
+            .as_bytes()
+            .windows(part.len())
+            .any(|window| window.eq_ignore_ascii_case(part.as_bytes()))
 }
 
 /// What a snippet marks in a text.
@@ -306,6 +320,13 @@ mod tests {
             ("告警 告警阈值", "把告警阈值改", &["告警阈值"]),
             ("ops v2告警", "v2告警 OPS-17", &["v2", "告警", "OPS"]),
             ("absent", "nothing here", &[]),
+            // A stem that differs from its words in their last letters, any case.
+            (
+                "sky dying happy",
+                "SKIES, Dying and HAPPIER",
+                &["SKIES", "Dying"],
+            ),
+            ("happiness", "Happy happiness", &["Happy", "happiness"]),
             // Words that carry no evidence are not marked beside words that do …
             (
                 "the ticket for the billing export",

@@ -63,12 +63,15 @@ pub(crate) fn run(
         }
     };
     // In the same read: which summary covers each hit now.
-    for hit in &mut hits {
-        let item = match &hit.source {
+    let covering = read::top_ancestor_ids(
+        connection,
+        hits.iter().map(|hit| match &hit.source {
             HitSource::Message { id, .. } => ItemRef::Message(*id),
             HitSource::Summary { row_id, .. } => ItemRef::Summary(*row_id),
-        };
-        hit.covered_by = read::top_ancestor_id(connection, item)?;
+        }),
+    )?;
+    for (hit, covered_by) in hits.iter_mut().zip(covering) {
+        hit.covered_by = covered_by;
     }
     Ok(hits)
 }

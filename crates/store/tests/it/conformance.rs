@@ -387,6 +387,24 @@ async fn the_dag_reads_back(backend: &Backend) {
         .await
         .unwrap();
     assert!(matches!(&items[1], ItemContent::Message(m) if m.seq == 0));
+    // A search's hits each name the summary that covers them now, as the walk up does for one
+    // item (the search walks its hits together, sharing their steps).
+    let mut every_row = query("main", vec![id], "m0 m1 m2 m3 m4 m5 m6 m7 leaf leaves");
+    every_row.limit = 20;
+    let hits = store.search(every_row).await.unwrap();
+    assert_eq!(hits.len(), 11, "eight messages and three summaries");
+    for hit in &hits {
+        let item = match &hit.source {
+            HitSource::Message { id, .. } => ItemRef::Message(*id),
+            HitSource::Summary { row_id, .. } => ItemRef::Summary(*row_id),
+        };
+        let walked = store.top_ancestor(item).await.unwrap();
+        assert_eq!(
+            hit.covered_by,
+            walked.map(|summary| summary.summary_id),
+            "{item:?}"
+        );
+    }
     let view = store.dag_view(id).await.unwrap();
     assert_eq!(view.summaries.len(), 3);
     assert_eq!(view.summaries[0].child_summaries.len(), 2);
