@@ -659,6 +659,16 @@ pub enum HitSource {
     },
 }
 
+impl HitSource {
+    /// The context item the hit is.
+    pub fn item_ref(&self) -> ItemRef {
+        match self {
+            HitSource::Message { id, .. } => ItemRef::Message(*id),
+            HitSource::Summary { row_id, .. } => ItemRef::Summary(*row_id),
+        }
+    }
+}
+
 /// One search result.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SearchHit {

@@ -71,11 +71,7 @@ pub(crate) async fn run(
         }
     };
     for hit in &mut hits {
-        let item = match &hit.source {
-            HitSource::Message { id, .. } => ItemRef::Message(*id),
-            HitSource::Summary { row_id, .. } => ItemRef::Summary(*row_id),
-        };
-        hit.covered_by = match top_ancestor_row(client, item).await? {
+        hit.covered_by = match top_ancestor_row(client, hit.source.item_ref()).await? {
             Some(row) => client
                 .row_opt("SELECT summary_id FROM summaries WHERE id = $1", &[&row.0])
                 .await?

@@ -351,25 +351,25 @@ pub(crate) fn top_ancestor_ids(
     Ok(found)
 }
 
-/// The parent of each item (as [`parent_row`]), in two reads: the messages', the summaries'.
+/// The summary directly above each item in the item's own conversation, in two reads: the
+/// messages', the summaries'. A fork may fold its parent's rows too (a row then lies under one
+/// summary of each conversation): the walk up from a row follows the summaries of the
+/// conversation that owns it. The edges are read first (`CROSS JOIN` keeps SQLite's order):
+/// joined plainly, SQLite went through every summary of the conversation for each step, a walk
+/// that grew with the history.
 fn parents_of(
     connection: &Connection,
     items: &[ItemRef],
 ) -> Result<HashMap<ItemRef, Option<SummaryRowId>>> {
     let mut parents: HashMap<ItemRef, Option<SummaryRowId>> =
         items.iter().map(|item| (*item, None)).collect();
-    let ids = |wanted: fn(&ItemRef) -> Option<i64>| -> String {
-        let ids: Vec<i64> = items.iter().filter_map(wanted).collect();
-        serde_json::to_string(&ids).unwrap_or_else(|_| "[]".to_owned())
-    };
-    let messages = ids(|item| match item {
-        ItemRef::Message(id) => Some(id.0),
-        ItemRef::Summary(_) => None,
-    });
-    let summaries = ids(|item| match item {
-        ItemRef::Summary(row) => Some(row.0),
-        ItemRef::Message(_) => None,
-    });
+    let (mut messages, mut summaries) = (Vec::new(), Vec::new());
+    for item in items {
+        match item {
+            ItemRef::Message(id) => messages.push(id.0),
+            ItemRef::Summary(row) => summaries.push(row.0),
+        }
+    }
     for (sql, ids, of) in [
         (
             PARENTS_OF_MESSAGES,
@@ -380,9 +380,10 @@ fn parents_of(
             ItemRef::Summary(SummaryRowId(id))
         }),
     ] {
-        if ids == "[]" {
+        if ids.is_empty() {
             continue;
         }
+        let ids = serde_json::to_string(&ids).map_err(StoreError::Unserializable)?;
         let mut statement = connection.prepare_cached(sql)?;
         let mut rows = statement.query([ids])?;
         while let Some(row) = rows.next()? {
@@ -650,14 +651,6 @@ pub(crate) fn parent_of(connection: &Connection, item: ItemRef) -> Result<Option
     }
 }
 
-const PARENT_OF_MESSAGE: &str = "SELECT e.parent_id FROM summary_edges e
-     CROSS JOIN summaries p ON p.id = e.parent_id
-     WHERE e.child_message_id = ?1
-       AND p.conversation_id = (SELECT conversation_id FROM messages WHERE id = ?1)";
-const PARENT_OF_SUMMARY: &str = "SELECT e.parent_id FROM summary_edges e
-     CROSS JOIN summaries p ON p.id = e.parent_id
-     WHERE e.child_summary_id = ?1
-       AND p.conversation_id = (SELECT conversation_id FROM summaries WHERE id = ?1)";
 /// [`parents_of`]'s statements: the parents of the messages, of the summaries (`?1`: their
 /// ids as a JSON array).
 const PARENTS_OF_MESSAGES: &str = "SELECT e.child_message_id, e.parent_id FROM json_each(?1) j
@@ -669,14 +662,9 @@ const PARENTS_OF_SUMMARIES: &str = "SELECT e.child_summary_id, e.parent_id FROM 
      CROSS JOIN summaries p ON p.id = e.parent_id
      WHERE p.conversation_id = (SELECT conversation_id FROM summaries WHERE id = j.value)";
 
-/// The summary directly above an item in the item's own conversation. A fork may fold its
-/// parent's rows too (a row then lies under one summary of each conversation): the walk up
-/// from a row follows the summaries of the conversation that owns it. The edge is read first
-/// (`CROSS JOIN` keeps SQLite's order): joined plainly, SQLite went through every summary of
-/// the conversation for each step, a walk that grew with the history.
+/// The summary directly above an item (see [`parents_of`]).
 fn parent_row(connection: &Connection, item: ItemRef) -> Result<Option<SummaryRowId>> {
-    let parent = integer_of(connection, item, PARENT_OF_MESSAGE, PARENT_OF_SUMMARY)?;
-    Ok(parent.map(SummaryRowId))
+    Ok(parents_of(connection, &[item])?.remove(&item).flatten())
 }
 
 /// The integer that the message's or the summary's query selects by the item's id, if a row
@@ -1261,12 +1249,7 @@ mod tests {
         let path = dir.path().join("plans.db");
         let mut connection = super::super::schema::connect(&path).unwrap();
         super::super::schema::migrate(&mut connection, &path).unwrap();
-        for sql in [
-            PARENT_OF_MESSAGE,
-            PARENT_OF_SUMMARY,
-            PARENTS_OF_MESSAGES,
-            PARENTS_OF_SUMMARIES,
-        ] {
+        for sql in [PARENTS_OF_MESSAGES, PARENTS_OF_SUMMARIES] {
             let mut statement = connection
                 .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
                 .unwrap();

@@ -63,13 +63,8 @@ pub(crate) fn run(
         }
     };
     // In the same read: which summary covers each hit now.
-    let covering = read::top_ancestor_ids(
-        connection,
-        hits.iter().map(|hit| match &hit.source {
-            HitSource::Message { id, .. } => ItemRef::Message(*id),
-            HitSource::Summary { row_id, .. } => ItemRef::Summary(*row_id),
-        }),
-    )?;
+    let covering =
+        read::top_ancestor_ids(connection, hits.iter().map(|hit| hit.source.item_ref()))?;
     for (hit, covered_by) in hits.iter_mut().zip(covering) {
         hit.covered_by = covered_by;
     }

@@ -394,10 +394,7 @@ async fn the_dag_reads_back(backend: &Backend) {
     let hits = store.search(every_row).await.unwrap();
     assert_eq!(hits.len(), 11, "eight messages and three summaries");
     for hit in &hits {
-        let item = match &hit.source {
-            HitSource::Message { id, .. } => ItemRef::Message(*id),
-            HitSource::Summary { row_id, .. } => ItemRef::Summary(*row_id),
-        };
+        let item = hit.source.item_ref();
         let walked = store.top_ancestor(item).await.unwrap();
         assert_eq!(
             hit.covered_by,
