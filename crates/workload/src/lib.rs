@@ -76,6 +76,7 @@ pub struct Workload {
 }
 
 /// splitmix64: small, fast, and the same everywhere.
+#[derive(Debug)]
 struct Rng(u64);
 
 impl Rng {
@@ -101,6 +102,7 @@ impl Rng {
     }
 }
 
+#[derive(Debug)]
 struct Generator {
     rng: Rng,
     words: Vec<&'static str>,
@@ -207,59 +209,133 @@ fn usage() -> Value {
     json!({"input": 0, "output": 0, "cacheRead": 0, "cacheWrite": 0, "totalTokens": 0})
 }
 
+/// A session being generated turn by turn (so that a long one need not be held whole): an
+/// iterator over its turns' entries.
+#[derive(Debug)]
+pub struct Generation {
+    generator: Generator,
+    next_turn: usize,
+    turns: usize,
+    /// The session's header line.
+    pub header: SessionHeader,
+    /// The facts the turns will plant, in turn order.
+    pub needles: Vec<Needle>,
+}
+
 /// Generates `turns` turns with up to `needle_count` needles, from `seed`.
 pub fn generate(turns: usize, seed: u64, needle_count: usize) -> Workload {
-    let mut generator = Generator {
-        rng: Rng(seed),
-        words: WORDS.split_whitespace().collect(),
-        verbs: VERBS.split_whitespace().collect(),
-        // 2026-03-02T09:00:00Z
-        clock_ms: 1_772_442_000_000,
-        count: 0,
-        parent: None,
-    };
-    let mut needle_rng = Rng(seed ^ 0x5eed);
-    let mut needle_turns: Vec<usize> = Vec::new();
-    let candidates = turns.saturating_sub(1).max(1);
-    while needle_turns.len() < needle_count.min(candidates) {
-        let turn = needle_rng.next() as usize % candidates;
-        if !needle_turns.contains(&turn) {
-            needle_turns.push(turn);
-        }
-    }
-    needle_turns.sort_unstable();
-    let needles: Vec<Needle> = needle_turns
-        .iter()
-        .enumerate()
-        .map(|(index, &turn)| {
-            let subject = SUBJECTS[index % SUBJECTS.len()];
-            let answer = format!("OPS-{}", needle_rng.range(10_000, 99_999));
-            let owner = *needle_rng.pick(&PEOPLE);
-            Needle {
-                turn,
-                subject: subject.to_owned(),
-                statement: format!(
-                    "Please remember: the ticket for the {subject} is {answer} and {owner} owns it."
-                ),
-                question: format!("What is the ticket for the {subject}?"),
-                query: subject.to_owned(),
-                answer,
-                owner: owner.to_owned(),
-            }
-        })
-        .collect();
-    let header = SessionHeader {
-        id: format!("synthetic-rs-{seed}-{turns}"),
-        version: Some(3),
-        timestamp: Some(iso(generator.clock_ms)),
-        cwd: Some("/workspace".to_owned()),
-        extra: Map::new(),
-    };
+    let mut generation = Generation::new(turns, seed, needle_count);
     let mut entries = Vec::new();
     let mut ranges = Vec::with_capacity(turns);
-    for turn in 0..turns {
+    for turn in generation.by_ref() {
         let start = entries.len();
-        let g = &mut generator;
+        entries.extend(turn);
+        ranges.push(start..entries.len());
+    }
+    Workload {
+        header: generation.header,
+        entries,
+        turns: ranges,
+        needles: generation.needles,
+    }
+}
+
+/// Writes the session [`generate`] makes as JSONL to `out`, a turn at a time; returns its
+/// needles. The bytes are `generate(…).to_jsonl()`'s.
+pub fn write_jsonl(
+    turns: usize,
+    seed: u64,
+    needle_count: usize,
+    out: &mut impl std::io::Write,
+) -> std::io::Result<Vec<Needle>> {
+    let mut generation = Generation::new(turns, seed, needle_count);
+    writeln!(out, "{}", typed_line(&generation.header, "session"))?;
+    for entry in generation.by_ref().flatten() {
+        writeln!(out, "{}", typed_line(&entry, "message"))?;
+    }
+    Ok(generation.needles)
+}
+
+/// One JSONL line: `item` with its `type` field.
+fn typed_line(item: &impl Serialize, kind: &str) -> Value {
+    let mut value = serde_json::to_value(item).unwrap_or(Value::Null);
+    if let Value::Object(fields) = &mut value {
+        fields.insert("type".to_owned(), Value::String(kind.to_owned()));
+    }
+    value
+}
+
+impl Generation {
+    /// The session of `turns` turns with up to `needle_count` needles, from `seed`.
+    pub fn new(turns: usize, seed: u64, needle_count: usize) -> Generation {
+        let generator = Generator {
+            rng: Rng(seed),
+            words: WORDS.split_whitespace().collect(),
+            verbs: VERBS.split_whitespace().collect(),
+            // 2026-03-02T09:00:00Z
+            clock_ms: 1_772_442_000_000,
+            count: 0,
+            parent: None,
+        };
+        let mut needle_rng = Rng(seed ^ 0x5eed);
+        let mut needle_turns: Vec<usize> = Vec::new();
+        let candidates = turns.saturating_sub(1).max(1);
+        while needle_turns.len() < needle_count.min(candidates) {
+            let turn = needle_rng.next() as usize % candidates;
+            if !needle_turns.contains(&turn) {
+                needle_turns.push(turn);
+            }
+        }
+        needle_turns.sort_unstable();
+        let needles: Vec<Needle> = needle_turns
+            .iter()
+            .enumerate()
+            .map(|(index, &turn)| {
+                let subject = SUBJECTS[index % SUBJECTS.len()];
+                let answer = format!("OPS-{}", needle_rng.range(10_000, 99_999));
+                let owner = *needle_rng.pick(&PEOPLE);
+                Needle {
+                    turn,
+                    subject: subject.to_owned(),
+                    statement: format!(
+                        "Please remember: the ticket for the {subject} is {answer} and {owner} owns it."
+                    ),
+                    question: format!("What is the ticket for the {subject}?"),
+                    query: subject.to_owned(),
+                    answer,
+                    owner: owner.to_owned(),
+                }
+            })
+            .collect();
+        let header = SessionHeader {
+            id: format!("synthetic-rs-{seed}-{turns}"),
+            version: Some(3),
+            timestamp: Some(iso(generator.clock_ms)),
+            cwd: Some("/workspace".to_owned()),
+            extra: Map::new(),
+        };
+        Generation {
+            generator,
+            next_turn: 0,
+            turns,
+            header,
+            needles,
+        }
+    }
+}
+
+impl Iterator for Generation {
+    type Item = Vec<MessageEntry>;
+
+    /// The next turn's entries, the user's message first.
+    fn next(&mut self) -> Option<Vec<MessageEntry>> {
+        if self.next_turn == self.turns {
+            return None;
+        }
+        let turn = self.next_turn;
+        self.next_turn += 1;
+        let mut entries = Vec::new();
+        let g = &mut self.generator;
         let ms = g.tick(20, 600);
         let mut verb_cap = String::from(*g.rng.pick(&g.verbs));
         if let Some(first) = verb_cap.get_mut(0..1) {
@@ -271,7 +347,7 @@ pub fn generate(turns: usize, seed: u64, needle_count: usize) -> Workload {
             g.path(),
             g.paragraph(1, 4)
         );
-        if let Some(needle) = needles.iter().find(|needle| needle.turn == turn) {
+        if let Some(needle) = self.needles.iter().find(|needle| needle.turn == turn) {
             ask.push(' ');
             ask.push_str(&needle.statement);
         }
@@ -294,8 +370,8 @@ pub fn generate(turns: usize, seed: u64, needle_count: usize) -> Workload {
         let ms = g.tick(2, 30);
         entries.push(g.entry(
             json!({"role": "assistant", "content": blocks, "stopReason": "toolUse",
-            "api": "openai-completions", "provider": "synthetic", "model": "synthetic-1",
-            "usage": usage(), "timestamp": ms}),
+        "api": "openai-completions", "provider": "synthetic", "model": "synthetic-1",
+        "usage": usage(), "timestamp": ms}),
         ));
         for (id, tool) in ids {
             let ms = g.tick(1, 20);
@@ -308,40 +384,25 @@ pub fn generate(turns: usize, seed: u64, needle_count: usize) -> Workload {
             let is_error = g.rng.chance(50);
             entries.push(g.entry(
                 json!({"role": "toolResult", "toolCallId": id, "toolName": tool,
-                "content": [{"type": "text", "text": body}], "isError": is_error, "timestamp": ms}),
+            "content": [{"type": "text", "text": body}], "isError": is_error, "timestamp": ms}),
             ));
         }
         let ms = g.tick(2, 60);
         let answer = g.paragraph(2, 8);
         entries.push(g.entry(json!({"role": "assistant", "content": [{"type": "text", "text": answer}],
-            "stopReason": "stop", "api": "openai-completions", "provider": "synthetic", "model": "synthetic-1",
-            "usage": usage(), "timestamp": ms})));
-        ranges.push(start..entries.len());
-    }
-    Workload {
-        header,
-        entries,
-        turns: ranges,
-        needles,
+        "stopReason": "stop", "api": "openai-completions", "provider": "synthetic", "model": "synthetic-1",
+        "usage": usage(), "timestamp": ms})));
+        Some(entries)
     }
 }
 
 impl Workload {
     /// The transcript as JSONL text.
     pub fn to_jsonl(&self) -> String {
-        let mut out = String::new();
-        let mut header = serde_json::to_value(&self.header).unwrap_or(Value::Null);
-        if let Value::Object(fields) = &mut header {
-            fields.insert("type".to_owned(), Value::String("session".to_owned()));
-        }
-        out.push_str(&header.to_string());
+        let mut out = typed_line(&self.header, "session").to_string();
         out.push('\n');
         for entry in &self.entries {
-            let mut value = serde_json::to_value(entry).unwrap_or(Value::Null);
-            if let Value::Object(fields) = &mut value {
-                fields.insert("type".to_owned(), Value::String("message".to_owned()));
-            }
-            out.push_str(&value.to_string());
+            out.push_str(&typed_line(entry, "message").to_string());
             out.push('\n');
         }
         out
@@ -372,5 +433,14 @@ mod tests {
             assert!(user.contains(&needle.statement), "{user}");
         }
         assert_eq!(iso(1_772_442_351_000), "2026-03-02T09:05:51Z");
+    }
+
+    #[test]
+    fn written_a_turn_at_a_time_is_the_same_session() {
+        let mut written = Vec::new();
+        let needles = write_jsonl(40, 7, 5, &mut written).unwrap();
+        let whole = generate(40, 7, 5);
+        assert_eq!(String::from_utf8(written).unwrap(), whole.to_jsonl());
+        assert_eq!(needles, whole.needles);
     }
 }
