@@ -205,10 +205,9 @@ fn ten_best(scores: impl Iterator<Item = (f32, usize)>) -> Vec<usize> {
     scores.into_iter().take(10).map(|(_, doc)| doc).collect()
 }
 
-/// IVF against exact search, for each number of cells (a codebook trained on 40 vectors a
-/// cell, 8 rounds), chunks filed in 1 or 2 cells, and each number of cells probed.
-pub fn evaluate(corpus: &Corpus, cell_counts: &[usize], probes: &[usize]) -> Vec<Probed> {
-    let exact: Vec<Vec<usize>> = corpus
+/// Exact search's ten best documents for each query.
+pub(crate) fn exact_ten(corpus: &Corpus) -> Vec<Vec<usize>> {
+    corpus
         .queries
         .par_iter()
         .map(|query| {
@@ -222,7 +221,21 @@ pub fn evaluate(corpus: &Corpus, cell_counts: &[usize], probes: &[usize]) -> Vec
                     }),
             )
         })
-        .collect();
+        .collect()
+}
+
+/// Of the exact ten, the share kept over `rows` of `(kept, of, …)`.
+pub(crate) fn recall<T>(rows: &[(usize, usize, T)], range: std::ops::Range<usize>) -> f64 {
+    let (kept, of) = rows[range]
+        .iter()
+        .fold((0, 0), |(kept, of), row| (kept + row.0, of + row.1));
+    kept as f64 / of.max(1) as f64
+}
+
+/// IVF against exact search, for each number of cells (a codebook trained on 40 vectors a
+/// cell, 8 rounds), chunks filed in 1 or 2 cells, and each number of cells probed.
+pub fn evaluate(corpus: &Corpus, cell_counts: &[usize], probes: &[usize]) -> Vec<Probed> {
+    let exact = exact_ten(corpus);
     let all: Vec<&Vec<f32>> = corpus.documents.iter().flatten().collect();
     let mut rows = Vec::new();
     for &cells in cell_counts {
@@ -273,18 +286,12 @@ pub fn evaluate(corpus: &Corpus, cell_counts: &[usize], probes: &[usize]) -> Vec
                         (kept, exact.len(), compared)
                     })
                     .collect();
-                let recall = |range: std::ops::Range<usize>| {
-                    let (kept, of) = outcome[range]
-                        .iter()
-                        .fold((0, 0), |(kept, of), row| (kept + row.0, of + row.1));
-                    kept as f64 / of.max(1) as f64
-                };
                 rows.push(Probed {
                     cells,
                     filed_in,
                     probed,
-                    needles_recall: recall(0..corpus.needle_queries),
-                    questions_recall: recall(corpus.needle_queries..outcome.len()),
+                    needles_recall: recall(&outcome, 0..corpus.needle_queries),
+                    questions_recall: recall(&outcome, corpus.needle_queries..outcome.len()),
                     compared: outcome.iter().map(|row| row.2).sum::<usize>() as f64
                         / outcome.len().max(1) as f64
                         / all.len().max(1) as f64,
@@ -298,7 +305,7 @@ pub fn evaluate(corpus: &Corpus, cell_counts: &[usize], probes: &[usize]) -> Vec
 }
 
 /// `Σ a × b`, eight sums apart (so that the compiler makes it a vector loop).
-fn dot(a: &[f32], b: &[f32]) -> f32 {
+pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
     let mut lanes = [0.0_f32; 8];
     let (a_blocks, a_tail) = a.as_chunks::<8>();
     let (b_blocks, b_tail) = b.as_chunks::<8>();

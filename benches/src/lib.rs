@@ -9,6 +9,7 @@
 
 pub mod cells;
 pub mod economics;
+pub mod graph;
 pub mod hold;
 pub mod locomo;
 pub mod meaning;

@@ -1,6 +1,8 @@
 //! `cells --transcript FILE --needles FILE [--cells 256,1024] [--probe 16,64] [--json]`: how
 //! much of exact search's top ten an inverted file over the built-in model's vectors keeps,
-//! and at what share of the work (see `vilvona_benches::cells`).
+//! and at what share of the work (see `vilvona_benches::cells`). With `--graph 64,256
+//! [--ef-construction 100]`, the same for a graph index (HNSW) at each beam width instead
+//! (see `vilvona_benches::graph`).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -22,6 +24,12 @@ struct Args {
     /// Numbers of cells probed per query.
     #[arg(long, value_delimiter = ',', default_values_t = [16, 32, 64, 128])]
     probe: Vec<usize>,
+    /// Measure a graph index (HNSW) at these beam widths instead of the inverted file.
+    #[arg(long, value_delimiter = ',')]
+    graph: Vec<usize>,
+    /// The graph's beam width while it is built.
+    #[arg(long, default_value_t = 100)]
+    ef_construction: usize,
     /// Print one JSON document instead of the table.
     #[arg(long)]
     json: bool,
@@ -43,6 +51,33 @@ fn main() -> ExitCode {
         corpus.queries.len(),
         corpus.needle_queries
     );
+    if !args.graph.is_empty() {
+        let rows = vilvona_benches::graph::evaluate(&corpus, &args.graph, args.ef_construction);
+        if args.json {
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&rows).unwrap_or_default()
+            );
+            return ExitCode::SUCCESS;
+        }
+        println!(
+            "| ef construction | ef | needles' top 10 kept | questions' top 10 kept | chunks compared (share) | build |"
+        );
+        println!("|---|---|---|---|---|---|");
+        for row in rows {
+            println!(
+                "| {} | {} | {:.3} | {:.3} | {:.0} ({:.2} %) | {:.0} s |",
+                row.ef_construction,
+                row.ef,
+                row.needles_recall,
+                row.questions_recall,
+                row.compared,
+                row.compared_share * 100.0,
+                row.build_s
+            );
+        }
+        return ExitCode::SUCCESS;
+    }
     let rows = vilvona_benches::cells::evaluate(&corpus, &args.cells, &args.probe);
     if args.json {
         println!(
