@@ -107,3 +107,41 @@ pub fn evaluate(corpus: &Corpus, efs: &[usize], ef_construction: usize) -> Vec<S
     }
     rows
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A beam wider than the corpus finds exact search's ten for every query; one of four
+    /// returns four chunks, so it cannot.
+    #[test]
+    fn a_beam_as_wide_as_the_corpus_is_exact() {
+        let mut state = 7_u64;
+        let mut unit = || {
+            let vector: Vec<f32> = (0..8)
+                .map(|_| {
+                    state = state
+                        .wrapping_mul(6_364_136_223_846_793_005)
+                        .wrapping_add(1);
+                    (state >> 40) as f32 / (1 << 24) as f32 - 0.5
+                })
+                .collect();
+            let norm = vector.iter().map(|x| x * x).sum::<f32>().sqrt();
+            vector.into_iter().map(|x| x / norm).collect::<Vec<f32>>()
+        };
+        let documents = (0..60)
+            .map(|doc| (0..1 + doc % 3).map(|_| unit()).collect())
+            .collect();
+        let queries = (0..6).map(|_| unit()).collect();
+        let corpus = Corpus {
+            documents,
+            queries,
+            needle_queries: 2,
+        };
+        let rows = evaluate(&corpus, &[4, 400], 400);
+        assert_eq!(rows[1].needles_recall, 1.0, "{rows:?}");
+        assert_eq!(rows[1].questions_recall, 1.0, "{rows:?}");
+        assert!(rows[0].questions_recall <= 0.4, "{rows:?}");
+        assert!(rows.iter().all(|row| row.compared > 0.0), "{rows:?}");
+    }
+}
