@@ -53,54 +53,75 @@ fn main() -> ExitCode {
     );
     if !args.graph.is_empty() {
         let rows = vilvona_benches::graph::evaluate(&corpus, &args.graph, args.ef_construction);
-        if args.json {
-            println!(
-                "{}",
-                serde_json::to_string_pretty(&rows).unwrap_or_default()
-            );
-            return ExitCode::SUCCESS;
-        }
-        println!(
-            "| ef construction | ef | needles' top 10 kept | questions' top 10 kept | chunks compared (share) | build |"
+        print_rows(
+            args.json,
+            &rows,
+            &[
+                "ef construction",
+                "ef",
+                "needles' top 10 kept",
+                "questions' top 10 kept",
+                "chunks compared (share)",
+                "build",
+            ],
+            |row| {
+                format!(
+                    "| {} | {} | {:.3} | {:.3} | {:.0} ({:.2} %) | {:.0} s |",
+                    row.ef_construction,
+                    row.ef,
+                    row.needles_recall,
+                    row.questions_recall,
+                    row.compared,
+                    row.compared_share * 100.0,
+                    row.build_s
+                )
+            },
         );
-        println!("|---|---|---|---|---|---|");
-        for row in rows {
-            println!(
-                "| {} | {} | {:.3} | {:.3} | {:.0} ({:.2} %) | {:.0} s |",
-                row.ef_construction,
-                row.ef,
-                row.needles_recall,
-                row.questions_recall,
-                row.compared,
-                row.compared_share * 100.0,
-                row.build_s
-            );
-        }
         return ExitCode::SUCCESS;
     }
     let rows = vilvona_benches::cells::evaluate(&corpus, &args.cells, &args.probe);
-    if args.json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&rows).unwrap_or_default()
-        );
-        return ExitCode::SUCCESS;
-    }
-    println!(
-        "| cells | filed in | probed | needles' top 10 kept | questions' top 10 kept | chunks compared | largest cell |"
+    print_rows(
+        args.json,
+        &rows,
+        &[
+            "cells",
+            "filed in",
+            "probed",
+            "needles' top 10 kept",
+            "questions' top 10 kept",
+            "chunks compared",
+            "largest cell",
+        ],
+        |row| {
+            format!(
+                "| {} | {} | {} | {:.3} | {:.3} | {:.1} % | {:.1} % |",
+                row.cells,
+                row.filed_in,
+                row.probed,
+                row.needles_recall,
+                row.questions_recall,
+                row.compared * 100.0,
+                row.largest_cell * 100.0
+            )
+        },
     );
-    println!("|---|---|---|---|---|---|---|");
-    for row in rows {
-        println!(
-            "| {} | {} | {} | {:.3} | {:.3} | {:.1} % | {:.1} % |",
-            row.cells,
-            row.filed_in,
-            row.probed,
-            row.needles_recall,
-            row.questions_recall,
-            row.compared * 100.0,
-            row.largest_cell * 100.0
-        );
-    }
     ExitCode::SUCCESS
+}
+
+/// The rows as one JSON document, or as a Markdown table under `columns`.
+fn print_rows<T: serde::Serialize>(
+    json: bool,
+    rows: &[T],
+    columns: &[&str],
+    line: impl Fn(&T) -> String,
+) {
+    if json {
+        println!("{}", serde_json::to_string_pretty(rows).unwrap_or_default());
+        return;
+    }
+    println!("| {} |", columns.join(" | "));
+    println!("|{}", "---|".repeat(columns.len()));
+    for row in rows {
+        println!("{}", line(row));
+    }
 }
