@@ -41,9 +41,13 @@ const HELD: &[(&str, Margin)] = &[
     ),
     (
         "/grep/median_ms",
+        // CI measured 1.76 ms on a build this machine measures at 0.56 ms alone (2026-12-05),
+        // against a bound of 2.19 ms with half a millisecond of slack: too close for noise. At
+        // 2 ms the bound (3.7 ms) still fails the walk up the DAG that grew with the history
+        // (4.3 ms at this size).
         Margin::Time {
             factor: 3.0,
-            slack_ms: 0.5,
+            slack_ms: 2.0,
         },
     ),
     (
