@@ -199,7 +199,7 @@ fn best(chunks: &[Vec<f32>], query: &[f32], filter: impl Fn(usize) -> bool) -> O
 }
 
 /// The ten best documents, best first.
-fn ten_best(scores: impl Iterator<Item = (f32, usize)>) -> Vec<usize> {
+pub(crate) fn ten_best(scores: impl Iterator<Item = (f32, usize)>) -> Vec<usize> {
     let mut scores: Vec<(f32, usize)> = scores.collect();
     scores.sort_unstable_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
     scores.into_iter().take(10).map(|(_, doc)| doc).collect()

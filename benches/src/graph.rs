@@ -17,7 +17,7 @@ use std::time::Instant;
 use instant_distance::{Builder, HnswMap, Search};
 use serde::Serialize;
 
-use crate::cells::{Corpus, dot, exact_ten, recall};
+use crate::cells::{Corpus, dot, exact_ten, recall, ten_best};
 
 /// Distances computed since the count was last read (searches run one at a time).
 static COMPARED: AtomicU64 = AtomicU64::new(0);
@@ -83,13 +83,8 @@ pub fn evaluate(corpus: &Corpus, efs: &[usize], ef_construction: usize) -> Vec<S
                     let entry = best.entry(*item.value).or_insert(f32::MIN);
                     *entry = entry.max(similarity);
                 }
-                let mut ranked: Vec<(f32, u32)> =
-                    best.into_iter().map(|(doc, score)| (score, doc)).collect();
-                ranked.sort_unstable_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
-                let kept = exact
-                    .iter()
-                    .filter(|doc| ranked.iter().take(10).any(|(_, d)| *d as usize == **doc))
-                    .count();
+                let found = ten_best(best.into_iter().map(|(doc, score)| (score, doc as usize)));
+                let kept = exact.iter().filter(|doc| found.contains(doc)).count();
                 (kept, exact.len(), COMPARED.swap(0, Ordering::Relaxed))
             })
             .collect();
