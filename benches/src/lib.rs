@@ -13,6 +13,7 @@ pub mod graph;
 pub mod hold;
 pub mod locomo;
 pub mod meaning;
+pub mod quantized;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

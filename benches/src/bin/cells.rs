@@ -2,7 +2,9 @@
 //! much of exact search's top ten an inverted file over the built-in model's vectors keeps,
 //! and at what share of the work (see `vilvona_benches::cells`). With `--graph 64,256
 //! [--ef-construction 100]`, the same for a graph index (HNSW) at each beam width instead
-//! (see `vilvona_benches::graph`).
+//! (see `vilvona_benches::graph`). With `--quantized 24x256,48x16 [--rerank 50,200]`, the same
+//! for vectors compressed by product quantization, the best documents so compared again
+//! exactly (see `vilvona_benches::quantized`).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -27,6 +29,12 @@ struct Args {
     /// Measure a graph index (HNSW) at these beam widths instead of the inverted file.
     #[arg(long, value_delimiter = ',')]
     graph: Vec<usize>,
+    /// Measure product quantizers of these shapes (PARTSxCENTRES) instead.
+    #[arg(long, value_delimiter = ',')]
+    quantized: Vec<vilvona_benches::quantized::Shape>,
+    /// Numbers of documents compared exactly after the quantized codes' pass.
+    #[arg(long, value_delimiter = ',', default_values_t = [10, 50, 100, 200, 500])]
+    rerank: Vec<usize>,
     /// The graph's beam width while it is built.
     #[arg(long, default_value_t = 100)]
     ef_construction: usize,
@@ -74,6 +82,35 @@ fn main() -> ExitCode {
                     row.compared,
                     row.compared_share * 100.0,
                     row.build_s
+                )
+            },
+        );
+        return ExitCode::SUCCESS;
+    }
+    if !args.quantized.is_empty() {
+        let rows = vilvona_benches::quantized::evaluate(&corpus, &args.quantized, &args.rerank);
+        print_rows(
+            args.json,
+            &rows,
+            &[
+                "parts × centres",
+                "bytes a chunk",
+                "reranked",
+                "needles' top 10 kept",
+                "questions' top 10 kept",
+                "train / encode",
+            ],
+            |row| {
+                format!(
+                    "| {} × {} | {} | {} | {:.3} | {:.3} | {:.0} / {:.0} s |",
+                    row.parts,
+                    row.centres,
+                    row.code_bytes,
+                    row.reranked,
+                    row.needles_recall,
+                    row.questions_recall,
+                    row.train_s,
+                    row.encode_s
                 )
             },
         );
