@@ -5,8 +5,9 @@
 //! aside), a CJK run wherever the text holds it. The words are compared while the text is scanned, so a search compiles
 //! nothing per query. A regex search marks the regex's own matches.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::ops::Range;
+use std::sync::{Mutex, PoisonError};
 
 use regex::Regex;
 
@@ -31,8 +32,13 @@ const UNMARKED_WORDS: &[&str] = &[
 pub(crate) struct QueryWords {
     /// Alphanumeric words, as the index's terms (lowercased, stemmed).
     alphanumeric: Vec<String>,
+    /// The ASCII terms' screens (`term_screen`), each once.
+    screens: Vec<String>,
     /// CJK runs as written (CJK has no case).
     cjk: Vec<String>,
+    /// Whether a word, lowercased, is one of the query's: the hits of a search share most of
+    /// their words, and making a word's term (stemming it) is most of a snippet's work.
+    seen: Mutex<HashMap<String, bool>>,
 }
 
 impl QueryWords {
@@ -60,6 +66,12 @@ impl QueryWords {
                 }
             }
         }
+        for term in found.alphanumeric.iter().filter(|term| term.is_ascii()) {
+            let screen = term_screen(term);
+            if !found.screens.iter().any(|held| held == screen) {
+                found.screens.push(screen.to_owned());
+            }
+        }
         found
     }
 
@@ -72,9 +84,9 @@ impl QueryWords {
         // Most words of a text hold no query term's screen (or, not ASCII, share no first
         // letter with a query word): they are passed without making their term.
         let screened = if written.is_ascii() {
-            self.alphanumeric
+            self.screens
                 .iter()
-                .any(|wanted| holds_ignoring_case(written, term_screen(wanted)))
+                .any(|screen| holds_ignoring_case(written, screen))
         } else {
             let first = |word: &str| word.chars().next().map(|c| c.to_lowercase().next());
             let initial = first(written);
@@ -82,11 +94,47 @@ impl QueryWords {
                 .iter()
                 .any(|wanted| first(wanted) == initial)
         };
-        if !screened {
-            return false;
+        screened && self.is_term_of(&written.to_lowercase())
+    }
+
+    /// Whether the word `lower` (lowercased) has one of the query's terms.
+    fn is_term_of(&self, lower: &str) -> bool {
+        let mut seen = self.seen.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(known) = seen.get(lower) {
+            return *known;
         }
-        let term = word_term(written);
-        self.alphanumeric.contains(&term)
+        let holds = self.alphanumeric.contains(&word_term(lower));
+        seen.insert(lower.to_owned(), holds);
+        holds
+    }
+
+    /// The query's words in an ASCII text, in order: each screen's occurrences found in the
+    /// lowercased text (a byte search), and only the words around them looked at. `None` when
+    /// a screen is empty (every word passes it: [`WordMatches`] is as quick).
+    fn in_ascii(&self, text: &str) -> Option<Vec<Range<usize>>> {
+        if self.screens.iter().any(String::is_empty) {
+            return None;
+        }
+        let lower = text.to_ascii_lowercase();
+        let bytes = lower.as_bytes();
+        let mut found = Vec::new();
+        for screen in &self.screens {
+            for at in memchr::memmem::find_iter(bytes, screen.as_bytes()) {
+                let from = bytes[..at]
+                    .iter()
+                    .rposition(|byte| !byte.is_ascii_alphanumeric())
+                    .map_or(0, |before| before + 1);
+                let to = bytes[at..]
+                    .iter()
+                    .position(|byte| !byte.is_ascii_alphanumeric())
+                    .map_or(bytes.len(), |after| at + after);
+                found.push(from..to);
+            }
+        }
+        found.sort_unstable_by_key(|word| word.start);
+        found.dedup();
+        found.retain(|word| self.is_term_of(&lower[word.clone()]));
+        Some(found)
     }
 }
 
@@ -122,12 +170,17 @@ impl<'a> Marks<'a> {
                     .map(|found| found.range()),
             ),
             Marks::Words(words) if words.is_empty() => Box::new(std::iter::empty()),
-            Marks::Words(words) => Box::new(WordMatches {
-                text,
-                words,
-                runs: Runs::new(text),
-                pending: VecDeque::new(),
-            }),
+            // The runs of an ASCII text are its ASCII alphanumeric words, and no CJK run of a
+            // query is in it.
+            Marks::Words(words) => match text.is_ascii().then(|| words.in_ascii(text)).flatten() {
+                Some(found) => Box::new(found.into_iter()),
+                None => Box::new(WordMatches {
+                    text,
+                    words,
+                    runs: Runs::new(text),
+                    pending: VecDeque::new(),
+                }),
+            },
         }
     }
 }
@@ -300,6 +353,7 @@ fn identifier_around(text: &str, found: Range<usize>) -> Range<usize> {
 mod tests {
     use super::*;
     use crate::tokenize::words;
+    use proptest::prelude::*;
 
     fn marked(query: &str, text: &str) -> Vec<String> {
         let query_words = QueryWords::new(query, &words(query));
@@ -386,5 +440,56 @@ mod tests {
             snippet.contains("«cold» «storage» «migration» is OPS-68787."),
             "{snippet}"
         );
+    }
+
+    /// Words and pieces of words that share screens and stems (`happ`, `sky`/`skies`), short
+    /// terms (a one-letter screen), digits, and the punctuation between words.
+    const PIECES: &[&str] = &[
+        "happy",
+        "HAPPIER",
+        "happiness",
+        "sky",
+        "Skies",
+        "go",
+        "g",
+        "to",
+        "be",
+        "key",
+        "KEY",
+        "keyring",
+        "4471",
+        "v2",
+        "billing",
+        "Bill",
+        "_",
+        "-",
+        "/",
+        " ",
+        ", ",
+        ".",
+        "\n",
+        "a",
+    ];
+
+    proptest! {
+        /// The ASCII path (a byte search for each screen) marks what the run-by-run path marks.
+        #[test]
+        fn an_ascii_text_is_marked_as_run_by_run(
+            query in proptest::collection::vec(0..PIECES.len(), 1..4),
+            text in proptest::collection::vec(0..PIECES.len(), 0..40),
+        ) {
+            let query: String = query.iter().map(|at| PIECES[*at]).collect::<Vec<_>>().join(" ");
+            let text: String = text.iter().map(|at| PIECES[*at]).collect();
+            let query_words = QueryWords::new(&query, &words(&query));
+            let run_by_run: Vec<Range<usize>> = WordMatches {
+                text: &text,
+                words: &query_words,
+                runs: Runs::new(&text),
+                pending: VecDeque::new(),
+            }
+            .collect();
+            let found = query_words.in_ascii(&text).unwrap_or_else(|| run_by_run.clone());
+            prop_assert_eq!(found, run_by_run, "{:?} in {:?}", query, text);
+        }
     }
 }
