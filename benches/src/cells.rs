@@ -304,6 +304,27 @@ pub fn evaluate(corpus: &Corpus, cell_counts: &[usize], probes: &[usize]) -> Vec
     rows
 }
 
+/// `count` unit vectors of `dims` dimensions, made from `seed` (the same every run): the
+/// measurements' unit tests' corpora.
+#[cfg(test)]
+pub(crate) fn random_units(count: usize, dims: usize, seed: u64) -> Vec<Vec<f32>> {
+    let mut state = seed;
+    (0..count)
+        .map(|_| {
+            let vector: Vec<f32> = (0..dims)
+                .map(|_| {
+                    state = state
+                        .wrapping_mul(6_364_136_223_846_793_005)
+                        .wrapping_add(1);
+                    (state >> 40) as f32 / (1 << 24) as f32 - 0.5
+                })
+                .collect();
+            let norm = vector.iter().map(|x| x * x).sum::<f32>().sqrt();
+            vector.into_iter().map(|x| x / norm).collect()
+        })
+        .collect()
+}
+
 /// `Σ a × b`, eight sums apart (so that the compiler makes it a vector loop).
 pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
     let mut lanes = [0.0_f32; 8];

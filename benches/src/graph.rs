@@ -106,28 +106,16 @@ pub fn evaluate(corpus: &Corpus, efs: &[usize], ef_construction: usize) -> Vec<S
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cells::random_units;
 
     /// A beam wider than the corpus finds exact search's ten for every query; one of four
     /// returns four chunks, so it cannot.
     #[test]
     fn a_beam_as_wide_as_the_corpus_is_exact() {
-        let mut state = 7_u64;
-        let mut unit = || {
-            let vector: Vec<f32> = (0..8)
-                .map(|_| {
-                    state = state
-                        .wrapping_mul(6_364_136_223_846_793_005)
-                        .wrapping_add(1);
-                    (state >> 40) as f32 / (1 << 24) as f32 - 0.5
-                })
-                .collect();
-            let norm = vector.iter().map(|x| x * x).sum::<f32>().sqrt();
-            vector.into_iter().map(|x| x / norm).collect::<Vec<f32>>()
-        };
         let documents = (0..60)
-            .map(|doc| (0..1 + doc % 3).map(|_| unit()).collect())
+            .map(|doc| random_units(1 + doc % 3, 8, doc as u64 + 1))
             .collect();
-        let queries = (0..6).map(|_| unit()).collect();
+        let queries = random_units(6, 8, 7);
         let corpus = Corpus {
             documents,
             queries,

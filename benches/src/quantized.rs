@@ -283,24 +283,7 @@ pub fn evaluate(corpus: &Corpus, shapes: &[Shape], reranks: &[usize]) -> Vec<Rer
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn units(count: usize, dims: usize, seed: u64) -> Vec<Vec<f32>> {
-        let mut state = seed;
-        (0..count)
-            .map(|_| {
-                let vector: Vec<f32> = (0..dims)
-                    .map(|_| {
-                        state = state
-                            .wrapping_mul(6_364_136_223_846_793_005)
-                            .wrapping_add(1);
-                        (state >> 40) as f32 / (1 << 24) as f32 - 0.5
-                    })
-                    .collect();
-                let norm = vector.iter().map(|x| x * x).sum::<f32>().sqrt();
-                vector.into_iter().map(|x| x / norm).collect()
-            })
-            .collect()
-    }
+    use crate::cells::random_units as units;
 
     /// With as many centres as vectors, every vector is a centre: its code scores it exactly.
     #[test]
