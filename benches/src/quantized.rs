@@ -64,8 +64,8 @@ impl Shape {
 #[derive(Debug)]
 pub struct Quantizer {
     shape: Shape,
-    /// Where each part's dimensions start and end (the last parts take one fewer when the
-    /// dimensions do not divide evenly).
+    /// Where each part's dimensions start and end (parts differ by one dimension at most
+    /// when the dimensions do not divide evenly).
     bounds: Vec<std::ops::Range<usize>>,
     /// Per part, its centres laid out one after another.
     centres: Vec<Vec<f32>>,

@@ -32,7 +32,7 @@ const UNMARKED_WORDS: &[&str] = &[
 pub(crate) struct QueryWords {
     /// Alphanumeric words, as the index's terms (lowercased, stemmed).
     alphanumeric: Vec<String>,
-    /// The ASCII terms' screens (`term_screen`), each once.
+    /// The ASCII terms' screens (`term_screen`), each once (never empty: a term is a word's).
     screens: Vec<String>,
     /// CJK runs as written (CJK has no case).
     cjk: Vec<String>,
@@ -109,32 +109,20 @@ impl QueryWords {
     }
 
     /// The query's words in an ASCII text, in order: each screen's occurrences found in the
-    /// lowercased text (a byte search), and only the words around them looked at. `None` when
-    /// a screen is empty (every word passes it: [`WordMatches`] is as quick).
-    fn in_ascii(&self, text: &str) -> Option<Vec<Range<usize>>> {
-        if self.screens.iter().any(String::is_empty) {
-            return None;
-        }
+    /// lowercased text (a byte search), and only the runs around them looked at.
+    fn in_ascii(&self, text: &str) -> Vec<Range<usize>> {
         let lower = text.to_ascii_lowercase();
         let bytes = lower.as_bytes();
-        let mut found = Vec::new();
-        for screen in &self.screens {
-            for at in memchr::memmem::find_iter(bytes, screen.as_bytes()) {
-                let from = bytes[..at]
-                    .iter()
-                    .rposition(|byte| !byte.is_ascii_alphanumeric())
-                    .map_or(0, |before| before + 1);
-                let to = bytes[at..]
-                    .iter()
-                    .position(|byte| !byte.is_ascii_alphanumeric())
-                    .map_or(bytes.len(), |after| at + after);
-                found.push(from..to);
-            }
-        }
+        let mut found: Vec<Range<usize>> = self
+            .screens
+            .iter()
+            .flat_map(|screen| memchr::memmem::find_iter(bytes, screen.as_bytes()))
+            .map(|at| Runs::around_ascii(bytes, at))
+            .collect();
         found.sort_unstable_by_key(|word| word.start);
         found.dedup();
         found.retain(|word| self.is_term_of(&lower[word.clone()]));
-        Some(found)
+        found
     }
 }
 
@@ -170,17 +158,14 @@ impl<'a> Marks<'a> {
                     .map(|found| found.range()),
             ),
             Marks::Words(words) if words.is_empty() => Box::new(std::iter::empty()),
-            // The runs of an ASCII text are its ASCII alphanumeric words, and no CJK run of a
-            // query is in it.
-            Marks::Words(words) => match text.is_ascii().then(|| words.in_ascii(text)).flatten() {
-                Some(found) => Box::new(found.into_iter()),
-                None => Box::new(WordMatches {
-                    text,
-                    words,
-                    runs: Runs::new(text),
-                    pending: VecDeque::new(),
-                }),
-            },
+            // No CJK run of a query is in an ASCII text.
+            Marks::Words(words) if text.is_ascii() => Box::new(words.in_ascii(text).into_iter()),
+            Marks::Words(words) => Box::new(WordMatches {
+                text,
+                words,
+                runs: Runs::new(text),
+                pending: VecDeque::new(),
+            }),
         }
     }
 }
@@ -488,8 +473,7 @@ mod tests {
                 pending: VecDeque::new(),
             }
             .collect();
-            let found = query_words.in_ascii(&text).unwrap_or_else(|| run_by_run.clone());
-            prop_assert_eq!(found, run_by_run, "{:?} in {:?}", query, text);
+            prop_assert_eq!(query_words.in_ascii(&text), run_by_run, "{:?} in {:?}", query, text);
         }
     }
 }

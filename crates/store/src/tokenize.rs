@@ -71,6 +71,22 @@ impl<'a> Runs<'a> {
     pub(crate) fn new(text: &'a str) -> Runs<'a> {
         Runs { text, at: 0 }
     }
+
+    /// The run holding byte `at` of an ASCII text (`at` on a letter or digit), drawn from
+    /// there without walking the text from its start: in ASCII the alphanumeric characters
+    /// are the ASCII letters and digits, and there is no CJK. A snippet's byte search uses it
+    /// (`highlight`, whose property test holds it to `Runs`).
+    pub(crate) fn around_ascii(text: &[u8], at: usize) -> std::ops::Range<usize> {
+        let from = text[..at]
+            .iter()
+            .rposition(|byte| !byte.is_ascii_alphanumeric())
+            .map_or(0, |before| before + 1);
+        let to = text[at..]
+            .iter()
+            .position(|byte| !byte.is_ascii_alphanumeric())
+            .map_or(text.len(), |after| at + after);
+        from..to
+    }
 }
 
 impl Iterator for Runs<'_> {
