@@ -303,6 +303,38 @@ impl AgentMessage {
         }
         out
     }
+
+    /// [`plain_text`](Self::plain_text) of the message `json` decodes to; empty when it
+    /// is not a message. Every view's text is its `content` read as [`MessageContent`] (a
+    /// message of any role whose content does not read so has none), so only the role and
+    /// the content of an object are decoded; JSON that does not decode so simply (a
+    /// duplicated key, say) is decoded whole.
+    pub fn plain_text_of_json(json: &str) -> String {
+        /// A message's role (a string) and content; other keys are skipped.
+        #[derive(Deserialize)]
+        struct RoleAndContent {
+            #[serde(rename = "role")]
+            _role: String,
+            content: Option<MessageContent>,
+        }
+        // A derived struct would read an array too, which is no message.
+        let object = json.trim_start().starts_with('{');
+        match serde_json::from_str::<RoleAndContent>(json)
+            .ok()
+            .filter(|_| object)
+        {
+            Some(RoleAndContent { content, .. }) => {
+                let mut out = String::new();
+                if let Some(content) = content {
+                    content.push_plain_text(&mut out);
+                }
+                out
+            }
+            None => serde_json::from_str::<AgentMessage>(json)
+                .map(|message| message.plain_text())
+                .unwrap_or_default(),
+        }
+    }
 }
 
 impl MessageContent {

@@ -45,8 +45,18 @@ pub fn transcript_line(data: &[u8]) {
 }
 
 /// The message model: any object with a string `role` parses, and `to_string` gives back the
-/// same JSON value.
+/// same JSON value; the text read from any JSON is the decoded message's.
 pub fn message_model(data: &[u8]) {
+    if let Ok(text) = std::str::from_utf8(data) {
+        let decoded = serde_json::from_str::<AgentMessage>(text)
+            .map(|message| message.plain_text())
+            .unwrap_or_default();
+        assert_eq!(
+            AgentMessage::plain_text_of_json(text),
+            decoded,
+            "the text read from the JSON is not the decoded message's"
+        );
+    }
     let Ok(value) = serde_json::from_slice::<Value>(data) else {
         return;
     };

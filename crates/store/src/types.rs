@@ -183,9 +183,7 @@ impl StoredMessage {
 
     /// The message's readable text (derived from the JSON; not stored twice).
     pub fn text(&self) -> String {
-        self.message()
-            .map(|message| message.plain_text())
-            .unwrap_or_default()
+        AgentMessage::plain_text_of_json(&self.json)
     }
 }
 

@@ -154,3 +154,60 @@ fn plain_text_reads_every_kind_of_content() {
     assert_eq!(plain(4), "[image image/jpeg]\n# vilvona");
     assert_eq!(plain(10), "a result without its toolCallId");
 }
+
+/// The text read from a message's JSON is the text of the message it decodes to, for every
+/// shape: typed views, views that do not fit, blocks of every kind, and JSON that is no
+/// message (its text is empty).
+#[test]
+fn plain_text_of_json_is_the_decoded_messages() {
+    let decoded = |json: &str| {
+        serde_json::from_str::<AgentMessage>(json)
+            .map(|message| message.plain_text())
+            .unwrap_or_default()
+    };
+    let odd = fixture("odd-messages.jsonl");
+    let generated = fixture("gen-session-15.jsonl");
+    let generated: Vec<String> = generated
+        .lines()
+        .map(|line| serde_json::from_str::<Value>(line).unwrap())
+        .filter(|entry| entry["type"] == "message")
+        .map(|entry| entry["message"].to_string())
+        .collect();
+    let shapes = [
+        r#"{"role":"user","content":"hi"}"#,
+        r#"{"role":"user"}"#,
+        r#"{"role":"user","content":null}"#,
+        r#"{"role":"user","content":7}"#,
+        r#"{"role":"user","content":[7, {"type":"text","text":"after a number"}]}"#,
+        r#"{"role":"user","content":[{"type":"text"},{"type":"text","text":5},{"text":"no type"}]}"#,
+        r#"{"role":"assistant","content":[{"type":"toolCall","id":"c","name":"exec","arguments":{"b":1.0,"a":[1e400,-0]}}]}"#,
+        r#"{"role":"assistant","content":[{"type":"toolCall","name":"exec"},{"type":"thinking","text":"t"}]}"#,
+        r#"{"role":"assistant","content":[{"type":"image","mimeType":3},{"type":"image"}]}"#,
+        r#"{"role":"toolResult","content":"result","timestamp":"later"}"#,
+        r#"{"role":"custom","content":[{"type":"text","text":"other role"}],"extra":{"content":"no"}}"#,
+        r#"{"role":"user","content":"first","content":"second"}"#,
+        r#"{"role":"user","role":"user","content":"twice"}"#,
+        r#"{"role":7,"content":"a number's role"}"#,
+        r#"{"content":"no role"}"#,
+        r#"["user","an array"]"#,
+        r#"  {"role":"user","content":"spaced"}  "#,
+        r#"{"role":"user","content":"cut"#,
+        r#"{"role":"user","content":"\ud83d\ude00 \u00e9 \\ \" escaped"}"#,
+        "",
+        "null",
+    ];
+    let lines = odd
+        .lines()
+        .chain(generated.iter().map(String::as_str))
+        .chain(shapes);
+    let mut checked = 0;
+    for line in lines {
+        assert_eq!(
+            AgentMessage::plain_text_of_json(line),
+            decoded(line),
+            "{line}"
+        );
+        checked += 1;
+    }
+    assert!(checked > 40, "{checked} lines checked");
+}

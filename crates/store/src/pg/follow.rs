@@ -17,6 +17,8 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
 
+use vilvona_core::AgentMessage;
+
 use super::Sql;
 
 use super::at;
@@ -299,16 +301,11 @@ pub(crate) async fn neighbour_before(
             &[&conversation, &seq],
         )
         .await?
-        .map(|before| at::<&str>(&before, 0).map(|json| neighbour_of(&plain_text(json))))
+        .map(|before| {
+            at::<&str>(&before, 0).map(|json| neighbour_of(&AgentMessage::plain_text_of_json(json)))
+        })
         .transpose()?
         .flatten())
-}
-
-/// A message's text, as its document and its next message's neighbour read it.
-fn plain_text(json: &str) -> String {
-    serde_json::from_str::<vilvona_core::AgentMessage>(json)
-        .map(|message| message.plain_text())
-        .unwrap_or_default()
 }
 
 /// A message's indexed text: its own, then (bounded) the text of the files it references;
@@ -322,7 +319,7 @@ async fn message_doc(
     let conversation: i64 = at(row, 1)?;
     let json: &str = at(row, 4)?;
     let seq: i64 = at(row, 6)?;
-    let mut text = plain_text(json);
+    let mut text = AgentMessage::plain_text_of_json(json);
     let neighbour = match last.remove(&conversation) {
         Some(neighbour) => neighbour,
         None => neighbour_before(client, conversation, seq).await?,

@@ -799,9 +799,7 @@ pub(crate) fn neighbour_before(
         return Ok(None);
     };
     let json = codec::decode(connection, &json)?;
-    Ok(serde_json::from_str::<AgentMessage>(&json)
-        .ok()
-        .and_then(|message| neighbour_of(&message.plain_text())))
+    Ok(neighbour_of(&AgentMessage::plain_text_of_json(&json)))
 }
 
 /// Rows read from SQLite at a time; a batch at least [`PARALLEL_MIN`] long is decoded,
