@@ -38,13 +38,55 @@ pub(super) struct SegmentVectors {
     facts: Vec<Facts>,
 }
 
-/// A document's fast-field values.
+/// A document's fast-field values, in 32 bytes (a segment holds one for every document).
 #[derive(Clone, Copy)]
 struct Facts {
-    key: Option<u64>,
-    conversation: Option<u64>,
-    kind: Option<u64>,
-    time: Option<i64>,
+    key: u64,
+    conversation: u64,
+    time: i64,
+    /// The row's kind; a kind past `u32::MAX` (the index writes 0 and 1, and a scope asks
+    /// for nothing else) reads as none.
+    kind: u32,
+    /// Which of the values the document has (`HAS_…`).
+    has: u8,
+}
+
+/// The document has a key and a conversation (without both it is never found).
+const HAS_KEY: u8 = 1;
+const HAS_KIND: u8 = 2;
+const HAS_TIME: u8 = 4;
+
+impl Facts {
+    fn read(
+        key: Option<u64>,
+        conversation: Option<u64>,
+        kind: Option<u64>,
+        time: Option<i64>,
+    ) -> Facts {
+        let kind = kind.and_then(|kind| u32::try_from(kind).ok());
+        let found = key.zip(conversation);
+        Facts {
+            key: found.map_or(0, |(key, _)| key),
+            conversation: found.map_or(0, |(_, conversation)| conversation),
+            time: time.unwrap_or(0),
+            kind: kind.unwrap_or(0),
+            has: u8::from(found.is_some()) * HAS_KEY
+                + u8::from(kind.is_some()) * HAS_KIND
+                + u8::from(time.is_some()) * HAS_TIME,
+        }
+    }
+
+    /// Its key, if a search may find it in `scope`.
+    fn in_scope(&self, scope: &Scope) -> Option<u64> {
+        let has = |bit| self.has & bit != 0;
+        (has(HAS_KEY)
+            && scope.admits(
+                Some(self.conversation),
+                || has(HAS_KIND).then_some(u64::from(self.kind)),
+                || has(HAS_TIME).then_some(self.time),
+            ))
+        .then_some(self.key)
+    }
 }
 
 impl SegmentVectors {
@@ -81,34 +123,20 @@ impl VectorCache {
         let Some(column) = segment.fast_fields().bytes(field)? else {
             return Ok(None);
         };
-        // The column numbers distinct values in their sorted order; documents refer to them.
-        let mut by_ord: Vec<Box<[u8]>> = Vec::with_capacity(column.num_terms());
-        let mut values = column.dictionary().stream()?;
-        while values.advance() {
-            by_ord.push(values.key().into());
-        }
+        let (bytes, ends) = in_document_order(&column, segment.max_doc())?;
         let fast = segment.fast_fields();
         let (keys, conversations) = (fast.u64("key")?, fast.u64("conversation")?);
         let (kinds, times) = (fast.u64("kind")?, fast.i64("time")?);
-        let mut bytes = Vec::new();
-        let mut ends = Vec::with_capacity(segment.max_doc() as usize);
-        let mut facts = Vec::with_capacity(segment.max_doc() as usize);
-        for doc in 0..segment.max_doc() {
-            facts.push(Facts {
-                key: keys.first(doc),
-                conversation: conversations.first(doc),
-                kind: kinds.first(doc),
-                time: times.first(doc),
-            });
-            if let Some(value) = column
-                .ords()
-                .first(doc)
-                .and_then(|ord| by_ord.get(ord as usize))
-            {
-                bytes.extend_from_slice(value);
-            }
-            ends.push(u32::try_from(bytes.len()).unwrap_or(u32::MAX));
-        }
+        let facts = (0..segment.max_doc())
+            .map(|doc| {
+                Facts::read(
+                    keys.first(doc),
+                    conversations.first(doc),
+                    kinds.first(doc),
+                    times.first(doc),
+                )
+            })
+            .collect();
         let read = Arc::new(SegmentVectors { bytes, ends, facts });
         self.0
             .lock()
@@ -129,6 +157,63 @@ impl VectorCache {
             .unwrap_or_else(PoisonError::into_inner)
             .retain(|id, _| live.contains(id));
     }
+}
+
+/// A bytes column's values laid out in document order in one buffer of exactly their size,
+/// and where each document's end is in it. The column numbers its distinct values in sorted
+/// order and keeps them in that order (documents refer to them): the values are streamed
+/// twice, once for their lengths and once to copy each where its documents are, so nothing
+/// but the buffer is as large as the values (holding each value first as an allocation of
+/// its own left the process 40–150 MiB more of its own memory after grep at T = 100,000:
+/// BENCHMARKS.md).
+fn in_document_order(
+    column: &tantivy::columnar::BytesColumn,
+    max_doc: tantivy::DocId,
+) -> std::io::Result<(Vec<u8>, Vec<u32>)> {
+    let too_large = || std::io::Error::other("a segment's vectors are over 4 GiB");
+    let mut lengths = Vec::with_capacity(column.num_terms());
+    let mut values = column.dictionary().stream()?;
+    while values.advance() {
+        lengths.push(u32::try_from(values.key().len()).map_err(|_| too_large())?);
+    }
+    let ords: Vec<Option<u32>> = (0..max_doc)
+        .map(|doc| {
+            let ord = column.ords().first(doc)?;
+            u32::try_from(ord)
+                .ok()
+                .filter(|&ord| (ord as usize) < lengths.len())
+        })
+        .collect();
+    let mut ends = Vec::with_capacity(ords.len());
+    let mut end = 0_u32;
+    for ord in &ords {
+        end = end
+            .checked_add(ord.map_or(0, |ord| lengths[ord as usize]))
+            .ok_or_else(too_large)?;
+        ends.push(end);
+    }
+    drop(lengths);
+    let mut bytes = vec![0; end as usize];
+    // The documents by their value's number, to be filled as the values stream past.
+    let mut waiting: Vec<(u32, tantivy::DocId)> = ords
+        .iter()
+        .zip(0..)
+        .filter_map(|(ord, doc)| Some(((*ord)?, doc)))
+        .collect();
+    drop(ords);
+    waiting.sort_unstable();
+    let mut waiting = waiting.into_iter().peekable();
+    let mut values = column.dictionary().stream()?;
+    let mut ord = 0_u32;
+    while values.advance() {
+        while let Some((_, doc)) = waiting.next_if(|&(wanted, _)| wanted == ord) {
+            let doc = doc as usize;
+            let start = if doc == 0 { 0 } else { ends[doc - 1] as usize };
+            bytes[start..ends[doc] as usize].copy_from_slice(values.key());
+        }
+        ord += 1;
+    }
+    Ok((bytes, ends))
 }
 
 /// Documents compared in one piece of work (pieces run across the cores).
@@ -220,15 +305,14 @@ fn compare(
     let alive = segment.alive_bitset();
     let mut top = Top::new(limit);
     for doc in docs {
-        let facts = vectors.facts[doc as usize];
-        if !alive.is_none_or(|alive| alive.is_alive(doc))
-            || !scope.admits(facts.conversation, || facts.kind, || facts.time)
-        {
+        if !alive.is_none_or(|alive| alive.is_alive(doc)) {
             continue;
         }
+        let Some(key) = vectors.facts[doc as usize].in_scope(scope) else {
+            continue;
+        };
         if let Some(similarity) = Vectors::best_similarity(vectors.of(doc), query)
             && similarity > floor.get()
-            && let Some(key) = facts.key
         {
             top.offer(similarity, key);
             floor.raise(top.threshold());
