@@ -484,12 +484,13 @@ fn meaning_is_recalled_with_the_network_unplugged() {
             json!({"role": "assistant", "content": [{"type": "text", "text": "Bumped; the index opens and the probe search passes."}]}),
         ],
     );
-    let unplugged = |args: &[&str]| -> Output {
+    let unplugged_with = |args: &[&str], env: &[(&str, &str)]| -> Output {
         let output = std::process::Command::new("unshare")
             .args(["-rn", env!("CARGO_BIN_EXE_vilvona"), "--state-dir"])
             .arg(state)
             .args(args)
             .env_remove("RUST_LOG")
+            .envs(env.iter().copied())
             .output()
             .expect(
                 "this test runs vilvona under `unshare -rn` (util-linux) to unplug the network",
@@ -501,6 +502,7 @@ fn meaning_is_recalled_with_the_network_unplugged() {
         );
         output
     };
+    let unplugged = |args: &[&str]| unplugged_with(args, &[]);
     unplugged(&["replay", &file, "--engine", "lossless", "--json"]);
     let question = "What does the user do to unwind?";
     let words = ok_json(&unplugged(&[
@@ -517,7 +519,7 @@ fn meaning_is_recalled_with_the_network_unplugged() {
         "the question shares no word with the fact: {words}"
     );
     for mode in ["semantic", "hybrid"] {
-        let found = ok_json(&unplugged(&[
+        let args = [
             "grep",
             question,
             "--session",
@@ -525,7 +527,8 @@ fn meaning_is_recalled_with_the_network_unplugged() {
             "--mode",
             mode,
             "--json",
-        ]));
+        ];
+        let found = ok_json(&unplugged(&args));
         assert!(
             found["results"][0]["snippet"]
                 .as_str()
@@ -533,6 +536,9 @@ fn meaning_is_recalled_with_the_network_unplugged() {
                 .contains("Painting watercolours"),
             "{mode}: {found}"
         );
+        // With no vectors held in memory (read from the index files), the same answer.
+        let from_files = ok_json(&unplugged_with(&args, &[("VILVONA_VECTOR_CACHE_MIB", "0")]));
+        assert_eq!(from_files["results"], found["results"], "{mode}");
     }
     let answered = ok_json(&unplugged(&[
         "ask",

@@ -377,7 +377,7 @@ pub(crate) struct RecallIndex {
     broken: AtomicBool,
     /// What embeds its documents (and queries for them), if anything.
     embedder: SharedEmbedder,
-    /// Segments' vectors, read once each.
+    /// Segments' vectors, read once each up to a bound (`VILVONA_VECTOR_CACHE_MIB`).
     vector_cache: vectors::VectorCache,
 }
 
@@ -572,7 +572,7 @@ impl RecallIndex {
             reader_watermark: Mutex::new(Watermark::default()),
             broken: AtomicBool::new(false),
             embedder,
-            vector_cache: vectors::VectorCache::default(),
+            vector_cache: vectors::VectorCache::configured(),
         };
         recall.reload()?;
         Ok(recall)
@@ -1492,6 +1492,44 @@ mod tests {
             .map(|(similarity, key)| (row_of(key), similarity))
             .collect();
         assert_eq!(found, expected);
+
+        // The same from a cache that holds both segments, one of them, or none (the rest
+        // read from the index files at each search), searched twice each; and so for
+        // every document in scope (the best 25 are all in the newer segment).
+        let scope = top::Scope {
+            conversations: &[1],
+            kind: target_kind(query.target),
+            since_ms: query.since_ms,
+            before_ms: query.before_ms,
+        };
+        let field = vectors_field(embedder.name());
+        let searcher = index.reader.searcher();
+        let nearest_from = |cache: &vectors::VectorCache, limit: usize| {
+            let best = vectors::nearest(&searcher, cache, &field, &vector, &scope, limit);
+            let best: Vec<(IndexedRow, f32)> = best
+                .unwrap()
+                .into_iter()
+                .map(|(score, key)| (row_of(key), score))
+                .collect();
+            best
+        };
+        let all_held = vectors::VectorCache::holding(usize::MAX);
+        assert_eq!(nearest_from(&all_held, query.limit), expected);
+        let every = nearest_from(&all_held, docs.len());
+        assert_eq!(every[..query.limit], expected);
+        let both = all_held.held_bytes();
+        for (limit, held) in [(both, both..=both), (both / 2, 1..=both - 1), (0, 0..=0)] {
+            let cache = vectors::VectorCache::holding(limit);
+            for _ in 0..2 {
+                assert_eq!(
+                    nearest_from(&cache, query.limit),
+                    expected,
+                    "holding {limit}"
+                );
+                assert_eq!(nearest_from(&cache, docs.len()), every, "holding {limit}");
+            }
+            assert!(held.contains(&cache.held_bytes()), "holding {limit} bytes");
+        }
     }
 
     proptest! {

@@ -2,7 +2,9 @@
 //! vectors (a bytes fast field: each document's chunk vectors, see `vilvona_embed::Vectors`).
 //!
 //! A segment's vectors are read once into memory, in document order (segments never change),
-//! with each document's key and scope values, and kept while the segment is searched.
+//! with each document's key and scope values, and kept while the segment is searched, as long
+//! as every segment held fits under a bound (`VILVONA_VECTOR_CACHE_MIB`, 256 MiB by default);
+//! a segment past it is compared as its values are read from the index file at each search.
 //! Comparing a 192-dimension query with a chunk is about 16–35 ns on one core (four bits a
 //! dimension, whole numbers in 16-bit lanes the compiler vectorises), and pieces of 1,024
 //! documents are compared across the cores, sharing the least score that can still count
@@ -90,6 +92,13 @@ impl Facts {
 }
 
 impl SegmentVectors {
+    /// The bytes it holds (as reserved in the cache).
+    fn size(&self) -> usize {
+        self.bytes.len()
+            + self.ends.len() * std::mem::size_of::<u32>()
+            + self.facts.len() * std::mem::size_of::<Facts>()
+    }
+
     fn of(&self, doc: tantivy::DocId) -> &[u8] {
         let doc = doc as usize;
         let start = if doc == 0 {
@@ -101,32 +110,111 @@ impl SegmentVectors {
     }
 }
 
-/// Segments' vectors read so far, dropped when their segment is no longer searched.
+/// Segments' vectors read so far, up to a bound on the bytes they hold, dropped when their
+/// segment is no longer searched. A segment whose vectors do not fit under the bound is
+/// compared as its values are read from the index file at each search (`compare_from_file`):
+/// slower, but the process's own memory does not grow with the history past the bound.
+pub(super) struct VectorCache {
+    held: Mutex<Held>,
+    /// The most bytes the held segments may take.
+    limit: usize,
+}
+
 #[derive(Default)]
-pub(super) struct VectorCache(Mutex<HashMap<SegmentId, Arc<SegmentVectors>>>);
+struct Held {
+    segments: HashMap<SegmentId, Placed>,
+    /// Bytes the held segments take (and those being read, reserved first).
+    bytes: usize,
+}
+
+/// Where a segment's vectors are read from at a search.
+#[derive(Clone)]
+enum Placed {
+    Memory(Arc<SegmentVectors>),
+    /// They did not fit under the bound: read from the index file at each search.
+    File,
+}
+
+/// The bound when `VILVONA_VECTOR_CACHE_MIB` does not set one: at T = 100,000 turns (480,000
+/// messages) the vectors and their facts take about 170 MiB, so a history of several hundred
+/// thousand messages is searched from memory (BENCHMARKS.md, "Months of history").
+const DEFAULT_LIMIT_MIB: usize = 256;
 
 impl VectorCache {
+    /// A cache holding at most `limit` bytes of vectors and facts.
+    pub(super) fn holding(limit: usize) -> VectorCache {
+        VectorCache {
+            held: Mutex::new(Held::default()),
+            limit,
+        }
+    }
+
+    /// A cache bounded by `VILVONA_VECTOR_CACHE_MIB` (256 MiB when unset or not a number).
+    pub(super) fn configured() -> VectorCache {
+        let mib = std::env::var("VILVONA_VECTOR_CACHE_MIB")
+            .ok()
+            .and_then(|value| value.trim().parse::<usize>().ok())
+            .unwrap_or(DEFAULT_LIMIT_MIB);
+        VectorCache::holding(mib.saturating_mul(1 << 20))
+    }
+
+    /// Bytes the held segments take.
+    #[cfg(test)]
+    pub(super) fn held_bytes(&self) -> usize {
+        self.lock().bytes
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Held> {
+        self.held.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Where `segment`'s vectors are read from; `None` when it has no vectors column.
     fn segment(
         &self,
         segment: &tantivy::SegmentReader,
         field: &str,
-    ) -> tantivy::Result<Option<Arc<SegmentVectors>>> {
+    ) -> tantivy::Result<Option<Placed>> {
         let id = segment.segment_id();
-        if let Some(held) = self
-            .0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(&id)
-        {
-            return Ok(Some(held.clone()));
+        if let Some(placed) = self.lock().segments.get(&id) {
+            return Ok(Some(placed.clone()));
         }
         let Some(column) = segment.fast_fields().bytes(field)? else {
             return Ok(None);
         };
-        let (bytes, ends) = in_document_order(&column, segment.max_doc())?;
         let fast = segment.fast_fields();
         let (keys, conversations) = (fast.u64("key")?, fast.u64("conversation")?);
         let (kinds, times) = (fast.u64("kind")?, fast.i64("time")?);
+        let facts_bytes = segment.max_doc() as usize * std::mem::size_of::<Facts>();
+        // The bytes are reserved before they are read, so that searches reading segments at
+        // once do not pass the bound together.
+        let mut reserved = 0;
+        let fits = |vectors_bytes: usize| {
+            let needed = vectors_bytes + facts_bytes;
+            let mut held = self.lock();
+            let fits = held.bytes + needed <= self.limit;
+            if fits {
+                held.bytes += needed;
+                reserved = needed;
+            }
+            fits
+        };
+        let read = in_document_order(&column, segment.max_doc(), fits);
+        let (bytes, ends) = match read {
+            Ok(Some(read)) => read,
+            Ok(None) => {
+                let placed = self
+                    .lock()
+                    .segments
+                    .entry(id)
+                    .or_insert(Placed::File)
+                    .clone();
+                return Ok(Some(placed));
+            }
+            Err(error) => {
+                self.lock().bytes -= reserved;
+                return Err(error.into());
+            }
+        };
         let facts = (0..segment.max_doc())
             .map(|doc| {
                 Facts::read(
@@ -137,25 +225,37 @@ impl VectorCache {
                 )
             })
             .collect();
-        let read = Arc::new(SegmentVectors { bytes, ends, facts });
-        self.0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(id, read.clone());
-        Ok(Some(read))
+        let placed = Placed::Memory(Arc::new(SegmentVectors { bytes, ends, facts }));
+        let mut held = self.lock();
+        if let Some(Placed::Memory(_)) = held.segments.insert(id, placed.clone()) {
+            // Another search read it at the same time: its reservation stands for both.
+            held.bytes -= reserved;
+        }
+        Ok(Some(placed))
     }
 
-    /// Forgets segments the searcher no longer has (merged away or deleted).
+    /// Forgets segments the searcher no longer has (merged away or deleted). When one that
+    /// was held goes, the segments read from their files are tried again (they may fit).
     fn keep_only(&self, searcher: &Searcher) {
         let live: std::collections::HashSet<SegmentId> = searcher
             .segment_readers()
             .iter()
             .map(tantivy::SegmentReader::segment_id)
             .collect();
-        self.0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .retain(|id, _| live.contains(id));
+        let mut held = self.lock();
+        let mut freed = 0;
+        held.segments.retain(|id, placed| {
+            let keep = live.contains(id);
+            if !keep && let Placed::Memory(vectors) = placed {
+                freed += vectors.size();
+            }
+            keep
+        });
+        if freed > 0 {
+            held.bytes -= freed;
+            held.segments
+                .retain(|_, placed| matches!(placed, Placed::Memory(_)));
+        }
     }
 }
 
@@ -165,11 +265,13 @@ impl VectorCache {
 /// twice, once for their lengths and once to copy each where its documents are, so nothing
 /// but the buffer is as large as the values (holding each value first as an allocation of
 /// its own left the process 40–150 MiB more of its own memory after grep at T = 100,000:
-/// BENCHMARKS.md).
+/// BENCHMARKS.md). `None`, with nothing copied, when `fits` refuses the bytes they would take
+/// (the values and their ends).
 fn in_document_order(
     column: &tantivy::columnar::BytesColumn,
     max_doc: tantivy::DocId,
-) -> std::io::Result<(Vec<u8>, Vec<u32>)> {
+    fits: impl FnOnce(usize) -> bool,
+) -> std::io::Result<Option<(Vec<u8>, Vec<u32>)>> {
     let too_large = || std::io::Error::other("a segment's vectors are over 4 GiB");
     let mut lengths = Vec::with_capacity(column.num_terms());
     let mut values = column.dictionary().stream()?;
@@ -193,6 +295,9 @@ fn in_document_order(
         ends.push(end);
     }
     drop(lengths);
+    if !fits(end as usize + ends.len() * std::mem::size_of::<u32>()) {
+        return Ok(None);
+    }
     let mut bytes = vec![0; end as usize];
     // The documents by their value's number, to be filled as the values stream past.
     let mut waiting: Vec<(u32, tantivy::DocId)> = ords
@@ -213,7 +318,7 @@ fn in_document_order(
         }
         ord += 1;
     }
-    Ok((bytes, ends))
+    Ok(Some((bytes, ends)))
 }
 
 /// Documents compared in one piece of work (pieces run across the cores).
@@ -237,24 +342,31 @@ pub(super) fn nearest(
     let floor = Floor::default();
     let mut pieces = Vec::new();
     for segment in searcher.segment_readers() {
-        let Some(vectors) = cache.segment(segment, field)? else {
-            continue;
-        };
-        let mut start = 0;
-        while start < segment.max_doc() {
-            let end = segment.max_doc().min(start + DOCS_PER_PIECE);
-            pieces.push((segment, vectors.clone(), start..end));
-            start = end;
+        match cache.segment(segment, field)? {
+            None => {}
+            // One piece: its values are read once.
+            Some(Placed::File) => pieces.push((segment, None, 0..segment.max_doc())),
+            Some(Placed::Memory(vectors)) => {
+                let mut start = 0;
+                while start < segment.max_doc() {
+                    let end = segment.max_doc().min(start + DOCS_PER_PIECE);
+                    pieces.push((segment, Some(vectors.clone()), start..end));
+                    start = end;
+                }
+            }
         }
     }
     let tops = pieces
         .into_par_iter()
         .map(|(segment, vectors, docs)| {
             // Contained here too: a panic in a worker thread is quieted only inside.
-            super::contained(|| {
-                Ok(compare(
+            super::contained(|| match vectors {
+                Some(vectors) => Ok(compare(
                     segment, &vectors, docs, &query, scope, limit, &floor,
-                ))
+                )),
+                None => Ok(compare_from_file(
+                    segment, field, &query, scope, limit, &floor,
+                )?),
             })
         })
         .collect::<crate::error::Result<Vec<Top>>>()?;
@@ -319,6 +431,65 @@ fn compare(
         }
     }
     top
+}
+
+/// The best `limit` of a segment's documents in `scope` (those over `floor`), its vectors
+/// compared as the column's values are read from the index file: each value once, for every
+/// document in scope that has it (the documents sorted by their value's number first).
+fn compare_from_file(
+    segment: &tantivy::SegmentReader,
+    field: &str,
+    query: &QueryVector,
+    scope: &Scope,
+    limit: usize,
+    floor: &Floor,
+) -> tantivy::Result<Top> {
+    let mut top = Top::new(limit);
+    let fast = segment.fast_fields();
+    let Some(column) = fast.bytes(field)? else {
+        return Ok(top);
+    };
+    let (keys, conversations) = (fast.u64("key")?, fast.u64("conversation")?);
+    let (kinds, times) = (fast.u64("kind")?, fast.i64("time")?);
+    let alive = segment.alive_bitset();
+    let mut wanted: Vec<(u64, u64)> = (0..segment.max_doc())
+        .filter(|&doc| alive.is_none_or(|alive| alive.is_alive(doc)))
+        .filter_map(|doc| {
+            let ord = column.ords().first(doc)?;
+            let facts = Facts::read(
+                keys.first(doc),
+                conversations.first(doc),
+                kinds.first(doc),
+                times.first(doc),
+            );
+            Some((ord, facts.in_scope(scope)?))
+        })
+        .collect();
+    wanted.sort_unstable();
+    // Called once for each wanted document, in order, with its value (the dictionary reads
+    // only the blocks that hold one, and no automaton as a stream over it would).
+    let mut documents = wanted.iter();
+    let mut last: Option<(u64, Option<Score>)> = None;
+    column
+        .dictionary()
+        .sorted_ords_to_term_cb(wanted.iter().map(|&(ord, _)| ord), |value| {
+            let Some(&(ord, key)) = documents.next() else {
+                return Ok(());
+            };
+            let similarity = match last {
+                Some((same, similarity)) if same == ord => similarity,
+                _ => Vectors::best_similarity(value, query),
+            };
+            last = Some((ord, similarity));
+            if let Some(similarity) = similarity
+                && similarity > floor.get()
+            {
+                top.offer(similarity, key);
+                floor.raise(top.threshold());
+            }
+            Ok(())
+        })?;
+    Ok(top)
 }
 
 /// Up to `limit` keys of live documents with no vectors (waiting for a model behind an
