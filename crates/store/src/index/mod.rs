@@ -1530,6 +1530,16 @@ mod tests {
             }
             assert!(held.contains(&cache.held_bytes()), "holding {limit} bytes");
         }
+
+        // Merged into one segment (without the deleted document): what the two held is freed,
+        // and the one left, smaller than both, is held in their place.
+        sink.merge_all().unwrap();
+        index.reload().unwrap();
+        let merged = index.reader.searcher();
+        assert_eq!(merged.segment_readers().len(), 1);
+        let best = vectors::nearest(&merged, &all_held, &field, &vector, &scope, query.limit);
+        assert_eq!(best.unwrap().len(), query.limit);
+        assert!((1..both).contains(&all_held.held_bytes()));
     }
 
     proptest! {

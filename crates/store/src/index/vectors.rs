@@ -91,6 +91,35 @@ impl Facts {
     }
 }
 
+/// The columns a document's facts are read from.
+struct FactColumns {
+    keys: tantivy::fastfield::Column<u64>,
+    conversations: tantivy::fastfield::Column<u64>,
+    kinds: tantivy::fastfield::Column<u64>,
+    times: tantivy::fastfield::Column<i64>,
+}
+
+impl FactColumns {
+    fn open(segment: &tantivy::SegmentReader) -> tantivy::Result<FactColumns> {
+        let fast = segment.fast_fields();
+        Ok(FactColumns {
+            keys: fast.u64("key")?,
+            conversations: fast.u64("conversation")?,
+            kinds: fast.u64("kind")?,
+            times: fast.i64("time")?,
+        })
+    }
+
+    fn of(&self, doc: tantivy::DocId) -> Facts {
+        Facts::read(
+            self.keys.first(doc),
+            self.conversations.first(doc),
+            self.kinds.first(doc),
+            self.times.first(doc),
+        )
+    }
+}
+
 impl SegmentVectors {
     /// The bytes it holds (as reserved in the cache).
     fn size(&self) -> usize {
@@ -136,7 +165,7 @@ enum Placed {
 }
 
 /// The bound when `VILVONA_VECTOR_CACHE_MIB` does not set one: at T = 100,000 turns (480,000
-/// messages) the vectors and their facts take about 170 MiB, so a history of several hundred
+/// messages) the vectors and their facts take about 195 MiB, so a history of several hundred
 /// thousand messages is searched from memory (BENCHMARKS.md, "Months of history").
 const DEFAULT_LIMIT_MIB: usize = 256;
 
@@ -181,9 +210,7 @@ impl VectorCache {
         let Some(column) = segment.fast_fields().bytes(field)? else {
             return Ok(None);
         };
-        let fast = segment.fast_fields();
-        let (keys, conversations) = (fast.u64("key")?, fast.u64("conversation")?);
-        let (kinds, times) = (fast.u64("kind")?, fast.i64("time")?);
+        let columns = FactColumns::open(segment)?;
         let facts_bytes = segment.max_doc() as usize * std::mem::size_of::<Facts>();
         // The bytes are reserved before they are read, so that searches reading segments at
         // once do not pass the bound together.
@@ -215,16 +242,7 @@ impl VectorCache {
                 return Err(error.into());
             }
         };
-        let facts = (0..segment.max_doc())
-            .map(|doc| {
-                Facts::read(
-                    keys.first(doc),
-                    conversations.first(doc),
-                    kinds.first(doc),
-                    times.first(doc),
-                )
-            })
-            .collect();
+        let facts = (0..segment.max_doc()).map(|doc| columns.of(doc)).collect();
         let placed = Placed::Memory(Arc::new(SegmentVectors { bytes, ends, facts }));
         let mut held = self.lock();
         if let Some(Placed::Memory(_)) = held.segments.insert(id, placed.clone()) {
@@ -445,25 +463,14 @@ fn compare_from_file(
     floor: &Floor,
 ) -> tantivy::Result<Top> {
     let mut top = Top::new(limit);
-    let fast = segment.fast_fields();
-    let Some(column) = fast.bytes(field)? else {
+    let Some(column) = segment.fast_fields().bytes(field)? else {
         return Ok(top);
     };
-    let (keys, conversations) = (fast.u64("key")?, fast.u64("conversation")?);
-    let (kinds, times) = (fast.u64("kind")?, fast.i64("time")?);
+    let columns = FactColumns::open(segment)?;
     let alive = segment.alive_bitset();
     let mut wanted: Vec<(u64, u64)> = (0..segment.max_doc())
         .filter(|&doc| alive.is_none_or(|alive| alive.is_alive(doc)))
-        .filter_map(|doc| {
-            let ord = column.ords().first(doc)?;
-            let facts = Facts::read(
-                keys.first(doc),
-                conversations.first(doc),
-                kinds.first(doc),
-                times.first(doc),
-            );
-            Some((ord, facts.in_scope(scope)?))
-        })
+        .filter_map(|doc| Some((column.ords().first(doc)?, columns.of(doc).in_scope(scope)?)))
         .collect();
     wanted.sort_unstable();
     // Called once for each wanted document, in order, with its value (the dictionary reads
