@@ -318,11 +318,12 @@ impl AgentMessage {
             content: Option<MessageContent>,
         }
         // A derived struct would read an array too, which is no message.
-        let object = json.trim_start().starts_with('{');
-        match serde_json::from_str::<RoleAndContent>(json)
-            .ok()
-            .filter(|_| object)
-        {
+        let simple = json
+            .trim_start()
+            .starts_with('{')
+            .then(|| serde_json::from_str::<RoleAndContent>(json).ok())
+            .flatten();
+        match simple {
             Some(RoleAndContent { content, .. }) => {
                 let mut out = String::new();
                 if let Some(content) = content {
