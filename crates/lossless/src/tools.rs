@@ -150,15 +150,19 @@ impl LosslessEngine {
         let own = self
             .conversation(&caller.session_id, caller.session_key.as_deref())
             .await?;
+        // The key's other sessions and its grants, read at once (a read waits for a thread of
+        // its own: one after the other, a search waited for both).
+        let (by_key, grants) = match &caller.session_key {
+            Some(key) => tokio::try_join!(
+                store.conversations_by_session_key(&config.agent_id, key),
+                store.grants(key),
+            )?,
+            None => (Vec::new(), Vec::new()),
+        };
         let mut mine = vec![own.id];
-        if let Some(key) = &caller.session_key {
-            for conversation in store
-                .conversations_by_session_key(&config.agent_id, key)
-                .await?
-            {
-                if !mine.contains(&conversation.id) {
-                    mine.push(conversation.id);
-                }
+        for conversation in by_key {
+            if !mine.contains(&conversation.id) {
+                mine.push(conversation.id);
             }
         }
         if config.recall_all_conversations {
@@ -170,19 +174,17 @@ impl LosslessEngine {
         }
         let mut ended = Vec::new();
         let mut token_cap = None;
-        if let Some(key) = &caller.session_key {
-            let now = self.now_ms();
-            for grant in store.grants(key).await? {
-                if grant.revoked || grant.expires_at_ms <= now {
-                    ended.push(grant.conversation);
-                    continue;
-                }
-                if !mine.contains(&grant.conversation) {
-                    mine.push(grant.conversation);
-                }
-                token_cap =
-                    Some(token_cap.map_or(grant.token_cap, |cap: u64| cap.min(grant.token_cap)));
+        let now = self.now_ms();
+        for grant in grants {
+            if grant.revoked || grant.expires_at_ms <= now {
+                ended.push(grant.conversation);
+                continue;
             }
+            if !mine.contains(&grant.conversation) {
+                mine.push(grant.conversation);
+            }
+            token_cap =
+                Some(token_cap.map_or(grant.token_cap, |cap: u64| cap.min(grant.token_cap)));
         }
         let mut reach = vec![(config.agent_id.clone(), mine)];
         for agent in &config.recall_agents {

@@ -33,6 +33,7 @@ use crate::types::{SearchMode, SearchOrder, SearchQuery, SearchTarget};
 /// Memory for the index writer: modest, so the store's footprint does not grow with history.
 const WRITER_HEAP_BYTES: usize = 24 * 1024 * 1024;
 
+mod facts;
 pub(crate) mod filler;
 mod pipeline;
 mod top;
@@ -379,6 +380,8 @@ pub(crate) struct RecallIndex {
     embedder: SharedEmbedder,
     /// Segments' vectors, read once each up to a bound (`VILVONA_VECTOR_CACHE_MIB`).
     vector_cache: vectors::VectorCache,
+    /// Segments' fact columns, opened once each.
+    fact_cache: facts::FactCache,
 }
 
 /// The index a store currently uses: a rebuild swaps a new one in.
@@ -573,6 +576,7 @@ impl RecallIndex {
             broken: AtomicBool::new(false),
             embedder,
             vector_cache: vectors::VectorCache::configured(),
+            fact_cache: facts::FactCache::default(),
         };
         recall.reload()?;
         Ok(recall)
@@ -699,6 +703,7 @@ impl RecallIndex {
         let best = vectors::nearest(
             &self.reader.searcher(),
             &self.vector_cache,
+            &self.fact_cache,
             &vectors_field(embedder.name()),
             vector,
             &scope,
@@ -766,7 +771,13 @@ impl RecallIndex {
                 since_ms: query.since_ms,
                 before_ms: query.before_ms,
             };
-            let best = top::best(searcher, text_query.as_ref(), &scope, limit)?;
+            let best = top::best(
+                searcher,
+                &self.fact_cache,
+                text_query.as_ref(),
+                &scope,
+                limit,
+            )?;
             return Ok(best
                 .into_iter()
                 .map(|(score, key)| (row_of(key), score))
@@ -1505,7 +1516,15 @@ mod tests {
         let field = vectors_field(embedder.name());
         let searcher = index.reader.searcher();
         let nearest_from = |cache: &vectors::VectorCache, limit: usize| {
-            let best = vectors::nearest(&searcher, cache, &field, &vector, &scope, limit);
+            let best = vectors::nearest(
+                &searcher,
+                cache,
+                &index.fact_cache,
+                &field,
+                &vector,
+                &scope,
+                limit,
+            );
             let best: Vec<(IndexedRow, f32)> = best
                 .unwrap()
                 .into_iter()
@@ -1532,14 +1551,25 @@ mod tests {
         }
 
         // Merged into one segment (without the deleted document): what the two held is freed,
-        // and the one left, smaller than both, is held in their place.
+        // and the one left, smaller than both, is held in their place; the two segments'
+        // columns are closed and the merged one's opened.
+        assert_eq!(index.fact_cache.open_segments(), 2);
         sink.merge_all().unwrap();
         index.reload().unwrap();
         let merged = index.reader.searcher();
         assert_eq!(merged.segment_readers().len(), 1);
-        let best = vectors::nearest(&merged, &all_held, &field, &vector, &scope, query.limit);
+        let best = vectors::nearest(
+            &merged,
+            &all_held,
+            &index.fact_cache,
+            &field,
+            &vector,
+            &scope,
+            query.limit,
+        );
         assert_eq!(best.unwrap().len(), query.limit);
         assert!((1..both).contains(&all_held.held_bytes()));
+        assert_eq!(index.fact_cache.open_segments(), 1);
     }
 
     proptest! {

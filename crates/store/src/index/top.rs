@@ -7,9 +7,10 @@
 //! the cut is far cheaper; when the scope is a small part of the index, intersecting with its
 //! postings is (`RecallIndex::search` chooses).
 
-use tantivy::fastfield::Column;
 use tantivy::query::{EnableScoring, Query};
 use tantivy::{Score, Searcher};
+
+use super::facts::FactCache;
 
 /// Which documents count: fast-field values, checked for each candidate.
 pub(super) struct Scope<'a> {
@@ -21,21 +22,6 @@ pub(super) struct Scope<'a> {
 }
 
 impl Scope<'_> {
-    /// Whether a document's fast-field values put it in the scope.
-    pub(super) fn holds(
-        &self,
-        doc: tantivy::DocId,
-        conversations: &Column<u64>,
-        kinds: &Column<u64>,
-        times: &Column<i64>,
-    ) -> bool {
-        self.admits(
-            conversations.first(doc),
-            || kinds.first(doc),
-            || times.first(doc),
-        )
-    }
-
     /// Whether a document of these values is in the scope (its kind and time asked for only
     /// when the scope limits them).
     pub(super) fn admits(
@@ -59,21 +45,20 @@ impl Scope<'_> {
 /// not depend on how documents are laid out in segments.
 pub(super) fn best(
     searcher: &Searcher,
+    facts: &FactCache,
     query: &dyn Query,
     scope: &Scope,
     limit: usize,
 ) -> tantivy::Result<Vec<(Score, u64)>> {
     let weight = query.weight(EnableScoring::enabled_from_searcher(searcher))?;
     let mut top = Top::new(limit);
-    for segment in searcher.segment_readers() {
-        let fast = segment.fast_fields();
-        let (keys, conversations) = (fast.u64("key")?, fast.u64("conversation")?);
-        let (kinds, times) = (fast.u64("kind")?, fast.i64("time")?);
+    let columns = facts.of_segments(searcher)?;
+    for (segment, columns) in searcher.segment_readers().iter().zip(columns) {
         let alive = segment.alive_bitset();
         weight.for_each_pruning(top.threshold(), segment, &mut |doc, score| {
-            let counts = alive.is_none_or(|alive| alive.is_alive(doc))
-                && scope.holds(doc, &conversations, &kinds, &times);
-            if counts && let Some(key) = keys.first(doc) {
+            if alive.is_none_or(|alive| alive.is_alive(doc))
+                && let Some(key) = columns.in_scope(doc, scope)
+            {
                 top.offer(score, key);
             }
             top.threshold()

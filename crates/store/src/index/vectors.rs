@@ -26,6 +26,7 @@ use tantivy::index::SegmentId;
 use tantivy::{Score, Searcher};
 use vilvona_embed::{QueryVector, Vectors};
 
+use super::facts::{FactCache, FactColumns, Facts};
 use super::top::{Scope, Top};
 
 /// One segment's vectors, laid out in document order in one buffer (a search reads them
@@ -38,86 +39,6 @@ pub(super) struct SegmentVectors {
     /// Per document, its key and what a scope checks (read from the columns once: a search
     /// checks every document).
     facts: Vec<Facts>,
-}
-
-/// A document's fast-field values, in 32 bytes (a segment holds one for every document).
-#[derive(Clone, Copy)]
-struct Facts {
-    key: u64,
-    conversation: u64,
-    time: i64,
-    /// The row's kind; a kind past `u32::MAX` (the index writes 0 and 1, and a scope asks
-    /// for nothing else) reads as none.
-    kind: u32,
-    /// Which of the values the document has (`HAS_…`).
-    has: u8,
-}
-
-/// The document has a key and a conversation (without both it is never found).
-const HAS_KEY: u8 = 1;
-const HAS_KIND: u8 = 2;
-const HAS_TIME: u8 = 4;
-
-impl Facts {
-    fn read(
-        key: Option<u64>,
-        conversation: Option<u64>,
-        kind: Option<u64>,
-        time: Option<i64>,
-    ) -> Facts {
-        let kind = kind.and_then(|kind| u32::try_from(kind).ok());
-        let found = key.zip(conversation);
-        Facts {
-            key: found.map_or(0, |(key, _)| key),
-            conversation: found.map_or(0, |(_, conversation)| conversation),
-            time: time.unwrap_or(0),
-            kind: kind.unwrap_or(0),
-            has: u8::from(found.is_some()) * HAS_KEY
-                + u8::from(kind.is_some()) * HAS_KIND
-                + u8::from(time.is_some()) * HAS_TIME,
-        }
-    }
-
-    /// Its key, if a search may find it in `scope`.
-    fn in_scope(&self, scope: &Scope) -> Option<u64> {
-        let has = |bit| self.has & bit != 0;
-        (has(HAS_KEY)
-            && scope.admits(
-                Some(self.conversation),
-                || has(HAS_KIND).then_some(u64::from(self.kind)),
-                || has(HAS_TIME).then_some(self.time),
-            ))
-        .then_some(self.key)
-    }
-}
-
-/// The columns a document's facts are read from.
-struct FactColumns {
-    keys: tantivy::fastfield::Column<u64>,
-    conversations: tantivy::fastfield::Column<u64>,
-    kinds: tantivy::fastfield::Column<u64>,
-    times: tantivy::fastfield::Column<i64>,
-}
-
-impl FactColumns {
-    fn open(segment: &tantivy::SegmentReader) -> tantivy::Result<FactColumns> {
-        let fast = segment.fast_fields();
-        Ok(FactColumns {
-            keys: fast.u64("key")?,
-            conversations: fast.u64("conversation")?,
-            kinds: fast.u64("kind")?,
-            times: fast.i64("time")?,
-        })
-    }
-
-    fn of(&self, doc: tantivy::DocId) -> Facts {
-        Facts::read(
-            self.keys.first(doc),
-            self.conversations.first(doc),
-            self.kinds.first(doc),
-            self.times.first(doc),
-        )
-    }
 }
 
 impl SegmentVectors {
@@ -201,6 +122,7 @@ impl VectorCache {
     fn segment(
         &self,
         segment: &tantivy::SegmentReader,
+        columns: &FactColumns,
         field: &str,
     ) -> tantivy::Result<Option<Placed>> {
         let id = segment.segment_id();
@@ -210,7 +132,6 @@ impl VectorCache {
         let Some(column) = segment.fast_fields().bytes(field)? else {
             return Ok(None);
         };
-        let columns = FactColumns::open(segment)?;
         let facts_bytes = segment.max_doc() as usize * std::mem::size_of::<Facts>();
         // The bytes are reserved before they are read, so that searches reading segments at
         // once do not pass the bound together.
@@ -348,6 +269,7 @@ const DOCS_PER_PIECE: u32 = 1_024;
 pub(super) fn nearest(
     searcher: &Searcher,
     cache: &VectorCache,
+    facts: &FactCache,
     field: &str,
     query: &[f32],
     scope: &Scope,
@@ -359,16 +281,19 @@ pub(super) fn nearest(
     let query = QueryVector::new(query);
     let floor = Floor::default();
     let mut pieces = Vec::new();
-    for segment in searcher.segment_readers() {
-        match cache.segment(segment, field)? {
+    let columns = facts.of_segments(searcher)?;
+    for (segment, columns) in searcher.segment_readers().iter().zip(columns) {
+        match cache.segment(segment, &columns, field)? {
             None => {}
             // One piece: its values are read once.
-            Some(Placed::File) => pieces.push((segment, None, 0..segment.max_doc())),
+            Some(Placed::File) => {
+                pieces.push((segment, Piece::FromFile(columns), 0..segment.max_doc()))
+            }
             Some(Placed::Memory(vectors)) => {
                 let mut start = 0;
                 while start < segment.max_doc() {
                     let end = segment.max_doc().min(start + DOCS_PER_PIECE);
-                    pieces.push((segment, Some(vectors.clone()), start..end));
+                    pieces.push((segment, Piece::Held(vectors.clone()), start..end));
                     start = end;
                 }
             }
@@ -376,14 +301,14 @@ pub(super) fn nearest(
     }
     let tops = pieces
         .into_par_iter()
-        .map(|(segment, vectors, docs)| {
+        .map(|(segment, piece, docs)| {
             // Contained here too: a panic in a worker thread is quieted only inside.
-            super::contained(|| match vectors {
-                Some(vectors) => Ok(compare(
+            super::contained(|| match piece {
+                Piece::Held(vectors) => Ok(compare(
                     segment, &vectors, docs, &query, scope, limit, &floor,
                 )),
-                None => Ok(compare_from_file(
-                    segment, field, &query, scope, limit, &floor,
+                Piece::FromFile(columns) => Ok(compare_from_file(
+                    segment, &columns, field, &query, scope, limit, &floor,
                 )?),
             })
         })
@@ -393,6 +318,15 @@ pub(super) fn nearest(
         best.offer(similarity, key);
     }
     Ok(best.into_best())
+}
+
+/// What a piece of work compares.
+enum Piece {
+    /// Vectors held in memory.
+    Held(Arc<SegmentVectors>),
+    /// A segment's values as they are read from its file, its documents' facts from these
+    /// columns.
+    FromFile(Arc<FactColumns>),
 }
 
 /// The highest threshold of the pieces' lists so far (an `f32`'s bits), shared by the pieces
@@ -456,6 +390,7 @@ fn compare(
 /// document in scope that has it (the documents sorted by their value's number first).
 fn compare_from_file(
     segment: &tantivy::SegmentReader,
+    columns: &FactColumns,
     field: &str,
     query: &QueryVector,
     scope: &Scope,
@@ -466,7 +401,6 @@ fn compare_from_file(
     let Some(column) = segment.fast_fields().bytes(field)? else {
         return Ok(top);
     };
-    let columns = FactColumns::open(segment)?;
     let alive = segment.alive_bitset();
     let mut wanted: Vec<(u64, u64)> = (0..segment.max_doc())
         .filter(|&doc| alive.is_none_or(|alive| alive.is_alive(doc)))
