@@ -136,11 +136,7 @@ impl FactCache {
             })
             .collect::<tantivy::Result<Vec<_>>>()?;
         if open.len() > columns.len() {
-            let live: std::collections::HashSet<SegmentId> = searcher
-                .segment_readers()
-                .iter()
-                .map(SegmentReader::segment_id)
-                .collect();
+            let live = super::segment_ids(searcher);
             open.retain(|id, _| live.contains(id));
         }
         Ok(columns)

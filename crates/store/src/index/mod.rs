@@ -384,6 +384,17 @@ pub(crate) struct RecallIndex {
     fact_cache: facts::FactCache,
 }
 
+/// The segments a searcher has (what the per-segment caches keep; the rest were merged away).
+fn segment_ids(
+    searcher: &tantivy::Searcher,
+) -> std::collections::HashSet<tantivy::index::SegmentId> {
+    searcher
+        .segment_readers()
+        .iter()
+        .map(tantivy::SegmentReader::segment_id)
+        .collect()
+}
+
 /// The index a store currently uses: a rebuild swaps a new one in.
 pub(crate) struct IndexSlot(RwLock<Arc<RecallIndex>>);
 

@@ -179,11 +179,7 @@ impl VectorCache {
     /// Forgets segments the searcher no longer has (merged away or deleted). When one that
     /// was held goes, the segments read from their files are tried again (they may fit).
     fn keep_only(&self, searcher: &Searcher) {
-        let live: std::collections::HashSet<SegmentId> = searcher
-            .segment_readers()
-            .iter()
-            .map(tantivy::SegmentReader::segment_id)
-            .collect();
+        let live = super::segment_ids(searcher);
         let mut held = self.lock();
         let mut freed = 0;
         held.segments.retain(|id, placed| {
@@ -407,7 +403,7 @@ fn compare_from_file(
     let alive = segment.alive_bitset();
     let mut wanted: Vec<(u64, u64)> = (0..segment.max_doc())
         .filter(|&doc| alive.is_none_or(|alive| alive.is_alive(doc)))
-        .filter_map(|doc| Some((column.ords().first(doc)?, columns.of(doc).in_scope(scope)?)))
+        .filter_map(|doc| Some((column.ords().first(doc)?, columns.in_scope(doc, scope)?)))
         .collect();
     wanted.sort_unstable();
     // Called once for each wanted document, in order, with its value (the dictionary reads
