@@ -6,6 +6,13 @@
 //! sample of the vectors, how many of those ten an IVF search finds when it compares only the
 //! chunks filed in the cells nearest the query, and what share of all chunks that is.
 //!
+//! Beside the share of exact's ten, every measurement here counts the queries whose answer is
+//! among the ten found (a needle's message, a paraphrase question's statement, a LoCoMo
+//! question's evidence turns): the one document a user asked for can be the one an index
+//! loses while it keeps the other nine. `--contrast` prints how far exact search's nearest
+//! documents stand from the rest, and `--locomo DIR` measures on natural conversations
+//! instead of the generator's.
+//!
 //! Nothing in the store uses this: it is the measurement a design was chosen by
 //! (BENCHMARKS.md, "Months of history").
 
@@ -122,6 +129,10 @@ pub struct Probed {
     pub compared: f64,
     /// The largest cell's entries, as a share of all.
     pub largest_cell: f64,
+    /// Of the queries whose answer is known, the share with an answering document among the
+    /// ten found (needles' queries; questions); exact search's own share is in [`Contrast`].
+    pub needles_answered: f64,
+    pub questions_answered: f64,
 }
 
 /// The documents' chunk vectors and the queries (needles first), read and embedded.
@@ -130,6 +141,9 @@ pub struct Corpus {
     pub documents: Vec<Vec<Vec<f32>>>,
     pub queries: Vec<Vec<f32>>,
     pub needle_queries: usize,
+    /// For each query, the documents that answer it (a needle's: each message that holds its
+    /// answer; a paraphrase question's: its statement); empty where none is known.
+    pub answers: Vec<Vec<usize>>,
 }
 
 /// Reads an OpenClaw transcript's messages and a needles file, and embeds them with the
@@ -157,6 +171,23 @@ pub fn corpus(transcript: &Path, needles: &Path) -> Result<Corpus> {
             (message["role"].as_str().unwrap_or("").to_owned(), text)
         })
         .collect();
+    let needles: Vec<crate::Needle> = serde_json::from_str(
+        &std::fs::read_to_string(needles)
+            .with_context(|| format!("reading {}", needles.display()))?,
+    )?;
+    let mut answers: Vec<Vec<usize>> = needles
+        .iter()
+        .map(|needle| {
+            messages
+                .iter()
+                .enumerate()
+                .filter(|(_, (_, text))| text.contains(&needle.answer))
+                .map(|(doc, _)| doc)
+                .collect()
+        })
+        .collect();
+    answers
+        .extend((0..vilvona_workload::meaning::PROBES.len()).map(|at| vec![messages.len() + at]));
     let mut documents: Vec<Vec<Vec<f32>>> = messages
         .par_iter()
         .map(|(role, text)| model.embed_chunks(text, chunks_for(role)))
@@ -167,10 +198,6 @@ pub fn corpus(transcript: &Path, needles: &Path) -> Result<Corpus> {
             .iter()
             .map(|probe| model.embed_chunks(probe.statement, 8)),
     );
-    let needles: Vec<crate::Needle> = serde_json::from_str(
-        &std::fs::read_to_string(needles)
-            .with_context(|| format!("reading {}", needles.display()))?,
-    )?;
     let mut queries: Vec<Vec<f32>> = needles
         .iter()
         .filter_map(|n| model.embed(&n.query))
@@ -185,6 +212,7 @@ pub fn corpus(transcript: &Path, needles: &Path) -> Result<Corpus> {
         documents,
         queries,
         needle_queries,
+        answers,
     })
 }
 
@@ -224,12 +252,111 @@ pub(crate) fn exact_ten(corpus: &Corpus) -> Vec<Vec<usize>> {
         .collect()
 }
 
-/// Of the exact ten, the share kept over `rows` of `(kept, of, …)`.
-pub(crate) fn recall<T>(rows: &[(usize, usize, T)], range: std::ops::Range<usize>) -> f64 {
+/// What one query's approximate search found, against exact search's ten: how many of them
+/// it kept, whether it found an answer (`None` when the query's answer is not known), and the
+/// work it did (what counts as work is the measurement's).
+#[derive(Clone, Debug)]
+pub(crate) struct Found<T> {
+    kept: usize,
+    of: usize,
+    answered: Option<bool>,
+    pub(crate) work: T,
+}
+
+impl<T> Found<T> {
+    /// `found`, the ten an approximate search ranks best, against `exact` and `answers`.
+    pub(crate) fn of(exact: &[usize], found: &[usize], answers: &[usize], work: T) -> Found<T> {
+        Found {
+            kept: exact.iter().filter(|doc| found.contains(doc)).count(),
+            of: exact.len(),
+            answered: (!answers.is_empty()).then(|| found.iter().any(|doc| answers.contains(doc))),
+            work,
+        }
+    }
+}
+
+/// Of the exact ten, the share kept over `rows`.
+pub(crate) fn recall<T>(rows: &[Found<T>], range: std::ops::Range<usize>) -> f64 {
     let (kept, of) = rows[range]
         .iter()
-        .fold((0, 0), |(kept, of), row| (kept + row.0, of + row.1));
+        .fold((0, 0), |(kept, of), row| (kept + row.kept, of + row.of));
     kept as f64 / of.max(1) as f64
+}
+
+/// Of the queries in `range` whose answer is known, the share answered.
+pub(crate) fn answered_share<T>(rows: &[Found<T>], range: std::ops::Range<usize>) -> f64 {
+    let known: Vec<bool> = rows[range].iter().filter_map(|row| row.answered).collect();
+    known.iter().filter(|answered| **answered).count() as f64 / known.len().max(1) as f64
+}
+
+/// How far apart a query's nearest documents stand from the rest, averaged over a set of
+/// queries: the best document's similarity, the 10th's, the 100th's and the median
+/// document's; and where the answer ranks.
+#[derive(Clone, Debug, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Contrast {
+    pub set: String,
+    pub queries: usize,
+    pub documents: usize,
+    pub first: f64,
+    pub tenth: f64,
+    pub hundredth: f64,
+    pub median: f64,
+    /// Of the queries whose answer is known, the share exact search ranks in its ten.
+    pub answer_in_ten: f64,
+    /// The median over those queries of the answer's best rank (1 = first).
+    pub answer_rank_median: usize,
+}
+
+/// [`Contrast`] of the needles' queries and of the questions.
+pub fn contrast(corpus: &Corpus) -> Vec<Contrast> {
+    let ranked: Vec<(Vec<f32>, Option<usize>)> = corpus
+        .queries
+        .par_iter()
+        .zip(&corpus.answers)
+        .map(|(query, answers)| {
+            let mut scored: Vec<(f32, usize)> = corpus
+                .documents
+                .iter()
+                .enumerate()
+                .filter_map(|(doc, chunks)| best(chunks, query, |_| true).map(|score| (score, doc)))
+                .collect();
+            scored.sort_unstable_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+            let rank = scored
+                .iter()
+                .position(|(_, doc)| answers.contains(doc))
+                .map(|at| at + 1);
+            (scored.into_iter().map(|(score, _)| score).collect(), rank)
+        })
+        .collect();
+    let set = |name: &str, range: std::ops::Range<usize>| {
+        let rows = &ranked[range];
+        let mean = |at: &dyn Fn(&[f32]) -> f32| {
+            rows.iter()
+                .map(|(scores, _)| f64::from(at(scores)))
+                .sum::<f64>()
+                / rows.len().max(1) as f64
+        };
+        let score_at = |rank: usize| move |scores: &[f32]| scores.get(rank).copied().unwrap_or(0.0);
+        let mut ranks: Vec<usize> = rows.iter().filter_map(|(_, rank)| *rank).collect();
+        ranks.sort_unstable();
+        Contrast {
+            set: name.to_owned(),
+            queries: rows.len(),
+            documents: corpus.documents.len(),
+            first: mean(&score_at(0)),
+            tenth: mean(&score_at(9)),
+            hundredth: mean(&score_at(99)),
+            median: mean(&|scores: &[f32]| scores.get(scores.len() / 2).copied().unwrap_or(0.0)),
+            answer_in_ten: ranks.iter().filter(|rank| **rank <= 10).count() as f64
+                / ranks.len().max(1) as f64,
+            answer_rank_median: ranks.get(ranks.len() / 2).copied().unwrap_or(0),
+        }
+    };
+    vec![
+        set("needles", 0..corpus.needle_queries),
+        set("questions", corpus.needle_queries..ranked.len()),
+    ]
 }
 
 /// IVF against exact search, for each number of cells (a codebook trained on 40 vectors a
@@ -265,11 +392,12 @@ pub fn evaluate(corpus: &Corpus, cell_counts: &[usize], probes: &[usize]) -> Vec
             }
             let entries: usize = sizes.iter().sum();
             for &probed in probes {
-                let outcome: Vec<(usize, usize, usize)> = corpus
+                let outcome: Vec<Found<usize>> = corpus
                     .queries
                     .par_iter()
                     .zip(&exact)
-                    .map(|(query, exact)| {
+                    .zip(&corpus.answers)
+                    .map(|((query, exact), answers)| {
                         let near: HashSet<u32> =
                             codebook.nearest(query, probed).into_iter().collect();
                         let compared: usize = near.iter().map(|cell| sizes[*cell as usize]).sum();
@@ -282,8 +410,7 @@ pub fn evaluate(corpus: &Corpus, cell_counts: &[usize], probes: &[usize]) -> Vec
                                 .map(|score| (score, doc))
                             },
                         ));
-                        let kept = exact.iter().filter(|doc| found.contains(doc)).count();
-                        (kept, exact.len(), compared)
+                        Found::of(exact, &found, answers, compared)
                     })
                     .collect();
                 rows.push(Probed {
@@ -292,7 +419,12 @@ pub fn evaluate(corpus: &Corpus, cell_counts: &[usize], probes: &[usize]) -> Vec
                     probed,
                     needles_recall: recall(&outcome, 0..corpus.needle_queries),
                     questions_recall: recall(&outcome, corpus.needle_queries..outcome.len()),
-                    compared: outcome.iter().map(|row| row.2).sum::<usize>() as f64
+                    needles_answered: answered_share(&outcome, 0..corpus.needle_queries),
+                    questions_answered: answered_share(
+                        &outcome,
+                        corpus.needle_queries..outcome.len(),
+                    ),
+                    compared: outcome.iter().map(|row| row.work).sum::<usize>() as f64
                         / outcome.len().max(1) as f64
                         / all.len().max(1) as f64,
                     largest_cell: sizes.iter().copied().max().unwrap_or(0) as f64
@@ -379,6 +511,52 @@ mod tests {
             vec![codebook.cell_of(&vectors[1])]
         );
         assert_eq!(codebook.nearest(&query, 5).len(), 3);
+    }
+
+    /// Each query is one document's own vector (its answer), the others random: the answer
+    /// ranks first with similarity 1, the similarities fall with the rank, and a query
+    /// whose answer is not known counts in neither share.
+    #[test]
+    fn contrast_ranks_each_answer_and_reads_the_similarities() {
+        let documents: Vec<Vec<Vec<f32>>> = random_units(200, 8, 3)
+            .into_iter()
+            .map(|vector| vec![vector])
+            .collect();
+        let answers = vec![vec![5], vec![17], vec![120, 3], Vec::new()];
+        let queries = [5, 17, 120, 9]
+            .iter()
+            .map(|&doc| documents[doc][0].clone())
+            .collect();
+        let corpus = Corpus {
+            documents,
+            queries,
+            needle_queries: 1,
+            answers,
+        };
+        let sets = contrast(&corpus);
+        assert_eq!(sets.len(), 2);
+        assert_eq!((sets[0].queries, sets[1].queries), (1, 3));
+        for set in &sets {
+            assert!((set.first - 1.0).abs() < 1e-5, "{set:?}");
+            assert!(
+                set.first > set.tenth && set.tenth > set.hundredth,
+                "{set:?}"
+            );
+            assert!(set.hundredth > set.median, "{set:?}");
+            assert_eq!(
+                (set.answer_in_ten, set.answer_rank_median),
+                (1.0, 1),
+                "{set:?}"
+            );
+        }
+        let exact = [120, 3, 4];
+        let rows = [
+            Found::of(&exact, &[1, 2], &corpus.answers[2], ()),
+            Found::of(&exact, &[3, 120], &corpus.answers[2], ()),
+            Found::of(&exact, &[3, 120], &corpus.answers[3], ()),
+        ];
+        assert_eq!(answered_share(&rows, 0..3), 0.5);
+        assert_eq!(recall(&rows, 0..3), 4.0 / 9.0);
     }
 
     #[test]

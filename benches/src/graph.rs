@@ -17,7 +17,7 @@ use std::time::Instant;
 use instant_distance::{Builder, HnswMap, Search};
 use serde::Serialize;
 
-use crate::cells::{Corpus, dot, exact_ten, recall, ten_best};
+use crate::cells::{Corpus, Found, answered_share, dot, exact_ten, recall, ten_best};
 
 /// Distances computed since the count was last read (searches run one at a time).
 static COMPARED: AtomicU64 = AtomicU64::new(0);
@@ -41,6 +41,9 @@ pub struct Searched {
     /// Of exact search's ten best documents, the share found (needles' queries; questions).
     pub needles_recall: f64,
     pub questions_recall: f64,
+    /// Of the queries whose answer is known, the share answered in the ten found.
+    pub needles_answered: f64,
+    pub questions_answered: f64,
     /// Chunks compared per search, on average, and as a share of all chunks.
     pub compared: f64,
     pub compared_share: f64,
@@ -72,11 +75,12 @@ pub fn evaluate(corpus: &Corpus, efs: &[usize], ef_construction: usize) -> Vec<S
         let build_s = started.elapsed().as_secs_f64();
         COMPARED.swap(0, Ordering::Relaxed);
         let mut search = Search::default();
-        let outcome: Vec<(usize, usize, u64)> = corpus
+        let outcome: Vec<Found<u64>> = corpus
             .queries
             .iter()
             .zip(&exact)
-            .map(|(query, exact)| {
+            .zip(&corpus.answers)
+            .map(|((query, exact), answers)| {
                 let mut best: HashMap<u32, f32> = HashMap::new();
                 for item in map.search(&Chunk(query.clone()), &mut search) {
                     let similarity = 1.0 - item.distance;
@@ -84,17 +88,18 @@ pub fn evaluate(corpus: &Corpus, efs: &[usize], ef_construction: usize) -> Vec<S
                     *entry = entry.max(similarity);
                 }
                 let found = ten_best(best.into_iter().map(|(doc, score)| (score, doc as usize)));
-                let kept = exact.iter().filter(|doc| found.contains(doc)).count();
-                (kept, exact.len(), COMPARED.swap(0, Ordering::Relaxed))
+                Found::of(exact, &found, answers, COMPARED.swap(0, Ordering::Relaxed))
             })
             .collect();
         let compared =
-            outcome.iter().map(|row| row.2).sum::<u64>() as f64 / outcome.len().max(1) as f64;
+            outcome.iter().map(|row| row.work).sum::<u64>() as f64 / outcome.len().max(1) as f64;
         rows.push(Searched {
             ef_construction,
             ef,
             needles_recall: recall(&outcome, 0..corpus.needle_queries),
             questions_recall: recall(&outcome, corpus.needle_queries..outcome.len()),
+            needles_answered: answered_share(&outcome, 0..corpus.needle_queries),
+            questions_answered: answered_share(&outcome, corpus.needle_queries..outcome.len()),
             compared,
             compared_share: compared / chunks.max(1) as f64,
             build_s,
@@ -120,6 +125,7 @@ mod tests {
             documents,
             queries,
             needle_queries: 2,
+            answers: vec![Vec::new(); 6],
         };
         let rows = evaluate(&corpus, &[4, 400], 400);
         assert_eq!(rows[1].needles_recall, 1.0, "{rows:?}");

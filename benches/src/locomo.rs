@@ -139,6 +139,51 @@ pub fn conversation_files(folder: &Path) -> Result<Vec<PathBuf>> {
     Ok(files)
 }
 
+/// The turns of every conversation of `files` embedded with the built-in model, one pool of
+/// documents, and their questions as queries with their evidence turns as answers (a
+/// question whose evidence names no turn is left out): natural text for the measurements of
+/// `cells` (`--locomo`). None of it counts as a needle.
+pub fn meaning_corpus(files: &[PathBuf]) -> Result<crate::cells::Corpus> {
+    use rayon::prelude::*;
+    let model = vilvona_embed::builtin();
+    let mut corpus = crate::cells::Corpus {
+        documents: Vec::new(),
+        queries: Vec::new(),
+        needle_queries: 0,
+        answers: Vec::new(),
+    };
+    for file in files {
+        let raw =
+            std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
+        let value: Value =
+            serde_json::from_str(&raw).with_context(|| format!("parsing {}", file.display()))?;
+        let (turns, questions) =
+            conversation(&value).with_context(|| format!("reading {}", file.display()))?;
+        let first = corpus.documents.len();
+        let at: HashMap<&str, usize> = turns
+            .iter()
+            .enumerate()
+            .map(|(index, turn)| (turn.dia_id.as_str(), first + index))
+            .collect();
+        corpus.documents.par_extend(turns.par_iter().map(|turn| {
+            let role = if turn.user { "user" } else { "assistant" };
+            model.embed_chunks(&turn.text, vilvona_embed::chunks_for(role))
+        }));
+        for question in &questions {
+            let answers: Vec<usize> = question
+                .evidence
+                .iter()
+                .filter_map(|dia| at.get(dia.as_str()).copied())
+                .collect();
+            if let (false, Some(query)) = (answers.is_empty(), model.embed(&question.text)) {
+                corpus.queries.push(query);
+                corpus.answers.push(answers);
+            }
+        }
+    }
+    Ok(corpus)
+}
+
 /// Replays every conversation of `files` with `embedding` and asks its questions; `progress` is
 /// told each step.
 pub async fn evaluate(
@@ -571,6 +616,56 @@ mod tests {
         assert_eq!(days_from_civil(1970, 1, 1), 0);
         assert_eq!(days_from_civil(2000, 3, 1), 11_017);
         assert!(date_time_ms("May 8").is_err());
+    }
+
+    /// Two conversations in one pool: the second's turns follow the first's, each question's
+    /// evidence names its own conversation's turns, and one whose evidence names no turn is
+    /// left out.
+    #[test]
+    fn the_meaning_corpus_pools_the_turns_and_maps_the_evidence() {
+        let dir = tempfile::TempDir::new().unwrap();
+        let conversation = |turns: &[(&str, &str)], qa: Value| {
+            json!({
+                "speaker_a": "Anna",
+                "session_1_date_time": "1:56 pm on 8 May, 2023",
+                "session_1": turns
+                    .iter()
+                    .map(|(dia, text)| json!({"speaker": "Anna", "dia_id": dia, "text": text}))
+                    .collect::<Vec<_>>(),
+                "qa": qa,
+            })
+        };
+        let first = conversation(
+            &[
+                ("D1:1", "I adopted a puppy."),
+                ("D1:2", "It loves the beach."),
+            ],
+            json!([{"question": "What did Anna adopt?", "evidence": ["D1:1"], "category": 1}]),
+        );
+        let second = conversation(
+            &[
+                ("D1:1", "My sister is a nurse."),
+                ("D1:2", "She works nights."),
+                ("D1:3", "Bye."),
+            ],
+            json!([
+                {"question": "When does she work?", "evidence": ["D1:2", "D1:3"], "category": 1},
+                {"question": "Unanswerable?", "evidence": ["D9:9"], "category": 1},
+            ]),
+        );
+        let files: Vec<PathBuf> = [("a.json", first), ("b.json", second)]
+            .into_iter()
+            .map(|(name, value)| {
+                let path = dir.path().join(name);
+                std::fs::write(&path, value.to_string()).unwrap();
+                path
+            })
+            .collect();
+        let corpus = meaning_corpus(&files).unwrap();
+        assert_eq!(corpus.documents.len(), 5);
+        assert_eq!(corpus.needle_queries, 0);
+        assert_eq!(corpus.queries.len(), 2);
+        assert_eq!(corpus.answers, [vec![0], vec![3, 4]]);
     }
 
     #[test]

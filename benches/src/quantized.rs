@@ -16,7 +16,7 @@ use std::time::Instant;
 use rayon::prelude::*;
 use serde::Serialize;
 
-use crate::cells::{Corpus, dot, exact_ten, recall, ten_best};
+use crate::cells::{Corpus, Found, answered_share, dot, exact_ten, recall, ten_best};
 
 /// A shape of quantizer: `parts` pieces a vector, `centres` centres a piece (at most 256, so a
 /// code is a byte a piece).
@@ -187,6 +187,9 @@ pub struct Reranked {
     /// Of exact search's ten best documents, the share found (needles' queries; questions).
     pub needles_recall: f64,
     pub questions_recall: f64,
+    /// Of the queries whose answer is known, the share answered in the ten found.
+    pub needles_answered: f64,
+    pub questions_answered: f64,
     /// Seconds to train the quantizer (on every core) and to encode every chunk.
     pub train_s: f64,
     pub encode_s: f64,
@@ -248,12 +251,13 @@ pub fn evaluate(corpus: &Corpus, shapes: &[Shape], reranks: &[usize]) -> Vec<Rer
             })
             .collect();
         for &reranked in reranks {
-            let outcome: Vec<(usize, usize, ())> = corpus
+            let outcome: Vec<Found<()>> = corpus
                 .queries
                 .iter()
                 .zip(&exact)
                 .zip(&ranked)
-                .map(|((query, exact), ranked)| {
+                .zip(&corpus.answers)
+                .map(|(((query, exact), ranked), answers)| {
                     let found = ten_best(ranked.iter().take(reranked).filter_map(|&doc| {
                         corpus.documents[doc]
                             .iter()
@@ -261,8 +265,7 @@ pub fn evaluate(corpus: &Corpus, shapes: &[Shape], reranks: &[usize]) -> Vec<Rer
                             .reduce(f32::max)
                             .map(|score| (score, doc))
                     }));
-                    let kept = exact.iter().filter(|doc| found.contains(doc)).count();
-                    (kept, exact.len(), ())
+                    Found::of(exact, &found, answers, ())
                 })
                 .collect();
             rows.push(Reranked {
@@ -272,6 +275,8 @@ pub fn evaluate(corpus: &Corpus, shapes: &[Shape], reranks: &[usize]) -> Vec<Rer
                 reranked,
                 needles_recall: recall(&outcome, 0..corpus.needle_queries),
                 questions_recall: recall(&outcome, corpus.needle_queries..outcome.len()),
+                needles_answered: answered_share(&outcome, 0..corpus.needle_queries),
+                questions_answered: answered_share(&outcome, corpus.needle_queries..outcome.len()),
                 train_s,
                 encode_s,
             });
@@ -314,6 +319,7 @@ mod tests {
             documents,
             queries: units(5, 8, 99),
             needle_queries: 2,
+            answers: vec![Vec::new(); 5],
         };
         let shapes = [Shape {
             parts: 2,

@@ -4,7 +4,9 @@
 //! [--ef-construction 100]`, the same for a graph index (HNSW) at each beam width instead
 //! (see `vilvona_benches::graph`). With `--quantized 24x256,48x16 [--rerank 50,200]`, the same
 //! for vectors compressed by product quantization, the best documents so compared again
-//! exactly (see `vilvona_benches::quantized`).
+//! exactly (see `vilvona_benches::quantized`). Every table also counts the queries answered
+//! in the ten found. `--contrast` first prints how far exact search's nearest documents stand
+//! from the rest; `--locomo DIR` takes LoCoMo's conversations instead of a transcript.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -16,10 +18,17 @@ use clap::Parser;
     about = "Measures an inverted file (IVF) over the built-in model's vectors against exact search"
 )]
 struct Args {
+    #[arg(long, required_unless_present = "locomo")]
+    transcript: Option<PathBuf>,
+    #[arg(long, required_unless_present = "locomo")]
+    needles: Option<PathBuf>,
+    /// Measure on a folder of LoCoMo conversations instead (their turns the documents, their
+    /// questions the queries, each answered by its evidence turns).
+    #[arg(long, conflicts_with_all = ["transcript", "needles"])]
+    locomo: Option<PathBuf>,
+    /// Print how far each set's nearest documents stand from the rest (exact search) first.
     #[arg(long)]
-    transcript: PathBuf,
-    #[arg(long)]
-    needles: PathBuf,
+    contrast: bool,
     /// Codebook sizes tried.
     #[arg(long, value_delimiter = ',', default_values_t = [256, 1024])]
     cells: Vec<usize>,
@@ -45,7 +54,15 @@ struct Args {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    let corpus = match vilvona_benches::cells::corpus(&args.transcript, &args.needles) {
+    let corpus = match (&args.locomo, &args.transcript, &args.needles) {
+        (Some(folder), ..) => vilvona_benches::locomo::conversation_files(folder)
+            .and_then(|files| vilvona_benches::locomo::meaning_corpus(&files)),
+        (None, Some(transcript), Some(needles)) => {
+            vilvona_benches::cells::corpus(transcript, needles)
+        }
+        _ => unreachable!("clap requires a transcript and needles without --locomo"),
+    };
+    let corpus = match corpus {
         Ok(corpus) => corpus,
         Err(error) => {
             eprintln!("cells: {error:#}");
@@ -59,6 +76,33 @@ fn main() -> ExitCode {
         corpus.queries.len(),
         corpus.needle_queries
     );
+    if args.contrast {
+        print_rows(
+            args.json,
+            &vilvona_benches::cells::contrast(&corpus),
+            &[
+                "queries",
+                "documents",
+                "similarity of the 1st / 10th / 100th / median document",
+                "answer in exact's ten",
+                "answer's rank, median",
+            ],
+            |row| {
+                format!(
+                    "| {} ({}) | {} | {:.3} / {:.3} / {:.3} / {:.3} | {:.2} | {} |",
+                    row.set,
+                    row.queries,
+                    row.documents,
+                    row.first,
+                    row.tenth,
+                    row.hundredth,
+                    row.median,
+                    row.answer_in_ten,
+                    row.answer_rank_median
+                )
+            },
+        );
+    }
     if !args.graph.is_empty() {
         let rows = vilvona_benches::graph::evaluate(&corpus, &args.graph, args.ef_construction);
         print_rows(
@@ -69,16 +113,20 @@ fn main() -> ExitCode {
                 "ef",
                 "needles' top 10 kept",
                 "questions' top 10 kept",
+                "needles answered",
+                "questions answered",
                 "chunks compared (share)",
                 "build",
             ],
             |row| {
                 format!(
-                    "| {} | {} | {:.3} | {:.3} | {:.0} ({:.2} %) | {:.0} s |",
+                    "| {} | {} | {:.3} | {:.3} | {:.3} | {:.3} | {:.0} ({:.2} %) | {:.0} s |",
                     row.ef_construction,
                     row.ef,
                     row.needles_recall,
                     row.questions_recall,
+                    row.needles_answered,
+                    row.questions_answered,
                     row.compared,
                     row.compared_share * 100.0,
                     row.build_s
@@ -98,17 +146,21 @@ fn main() -> ExitCode {
                 "reranked",
                 "needles' top 10 kept",
                 "questions' top 10 kept",
+                "needles answered",
+                "questions answered",
                 "train / encode",
             ],
             |row| {
                 format!(
-                    "| {} × {} | {} | {} | {:.3} | {:.3} | {:.0} / {:.0} s |",
+                    "| {} × {} | {} | {} | {:.3} | {:.3} | {:.3} | {:.3} | {:.0} / {:.0} s |",
                     row.parts,
                     row.centres,
                     row.code_bytes,
                     row.reranked,
                     row.needles_recall,
                     row.questions_recall,
+                    row.needles_answered,
+                    row.questions_answered,
                     row.train_s,
                     row.encode_s
                 )
@@ -126,17 +178,21 @@ fn main() -> ExitCode {
             "probed",
             "needles' top 10 kept",
             "questions' top 10 kept",
+            "needles answered",
+            "questions answered",
             "chunks compared",
             "largest cell",
         ],
         |row| {
             format!(
-                "| {} | {} | {} | {:.3} | {:.3} | {:.1} % | {:.1} % |",
+                "| {} | {} | {} | {:.3} | {:.3} | {:.3} | {:.3} | {:.1} % | {:.1} % |",
                 row.cells,
                 row.filed_in,
                 row.probed,
                 row.needles_recall,
                 row.questions_recall,
+                row.needles_answered,
+                row.questions_answered,
                 row.compared * 100.0,
                 row.largest_cell * 100.0
             )
