@@ -38,6 +38,7 @@ pub(crate) mod filler;
 mod pipeline;
 mod top;
 mod vectors;
+mod writing;
 
 /// What embeds the index's documents, when recall by meaning is on.
 pub(crate) type SharedEmbedder = Option<Arc<dyn Embedder>>;
@@ -51,7 +52,7 @@ const KIND_SUMMARY: u64 = 1;
 
 /// Whether an index commit waits for the vectors still being made (see `pipeline`): an
 /// explicit flush does; a commit on a timer, or before a search, does not.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Waiting {
     ForAll,
     ForNone,
@@ -607,6 +608,7 @@ impl RecallIndex {
             .writer_with_num_threads(threads, threads * WRITER_HEAP_BYTES)
         {
             Ok(writer) => {
+                let writer = writing::IndexThread::start(writer, &self.dir)?;
                 self.maintained_here.store(true, Ordering::SeqCst);
                 Ok(Some(IndexSink {
                     writer,
@@ -987,9 +989,10 @@ fn target_kind(target: SearchTarget) -> Option<u64> {
     }
 }
 
-/// The writing side of the index, owned by the store's writer thread.
+/// The writing side of the index, owned by the store's writer thread (tantivy's writer
+/// itself is on a thread of its own, see `writing`).
 pub(crate) struct IndexSink {
-    writer: IndexWriter<TantivyDocument>,
+    writer: writing::IndexThread,
     fields: Fields,
     embedder: SharedEmbedder,
     watermark: Watermark,
@@ -1081,7 +1084,7 @@ impl IndexSink {
             _ => {
                 // Not before the documents that wait for their vectors (see `commit_ready`).
                 self.add_embedded(true)?;
-                self.writer.add_document(document)?;
+                self.add_document(document);
             }
         }
         self.pending += 1;
@@ -1160,8 +1163,28 @@ impl IndexSink {
             Some(chunks) => document.add_bytes(field, &Vectors::encode(&chunks).0),
             None => {}
         }
-        self.writer.add_document(document)?;
+        self.add_document(document);
         Ok(())
+    }
+
+    /// Hands a document to tantivy's writer (see `writing`).
+    fn add_document(&self, document: TantivyDocument) {
+        self.writer
+            .post(move |writer| Ok(writer.add_document(document).map(drop)?));
+    }
+
+    /// Hands the removal of a row's document to tantivy's writer.
+    fn delete_key(&self, key: u64) {
+        let term = Term::from_field_u64(self.fields.key, key);
+        self.writer.post(move |writer| {
+            writer.delete_term(term);
+            Ok(())
+        });
+    }
+
+    /// The error of a change of the index made without waiting (a commit on the timer), once.
+    pub(crate) fn failed(&self) -> Result<()> {
+        self.writer.failed()
     }
 
     /// Whether documents added from now on wait for the filler's vectors (see `embed_later`).
@@ -1179,8 +1202,7 @@ impl IndexSink {
         // This document replaces any of the row's that waits to be embedded.
         self.forget_waiting(key_of(doc.row));
         self.add_embedded(true)?;
-        self.writer
-            .delete_term(Term::from_field_u64(self.fields.key, key_of(doc.row)));
+        self.delete_key(key_of(doc.row));
         let mut document = self.document(doc);
         document.add_bytes(
             field,
@@ -1190,7 +1212,7 @@ impl IndexSink {
                 vectors
             },
         );
-        self.writer.add_document(document)?;
+        self.add_document(document);
         self.pending += 1;
         self.first_pending_at.get_or_insert_with(Instant::now);
         Ok(())
@@ -1225,16 +1247,53 @@ impl IndexSink {
         self.commit_added()
     }
 
+    /// [`Self::commit_ready`] without waiting for it: the commit, then `index`'s reload, are
+    /// made on tantivy's writer thread (see `writing`), so that the store's writer goes on
+    /// with the next command; a failure is reported by the next call (or [`Self::failed`]). A
+    /// row indexed again waits, as in `commit_ready`.
+    pub(crate) fn commit_ready_behind(&mut self, index: Arc<RecallIndex>) -> Result<()> {
+        self.writer.failed()?;
+        if self
+            .pipeline
+            .as_ref()
+            .is_some_and(pipeline::Pipeline::holds_indexed_again)
+        {
+            self.commit_ready()?;
+            return index.reload();
+        }
+        self.add_embedded(false)?;
+        self.embed_unembedded()?;
+        let (_, payload) = self.payload()?;
+        self.writer.post(move |writer| {
+            commit_with(writer, &payload)?;
+            index.reload()
+        });
+        self.committed();
+        Ok(())
+    }
+
     fn commit_added(&mut self) -> Result<Watermark> {
+        let (watermark, payload) = self.payload()?;
+        self.writer
+            .call(move |writer| commit_with(writer, &payload))?;
+        self.committed();
+        Ok(watermark)
+    }
+
+    /// The watermark a commit of what was added records, and the commit's payload: below the
+    /// first document still waiting for its vectors.
+    fn payload(&self) -> Result<(Watermark, String)> {
         let watermark = match &self.pipeline {
             Some(pipeline) => pipeline.below_waiting(self.watermark),
             None => self.watermark,
         };
         let payload = serde_json::to_string(&watermark)
             .map_err(|error| StoreError::CorruptRow(error.to_string()))?;
-        let mut prepared = self.writer.prepare_commit()?;
-        prepared.set_payload(&payload);
-        prepared.commit()?;
+        Ok((watermark, payload))
+    }
+
+    /// What waits for the next commit, once one is made: the documents still being embedded.
+    fn committed(&mut self) {
         match self.pipeline.as_ref().map_or(0, pipeline::Pipeline::len) {
             0 => {
                 self.pending = 0;
@@ -1245,7 +1304,6 @@ impl IndexSink {
                 self.first_pending_at = Some(Instant::now());
             }
         }
-        Ok(watermark)
     }
 
     /// Adds a row's document unless its conversation is archived (its rows stay out of the
@@ -1285,34 +1343,31 @@ impl IndexSink {
     pub(crate) fn merge_all(&mut self) -> Result<()> {
         const ATTEMPTS: usize = 8;
         self.add_unembedded()?;
-        self.writer.set_merge_policy(Box::new(NoMergePolicy));
-        let mut merged = Ok(());
-        for _ in 0..ATTEMPTS {
-            let segments = self.writer.index().searchable_segment_ids()?;
-            if segments.len() <= 1 && !self.has_deletes()? {
-                merged = Ok(());
-                break;
+        self.writer.call(|writer| {
+            writer.set_merge_policy(Box::new(NoMergePolicy));
+            let mut merged = Ok(());
+            for _ in 0..ATTEMPTS {
+                let segments = writer.index().searchable_segment_ids()?;
+                let has_deletes = writer
+                    .index()
+                    .searchable_segment_metas()?
+                    .iter()
+                    .any(|meta| meta.has_deletes());
+                if segments.len() <= 1 && !has_deletes {
+                    merged = Ok(());
+                    break;
+                }
+                merged = writer.merge(&segments).wait().map(drop);
+                match &merged {
+                    Err(tantivy::TantivyError::InvalidArgument(_)) => continue,
+                    _ => break,
+                }
             }
-            merged = self.writer.merge(&segments).wait().map(drop);
-            match &merged {
-                Err(tantivy::TantivyError::InvalidArgument(_)) => continue,
-                _ => break,
-            }
-        }
-        self.writer
-            .set_merge_policy(Box::new(LogMergePolicy::default()));
-        merged?;
-        self.writer.garbage_collect_files().wait()?;
-        Ok(())
-    }
-
-    fn has_deletes(&self) -> Result<bool> {
-        Ok(self
-            .writer
-            .index()
-            .searchable_segment_metas()?
-            .iter()
-            .any(|meta| meta.has_deletes()))
+            writer.set_merge_policy(Box::new(LogMergePolicy::default()));
+            merged?;
+            writer.garbage_collect_files().wait()?;
+            Ok(())
+        })
     }
 
     /// Records that the change log was applied through `seq` (PostgreSQL).
@@ -1326,8 +1381,7 @@ impl IndexSink {
     pub(crate) fn remove(&mut self, row: IndexedRow) {
         // Not yet added: it never will be.
         self.forget_waiting(key_of(row));
-        self.writer
-            .delete_term(Term::from_field_u64(self.fields.key, key_of(row)));
+        self.delete_key(key_of(row));
         self.pending += 1;
         self.first_pending_at.get_or_insert_with(Instant::now);
     }
@@ -1346,10 +1400,19 @@ impl IndexSink {
         if let Some(pipeline) = self.pipeline.as_mut() {
             pipeline.drop_all();
         }
-        self.writer.delete_all_documents()?;
+        self.writer
+            .call(|writer| Ok(writer.delete_all_documents().map(drop)?))?;
         self.watermark = Watermark::default();
         Ok(())
     }
+}
+
+/// Commits what `writer` was handed, with `payload` (the watermark), and waits for it.
+fn commit_with(writer: &mut IndexWriter<TantivyDocument>, payload: &str) -> Result<()> {
+    let mut prepared = writer.prepare_commit()?;
+    prepared.set_payload(payload);
+    prepared.commit()?;
+    Ok(())
 }
 
 #[cfg(test)]

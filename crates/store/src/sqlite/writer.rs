@@ -384,6 +384,11 @@ impl Writer {
         if !self.add_embedded() {
             return;
         }
+        // A commit made without waiting that failed pauses the work, as one that failed here.
+        if let Some(Err(error)) = self.sink.as_ref().map(IndexSink::failed) {
+            self.index_failed("committing the recall index", &error);
+            return;
+        }
         let commit_due = self
             .sink
             .as_ref()
@@ -1277,19 +1282,27 @@ impl Writer {
         self.commit_index_with(Waiting::ForAll)
     }
 
-    /// Commits the index: every document added, or (on the timer) those whose vectors are
-    /// made, the rest in a later commit (see `IndexSink::commit_ready`).
+    /// Commits the index: every document added, and waits for it; or (on the timer) those
+    /// whose vectors are made, the rest in a later commit, without waiting (the commit and the
+    /// reader's reload run on tantivy's writer thread: see `IndexSink::commit_ready_behind`).
     fn commit_index_with(&mut self, waiting: Waiting) -> Result<()> {
         let Some(sink) = self.sink.as_mut() else {
             return Ok(());
         };
+        if waiting == Waiting::ForAll {
+            // A commit made without waiting may have failed since.
+            sink.failed()?;
+        }
         if sink.pending() == 0 || self.counter.skips_index_commits() {
             return Ok(());
         }
-        let watermark = sink.commit_waiting(waiting)?;
-        self.index.current().reload()?;
-        let watermark = serde_json::to_string(&watermark).map_err(StoreError::Unserializable)?;
-        self.set_store_state("index_watermark", &watermark)
+        match waiting {
+            Waiting::ForAll => {
+                sink.commit()?;
+                self.index.current().reload()
+            }
+            Waiting::ForNone => sink.commit_ready_behind(self.index.current()),
+        }
     }
 
     /// Commits the index unless its last failure is too recent; false when it failed (now or
