@@ -153,12 +153,7 @@ pub fn meaning_corpus(files: &[PathBuf]) -> Result<crate::cells::Corpus> {
         answers: Vec::new(),
     };
     for file in files {
-        let raw =
-            std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
-        let value: Value =
-            serde_json::from_str(&raw).with_context(|| format!("parsing {}", file.display()))?;
-        let (turns, questions) =
-            conversation(&value).with_context(|| format!("reading {}", file.display()))?;
+        let (turns, questions) = read_conversation(file)?;
         let first = corpus.documents.len();
         let at: HashMap<&str, usize> = turns
             .iter()
@@ -209,12 +204,7 @@ pub async fn evaluate(
             .file_stem()
             .map(|stem| stem.to_string_lossy().into_owned())
             .unwrap_or_default();
-        let raw =
-            std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
-        let value: Value =
-            serde_json::from_str(&raw).with_context(|| format!("parsing {}", file.display()))?;
-        let (turns, questions) =
-            conversation(&value).with_context(|| format!("reading {}", file.display()))?;
+        let (turns, questions) = read_conversation(file)?;
         progress(&format!(
             "{name}: {} turns, {} questions",
             turns.len(),
@@ -362,6 +352,15 @@ async fn ask_conversation(
 fn tally(figures: &mut ModeFigures, category: usize, ranks: &[Option<usize>]) {
     figures.all.add(ranks);
     figures.categories[category].add(ranks);
+}
+
+/// The conversation of a file: its turns and its questions.
+fn read_conversation(file: &Path) -> Result<(Vec<Turn>, Vec<Question>)> {
+    let raw =
+        std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
+    let value: Value =
+        serde_json::from_str(&raw).with_context(|| format!("parsing {}", file.display()))?;
+    conversation(&value).with_context(|| format!("reading {}", file.display()))
 }
 
 /// A conversation's turns, in order, and its questions with evidence.
