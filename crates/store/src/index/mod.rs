@@ -52,7 +52,7 @@ const KIND_SUMMARY: u64 = 1;
 
 /// Whether an index commit waits for the vectors still being made (see `pipeline`): an
 /// explicit flush does; a commit on a timer, or before a search, does not.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug)]
 pub(crate) enum Waiting {
     ForAll,
     ForNone,
@@ -1218,14 +1218,14 @@ impl IndexSink {
         Ok(())
     }
 
-    /// Commits what was added, with the watermark as the commit's payload; returns it.
-    pub(crate) fn commit(&mut self) -> Result<Watermark> {
+    /// Commits what was added, with the watermark as the commit's payload.
+    pub(crate) fn commit(&mut self) -> Result<()> {
         self.add_unembedded()?;
         self.commit_added()
     }
 
     /// [`Self::commit`] or [`Self::commit_ready`].
-    pub(crate) fn commit_waiting(&mut self, waiting: Waiting) -> Result<Watermark> {
+    pub(crate) fn commit_waiting(&mut self, waiting: Waiting) -> Result<()> {
         match waiting {
             Waiting::ForAll => self.commit(),
             Waiting::ForNone => self.commit_ready(),
@@ -1237,7 +1237,7 @@ impl IndexSink {
     /// rows beyond it from the database), so that a commit does not wait for the model.
     /// Except for a row indexed again (its old document's removal commits now, and what asked
     /// for it counts it done): then it waits for every document, as [`Self::commit`].
-    pub(crate) fn commit_ready(&mut self) -> Result<Watermark> {
+    pub(crate) fn commit_ready(&mut self) -> Result<()> {
         let again = self
             .pipeline
             .as_ref()
@@ -1249,10 +1249,9 @@ impl IndexSink {
 
     /// [`Self::commit_ready`] without waiting for it: the commit, then `index`'s reload, are
     /// made on tantivy's writer thread (see `writing`), so that the store's writer goes on
-    /// with the next command; a failure is reported by the next call (or [`Self::failed`]). A
-    /// row indexed again waits, as in `commit_ready`.
+    /// with the next command; a failure is reported by [`Self::failed`] or the next call that
+    /// waits. A row indexed again waits, as in `commit_ready`.
     pub(crate) fn commit_ready_behind(&mut self, index: Arc<RecallIndex>) -> Result<()> {
-        self.writer.failed()?;
         if self
             .pipeline
             .as_ref()
@@ -1263,7 +1262,7 @@ impl IndexSink {
         }
         self.add_embedded(false)?;
         self.embed_unembedded()?;
-        let (_, payload) = self.payload()?;
+        let payload = self.payload()?;
         self.writer.post(move |writer| {
             commit_with(writer, &payload)?;
             index.reload()
@@ -1272,24 +1271,22 @@ impl IndexSink {
         Ok(())
     }
 
-    fn commit_added(&mut self) -> Result<Watermark> {
-        let (watermark, payload) = self.payload()?;
+    fn commit_added(&mut self) -> Result<()> {
+        let payload = self.payload()?;
         self.writer
             .call(move |writer| commit_with(writer, &payload))?;
         self.committed();
-        Ok(watermark)
+        Ok(())
     }
 
-    /// The watermark a commit of what was added records, and the commit's payload: below the
-    /// first document still waiting for its vectors.
-    fn payload(&self) -> Result<(Watermark, String)> {
+    /// The payload of a commit of what was added: the watermark, below the first document
+    /// still waiting for its vectors.
+    fn payload(&self) -> Result<String> {
         let watermark = match &self.pipeline {
             Some(pipeline) => pipeline.below_waiting(self.watermark),
             None => self.watermark,
         };
-        let payload = serde_json::to_string(&watermark)
-            .map_err(|error| StoreError::CorruptRow(error.to_string()))?;
-        Ok((watermark, payload))
+        serde_json::to_string(&watermark).map_err(|error| StoreError::CorruptRow(error.to_string()))
     }
 
     /// What waits for the next commit, once one is made: the documents still being embedded.

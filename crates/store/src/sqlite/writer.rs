@@ -1289,10 +1289,8 @@ impl Writer {
         let Some(sink) = self.sink.as_mut() else {
             return Ok(());
         };
-        if waiting == Waiting::ForAll {
-            // A commit made without waiting may have failed since.
-            sink.failed()?;
-        }
+        // A commit made without waiting may have failed since.
+        sink.failed()?;
         if sink.pending() == 0 || self.counter.skips_index_commits() {
             return Ok(());
         }
