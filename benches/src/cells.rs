@@ -238,18 +238,20 @@ pub(crate) fn exact_ten(corpus: &Corpus) -> Vec<Vec<usize>> {
     corpus
         .queries
         .par_iter()
-        .map(|query| {
-            ten_best(
-                corpus
-                    .documents
-                    .iter()
-                    .enumerate()
-                    .filter_map(|(doc, chunks)| {
-                        best(chunks, query, |_| true).map(|score| (score, doc))
-                    }),
-            )
-        })
+        .map(|query| ten_best(exact_scores(corpus, query)))
         .collect()
+}
+
+/// Every document's score for `query` by exact search (its best chunk), with its number.
+fn exact_scores<'a>(
+    corpus: &'a Corpus,
+    query: &'a [f32],
+) -> impl Iterator<Item = (f32, usize)> + 'a {
+    corpus
+        .documents
+        .iter()
+        .enumerate()
+        .filter_map(|(doc, chunks)| best(chunks, query, |_| true).map(|score| (score, doc)))
 }
 
 /// What one query's approximate search found, against exact search's ten: how many of them
@@ -315,12 +317,7 @@ pub fn contrast(corpus: &Corpus) -> Vec<Contrast> {
         .par_iter()
         .zip(&corpus.answers)
         .map(|(query, answers)| {
-            let mut scored: Vec<(f32, usize)> = corpus
-                .documents
-                .iter()
-                .enumerate()
-                .filter_map(|(doc, chunks)| best(chunks, query, |_| true).map(|score| (score, doc)))
-                .collect();
+            let mut scored: Vec<(f32, usize)> = exact_scores(corpus, query).collect();
             scored.sort_unstable_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
             let rank = scored
                 .iter()
