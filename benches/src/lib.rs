@@ -15,6 +15,12 @@ pub mod locomo;
 pub mod meaning;
 pub mod quantized;
 
+/// The benches run the engine with the `vilvona` binary's allocator (see its `main.rs`), so
+/// that their memory and times are the binary's.
+#[cfg(not(target_env = "msvc"))]
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -19,6 +19,14 @@ use clap::{CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 use vilvona_core::admin::TokenPrices;
 use vilvona_runtime::{Host, HostOptions, default_state_dir};
 
+/// jemalloc rather than the system's allocator: with glibc's, a long-lived engine process
+/// kept what its threads had freed in per-thread arenas (a T = 20,000 run's peak was either
+/// about 170 or about 290 MiB, run to run); jemalloc's is steady and lower, and the turns
+/// are faster (BENCHMARKS.md, "Months of history").
+#[cfg(not(target_env = "msvc"))]
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 #[derive(Parser, Debug)]
 #[command(
     name = "vilvona",
@@ -384,9 +392,10 @@ impl<T: ValueEnum> ValueEnumName for T {
     }
 }
 
-/// Threads for the store's blocking reads and writes. Each thread that allocates may get its
-/// own malloc arena, and freed memory stays in its arena: a gateway serving thousands of
-/// sessions held three times the memory with tokio's default (512) than with a few.
+/// Threads for the store's blocking reads and writes. With glibc's allocator each thread that
+/// allocated could get its own arena, where what it freed stayed: a gateway serving thousands
+/// of sessions held three times the memory with tokio's default (512) than with a few. The
+/// allocator is jemalloc now (`ALLOCATOR`), whose caches are per thread too.
 const BLOCKING_THREADS: usize = 8;
 
 /// How the command line opens the host.
