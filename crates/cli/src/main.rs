@@ -19,10 +19,10 @@ use clap::{CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 use vilvona_core::admin::TokenPrices;
 use vilvona_runtime::{Host, HostOptions, default_state_dir};
 
-/// jemalloc rather than the system's allocator: with glibc's, a long-lived engine process
-/// kept what its threads had freed in per-thread arenas (a T = 20,000 run's peak was either
-/// about 170 or about 290 MiB, run to run); jemalloc's is steady and lower, and the turns
-/// are faster (BENCHMARKS.md, "Months of history").
+/// jemalloc rather than the system's allocator: glibc's keeps what a thread frees in that
+/// thread's arena, so the same workload run's peak at T = 20,000 turns was about 170 or about
+/// 290 MiB by chance; jemalloc's is steady and no higher, and the turns are faster
+/// (BENCHMARKS.md, "The allocator: jemalloc").
 #[cfg(not(target_env = "msvc"))]
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
