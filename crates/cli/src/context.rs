@@ -168,6 +168,18 @@ fn print_list(report: &ContextReport, detail: bool) {
     );
     println!();
     println!("{}", window_line(report));
+    if let Some(caught) = &report.catch_up {
+        println!(
+            "Turns taken in from the host's history at a later turn: {} ({} messages); the host did not commit them{}",
+            grouped(caught.turns),
+            grouped(caught.messages),
+            if caught.commits_missing {
+                ", and its commits are missing now (OpenClaw on Anthropic's API with cache-ttl pruning: `vilvona doctor`)"
+            } else {
+                "; its commits came since"
+            }
+        );
+    }
     println!(
         "Tokens the model reported for this session: {} in, {} out",
         grouped(report.input_tokens),

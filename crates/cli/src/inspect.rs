@@ -123,6 +123,14 @@ pub(crate) async fn doctor(global: &Global, json: bool, fix: bool) -> Result<Exi
                 ok: report.is_healthy(),
                 detail: crate::views::integrity_detail(&report),
             });
+            // Not a problem: what the engine did about the host's (missing commits, say).
+            for notice in &report.notices {
+                checks.push(Check {
+                    name: "turns taken in from the host's history".to_owned(),
+                    ok: true,
+                    detail: notice.clone(),
+                });
+            }
         }
     }
     // The session index: a damaged one is moved aside and rebuilt by --fix.

@@ -60,6 +60,10 @@ pub struct StorageCheck {
     /// (what `doctor --fix` does).
     #[serde(default)]
     pub index_needs_rebuild: bool,
+    /// What an operator should know that is not a problem of the store (sessions whose turns
+    /// the host never committed, say).
+    #[serde(default)]
+    pub notices: Vec<String>,
 }
 
 impl StorageCheck {
@@ -111,6 +115,24 @@ pub struct SessionStats {
     /// What the context is planned against, when the engine plans against a host's window.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub plan: Option<WindowPlan>,
+    /// Turns the engine took in from the host's history because the host never committed
+    /// them, when it took any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub catch_up: Option<CatchUpReport>,
+}
+
+/// Turns an engine took in from the host's history at a later turn, because the host never
+/// handed them over (OpenClaw commits no turn on Anthropic's API with its cache-ttl pruning),
+/// or because the store lost them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CatchUpReport {
+    /// Turns taken in so.
+    pub turns: u64,
+    /// Their messages.
+    pub messages: u64,
+    /// Whether the host's commits are missing now (none came since the last turn taken in).
+    pub commits_missing: bool,
 }
 
 /// What an engine plans a session's context against: what the host last said of its window

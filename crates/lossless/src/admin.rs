@@ -7,8 +7,8 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use vilvona_core::EngineError;
 use vilvona_core::admin::{
-    DagView, EngineAdmin, Forgotten, ItemGroup, Resummarized, RetentionRun, SessionStats,
-    StorageCheck, StorageUsage, StoredSession, ToolCaller, TurnRecord, WindowPlan,
+    CatchUpReport, DagView, EngineAdmin, Forgotten, ItemGroup, Resummarized, RetentionRun,
+    SessionStats, StorageCheck, StorageUsage, StoredSession, ToolCaller, TurnRecord, WindowPlan,
 };
 use vilvona_core::archive::{ImportReport, SessionArchive};
 use vilvona_store::{ConversationId, ItemContent, MessageId, StoreError};
@@ -38,6 +38,7 @@ impl EngineAdmin for LosslessEngine {
             summaries: report.summaries,
             problems: report.problems,
             index_needs_rebuild: report.index_needs_rebuild,
+            notices: self.catch_up_notice().await?.into_iter().collect(),
         })
     }
 
@@ -122,8 +123,14 @@ impl EngineAdmin for LosslessEngine {
             goal: limits.goal,
             ceiling: limits.ceiling,
         };
+        let caught = self.catch_up_state(conversation.id).await?;
         Ok(SessionStats {
             plan: Some(plan),
+            catch_up: (caught.turns > 0).then_some(CatchUpReport {
+                turns: caught.turns,
+                messages: caught.messages,
+                commits_missing: caught.missing,
+            }),
             session: session.session_id.clone(),
             messages: row.stored_messages,
             summaries_by_depth,

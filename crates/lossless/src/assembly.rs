@@ -14,6 +14,7 @@ use crate::render::{
 
 use crate::budget::HostPrompt;
 use crate::cache::{Rendition, lock_map};
+use crate::catch_up::same_message;
 use crate::engine::LosslessEngine;
 use crate::errors::store_error;
 use crate::units::unit_end;
@@ -154,48 +155,6 @@ impl LosslessEngine {
         })
     }
 
-    /// The host's history is a second record of the session. A store that lost its newest
-    /// messages (its write-ahead log lost with a crash, a database restored from a copy) is
-    /// behind it by a tail: where the store's last message is the host's message at the same
-    /// place, what follows it in the host's history was acknowledged and is missing here, and
-    /// is stored again, each message at its place. Anything else (the host's history shorter,
-    /// or the two not meeting at the store's last message) is left alone: the store is never
-    /// rewritten from a history that may be sanitized or cut. Once per conversation and engine
-    /// instance: the host sends its whole history on an instance's first assembly.
-    async fn reconcile_tail(
-        &self,
-        conversation: ConversationId,
-        host: &[AgentMessage],
-    ) -> Result<(), EngineError> {
-        {
-            let mut reconciled = lock_map(&self.inner.reconciled);
-            if reconciled.get(&conversation).is_some() {
-                return Ok(());
-            }
-            reconciled.insert(conversation, ());
-        }
-        let Some(row) = self
-            .inner
-            .store
-            .conversation_by_id(conversation)
-            .await
-            .map_err(|error| store_error("conversation", error))?
-        else {
-            return Ok(());
-        };
-        // A fork child's transcript begins with its parent's history, which its seed shows:
-        // its own messages begin at its offset (where they do not, nothing meets below).
-        let offset = self.host_offset(conversation).await? as usize;
-        let host = &host[offset.min(host.len())..];
-        let held = row.message_count as usize;
-        if held == 0 || held >= host.len() {
-            return Ok(());
-        }
-        self.store_lost_tail(&row, &host[held - 1..], "the host's history")
-            .await?;
-        Ok(())
-    }
-
     /// Stores again, each at its place, the messages a store lost after its last one, from a
     /// second record of the session: `record` holds the record's messages from the place of
     /// the store's last message on (from the first place when the store holds none). Only
@@ -219,9 +178,10 @@ impl LosslessEngine {
                     .messages_in_seq_range(row.id, held - 1, held - 1)
                     .await
                     .map_err(|error| store_error("reading the last stored message", error))?;
-                let meets = last.first().is_some_and(|stored| {
-                    stored.role == first.role() && stored.text() == first.plain_text()
-                });
+                let meets = match last.first().map(StoredMessage::message) {
+                    Some(Ok(stored)) => same_message(&stored, first),
+                    _ => false,
+                };
                 if !meets {
                     return Ok(None);
                 }
@@ -256,45 +216,28 @@ impl LosslessEngine {
         let conversation = self
             .conversation(&params.session_id, params.session_key.as_deref())
             .await?;
-        // Installed mid-session: the host has history the store lacks. Import it first, each
-        // message at its place. Or the host left its history out, trusting the store to hold
-        // the session. Either way the cached row's count is from when the session was first
-        // seen: read the current one.
         let read_only = self.inner.store.is_read_only();
-        let seeds = !params.messages.is_empty() && !read_only;
-        if conversation.message_count == 0 && (params.history_elided || seeds) {
-            let stored = self
-                .inner
-                .store
-                .conversation_by_id(conversation.id)
-                .await
-                .map_err(|error| store_error("conversation", error))?
-                .map(|row| row.message_count);
-            if params.history_elided && !seeds && stored.unwrap_or(0) == 0 {
-                // Nothing stored (a session forgotten since): the host's history must come.
-                return Err(EngineError::HistoryNeeded);
+        if params.messages.is_empty() {
+            // The host left its history out, trusting the store to hold the session. The cached
+            // row's count is from when the session was first seen: read the current one.
+            if params.history_elided && conversation.message_count == 0 {
+                let stored = self
+                    .inner
+                    .store
+                    .conversation_by_id(conversation.id)
+                    .await
+                    .map_err(|error| store_error("conversation", error))?
+                    .map_or(0, |row| row.message_count);
+                if stored == 0 {
+                    // Nothing stored (a session forgotten since): the host's history must come.
+                    return Err(EngineError::HistoryNeeded);
+                }
+                self.forget_conversation_row(&params.session_id);
             }
-            if seeds && stored == Some(0) {
-                // A fork child's first sight of its transcript: the parent's history in it is
-                // what its seed shows, and is not stored again.
-                let forked = self
-                    .forked_history(conversation.id, &params.messages)
-                    .await?;
-                self.ingest_messages(
-                    &params.session_id,
-                    params.session_key.as_deref(),
-                    &params.messages[forked..],
-                    |index| MessageIdentity::default().at(index as u64),
-                    None,
-                )
-                .await?;
-            }
-            // Either way the store now holds messages: drop the stale row so this check is
-            // not repeated on every later assembly.
-            self.forget_conversation_row(&params.session_id);
-        } else if seeds {
-            self.reconcile_tail(conversation.id, &params.messages)
-                .await?;
+        } else {
+            // Installed mid-session, a turn the host never committed, a tail the store lost:
+            // what the host's history holds past the store is taken in (`crate::catch_up`).
+            self.catch_up(conversation.id, params).await?;
         }
         // The whole prompt is the budget: the call's budget, and what the host's own prompt
         // was seen to take from its window.
@@ -318,8 +261,10 @@ impl LosslessEngine {
         let mut result = self
             .assemble_context(conversation.id, limits.ceiling)
             .await?;
-        // What the store assembled from, it holds: the host need not send its history again.
-        result.holds_history = !result.messages.is_empty();
+        // What the store assembled from, it holds: the host need not send its history again,
+        // unless the host's commits are missing (`crate::catch_up`).
+        result.holds_history = !result.messages.is_empty()
+            && (read_only || !self.needs_host_history(conversation.id).await?);
         let offers_recall = [GREP_TOOL, DESCRIBE_TOOL, EXPAND_TOOL]
             .iter()
             .any(|tool| params.available_tools.contains(*tool));

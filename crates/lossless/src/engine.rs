@@ -16,6 +16,7 @@ use vilvona_store::*;
 
 use crate::budget::{HOST_BUDGET, HOST_PROMPT, HostPrompt};
 use crate::cache::{Assemblies, RenderedItems, lock_map};
+use crate::catch_up::CatchUp;
 use crate::config::LosslessConfig;
 use crate::errors::store_error;
 use crate::lru::Lru;
@@ -34,34 +35,57 @@ pub(crate) struct Inner {
     pub(crate) background: StdMutex<Vec<tokio::task::JoinHandle<()>>>,
     /// session id → conversation, for this engine instance (least recently used go first).
     pub(crate) conversations: StdMutex<Lru<String, Conversation>>,
-    /// Serializes compaction per conversation (after_turn, compact, commit_turn can race).
-    pub(crate) compaction_locks: StdMutex<Lru<ConversationId, Arc<tokio::sync::Mutex<()>>>>,
     /// Rendered context items, so assembly and compaction parse only what is new (bounded by
     /// their estimated bytes).
     pub(crate) rendered: StdMutex<RenderedItems>,
     /// The last assembly per conversation (its items and messages), extended when the context
     /// only grew; the least recently assembled go first past their bound in bytes.
     pub(crate) assembled: StdMutex<Assemblies>,
-    /// What the host said and observed about its prompt, per conversation (a cache of the
-    /// store's state).
-    pub(crate) host_prompts: StdMutex<Lru<ConversationId, HostPrompt>>,
-    /// The smallest budget the host gave the assemblies of a conversation's current turn (kept
-    /// as the conversation's budget when the turn is committed).
-    pub(crate) turn_budgets: StdMutex<Lru<ConversationId, u64>>,
-    /// Conversations whose store was compared with the host's history by this instance (once
-    /// each: see `reconcile_tail`).
-    pub(crate) reconciled: StdMutex<Lru<ConversationId, ()>>,
-    /// How many of the host's leading messages a conversation's seeded context stands for (a
-    /// fork child's; 0 for every other conversation): see `crate::subagents`.
-    pub(crate) host_offsets: StdMutex<Lru<ConversationId, u64>>,
-    /// What the last assembly of a conversation held, tokens by kind: the turn committed next
-    /// records it (see `crate::turns`).
-    pub(crate) assembled_kinds: StdMutex<Lru<ConversationId, BTreeMap<String, u64>>>,
+    /// What the engine keeps in memory about each conversation, behind one lock (the least
+    /// recently used go first; see [`Memory`]).
+    pub(crate) memories: StdMutex<Lru<ConversationId, Memory>>,
 }
 
-/// Most sessions whose conversation row, host prompt and compaction lock are kept in memory
-/// (the least recently used go first; read from the store again on a miss).
+/// Most sessions whose conversation row and [`Memory`] are kept (the least recently used go
+/// first; read from the store again on a miss).
 const SESSION_CACHE: usize = 4_096;
+
+/// What the engine keeps in memory about one conversation: caches of its stored state, and
+/// what the current turn noted before its commit. A conversation let go (idle past
+/// [`SESSION_CACHE`]) reads what it needs from the store again; one whose compaction lock is
+/// held is never let go, so two callers never hold two locks for one conversation.
+#[derive(Debug, Default)]
+pub(crate) struct Memory {
+    /// What the host said and observed about its prompt (the store's `host.prompt`).
+    pub(crate) host_prompt: Option<HostPrompt>,
+    /// The smallest budget the host gave the assemblies of the current turn (kept as the
+    /// conversation's budget when the turn is committed).
+    pub(crate) turn_budget: Option<u64>,
+    /// How many of the host's leading messages the conversation's seeded context stands for
+    /// (a fork child's, a session begun anew's; 0 for the others): see `crate::subagents`.
+    pub(crate) host_offset: Option<u64>,
+    /// What the last assembly held, tokens by kind: the turn recorded next keeps it (see
+    /// `crate::turns`).
+    pub(crate) assembled_kinds: Option<BTreeMap<String, u64>>,
+    /// What catch-up took in (the store's `catchUp`): see `crate::catch_up`.
+    pub(crate) catch_up: Option<CatchUp>,
+    /// Whether this process said it took in a turn the host never committed (said once).
+    pub(crate) catch_up_said: bool,
+    /// Whether this process said the host's history does not reach the store's last message.
+    pub(crate) catch_up_unmet_said: bool,
+    /// Serializes compaction (after_turn, compact, commit_turn and catch-up can race).
+    pub(crate) compaction_lock: Option<Arc<tokio::sync::Mutex<()>>>,
+}
+
+impl Memory {
+    /// Whether the conversation's memory may be let go: nobody holds or waits for its
+    /// compaction lock.
+    fn may_go(&self) -> bool {
+        self.compaction_lock
+            .as_ref()
+            .is_none_or(|lock| Arc::strong_count(lock) == 1)
+    }
+}
 
 /// What [`LosslessEngine::cached_sessions`] reports.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -78,11 +102,9 @@ pub struct CachedSessions {
     pub rendered_items: usize,
     /// Their estimated bytes (bounded).
     pub rendered_bytes: usize,
-    /// Host prompts kept (what the host said and observed about its prompt, per
-    /// conversation).
-    pub host_prompts: usize,
-    /// Compaction locks kept.
-    pub compaction_locks: usize,
+    /// Conversations whose memory is kept (what the host said of its prompt, the current
+    /// turn's notes, the compaction lock).
+    pub memories: usize,
 }
 
 /// The lossless engine. Cheap to clone.
@@ -140,14 +162,9 @@ impl LosslessEngine {
                 clock,
                 background: StdMutex::new(Vec::new()),
                 conversations: StdMutex::new(Lru::new(SESSION_CACHE)),
-                compaction_locks: StdMutex::new(Lru::new(SESSION_CACHE)),
                 rendered: StdMutex::new(RenderedItems::default()),
                 assembled: StdMutex::new(Assemblies::default()),
-                host_prompts: StdMutex::new(Lru::new(SESSION_CACHE)),
-                reconciled: StdMutex::new(Lru::new(SESSION_CACHE)),
-                host_offsets: StdMutex::new(Lru::new(SESSION_CACHE)),
-                assembled_kinds: StdMutex::new(Lru::new(SESSION_CACHE)),
-                turn_budgets: StdMutex::new(Lru::new(SESSION_CACHE)),
+                memories: StdMutex::new(Lru::new(SESSION_CACHE)),
             }),
         }
     }
@@ -264,11 +281,11 @@ impl LosslessEngine {
         &self,
         conversation: ConversationId,
     ) -> Result<HostPrompt, EngineError> {
-        if let Some(prompt) = lock_map(&self.inner.host_prompts).get(&conversation) {
-            return Ok(*prompt);
+        if let Some(prompt) = self.memory(conversation, |memory| memory.host_prompt) {
+            return Ok(prompt);
         }
         let prompt = self.stored_host_prompt(conversation).await?;
-        lock_map(&self.inner.host_prompts).insert(conversation, prompt);
+        self.memory(conversation, |memory| memory.host_prompt = Some(prompt));
         Ok(prompt)
     }
 
@@ -304,7 +321,7 @@ impl LosslessEngine {
         conversation: ConversationId,
         prompt: HostPrompt,
     ) -> Result<(), EngineError> {
-        if lock_map(&self.inner.host_prompts).get(&conversation) == Some(&prompt) {
+        if self.memory(conversation, |memory| memory.host_prompt) == Some(prompt) {
             return Ok(());
         }
         let text = serde_json::to_string(&prompt).map_err(|error| {
@@ -315,23 +332,25 @@ impl LosslessEngine {
             .set_state(conversation, HOST_PROMPT, &text)
             .await
             .map_err(|error| store_error("saving the host's prompt", error))?;
-        lock_map(&self.inner.host_prompts).insert(conversation, prompt);
+        self.memory(conversation, |memory| memory.host_prompt = Some(prompt));
         Ok(())
     }
 
     /// Notes a budget the host gave one of the current turn's assemblies.
     pub(crate) fn note_turn_budget(&self, conversation: ConversationId, budget: u64) {
-        let mut budgets = lock_map(&self.inner.turn_budgets);
-        match budgets.get_mut(&conversation) {
-            Some(smallest) => *smallest = (*smallest).min(budget),
-            None => budgets.insert(conversation, budget),
-        }
+        self.memory(conversation, |memory| {
+            memory.turn_budget = Some(
+                memory
+                    .turn_budget
+                    .map_or(budget, |smallest| smallest.min(budget)),
+            );
+        });
     }
 
     /// The smallest budget the current turn's assemblies were given, if any; the next turn
     /// starts over.
     pub(crate) fn take_turn_budget(&self, conversation: ConversationId) -> Option<u64> {
-        lock_map(&self.inner.turn_budgets).remove(&conversation)
+        self.memory(conversation, |memory| memory.turn_budget.take())
     }
 
     /// The context's running total as the store keeps it (one row).
@@ -359,8 +378,7 @@ impl LosslessEngine {
         };
         let (rendered_items, rendered_bytes) = lock_map(&self.inner.rendered).size();
         let conversations = lock_map(&self.inner.conversations).len();
-        let host_prompts = lock_map(&self.inner.host_prompts).len();
-        let compaction_locks = lock_map(&self.inner.compaction_locks).len();
+        let memories = lock_map(&self.inner.memories).len();
         CachedSessions {
             conversations,
             assemblies,
@@ -368,8 +386,7 @@ impl LosslessEngine {
             assembled_bytes,
             rendered_items,
             rendered_bytes,
-            host_prompts,
-            compaction_locks,
+            memories,
         }
     }
 
@@ -378,9 +395,13 @@ impl LosslessEngine {
     pub(crate) fn forget_cached(&self, conversation: ConversationId, session_id: &str) {
         lock_map(&self.inner.conversations).remove(&session_id.to_owned());
         lock_map(&self.inner.assembled).take(conversation);
-        lock_map(&self.inner.host_prompts).remove(&conversation);
-        lock_map(&self.inner.turn_budgets).remove(&conversation);
-        lock_map(&self.inner.host_offsets).remove(&conversation);
+        // Its compaction lock stays (a caller may hold it); the rest is read again.
+        self.memory(conversation, |memory| {
+            *memory = Memory {
+                compaction_lock: memory.compaction_lock.take(),
+                ..Memory::default()
+            };
+        });
         lock_map(&self.inner.rendered).clear();
     }
 
@@ -388,16 +409,22 @@ impl LosslessEngine {
         &self,
         conversation: ConversationId,
     ) -> Arc<tokio::sync::Mutex<()>> {
-        let mut locks = lock_map(&self.inner.compaction_locks);
-        if let Some(lock) = locks.get(&conversation) {
-            return lock.clone();
-        }
-        if locks.len() >= locks.capacity() {
-            // Locks nobody holds or waits for may go (one is made again when needed).
-            locks.evict(|lock| Arc::strong_count(lock) == 1);
-        }
-        let lock = Arc::new(tokio::sync::Mutex::new(()));
-        locks.insert(conversation, lock.clone());
-        lock
+        self.memory(conversation, |memory| {
+            memory
+                .compaction_lock
+                .get_or_insert_with(|| Arc::new(tokio::sync::Mutex::new(())))
+                .clone()
+        })
+    }
+
+    /// Reads or changes what the engine keeps in memory about `conversation` (made empty on
+    /// first use). The lock is held only while `use_memory` runs: never across an await.
+    pub(crate) fn memory<R>(
+        &self,
+        conversation: ConversationId,
+        use_memory: impl FnOnce(&mut Memory) -> R,
+    ) -> R {
+        let mut memories = lock_map(&self.inner.memories);
+        use_memory(memories.get_or_insert_with(conversation, Memory::may_go, Memory::default))
     }
 }

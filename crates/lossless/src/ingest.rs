@@ -243,6 +243,7 @@ impl LosslessEngine {
             None,
         )
         .await?;
+        self.note_commit(conversation.id).await?;
         self.compact_after_turn(
             conversation.id,
             Turn {
@@ -258,7 +259,7 @@ impl LosslessEngine {
 
     /// The context's tokens before a turn is stored, when the turn reports what its model call
     /// counted (the overhead is measured against it); `None` otherwise (no read).
-    async fn context_before_turn(
+    pub(crate) async fn context_before_turn(
         &self,
         conversation: ConversationId,
         messages: &[AgentMessage],
@@ -277,7 +278,7 @@ impl LosslessEngine {
     /// assemblies, the overhead its model call reported), then the conversation is compacted
     /// against the limits that gives, and the turn is recorded (`crate::turns`). A heartbeat
     /// turn never compacts.
-    async fn compact_after_turn(
+    pub(crate) async fn compact_after_turn(
         &self,
         conversation: ConversationId,
         turn: Turn<'_>,
@@ -337,8 +338,28 @@ impl LosslessEngine {
         let conversation = self
             .conversation(&params.session_id, params.session_key.as_deref())
             .await?;
+        // A turn taken in from the host's history before its commit came (`crate::catch_up`)
+        // is stored already: its key is kept, so the commit sent again is a duplicate too.
+        if self
+            .taken_in_already(conversation.id, &params.messages)
+            .await?
+        {
+            self.inner
+                .store
+                .ingest(
+                    conversation.id,
+                    Vec::new(),
+                    Some(params.advancement_key.clone()),
+                )
+                .await
+                .map_err(|error| store_error("ingest", error))?;
+            self.note_commit(conversation.id).await?;
+            return Ok(CommitTurnResult {
+                status: CommitStatus::Duplicate,
+            });
+        }
         // The turn's place in the host's transcript: a turn sent again after its messages came
-        // back with the host's history (`reconcile_tail`) is found there and stored once.
+        // back with the host's history is found there and stored once.
         // A fork child's places are the host's less the parent's history its seed shows.
         let host_place = admitted_at(params);
         let offset = match host_place {
@@ -366,6 +387,7 @@ impl LosslessEngine {
                 Some(params.advancement_key.clone()),
             )
             .await?;
+        self.note_commit(conversation.id).await?;
         if outcome == IngestOutcome::DuplicateTurn {
             return Ok(CommitTurnResult {
                 status: CommitStatus::Duplicate,
@@ -464,12 +486,12 @@ impl LosslessEngine {
 }
 
 /// A stored turn, as compaction after it sees it.
-struct Turn<'a> {
-    messages: &'a [AgentMessage],
+pub(crate) struct Turn<'a> {
+    pub(crate) messages: &'a [AgentMessage],
     /// The context's tokens before the turn was stored (when its model call reported usage).
-    context_before: Option<u64>,
+    pub(crate) context_before: Option<u64>,
     /// The budget the turn's call carried.
-    budget: Option<u64>,
-    settings: Option<&'a RuntimeSettings>,
-    is_heartbeat: bool,
+    pub(crate) budget: Option<u64>,
+    pub(crate) settings: Option<&'a RuntimeSettings>,
+    pub(crate) is_heartbeat: bool,
 }

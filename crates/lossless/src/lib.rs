@@ -16,6 +16,7 @@ mod assembly;
 mod bootstrap;
 mod budget;
 mod cache;
+mod catch_up;
 mod compaction;
 mod config;
 mod contract;

@@ -35,14 +35,6 @@ impl<K: Eq + Hash + Clone, V> Lru<K, V> {
         Some(value)
     }
 
-    /// The entry, marked as used, for changing in place.
-    pub(crate) fn get_mut(&mut self, key: &K) -> Option<&mut V> {
-        let now = self.tick();
-        let (used, value) = self.entries.get_mut(key)?;
-        *used = now;
-        Some(value)
-    }
-
     /// Keeps `value` under `key` (marked as used); when the map is full, the least recently
     /// used eighth of it leaves first.
     pub(crate) fn insert(&mut self, key: K, value: V) {
@@ -51,6 +43,23 @@ impl<K: Eq + Hash + Clone, V> Lru<K, V> {
         }
         let now = self.tick();
         self.entries.insert(key, (now, value));
+    }
+
+    /// The entry (marked as used), made by `make` when there is none; when the map is full,
+    /// the least recently used eighth of what `may_go` allows leaves first.
+    pub(crate) fn get_or_insert_with(
+        &mut self,
+        key: K,
+        may_go: impl Fn(&V) -> bool,
+        make: impl FnOnce() -> V,
+    ) -> &mut V {
+        if self.entries.len() >= self.capacity && !self.entries.contains_key(&key) {
+            self.evict(may_go);
+        }
+        let now = self.tick();
+        let (used, value) = self.entries.entry(key).or_insert_with(|| (now, make()));
+        *used = now;
+        value
     }
 
     /// Lets the least recently used eighth of the entries `may_go` allows leave (at least one).
@@ -78,10 +87,6 @@ impl<K: Eq + Hash + Clone, V> Lru<K, V> {
     pub(crate) fn len(&self) -> usize {
         self.entries.len()
     }
-
-    pub(crate) fn capacity(&self) -> usize {
-        self.capacity
-    }
 }
 
 #[cfg(test)]
@@ -104,6 +109,22 @@ mod tests {
         for key in [0, 1, 4, 15, 16, 17] {
             assert!(lru.get(&key).is_some(), "{key} stays");
         }
+    }
+
+    #[test]
+    fn an_entry_made_on_first_use_is_kept_and_a_full_map_lets_only_what_may_go() {
+        let mut lru = Lru::new(8);
+        for key in 0..8 {
+            *lru.get_or_insert_with(key, |_| true, || 0) += key;
+        }
+        assert_eq!(lru.get(&3), Some(&3), "made once, then changed in place");
+        *lru.get_or_insert_with(3, |_| true, || 100) += 1;
+        assert_eq!(lru.get(&3), Some(&4), "an existing entry is not made again");
+        // Full: only odd entries may go; the oldest of them (1) leaves.
+        lru.get_or_insert_with(8, |value| value % 2 == 1, || 8);
+        assert_eq!(lru.len(), 8);
+        assert!(lru.get(&1).is_none());
+        assert!(lru.get(&0).is_some() && lru.get(&8).is_some());
     }
 
     #[test]

@@ -8,7 +8,6 @@
 
 use vilvona_core::{EngineError, SessionResetParams};
 
-use crate::cache::lock_map;
 use crate::engine::LosslessEngine;
 use crate::errors::store_error;
 use crate::subagents::HostOrigin;
@@ -61,10 +60,12 @@ impl LosslessEngine {
                 parent: None,
                 parent_messages: 0,
                 offset: None,
+                parent_last_at_ms: None,
+                since_ms: Some(self.now_ms()),
             },
         )
         .await?;
-        lock_map(&self.inner.host_offsets).remove(&fresh.id);
+        self.memory(fresh.id, |memory| memory.host_offset = None);
         Ok(())
     }
 }

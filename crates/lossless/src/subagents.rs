@@ -21,7 +21,6 @@ use vilvona_core::engine::*;
 use vilvona_core::message::AgentMessage;
 use vilvona_store::*;
 
-use crate::cache::lock_map;
 use crate::engine::LosslessEngine;
 use crate::errors::store_error;
 
@@ -43,6 +42,14 @@ pub(crate) struct HostOrigin {
     /// Where the conversation's own messages begin among the host's places, once its first
     /// turn showed them.
     pub(crate) offset: Option<u64>,
+    /// A fork child's: the time of its parent's last stored message at the spawn. The host's
+    /// copy of the parent's history ends there, when the parent's last messages cannot be
+    /// found in it as a run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) parent_last_at_ms: Option<i64>,
+    /// A session begun anew's: when. What the host shows of earlier came before it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) since_ms: Option<i64>,
 }
 
 #[derive(Debug)]
@@ -173,6 +180,15 @@ impl LosslessEngine {
             .await
             .map_err(|error| store_error("reading the parent", error))?
             .map_or(0, |row| row.message_count);
+        let parent_last_at_ms = match parent_messages.checked_sub(1) {
+            None => None,
+            Some(last) => store
+                .messages_in_seq_range(parent, last, last)
+                .await
+                .map_err(|error| store_error("reading the parent's last message", error))?
+                .first()
+                .and_then(|message| message.message().ok()?.timestamp_ms()),
+        };
         let items: Vec<ItemRef> = self
             .context_refs(parent)
             .await?
@@ -183,13 +199,15 @@ impl LosslessEngine {
             parent: Some(parent.0),
             parent_messages,
             offset: None,
+            parent_last_at_ms,
+            since_ms: None,
         };
         self.record_host_origin(child, &origin).await?;
         store
             .append_items(child, items)
             .await
             .map_err(|error| store_error("seeding the fork", error))?;
-        lock_map(&self.inner.host_offsets).remove(&child);
+        self.memory(child, |memory| memory.host_offset = None);
         Ok(())
     }
 
@@ -278,8 +296,8 @@ impl LosslessEngine {
         conversation: ConversationId,
         at: Option<u64>,
     ) -> Result<u64, EngineError> {
-        if let Some(offset) = lock_map(&self.inner.host_offsets).get(&conversation) {
-            return Ok(*offset);
+        if let Some(offset) = self.memory(conversation, |memory| memory.host_offset) {
+            return Ok(offset);
         }
         let offset = match (self.host_origin(conversation).await?, at) {
             (None, _) => 0,
@@ -305,19 +323,21 @@ impl LosslessEngine {
             }
             (Some(_), None) => return Ok(0),
         };
-        lock_map(&self.inner.host_offsets).insert(conversation, offset);
+        self.memory(conversation, |memory| memory.host_offset = Some(offset));
         Ok(offset)
     }
 
     /// How many of the host's leading messages, on a conversation's first sight of them,
-    /// are not its own to store: 0 for a conversation without a host origin, all of them for
-    /// a session begun anew (they came before the reset). A fork child's
-    /// transcript is the parent's history (from the host's last compaction boundary on, so it
-    /// may be shorter than the parent's store), then the parent's turn that spawned the child,
-    /// not yet committed when the spawn was prepared: the history is what the seed shows, the
-    /// turn is the child's. They part after the parent's last messages at the spawn, found as
-    /// a run (one message can recur: the host's "missing tool result" stand-in follows every
-    /// spawn call). A transcript that does not hold that run is taken as the seed's whole.
+    /// are not its own to store: 0 for a conversation without a host origin; for a session
+    /// begun anew, those from before it began so. A fork child's transcript is the parent's
+    /// history (from the host's last compaction boundary on, so it may be shorter than the
+    /// parent's store), then the parent's turn that spawned the child, not yet stored when the
+    /// spawn was prepared: the history is what the seed shows, the turn is the child's. They
+    /// part after the parent's last messages at the spawn, found as a run (one message can
+    /// recur: the host's "missing tool result" stand-in follows every spawn call). A
+    /// transcript that does not hold that run (the host's copy differs) parts after its last
+    /// message no later than the parent's last at the spawn, else before its last user
+    /// message: the spawning turn is the child's either way.
     pub(crate) async fn forked_history(
         &self,
         conversation: ConversationId,
@@ -326,45 +346,61 @@ impl LosslessEngine {
         let Some(origin) = self.host_origin(conversation).await? else {
             return Ok(0);
         };
-        let run = match origin.parent.filter(|_| origin.parent_messages > 0) {
-            None => Vec::new(),
-            Some(parent) => {
-                let first = origin.parent_messages.saturating_sub(FORK_RUN);
-                self.inner
-                    .store
-                    .messages_in_seq_range(
-                        ConversationId(parent),
-                        first,
-                        origin.parent_messages - 1,
-                    )
-                    .await
-                    .map_err(|error| store_error("reading the parent's last messages", error))?
-            }
+        let Some(parent) = origin.parent else {
+            // Begun anew: what the host shows from before then (a record written before this
+            // was kept shows nothing of its time: all of it came before).
+            return Ok(match origin.since_ms {
+                Some(since) => host
+                    .iter()
+                    .position(|message| message.timestamp_ms().is_some_and(|at| at >= since))
+                    .unwrap_or(host.len()),
+                None => host.len(),
+            });
         };
-        let same = |stored: &StoredMessage, message: &AgentMessage| {
-            stored.role == message.role() && stored.text() == message.plain_text()
-        };
-        let parted = (!run.is_empty())
-            .then(|| {
-                (run.len()..=host.len()).rev().find(|&end| {
-                    run.iter()
-                        .zip(&host[end - run.len()..end])
-                        .all(|(stored, message)| same(stored, message))
-                })
-            })
-            .flatten();
-        Ok(parted.unwrap_or_else(|| {
-            if let Some(parent) = origin.parent.filter(|_| origin.parent_messages > 0) {
-                tracing::warn!(
-                    conversation = conversation.0,
-                    parent,
-                    parent_messages = origin.parent_messages,
-                    host = host.len(),
-                    "a fork child's transcript does not hold its parent's last messages at the spawn; the seeded context stands for all of it"
-                );
+        if origin.parent_messages == 0 {
+            return Ok(host.len());
+        }
+        let first = origin.parent_messages.saturating_sub(FORK_RUN);
+        let run = self
+            .inner
+            .store
+            .messages_in_seq_range(ConversationId(parent), first, origin.parent_messages - 1)
+            .await
+            .map_err(|error| store_error("reading the parent's last messages", error))?
+            .iter()
+            .map(StoredMessage::message)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|error| store_error("reading the parent's last messages", error))?;
+        if let Some(parted) =
+            crate::catch_up::past_the_store(host, &run).filter(|_| !run.is_empty())
+        {
+            return Ok(parted);
+        }
+        let by_time = origin.parent_last_at_ms.and_then(|last| {
+            host.iter()
+                .rposition(|message| message.timestamp_ms().is_some_and(|at| at <= last))
+                .map(|at| at + 1)
+        });
+        let parted = by_time.unwrap_or_else(|| {
+            host.iter()
+                .rposition(|message| matches!(message, AgentMessage::User(_)))
+                .unwrap_or(0)
+        });
+        tracing::warn!(
+            conversation = conversation.0,
+            parent,
+            parent_messages = origin.parent_messages,
+            host = host.len(),
+            parted,
+            by_time = by_time.is_some(),
+            "a fork child's transcript does not hold its parent's last messages at the spawn; it is taken as the parent's history up to its {}, and the child's from there",
+            if by_time.is_some() {
+                "last message no later than the parent's last"
+            } else {
+                "last user message"
             }
-            host.len()
-        }))
+        );
+        Ok(parted)
     }
 }
 

@@ -15,7 +15,6 @@ use vilvona_core::engine::EngineError;
 use vilvona_core::message::AgentMessage;
 use vilvona_store::ConversationId;
 
-use crate::cache::lock_map;
 use crate::compaction::CompactionReport;
 use crate::engine::LosslessEngine;
 use crate::errors::store_error;
@@ -71,7 +70,9 @@ impl LosslessEngine {
         conversation: ConversationId,
         by_kind: BTreeMap<String, u64>,
     ) {
-        lock_map(&self.inner.assembled_kinds).insert(conversation, by_kind);
+        self.memory(conversation, |memory| {
+            memory.assembled_kinds = Some(by_kind)
+        });
     }
 
     /// Records a committed turn (numbered here: one more than the last recorded).
@@ -82,8 +83,8 @@ impl LosslessEngine {
     ) -> Result<(), EngineError> {
         let last = self.last_recorded_turn(conversation).await?.unwrap_or(0);
         record.turn = last + 1;
-        record.context = lock_map(&self.inner.assembled_kinds)
-            .remove(&conversation)
+        record.context = self
+            .memory(conversation, |memory| memory.assembled_kinds.take())
             .unwrap_or_default();
         let mut chunk = self.turn_chunk(conversation, record.turn).await?;
         // A chunk that held an older hundred starts over.

@@ -87,6 +87,10 @@ pub struct ContextReport {
     pub session_tokens: u64,
     pub input_tokens: u64,
     pub output_tokens: u64,
+    /// Turns the engine took in from the host's history because the host never committed
+    /// them (OpenClaw on Anthropic's API with cache-ttl pruning), when it took any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub catch_up: Option<vilvona_core::admin::CatchUpReport>,
 }
 
 impl ContextReport {
@@ -273,6 +277,17 @@ pub async fn context_report(
         + tools.iter().map(|t| t.tokens).sum::<u64>()
         + conversation.iter().map(|c| c.tokens).sum::<u64>();
     let config = host.config();
+    let catch_up = match engine.admin() {
+        Some(admin) if stores => admin
+            .session_stats(&vilvona_core::admin::ToolCaller {
+                session_id: record.session_id.clone(),
+                session_key: Some(key.clone()),
+            })
+            .await
+            .ok()
+            .and_then(|stats| stats.catch_up),
+        _ => None,
+    };
     Ok(ContextReport {
         session: key,
         engine: engine_id,
@@ -307,5 +322,6 @@ pub async fn context_report(
         session_tokens,
         input_tokens: record.input_tokens,
         output_tokens: record.output_tokens,
+        catch_up,
     })
 }

@@ -249,6 +249,7 @@ export function mountPanel(container, options) {
           // OpenClaw at a small window may plan the context no room at all (its budget).
           : `The host leaves the context no room to grow (its budget: ${count(plan.budget ?? 0, "token", "tokens")}), so compaction folds after every turn, as far as it can; `) +
         `it never holds more than ${grouped(plan.ceiling)}. Now ${grouped(stats.contextTokens)} in ${grouped(stats.contextItems)} items, ${grouped(stats.messages)} messages kept.`) : "",
+      catchUpNote(stats) ? el("p", { class: "vv-muted", "data-part": "catch-up" }, catchUpNote(stats)) : "",
     );
   }
 
@@ -660,6 +661,17 @@ export function mountPanel(container, options) {
 }
 
 /**
+ * What the engine says of turns it took in from the host's history because the host never
+ * committed them (OpenClaw on Anthropic's API with its cache-ttl pruning); "" when none.
+ */
+export function catchUpNote(stats) {
+  const caught = stats?.catchUp;
+  if (!caught?.turns) return "";
+  return `${count(caught.turns, "turn", "turns")} taken in from the host's history at a later turn: the host did not commit ${caught.turns === 1 ? "it" : "them"}` +
+    (caught.commitsMissing ? " (its commits are missing now)." : " (its commits came since).");
+}
+
+/**
  * The window meter for a session's header: how full the window is and with how many summaries
  * and messages; it follows the session as the panel does (on the `watch` view).
  */
@@ -677,8 +689,10 @@ export function mountMeter(container, options) {
     ]);
     const { total, window } = windowParts(context, stats);
     const summaries = Object.values(stats.summariesByDepth ?? {}).reduce((sum, n) => sum + n, 0);
-    meter.textContent = `vilvona ${percent(total, window)} % · ${grouped(summaries)} summaries, ${grouped(stats.contextItems - summaries)} messages`;
-    meter.title = `${grouped(total)} of ${grouped(window)} tokens in the window`;
+    const caught = stats.catchUp?.turns ? ` · ${grouped(stats.catchUp.turns)} uncommitted turns taken in` : "";
+    meter.textContent = `vilvona ${percent(total, window)} % · ${grouped(summaries)} summaries, ${grouped(stats.contextItems - summaries)} messages${caught}`;
+    meter.title = [`${grouped(total)} of ${grouped(window)} tokens in the window`, catchUpNote(stats)].filter(Boolean).join("\n");
+    meter.dataset.catchUp = String(stats.catchUp?.turns ?? 0);
     meter.dataset.percent = String(percent(total, window));
   };
   (async () => {

@@ -2,6 +2,7 @@
 //! faults.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod catch_up;
 mod compaction;
 mod conformance;
 mod faults;

@@ -1,0 +1,254 @@
+//! Turns the host never commits (OpenClaw on Anthropic's API with its cache-ttl pruning): the
+//! engine takes them in from the history `assemble` brings — a bounded tail of it, as OpenClaw
+//! reads one — in order, each once, whether or not a commit ever comes.
+
+use serde_json::json;
+use tempfile::TempDir;
+use vilvona_core::admin::{EngineAdmin, ToolCaller};
+use vilvona_core::engine::*;
+use vilvona_core::message::AgentMessage;
+use vilvona_lossless::LosslessEngine;
+
+use crate::support::*;
+
+const KEY: &str = "agent:main:anthropic";
+
+/// The host's history as OpenClaw hands it to `assemble`: its newest messages only (a bounded
+/// read of the transcript: here the last `tail` messages).
+fn bounded(history: &[AgentMessage], tail: usize) -> Vec<AgentMessage> {
+    history[history.len().saturating_sub(tail)..].to_vec()
+}
+
+async fn assemble(
+    engine: &LosslessEngine,
+    session: &str,
+    history: &[AgentMessage],
+    prompt: &str,
+) -> AssembleResult {
+    engine
+        .assemble(&AssembleParams {
+            session_id: session.to_owned(),
+            session_key: Some(KEY.to_owned()),
+            messages: history.to_vec().into(),
+            prompt: Some(prompt.to_owned()),
+            token_budget: Some(4_000),
+            ..AssembleParams::default()
+        })
+        .await
+        .unwrap()
+}
+
+/// The texts of a session's stored messages, in order.
+async fn stored_texts(engine: &LosslessEngine, session: &str) -> Vec<String> {
+    let conversation = engine.conversation(session, Some(KEY)).await.unwrap();
+    let row = engine
+        .store()
+        .conversation_by_id(conversation.id)
+        .await
+        .unwrap()
+        .unwrap();
+    engine
+        .store()
+        .messages_in_seq_range(conversation.id, 0, row.message_count.saturating_sub(1))
+        .await
+        .unwrap()
+        .iter()
+        .map(|message| message.text())
+        .collect()
+}
+
+/// Each of turns `0..turns` is stored exactly once, in order.
+fn holds_each_turn_once(texts: &[String], turns: usize) {
+    let firsts: Vec<&String> = texts
+        .iter()
+        .filter(|text| text.starts_with("Turn "))
+        .collect();
+    let expected: Vec<String> = (0..turns).map(|n| format!("Turn {n}:")).collect();
+    assert_eq!(firsts.len(), turns, "{firsts:?}");
+    for (text, expected) in firsts.iter().zip(&expected) {
+        assert!(text.starts_with(expected.as_str()), "{text} for {expected}");
+    }
+    assert_eq!(texts.len(), turns * 4, "four messages a turn, none twice");
+}
+
+fn caller(session: &str) -> ToolCaller {
+    ToolCaller {
+        session_id: session.to_owned(),
+        session_key: Some(KEY.to_owned()),
+    }
+}
+
+/// 40 turns, none committed; each assembly brings the newest six turns of the history. Before
+/// catch-up the store held turn 0 only (imported on first sight) and the engine told the host it
+/// held the history, so the host stopped sending it.
+#[tokio::test]
+async fn turns_the_host_never_commits_are_taken_in_at_the_next_assembly() {
+    let dir = TempDir::new().unwrap();
+    let engine = engine(&dir).await;
+    let mut history: Vec<AgentMessage> = Vec::new();
+    for n in 0..40 {
+        let assembled = assemble(&engine, "s", &bounded(&history, 24), &format!("turn {n}")).await;
+        assert!(
+            !assembled.holds_history || history.is_empty(),
+            "turn {n}: the engine must keep asking for the history while commits are missing"
+        );
+        assert!(
+            assembled.estimated_tokens <= 4_000,
+            "turn {n}: {}",
+            assembled.estimated_tokens
+        );
+        history.extend(turn(n));
+    }
+    assemble(&engine, "s", &bounded(&history, 24), "the next").await;
+    holds_each_turn_once(&stored_texts(&engine, "s").await, 40);
+
+    // The same history again (the in-turn assemblies, a retry): nothing is stored twice.
+    assemble(&engine, "s", &bounded(&history, 24), "again").await;
+    assemble(&engine, "s", &bounded(&history, 3), "a shorter tail").await;
+    holds_each_turn_once(&stored_texts(&engine, "s").await, 40);
+
+    // Compaction ran as for committed turns, and each caught-up turn has its record.
+    let summaries = context_summaries(&engine, "s", Some(KEY)).await;
+    assert!(!summaries.is_empty(), "the caught-up turns were compacted");
+    let records = engine.turn_history(&caller("s")).await.unwrap();
+    assert_eq!(
+        records.len(),
+        39,
+        "one record a catch-up (turn 0 came on first sight)"
+    );
+    // Named: the session's stats and the store's check say so.
+    let stats = engine.session_stats(&caller("s")).await.unwrap();
+    let caught = stats.catch_up.expect("the stats name the catch-up");
+    assert_eq!((caught.turns, caught.messages), (39, 156));
+    assert!(caught.commits_missing);
+    let check = engine.check().await.unwrap();
+    assert!(check.is_healthy(), "{:?}", check.problems);
+    assert_eq!(check.notices.len(), 1, "{:?}", check.notices);
+    assert!(
+        check.notices[0].contains("39 turn(s)"),
+        "{}",
+        check.notices[0]
+    );
+}
+
+/// A commit that comes after its turn was taken in stores nothing twice; once commits come,
+/// the engine says it holds the history again.
+#[tokio::test]
+async fn a_commit_after_catch_up_stores_nothing_twice_and_commits_resume() {
+    let dir = TempDir::new().unwrap();
+    let engine = engine(&dir).await;
+    let mut history: Vec<AgentMessage> = Vec::new();
+    for n in 0..6 {
+        assemble(&engine, "s", &history, &format!("turn {n}")).await;
+        history.extend(turn(n));
+    }
+    // Turn 5 is taken in by the next assembly; then its commit comes after all (queued).
+    assemble(&engine, "s", &history, "turn 6").await;
+    let commit = |n: usize, at: usize| CommitTurnParams {
+        advancement_key: format!("k{n}"),
+        session_id: "s".to_owned(),
+        session_key: Some(KEY.to_owned()),
+        messages: turn(n),
+        admission: Some(json!({"sessionId": "s", "activeMessagePosition": at})),
+        token_budget: Some(4_000),
+        ..CommitTurnParams::default()
+    };
+    let late = engine.commit_turn(&commit(5, 20)).await.unwrap();
+    assert_eq!(late.status, CommitStatus::Duplicate, "already taken in");
+    assert_eq!(
+        engine.commit_turn(&commit(5, 20)).await.unwrap().status,
+        CommitStatus::Duplicate,
+        "and sent again"
+    );
+    holds_each_turn_once(&stored_texts(&engine, "s").await, 6);
+    // Commits resume: turn 6 is committed, and the next assembly may leave the history out.
+    history.extend(turn(6));
+    assert_eq!(
+        engine.commit_turn(&commit(6, 24)).await.unwrap().status,
+        CommitStatus::Committed
+    );
+    let assembled = assemble(&engine, "s", &history, "turn 7").await;
+    assert!(assembled.holds_history);
+    holds_each_turn_once(&stored_texts(&engine, "s").await, 7);
+    let caught = engine
+        .session_stats(&caller("s"))
+        .await
+        .unwrap()
+        .catch_up
+        .unwrap();
+    assert!(!caught.commits_missing, "{caught:?}");
+}
+
+/// A gateway restarted after 30 uncommitted turns: the new process's first assembly brings a
+/// bounded tail that no longer begins where the store does, and the turn the last process did
+/// not see is taken in from it.
+#[tokio::test]
+async fn a_restart_takes_in_what_the_last_process_did_not_see() {
+    let dir = TempDir::new().unwrap();
+    let mut history: Vec<AgentMessage> = Vec::new();
+    {
+        let engine = engine(&dir).await;
+        for n in 0..30 {
+            assemble(&engine, "s", &bounded(&history, 24), &format!("turn {n}")).await;
+            history.extend(turn(n));
+        }
+        engine.settled().await;
+    }
+    let engine = engine(&dir).await;
+    assemble(&engine, "s", &bounded(&history, 24), "turn 30").await;
+    holds_each_turn_once(&stored_texts(&engine, "s").await, 30);
+}
+
+/// A session reset as `/new` does, with no commits before or after: the new window's turns are
+/// its own, and nothing of before is stored again.
+#[tokio::test]
+async fn a_session_begun_anew_takes_in_its_own_turns_without_commits() {
+    let dir = TempDir::new().unwrap();
+    let engine = engine(&dir).await;
+    let mut history: Vec<AgentMessage> = Vec::new();
+    for n in 0..4 {
+        assemble(&engine, "s", &history, &format!("turn {n}")).await;
+        history.extend(turn(n));
+    }
+    assemble(&engine, "s", &history, "before the reset").await;
+    engine
+        .on_session_reset(&SessionResetParams {
+            session_id: "s".to_owned(),
+            session_key: Some(KEY.to_owned()),
+            reason: Some("new".to_owned()),
+        })
+        .await
+        .unwrap();
+    // The host's new window: turns written after the reset (their times are now).
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    let fresh_turn = |n: usize| -> Vec<AgentMessage> {
+        turn(n)
+            .into_iter()
+            .enumerate()
+            .map(|(index, message)| {
+                let mut value = serde_json::to_value(&message).unwrap();
+                value["timestamp"] = json!(now + 60_000 * n as i64 + index as i64);
+                serde_json::from_value(value).unwrap()
+            })
+            .collect()
+    };
+    let mut window: Vec<AgentMessage> = Vec::new();
+    for n in 10..14 {
+        let assembled = assemble(&engine, "s", &window, &format!("turn {n}")).await;
+        for message in assembled.messages.iter() {
+            assert!(
+                !message.plain_text().starts_with("Turn 0:"),
+                "nothing of before in the new window's context"
+            );
+        }
+        window.extend(fresh_turn(n));
+    }
+    assemble(&engine, "s", &window, "the next").await;
+    let texts = stored_texts(&engine, "s").await;
+    let firsts: Vec<&String> = texts.iter().filter(|t| t.starts_with("Turn ")).collect();
+    assert_eq!(firsts.len(), 4, "{firsts:?}");
+    assert!(firsts[0].starts_with("Turn 10:"), "{firsts:?}");
+}
