@@ -96,10 +96,11 @@ wait_http() {
   done
 }
 
-# Starts the mock model: start_mock LOG [WINDOW]; sets MOCK_PORT and MOCK_PID.
+# Starts the mock model: start_mock LOG [WINDOW] [SCRIPT] (mock-openai.mjs, or
+# mock-anthropic.mjs); sets MOCK_PORT and MOCK_PID.
 start_mock() {
   MOCK_PORT=$(free_port)
-  node "$ROOT/bindings/openclaw/test/mock-openai.mjs" "$MOCK_PORT" "$1" "${2:-}" 2>"$WORK/mock.err" &
+  node "$ROOT/bindings/openclaw/test/${3:-mock-openai.mjs}" "$MOCK_PORT" "$1" "${2:-}" 2>"$WORK/mock.err" &
   MOCK_PID=$!
   wait_http "http://127.0.0.1:$MOCK_PORT/v1/models" 10 || fail "the mock model server did not start: $(cat "$WORK/mock.err")"
 }

@@ -5,6 +5,7 @@
 #       [--shape chars4|tokenizer|no-usage] [--summarizer extractive|host] [--slow-summarizer MS]
 #       [--sessions N] [--kills N] [--stops N] [--damage index|wal] [--spawns SPEC] [--cut-emoji]
 #       [--resets TURNS] [--stand-ins none|FROM-TO] [--panel] [--cell NAME]
+#       [--provider openai|anthropic] [--restart-after TURN] [--no-recall-tool] [--facts passing]
 #
 # One cell of the soak matrix (.ci/run runs several): the provider's shape (`chars4`: counts
 # characters/4 of the messages and reports usage; `tokenizer`: ~3.3 characters a token over the
@@ -38,6 +39,18 @@
 # panel in the gateway's Control UI in Chromium at the end (bindings/openclaw/test/ui.gateway.mjs:
 # its meter, bar, charts, search, expansion and repairs); for it the mock reports what its
 # prompt cache served and the model has prices per token kind, so the charts show both.
+#
+# `--provider anthropic` runs the session on Anthropic's Messages API (provider `anthropic`,
+# `api: "anthropic-messages"`) against bindings/openclaw/test/mock-anthropic.mjs, with Anthropic
+# auth in the gateway's environment, so OpenClaw applies its own defaults for that provider
+# untouched (among them cache-ttl pruning, with which it commits no turn to the engine): the
+# figures are Anthropic's accounting (input + 1.25 × cache writes + 0.1 × cache reads), and
+# vilvona must say once per gateway process that it takes turns in without commits, and
+# `vilvona doctor` must count them. `--restart-after N` stops the gateway after turn N and
+# starts it again (the mock, its cache and the state stay). `--no-recall-tool` has the model
+# answer only from its prompt, never calling a recall tool (a legacy run's model never does:
+# legacy offers none); `--facts passing` states every planted fact in passing and asks it in
+# other words (soak-session.mjs).
 #
 # `openclaw gateway run` serves the scripted session of bindings/openclaw/test/soak-session.mjs
 # through its OpenAI-compatible endpoint (one session, one request at a time), with OpenClaw's
@@ -73,6 +86,10 @@ CUT_EMOJI=""
 STOPS=0
 RESETS=""
 STAND_INS=""
+PROVIDER=openai
+RESTART_AFTER=0
+NO_RECALL=""
+FACTS_SET=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --engine) ENGINE="$2"; shift 2 ;;
@@ -92,9 +109,20 @@ while [ $# -gt 0 ]; do
     --stops) STOPS="$2"; shift 2 ;;
     --resets) RESETS="$2"; shift 2 ;;
     --stand-ins) STAND_INS="$2"; shift 2 ;;
-    *) echo "usage: $0 [--engine vilvona|legacy] [--window TOKENS] [--turns N] [--out DIR] [--shape chars4|tokenizer|no-usage] [--summarizer extractive|host] [--slow-summarizer MS] [--sessions N] [--kills N] [--stops N] [--damage index|wal] [--spawns SPEC] [--cut-emoji] [--resets TURNS] [--stand-ins none|FROM-TO] [--panel]" >&2; exit 2 ;;
+    --provider) PROVIDER="$2"; shift 2 ;;
+    --restart-after) RESTART_AFTER="$2"; shift 2 ;;
+    --no-recall-tool) NO_RECALL=1; shift ;;
+    --facts) FACTS_SET="$2"; shift 2 ;;
+    *) echo "usage: $0 [--engine vilvona|legacy] [--window TOKENS] [--turns N] [--out DIR] [--shape chars4|tokenizer|no-usage] [--summarizer extractive|host] [--slow-summarizer MS] [--sessions N] [--kills N] [--stops N] [--damage index|wal] [--spawns SPEC] [--cut-emoji] [--resets TURNS] [--stand-ins none|FROM-TO] [--panel] [--provider openai|anthropic] [--restart-after TURN] [--no-recall-tool] [--facts passing]" >&2; exit 2 ;;
   esac
 done
+case "$PROVIDER" in openai | anthropic) ;; *) echo "$0: --provider is openai or anthropic" >&2; exit 2 ;; esac
+case "$FACTS_SET" in "" | passing) ;; *) echo "$0: --facts is passing" >&2; exit 2 ;; esac
+if [ "$PROVIDER" = anthropic ] && [ "$SHAPE" != chars4 ]; then echo "$0: --shape is the OpenAI-shaped provider's; Anthropic's counts as its mock does" >&2; exit 2; fi
+# Legacy offers no recall tool: its model never calls one (a call OpenClaw would refuse would
+# make its conversation differ from vilvona's for nothing).
+[ "$ENGINE" = legacy ] && NO_RECALL=1
+export MOCK_NO_RECALL="${NO_RECALL:-0}" SOAK_FACTS="$FACTS_SET"
 case "$ENGINE" in vilvona | legacy) ;; *) echo "$0: --engine is vilvona or legacy" >&2; exit 2 ;; esac
 case "$SHAPE" in
   chars4) ;;
@@ -127,7 +155,7 @@ case "$STAND_INS" in
 esac
 # The driver and the mock read the spawns from the environment (soak-session.mjs).
 export SOAK_SPAWNS="$SPAWNS" SOAK_CUT_EMOJI="$CUT_EMOJI" SOAK_RESETS="$RESETS"
-NAME="soak-gateway[$ENGINE, $WINDOW, $TURNS turns, $SHAPE, $SUMMARIZER summarizer${SLOW_SUMMARIZER:+, slow $SLOW_SUMMARIZER ms}, $SESSIONS sessions, $KILLS kills${DAMAGE:+, $DAMAGE damaged}${SPAWNS:+, spawns $SPAWNS}${CUT_EMOJI:+, cut emoji}${RESETS:+, reset after turn $RESETS}${STAND_INS:+, stand-ins $STAND_INS}$([ "$STOPS" -eq 0 ] || echo ", $STOPS stops")]"
+NAME="soak-gateway[$ENGINE, $PROVIDER, $WINDOW, $TURNS turns, $SHAPE, $SUMMARIZER summarizer${SLOW_SUMMARIZER:+, slow $SLOW_SUMMARIZER ms}, $SESSIONS sessions, $KILLS kills${DAMAGE:+, $DAMAGE damaged}${SPAWNS:+, spawns $SPAWNS}${CUT_EMOJI:+, cut emoji}${RESETS:+, reset after turn $RESETS}${STAND_INS:+, stand-ins $STAND_INS}$([ "$STOPS" -eq 0 ] || echo ", $STOPS stops")$([ "$RESTART_AFTER" -eq 0 ] || echo ", restarted after turn $RESTART_AFTER")${NO_RECALL:+, no recall tool}${FACTS_SET:+, facts $FACTS_SET}]"
 FIGURES_BIN="${VILVONA_FIGURES_BIN:-$ROOT/target/debug/economics}"
 [ -x "$FIGURES_BIN" ] || fail "$FIGURES_BIN is missing (cargo build -p vilvona-benches --bin economics)"
 
@@ -142,6 +170,7 @@ mkdir -p "$OUT"
 GATEWAY_PID=""
 MOCK_PID=""
 cleanup() {
+  [ -f "$WORK/gateway.pid" ] && [ -n "$GATEWAY_PID" ] && GATEWAY_PID=$(cat "$WORK/gateway.pid")
   [ -n "$GATEWAY_PID" ] && kill "$GATEWAY_PID" 2>/dev/null && wait "$GATEWAY_PID" 2>/dev/null || true
   [ -f "$WORK/reader.pid" ] && kill "$(cat "$WORK/reader.pid")" 2>/dev/null || true
   [ -n "$MOCK_PID" ] && kill "$MOCK_PID" 2>/dev/null || true
@@ -165,7 +194,22 @@ node --input-type=module -e '
   for (let module = 1; module <= FILES; module++) writeFileSync(`${process.argv[2]}/${modulePath(module)}`, fileText(module));
 ' "$ROOT/bindings/openclaw/test/soak-session.mjs" "$WORK/workspace"
 
-start_mock "$OUT/mock.jsonl" "$WINDOW"
+if [ "$PROVIDER" = anthropic ]; then
+  start_mock "$OUT/mock.jsonl" "$WINDOW" mock-anthropic.mjs
+  # Anthropic auth in the gateway's environment: OpenClaw applies its defaults for the
+  # provider (contextPruning cache-ttl, among others), which this cell leaves untouched.
+  export ANTHROPIC_API_KEY=local-test
+  PROVIDERS="anthropic: { baseUrl: \"http://127.0.0.1:$MOCK_PORT\", apiKey: \"local-test\", api: \"anthropic-messages\",
+      models: [{ id: \"mock-claude\", name: \"Mock Claude\", reasoning: false, input: [\"text\"],
+        cost: $COST, contextWindow: $WINDOW, maxTokens: 4096 }] }"
+  PRIMARY="anthropic/mock-claude"
+else
+  start_mock "$OUT/mock.jsonl" "$WINDOW"
+  PROVIDERS="mock: { baseUrl: \"http://127.0.0.1:$MOCK_PORT/v1\", apiKey: \"local\", api: \"openai-completions\",
+      models: [{ id: \"mock-1\", name: \"Mock 1\", reasoning: false, input: [\"text\"],
+        cost: $COST, contextWindow: $WINDOW, maxTokens: 4096 }] }"
+  PRIMARY="mock/mock-1"
+fi
 GATEWAY_PORT=$(free_port)
 TOKEN="soak-$(date +%s)-$$"
 cat >"$OPENCLAW_CONFIG_PATH" <<JSON
@@ -173,11 +217,8 @@ cat >"$OPENCLAW_CONFIG_PATH" <<JSON
   update: { checkOnStart: false, auto: { enabled: false } },
   telemetry: { enabled: false },
   logging: { file: "$WORK/openclaw.log" },
-  models: { mode: "merge", catalogRefresh: { enabled: false },
-    providers: { mock: { baseUrl: "http://127.0.0.1:$MOCK_PORT/v1", apiKey: "local", api: "openai-completions",
-      models: [{ id: "mock-1", name: "Mock 1", reasoning: false, input: ["text"],
-        cost: $COST, contextWindow: $WINDOW, maxTokens: 4096 }] } } },
-  agents: { defaults: { model: { primary: "mock/mock-1" }, workspace: "$WORK/workspace" } },
+  models: { mode: "merge", catalogRefresh: { enabled: false }, providers: { $PROVIDERS } },
+  agents: { defaults: { model: { primary: "$PRIMARY" }, workspace: "$WORK/workspace" } },
   gateway: { mode: "local", port: $GATEWAY_PORT, bind: "loopback", auth: { mode: "token", token: "$TOKEN" },
     http: { endpoints: { chatCompletions: { enabled: true } } },
     // --panel: plugin UI loads (what the README's "See the context" says to set).
@@ -210,10 +251,35 @@ if [ "$ENGINE" = vilvona ]; then
   fi
 fi
 
-step "starting the gateway"
-OPENCLAW_GATEWAY_TOKEN="$TOKEN" openclaw gateway run >"$WORK/gateway.out" 2>&1 &
-GATEWAY_PID=$!
-wait_http "http://127.0.0.1:$GATEWAY_PORT/v1/models" 180 "$TOKEN" || fail "the gateway did not answer on 127.0.0.1:$GATEWAY_PORT within 180 s"
+start_gateway() {
+  step "starting the gateway"
+  OPENCLAW_GATEWAY_TOKEN="$TOKEN" openclaw gateway run >>"$WORK/gateway.out" 2>&1 &
+  GATEWAY_PID=$!
+  # A restart happens in the driver's subshell: the file says which gateway runs now.
+  echo "$GATEWAY_PID" >"$WORK/gateway.pid"
+  echo "started" >>"$WORK/gateway.starts"
+  wait_http "http://127.0.0.1:$GATEWAY_PORT/v1/models" 180 "$TOKEN" || fail "the gateway did not answer on 127.0.0.1:$GATEWAY_PORT within 180 s"
+}
+
+# Stops the gateway as an operator does (SIGTERM). OpenClaw drains its work before it exits
+# (up to 315 s). A subagent's cleanup that it schedules after the child's end can keep that
+# drain waiting on itself; past a minute the gateway is killed, and the cell says so.
+stop_gateway() {
+  if kill "$GATEWAY_PID" 2>/dev/null; then
+    for _ in $(seq 600); do kill -0 "$GATEWAY_PID" 2>/dev/null || break; sleep 0.1; done
+    if kill -0 "$GATEWAY_PID" 2>/dev/null; then
+      echo "$NAME: the gateway was still draining 60 s after SIGTERM ($(grep -a 'still draining' "$WORK/gateway.out" | tail -n 1 | sed 's/.*still draining/still draining/' | cut -c1-200)); killed"
+      # Its children (the spawn broker, `vilvona serve`) go with it, by parent id.
+      CHILDREN=$(ps -o pid= --ppid "$GATEWAY_PID" 2>/dev/null || true)
+      kill -KILL "$GATEWAY_PID" $CHILDREN 2>/dev/null || true
+    fi
+    wait "$GATEWAY_PID" 2>/dev/null || true
+  fi
+  GATEWAY_PID=""
+}
+
+: >"$WORK/gateway.out"
+start_gateway
 
 # The `vilvona serve` children of the gateway this script started (by parent id, never by name).
 vilvona_children() {
@@ -318,7 +384,22 @@ DRIVEN=0
 : >"$OUT/kills.log"
 : >"$OUT/damage.log"
 : >"$OUT/results.jsonl"
-node "$ROOT/bindings/openclaw/test/soak-driver.mjs" "http://127.0.0.1:$GATEWAY_PORT" "$TOKEN" "$TURNS" "$OUT/results.jsonl" "$SESSIONS" >"$WORK/driver.out" 2>&1 &
+# With --restart-after, the turns up to it first; the rest once the gateway is back.
+drive() {
+  SOAK_FROM_TURN="$1" SOAK_TO_TURN="$2" node "$ROOT/bindings/openclaw/test/soak-driver.mjs" "http://127.0.0.1:$GATEWAY_PORT" "$TOKEN" "$TURNS" "$OUT/results.jsonl" "$SESSIONS" >>"$WORK/driver.out" 2>&1
+}
+restarting_driver() {
+  drive 1 "$RESTART_AFTER" || return $?
+  step "restarting the gateway after turn $RESTART_AFTER"
+  stop_gateway
+  start_gateway
+  drive $((RESTART_AFTER + 1)) "$TURNS"
+}
+if [ "$RESTART_AFTER" -gt 0 ]; then
+  restarting_driver &
+else
+  drive 1 "$TURNS" &
+fi
 DRIVER_PID=$!
 KILLER_PID=""
 if [ "$KILLS" -gt 0 ] && [ "$ENGINE" = vilvona ]; then
@@ -364,22 +445,10 @@ if [ -n "$SPAWNS" ] && [ "$DRIVEN" -eq 0 ]; then
   # would drop it, which would say nothing about the engine.
   node "$ROOT/bindings/openclaw/test/soak-subagents.mjs" --settle "$OUT/mock.jsonl" 120
 fi
+GATEWAY_PID=$(cat "$WORK/gateway.pid")
 GATEWAY_UP=1
 kill -0 "$GATEWAY_PID" 2>/dev/null || GATEWAY_UP=0
-if kill "$GATEWAY_PID" 2>/dev/null; then
-  # OpenClaw drains its work before it exits (up to 315 s). A subagent's cleanup that it
-  # schedules after the child's end can keep that drain waiting on itself; past a minute the
-  # gateway is killed, and the cell says so.
-  for _ in $(seq 600); do kill -0 "$GATEWAY_PID" 2>/dev/null || break; sleep 0.1; done
-  if kill -0 "$GATEWAY_PID" 2>/dev/null; then
-    echo "$NAME: the gateway was still draining 60 s after SIGTERM ($(grep -a 'still draining' "$WORK/gateway.out" | tail -n 1 | sed 's/.*still draining/still draining/' | cut -c1-200)); killed"
-    # Its children (the spawn broker, `vilvona serve`) go with it, by parent id.
-    CHILDREN=$(ps -o pid= --ppid "$GATEWAY_PID" 2>/dev/null || true)
-    kill -KILL "$GATEWAY_PID" $CHILDREN 2>/dev/null || true
-  fi
-  wait "$GATEWAY_PID" 2>/dev/null || true
-fi
-GATEWAY_PID=""
+stop_gateway
 # The gateway's own logs stay with the figures, for whoever reads a surprising one.
 cp "$WORK/gateway.out" "$OUT/gateway.out" 2>/dev/null || true
 cp "$WORK/openclaw.log" "$OUT/openclaw.log" 2>/dev/null || true
@@ -459,10 +528,37 @@ if [ "$ENGINE" = vilvona ]; then
     }
     const answered = fs.readFileSync(results, "utf8").split("\n").filter(Boolean).map(JSON.parse)
       .filter((turn) => turn.status === 200 && turn.kind === "work");
-    const lost = answered.filter((turn) => !(stored.get(turn.session) ?? "").includes(`STEP-${turn.turn}: refactor step ${turn.turn} `));
+    // The request of each turn and its answer.
+    const lost = answered.filter((turn) => {
+      const held = stored.get(turn.session) ?? "";
+      return !held.includes(`STEP-${turn.turn}: refactor step ${turn.turn} `) || !held.includes(`Step ${turn.turn} done:`);
+    });
     console.log(`stored: ${list.length} session(s) (${[...stored.keys()].join(", ")}), ${answered.length} answered work turns, ${lost.length} missing from the store`);
     if (lost.length) { console.error(`missing from the store: ${lost.slice(0, 5).map((t) => `${t.session} turn ${t.turn}`).join(", ")}`); process.exit(1); }
   ' "$VILVONA" "$HOME/.vilvona" "$OUT/results.jsonl" "$OUT/sessions.json" "$OUT" || fail "acknowledged turns are missing from the store"
+  if [ "$PROVIDER" = anthropic ]; then
+    # OpenClaw commits no turn on this route: vilvona takes each in at the next, says so once
+    # per gateway process, and doctor and the session's stats count them.
+    SAID=$(grep -ac "holds turns it never committed" "$OUT/gateway.out" || true)
+    STARTS=$(wc -l <"$WORK/gateway.starts")
+    echo "$NAME: vilvona said $SAID time(s) in $STARTS gateway process(es) that it takes turns in without commits"
+    [ "$SAID" -ge 1 ] && [ "$SAID" -le "$((STARTS * SESSIONS))" ] || fail "vilvona said $SAID time(s) that it takes in uncommitted turns (once per gateway process and session: $STARTS)"
+    "$VILVONA" --state-dir "$HOME/.vilvona" doctor --json >"$OUT/doctor.json" || true
+    "$VILVONA" --state-dir "$HOME/.vilvona" stats --session "agent:main:openai-user:soak" --json >"$OUT/stats.json" || fail "vilvona stats failed"
+    node -e '
+      const fs = require("fs");
+      const doctor = JSON.parse(fs.readFileSync(process.argv[1], "utf8"));
+      const stats = JSON.parse(fs.readFileSync(process.argv[2], "utf8"));
+      const notice = (doctor.checks ?? []).find((check) => check.name.startsWith("turns taken in from the host"));
+      const answered = fs.readFileSync(process.argv[3], "utf8").split("
+").filter(Boolean).map(JSON.parse).filter((turn) => turn.status === 200).length;
+      const caught = stats.catchUp?.turns ?? 0;
+      console.log(`doctor: ${notice ? notice.detail : "says nothing of the uncommitted turns"}; stats: ${caught} turns taken in of ${answered} answered`);
+      if (!notice) process.exit(1);
+      // Turn 1 comes on first sight; the newest turn waits for the next.
+      if (caught < answered - 2) process.exit(1);
+    ' "$OUT/doctor.json" "$OUT/stats.json" "$OUT/results.jsonl" || fail "doctor and the stats must count the turns taken in without commits"
+  fi
   if [ -n "$RESETS" ]; then
     "$VILVONA" --state-dir "$HOME/.vilvona" stats --session "agent:main:openai-user:soak" --json >"$OUT/stats.json" || fail "vilvona stats --session agent:main:openai-user:soak failed"
     node "$ROOT/bindings/openclaw/test/soak-resets.mjs" "$OUT/mock.jsonl" "$OUT/sessions.json" "$OUT/stats.json" "$TURNS" || fail "the session reset"

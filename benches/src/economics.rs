@@ -8,6 +8,11 @@
 //! cache 1.25 of one: cached cost = prefix/4 × 0.1 + (size − prefix)/4 × 1.25; uncached cost =
 //! size/4. Units are "input-token units".
 //!
+//! A provider that reports what its cache did (the soak's mock of Anthropic's API, whose cache
+//! is written only at the request's `cache_control` breakpoints) is taken at its word instead:
+//! its request costs `input + 1.25 × written + 0.1 × read` (Anthropic's accounting), and its hit
+//! ratio is what it read of the whole prompt.
+//!
 //! The same figures come from two places: the gateway soak's mock model, which recorded every
 //! request a real OpenClaw gateway sent ([`read_recorded_requests`]), and the economics replay,
 //! which builds the requests a host would send from an engine's assembled context.
@@ -43,6 +48,19 @@ pub struct Request {
     pub messages: String,
     /// Whether the provider refused it (over the window): not billed.
     pub rejected: bool,
+    /// What the provider said its cache did, when it said (else the prefix model decides).
+    pub billed: Option<Billed>,
+}
+
+/// A request's prompt tokens as a provider billed them (Anthropic's usage).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Billed {
+    /// Fresh input (`input_tokens`).
+    pub input: u64,
+    /// Read from the cache (`cache_read_input_tokens`).
+    pub cache_read: u64,
+    /// Written to the cache (`cache_creation_input_tokens`).
+    pub cache_write: u64,
 }
 
 /// Prompt-cache economics of a run.
@@ -130,11 +148,27 @@ pub fn cache_figures(requests: &[Request]) -> CacheFigures {
             Stream::Turn => 0,
             Stream::Summarizer => 1,
         };
-        let size = request.messages.chars().count();
-        let prefix =
-            previous[slot].map_or(0, |before| common_prefix_chars(before, &request.messages));
+        let (size, prefix, cached) = match request.billed {
+            // Tokens as characters, to add up with the prefix model's.
+            Some(billed) => {
+                let whole = billed.input + billed.cache_read + billed.cache_write;
+                let cached = billed.input as f64
+                    + billed.cache_write as f64 * 1.25
+                    + billed.cache_read as f64 * 0.1;
+                (whole as usize * 4, billed.cache_read as usize * 4, cached)
+            }
+            None => {
+                let size = request.messages.chars().count();
+                let prefix = previous[slot]
+                    .map_or(0, |before| common_prefix_chars(before, &request.messages));
+                (
+                    size,
+                    prefix,
+                    tokens(prefix) * 0.1 + tokens(size - prefix) * 1.25,
+                )
+            }
+        };
         previous[slot] = Some(&request.messages);
-        let cached = tokens(prefix) * 0.1 + tokens(size - prefix) * 1.25;
         figures.uncached_units += tokens(size);
         figures.cached_units += cached;
         all_prefix += prefix as f64;
@@ -148,6 +182,7 @@ pub fn cache_figures(requests: &[Request]) -> CacheFigures {
                 turn_tokens_sum += prompt as f64;
                 figures.turn_prompt_tokens_max = figures.turn_prompt_tokens_max.max(prompt);
                 let history = history_chars(&request.messages);
+                // Rewrites are told by the history whatever the accounting.
                 if previous_history.is_some_and(|before| history < before) {
                     figures.prompt_rewrites += 1;
                 }
@@ -197,6 +232,15 @@ pub fn read_recorded_requests(path: &Path) -> Result<Vec<Request>> {
             .get("messages")
             .cloned()
             .unwrap_or(Value::Array(Vec::new()));
+        let count = |key: &str| mock.get(key).and_then(Value::as_u64);
+        let billed = match (count("input"), count("cacheRead"), count("cacheWrite")) {
+            (Some(input), Some(cache_read), Some(cache_write)) => Some(Billed {
+                input,
+                cache_read,
+                cache_write,
+            }),
+            _ => None,
+        };
         requests.push(Request {
             stream,
             messages: messages.to_string(),
@@ -204,6 +248,7 @@ pub fn read_recorded_requests(path: &Path) -> Result<Vec<Request>> {
                 .get("rejected")
                 .and_then(Value::as_bool)
                 .unwrap_or(false),
+            billed,
         });
     }
     Ok(requests)
@@ -256,6 +301,9 @@ pub struct SoakFigures {
     pub wall_per_turn_ms: MedianP90,
     pub facts: usize,
     pub facts_answered: usize,
+    /// Of those, the answers the model found in its prompt (it called no recall tool).
+    #[serde(default)]
+    pub facts_from_prompt: usize,
     /// Cached input units over all requests, per turn.
     pub cached_units_per_turn: f64,
     #[serde(flatten)]
@@ -294,6 +342,17 @@ pub fn soak_figures(
                     .is_some_and(|value| turn.reply.contains(value))
         })
         .count();
+    let from_prompt = questions
+        .iter()
+        .filter(|turn| {
+            turn.status == 200
+                && turn.reply.contains("(from the context)")
+                && turn
+                    .expect
+                    .as_deref()
+                    .is_some_and(|value| turn.reply.contains(value))
+        })
+        .count();
     SoakFigures {
         engine: engine.to_owned(),
         window,
@@ -303,6 +362,7 @@ pub fn soak_figures(
         wall_per_turn_ms: median_p90(&wall),
         facts: questions.len(),
         facts_answered: answered,
+        facts_from_prompt: from_prompt,
         cached_units_per_turn: if turns.is_empty() {
             0.0
         } else {
@@ -357,8 +417,11 @@ const SOAK_ROWS: &[Row] = &[
     ("summarizer share of prompt tokens", |f| {
         format!("{:.1} %", f.cache.summarizer_share * 100.0)
     }),
-    ("planted facts answered", |f| {
-        format!("{} / {}", f.facts_answered, f.facts)
+    ("planted facts answered (of them, from the prompt)", |f| {
+        format!(
+            "{} / {} ({})",
+            f.facts_answered, f.facts, f.facts_from_prompt
+        )
     }),
 ];
 
@@ -475,6 +538,7 @@ impl Summarizer for RecordedSummarizer {
             stream: Stream::Summarizer,
             messages,
             rejected: false,
+            billed: None,
         });
         Ok(summary)
     }
@@ -516,6 +580,7 @@ impl Model for ScriptedTurn {
                         stream: Stream::Turn,
                         messages: text,
                         rejected: true,
+                        billed: None,
                     });
                     return Err(ModelError::Overflow(format!(
                         "{tokens} tokens exceed the {}-token window",
@@ -542,6 +607,7 @@ impl Model for ScriptedTurn {
                 stream: Stream::Turn,
                 messages: text,
                 rejected: false,
+                billed: None,
             });
         }
         Ok(ModelResponse {
@@ -699,7 +765,26 @@ mod tests {
             stream,
             messages: messages.to_owned(),
             rejected: false,
+            billed: None,
         }
+    }
+
+    #[test]
+    fn a_provider_that_reports_its_cache_is_billed_by_its_report() {
+        let billed = |input, cache_read, cache_write| Request {
+            billed: Some(Billed {
+                input,
+                cache_read,
+                cache_write,
+            }),
+            ..request(Stream::Turn, "[]")
+        };
+        let figures = cache_figures(&[billed(100, 0, 1_000), billed(50, 1_000, 200)]);
+        // 100 + 1.25 × 1,000, then 50 + 0.1 × 1,000 + 1.25 × 200.
+        assert!((figures.cached_units - (1_350.0 + 400.0)).abs() < 1e-9);
+        assert!((figures.uncached_units - 2_350.0).abs() < 1e-9);
+        assert!((figures.turn_cache_hit_ratio - 1_000.0 / 2_350.0).abs() < 1e-9);
+        assert_eq!(figures.turn_prompt_tokens_max, 1_250);
     }
 
     #[test]

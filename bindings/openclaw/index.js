@@ -165,12 +165,15 @@ export function errorKind(code) {
   return ANSWER_CODES.has(code) ? "answer" : "transient";
 }
 
-// How long a call may go unanswered before its process is taken as stuck (stopped, blocked on
-// a dead disk, a lock that never frees): the process is killed, every call waiting on it fails
-// as transient (sent again to a new process), and the pending maps are emptied. Work that may
-// wait on a summarizer gets longer, and each `llm.complete` a call asks of the host restarts
-// its clock. `callTimeoutMs` sets them: a number for every method, or per method (`default`
-// for the rest).
+// How long a call may run unanswered before its process is taken as stuck (stopped, blocked on
+// a dead disk, a lock that never frees): the process is killed and every call waiting on it is
+// sent again to a new process (a call that had started fails as transient, and is retried; one
+// still queued is simply sent again). A call's clock starts when the server starts it
+// (`$/started`): one queued behind a long `maintain` of its session (`$/queued`) waits, and
+// is not timed meanwhile. Until the server says either, the clock runs from the send (a
+// process stopped before it read the call). While the host's model answers the call's
+// `llm.complete`, its clock stops. Work that may wait on a summarizer gets longer.
+// `callTimeoutMs` sets them: a number for every method, or per method (`default` for the rest).
 const CALL_DEADLINES_MS = { default: 30_000, initialize: 60_000, compact: 600_000, maintain: 600_000, "tools/call": 120_000 };
 
 export function callDeadlineMs(config, method) {
@@ -182,6 +185,9 @@ export function callDeadlineMs(config, method) {
 // A call that failed for a passing reason (the process died, the store was busy) is sent
 // again at most this many times, after these pauses.
 const RETRY_PAUSES_MS = [100, 400];
+
+// How often a call the lost process never began is sent again besides (it failed nothing).
+const NOT_BEGUN_RESENDS = 3;
 
 /**
  * An error of one call, not of the engine: the process died under it, the store was busy, the
@@ -359,6 +365,12 @@ class VilvonaProcess {
       this.answerLlm(child, message);
       return;
     }
+    if (message.method === "$/queued" || message.method === "$/started") {
+      const waiter = this.pending.get(message.params?.id);
+      if (message.method === "$/queued") waiter?.queued();
+      else waiter?.started();
+      return;
+    }
     const waiter = this.pending.get(message.id);
     if (!waiter) return;
     if (message.error) {
@@ -374,11 +386,14 @@ class VilvonaProcess {
   /** Answers the server's `llm.complete` with the model of the call it serves (`params.scope`). */
   async answerLlm(child, message) {
     const reply = (payload) => this.write(child, { jsonrpc: "2.0", id: message.id, ...payload });
-    // The call is waiting on the host's model, not stuck: its clock starts again.
-    const waiting = () => this.pending.get(message.params?.scope)?.alive();
-    waiting();
+    // The call is waiting on the host's model, not stuck: its clock stops until the answer is
+    // sent, then starts again.
+    const caller = this.pending.get(message.params?.scope);
+    caller?.pause();
+    const waiting = () => caller?.alive();
     const scope = this.llms.get(message.params?.scope);
     if (!scope) {
+      waiting();
       reply({ error: { code: -32004, message: "no host model in scope: OpenClaw offers llm.complete only during the call it passes it to" } });
       return;
     }
@@ -392,6 +407,7 @@ class VilvonaProcess {
       waiting();
       reply({ result: { text } });
     } catch (error) {
+      waiting();
       reply({ error: { code: -32004, message: String(error?.message ?? error) } });
     }
   }
@@ -420,10 +436,25 @@ class VilvonaProcess {
       let onAbort = null;
       let timer = null;
       const deadline = callDeadlineMs(this.config, method);
+      // The clock: from the send until the server says the call waits or started; from the
+      // start; stopped while the host's model answers it.
       const alive = () => {
         clearTimeout(timer);
-        timer = setTimeout(() => this.stuck(child, `no answer to ${method} within ${deadline} ms`), deadline);
+        timer = setTimeout(() => this.stuck(child, `no answer to ${method} within ${deadline} ms of its start`), deadline);
         timer.unref?.();
+      };
+      const pause = () => clearTimeout(timer);
+      const entry = {
+        begun: false,
+        alive,
+        pause,
+        queued: () => {
+          if (!entry.begun) pause();
+        },
+        started: () => {
+          entry.begun = true;
+          alive();
+        },
       };
       const settle = (finish) => (value) => {
         if (!this.pending.has(id)) return;
@@ -433,7 +464,13 @@ class VilvonaProcess {
         if (onAbort) signal.removeEventListener("abort", onAbort);
         finish(value);
       };
-      this.pending.set(id, { resolve: settle(resolve), reject: settle(reject), alive });
+      entry.resolve = settle(resolve);
+      entry.reject = (error) => {
+        // A call the stuck process never began fails only to be sent again.
+        if (error?.transient && !entry.begun) error.notBegun = true;
+        settle(reject)(error);
+      };
+      this.pending.set(id, entry);
       alive();
       if (llm) this.llms.set(id, llm);
       if (signal) {
@@ -455,12 +492,20 @@ class VilvonaProcess {
    * signal's own reason whenever it comes.
    */
   async call(method, params, { signal, llm } = {}) {
+    // A call the lost process never began (queued there) is sent again without counting as a
+    // failed attempt, a few times at most.
+    let resent = 0;
     for (let attempt = 0; ; attempt++) {
       try {
         await abortable(this.ensureReady(), signal);
         return await this.send(method, params, { signal, llm });
       } catch (error) {
         if (signal?.aborted) throw abortReason(signal);
+        if (error?.notBegun && resent < NOT_BEGUN_RESENDS) {
+          resent += 1;
+          attempt -= 1;
+          continue;
+        }
         if (!error?.transient || attempt >= RETRY_PAUSES_MS.length) throw error;
         await abortable(pause(RETRY_PAUSES_MS[attempt]), signal);
       }
@@ -826,7 +871,9 @@ function createEngine(proc, logger) {
         options(params),
       );
       if (!result?.rollbackHandle) return undefined;
-      return { rollback: () => proc.call("rollback", { handle: result.rollbackHandle }) };
+      // The handle lives in the process's memory: a process started since rolls back by the
+      // child's key.
+      return { rollback: () => proc.call("rollback", { handle: result.rollbackHandle, childSessionKey: params.childSessionKey }) };
     },
     async onSubagentEnded(params) {
       await proc.call("onSubagentEnded", { childSessionKey: params.childSessionKey, reason: params.reason }, options(params));

@@ -2,7 +2,8 @@
 // turn at a time, as a client app would (a fixed `user`, so every turn is one session).
 //   node soak-driver.mjs GATEWAY_URL TOKEN TURNS RESULTS_FILE [SESSIONS]
 // With SESSIONS > 1, that many sessions (users `soak-1` …) run the script at once, each one turn
-// at a time. Appends one JSON line per turn to RESULTS_FILE ({session, turn, kind, fact?,
+// at a time. `SOAK_FROM_TURN` / `SOAK_TO_TURN` drive only those turns of the script (a gateway
+// restarted between two runs of the driver). Appends one JSON line per turn to RESULTS_FILE ({session, turn, kind, fact?,
 // expect?, status, ms, reply}) and prints a line per turn; exits 0 when every turn was answered
 // (the checks on the answers are the caller's).
 import { execFileSync } from "node:child_process";
@@ -23,8 +24,11 @@ function reset(user) {
   console.log(`${user}: reset: ${answer.replace(/\s+/g, " ").slice(0, 300)}`);
 }
 
+const FROM_TURN = Number(process.env.SOAK_FROM_TURN ?? 1);
+const TO_TURN = Number(process.env.SOAK_TO_TURN ?? Infinity);
+
 async function drive(user) {
-  for (const turn of script(Number(turnsArg))) {
+  for (const turn of script(Number(turnsArg)).filter((turn) => turn.turn >= FROM_TURN && turn.turn <= TO_TURN)) {
     const started = performance.now();
     let status = 0;
     let reply = "";

@@ -13,17 +13,39 @@ const WORDS = (
   "tenant queue replica account channel header batch promise schema"
 ).split(" ");
 
-/** Planted facts: the turn that states one, the sentence, the value a question must get back. */
-export const FACTS = [
+/**
+ * Planted facts: the turn that states one, the sentence, the value a question must get back.
+ * With `SOAK_FACTS=passing` every fact is stated in passing (no "remember", nothing a
+ * summarizer pins) and asked in other words: only recall finds them once their turns are
+ * folded.
+ */
+const REMEMBERED = [
   { id: "port", turn: 3, sentence: "Please remember: the staging DB port is 6543.", value: "6543", question: "What is the staging DB port?", query: "staging DB port" },
   { id: "flag", turn: 6, sentence: "Please remember: the billing rollout flag is BILLING_V2_KESTREL.", value: "BILLING_V2_KESTREL", question: "Which flag gates the billing rollout?", query: "billing rollout flag" },
   { id: "oncall", turn: 9, sentence: "Please remember: the on-call engineer this week is Oriana Blevins.", value: "Oriana Blevins", question: "Who is the on-call engineer this week?", query: "on-call engineer" },
   { id: "branch", turn: 12, sentence: "Please remember: the release branch is release/2026.12-wren.", value: "release/2026.12-wren", question: "What is the release branch?", query: "release branch" },
   { id: "bucket", turn: 15, sentence: "Please remember: the nightly backup bucket is acme-nightly-bk-4410.", value: "acme-nightly-bk-4410", question: "Which bucket holds the nightly backups?", query: "nightly backup bucket" },
+];
+
+/** The remembered facts, said in passing and asked in other words (`SOAK_FACTS=passing`). */
+const IN_PASSING = {
+  port: { sentence: "We bumped the staging DB onto 6543 last week, which is why the old connection strings time out.", question: "Which port does the staging database listen on now?" },
+  flag: { sentence: "The new billing code path only runs when BILLING_V2_KESTREL is on, so the old toggle does nothing anymore.", question: "What is the name of the switch for the new billing code?" },
+  oncall: { sentence: "Oriana Blevins carries the pager until Friday, so the alerts go to her.", question: "Who gets paged for alerts these days?" },
+  branch: { sentence: "The cut goes out from release/2026.12-wren this time, not from main.", question: "Which branch does the next release ship from?" },
+  bucket: { sentence: "Every night the backups land in acme-nightly-bk-4410 now that the old one filled up.", question: "Where do the nightly backups end up?" },
+};
+
+const ALWAYS_IN_PASSING = [
   // Stated in passing (no "remember", nothing a summarizer pins) and asked in other words: only
   // recall through the tools finds them once their turns are summarized.
   { id: "canary", turn: 4, sentence: "By the way we moved the canary fleet over to eu-north-3 yesterday, which is why the latency graphs shifted.", value: "eu-north-3", question: "In which region do the canary machines run these days?", query: "canary fleet moved" },
   { id: "flaky", turn: 7, sentence: "Side note, the flaky login test is tracked as QA-3318 and Dmitri owns it.", value: "QA-3318", question: "Which ticket tracks the unstable sign-in test?", query: "flaky login test tracked" },
+];
+
+export const FACTS = [
+  ...(process.env.SOAK_FACTS === "passing" ? REMEMBERED.map((fact) => ({ ...fact, ...IN_PASSING[fact.id] })) : REMEMBERED),
+  ...ALWAYS_IN_PASSING,
 ];
 
 /**

@@ -159,6 +159,50 @@ test("a child that stops answering is killed past the call's deadline; the call 
   }
 });
 
+test("a call queued behind a slow compact of its session is not timed meanwhile, nor a call while the host's model answers", async () => {
+  // Deadlines shorter than the host's model takes: before, the queued assemble expired (its
+  // clock ran from the send) and the compact's did while the model answered, and either
+  // killed the shared process under both.
+  const { engine, proc, warnings, close } = plugin({ engine: { summarizer: { kind: "host" } }, callTimeoutMs: { default: 1000, compact: 1000 } });
+  const scope = { sessionId: "queued-1", sessionKey: "agent:main:queued-1" };
+  try {
+    await commitTurns(engine, scope, 10);
+    const first = proc.child;
+    let asked = 0;
+    const slowModel = { complete: async () => { asked += 1; await new Promise((resolve) => setTimeout(resolve, 1_500)); return { text: "Summary by the slow model." }; } };
+    const compacting = engine.compact({ ...scope, tokenBudget: 3000, force: true, runtimeContext: { llm: slowModel } });
+    await new Promise((resolve) => setTimeout(resolve, 200));
+    const assembled = await engine.assemble({ ...scope, messages: [], tokenBudget: 3000 });
+    const compacted = await compacting;
+    assert.ok(compacted.compacted, JSON.stringify(compacted));
+    assert.ok(asked > 0, "the host's model wrote the summaries");
+    assert.ok(assembled.messages.some((message) => JSON.stringify(message).includes("Summary by the slow model")), "the queued assemble ran after the compact");
+    assert.equal(proc.child, first, "nothing was taken for stuck");
+    assert.deepEqual(warnings.filter((line) => line.includes("killed")), []);
+  } finally {
+    await close();
+  }
+});
+
+test("a stuck process's calls it never began are sent again to the next; those it began retry", async () => {
+  const { engine, proc, close } = plugin({ callTimeoutMs: { default: 1500 } });
+  const scope = { sessionId: "resent-1", sessionKey: "agent:main:resent-1" };
+  try {
+    await commitTurns(engine, scope, 2);
+    const first = proc.child;
+    first.kill("SIGSTOP");
+    // Four calls of one session: none begins in the stopped process.
+    const calls = [3, 4, 5, 6].map((index) => engine.commitTurn({ ...scope, advancementKey: `resent-${index}`, messages: turn(index), prePromptMessageCount: 0 }));
+    const results = await Promise.all(calls);
+    assert.deepEqual(results.map((result) => result.status), ["committed", "committed", "committed", "committed"]);
+    assert.notEqual(proc.child, first);
+    const assembled = await engine.assemble({ ...scope, messages: [], tokenBudget: 100000 });
+    for (const index of [3, 4, 5, 6]) assert.ok(JSON.stringify(assembled.messages).includes(`Request ${index} about`), `turn ${index}`);
+  } finally {
+    await close();
+  }
+});
+
 test("an ingest sent again after its child stored it but died before it answered stores nothing twice", async () => {
   const { engine, proc, close } = plugin({ callTimeoutMs: { default: 1500 } });
   const scope = { sessionId: "retry-1", sessionKey: "agent:main:retry-1" };

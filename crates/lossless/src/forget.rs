@@ -1,11 +1,13 @@
 //! Forgetting on request and retention.
 //!
-//! Forgetting a whole session is the store's job alone. Forgetting the messages before a time
-//! needs the summarizer: every summary above a forgotten message is rebuilt, lowest depth
-//! first, from what remains below it (its surviving messages, its children as just rebuilt),
-//! or removed when nothing remains, so no summary keeps forgotten text. The plan is applied
-//! in one store transaction; if a compaction changed those summaries meanwhile, it is planned
-//! again.
+//! Forgetting needs the summarizer: every summary above a forgotten row is rebuilt, lowest
+//! depth first, from what remains below it (its surviving messages, its children as just
+//! rebuilt), or removed when nothing remains, so no summary keeps forgotten text. Forgetting
+//! the messages before a time rebuilds the session's own summaries above them; forgetting a
+//! whole session removes its own summaries, and rebuilds those of other sessions above its
+//! rows — a fork's, which may fold its parent's rows, and a fork of that fork's above them.
+//! The plan is applied in one store transaction; if a compaction changed those summaries
+//! meanwhile, it is planned again.
 //!
 //! Retention applies the lossless entry's `retention` policy to this engine's agent: archive
 //! sessions idle past `archiveAfterDays`, delete those idle past `deleteAfterDays`, and keep the
@@ -80,21 +82,14 @@ impl LosslessEngine {
         })
     }
 
-    /// Forgets a conversation and everything derived from it; the space is given back later.
+    /// Forgets a conversation and everything derived from it (the summaries of other sessions
+    /// above its rows rebuilt from what remains); the space is given back later.
     pub(crate) async fn forget_conversation(
         &self,
         conversation: &Conversation,
     ) -> Result<ForgetReport, EngineError> {
-        let lock = self.compaction_lock(conversation.id);
-        let _held = lock.lock().await;
-        let report = self
-            .store()
-            .forget(ForgetPlan::whole(conversation.id))
+        self.forget_planned(conversation, ForgetScope::Conversation)
             .await
-            .map_err(|error| store_error("forgetting a session", error))?
-            .unwrap_or_default();
-        self.forget_cached(conversation.id, &conversation.session_id);
-        Ok(report)
     }
 
     /// Forgets a session's messages created before `before_ms`: the summaries above them are
@@ -105,43 +100,80 @@ impl LosslessEngine {
         before_ms: i64,
     ) -> Result<Forgotten, EngineError> {
         let conversation = self.stored_conversation(session_id).await?;
+        let report = self
+            .forget_planned(&conversation, ForgetScope::Before(before_ms))
+            .await?;
+        Ok(Forgotten {
+            report,
+            space: self.reclaim().await?,
+        })
+    }
+
+    /// Plans and applies a forgetting, planning again while compactions change the summaries
+    /// it touches (this conversation's wait; a fork's may not).
+    async fn forget_planned(
+        &self,
+        conversation: &Conversation,
+        scope: ForgetScope,
+    ) -> Result<ForgetReport, EngineError> {
         // Compaction of this conversation waits: the plan is made against a still DAG.
         let lock = self.compaction_lock(conversation.id);
         let _held = lock.lock().await;
         for _ in 0..PLAN_ATTEMPTS {
-            let plan = self.plan_forget_before(conversation.id, before_ms).await?;
+            let plan = self.plan_forget(conversation.id, scope).await?;
             let applied = self
                 .store()
                 .forget(plan)
                 .await
-                .map_err(|error| store_error("forgetting messages", error))?;
+                .map_err(|error| store_error("forgetting", error))?;
             if let Some(report) = applied {
-                self.forget_cached(conversation.id, session_id);
-                return Ok(Forgotten {
-                    report,
-                    space: self.reclaim().await?,
-                });
+                self.forget_cached(conversation.id, &conversation.session_id);
+                return Ok(report);
             }
             tracing::debug!(
-                session_id,
+                session_id = %conversation.session_id,
                 "the summaries changed while forgetting; planning again"
             );
         }
         Err(EngineError::failed(format!(
-            "session {session_id:?} kept changing while its messages were forgotten; try again"
+            "session {:?} kept changing while it was forgotten; try again",
+            conversation.session_id
         )))
     }
 
-    async fn plan_forget_before(
+    /// The summaries to rebuild or remove: above the messages before a time, this
+    /// conversation's; for a whole conversation, the other conversations' above its rows (its
+    /// own all go).
+    async fn plan_forget(
         &self,
         conversation: ConversationId,
-        before_ms: i64,
+        scope: ForgetScope,
     ) -> Result<ForgetPlan, EngineError> {
         let store = self.store();
-        let above = store
-            .summaries_above(conversation, Some(before_ms))
+        let before_ms = match scope {
+            ForgetScope::Before(ms) => Some(ms),
+            ForgetScope::Conversation => None,
+        };
+        let mut above = store
+            .summaries_above(conversation, before_ms)
             .await
             .map_err(|error| store_error("reading the summaries to rebuild", error))?;
+        if scope == ForgetScope::Conversation {
+            above.retain(|summary| summary.conversation != conversation);
+        }
+        // A message or a summary that goes with the forgotten rows.
+        let gone = |child: &ItemContent| match (child, scope) {
+            (ItemContent::Message(message), ForgetScope::Before(before)) => {
+                message.conversation == conversation && message.created_at_ms < before
+            }
+            (ItemContent::Message(message), ForgetScope::Conversation) => {
+                message.conversation == conversation
+            }
+            (ItemContent::Summary(summary), ForgetScope::Conversation) => {
+                summary.conversation == conversation
+            }
+            (ItemContent::Summary(_), ForgetScope::Before(_)) => false,
+        };
         let affected: std::collections::HashSet<SummaryRowId> =
             above.iter().map(|summary| summary.row_id).collect();
         let mut removed = Vec::new();
@@ -156,7 +188,7 @@ impl LosslessEngine {
             let mut source: Vec<SourceItem> = Vec::new();
             for child in &children {
                 match child {
-                    ItemContent::Message(message) if message.created_at_ms < before_ms => {}
+                    child if gone(child) => {}
                     ItemContent::Summary(child) if affected.contains(&child.row_id) => {
                         if let Some(text) = rebuilt.get(&child.row_id) {
                             let mut item = content_source(&ItemContent::Summary(child.clone()));
@@ -187,7 +219,7 @@ impl LosslessEngine {
         }
         Ok(ForgetPlan {
             conversation,
-            scope: ForgetScope::Before(before_ms),
+            scope,
             removed,
             rewritten,
         })
@@ -337,19 +369,25 @@ impl LosslessEngine {
                 // Gone since the plan was made (another process applied it).
                 continue;
             };
-            let applied = match action.action {
-                RetentionKind::Delete => self
-                    .store()
-                    .forget(ForgetPlan::whole(conversation))
-                    .await
-                    .map(drop),
-                RetentionKind::Archive => self
-                    .store()
-                    .set_archived(conversation, true)
-                    .await
-                    .map(drop),
-            };
-            applied.map_err(|error| store_error("applying retention", error))?;
+            match action.action {
+                RetentionKind::Delete => {
+                    let Some(row) = self
+                        .store()
+                        .conversation_by_id(conversation)
+                        .await
+                        .map_err(|error| store_error("applying retention", error))?
+                    else {
+                        continue;
+                    };
+                    self.forget_conversation(&row).await?;
+                }
+                RetentionKind::Archive => {
+                    self.store()
+                        .set_archived(conversation, true)
+                        .await
+                        .map_err(|error| store_error("applying retention", error))?;
+                }
+            }
             self.forget_cached(conversation, &action.session_id);
         }
         self.reclaim().await

@@ -319,6 +319,20 @@ fn lock<T>(mutex: &StdMutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// The queue a call waits in: its session's, by the session key each method names it by (the
+/// id where a call names no key), so that a child's own calls and its end (`onSubagentEnded`,
+/// which may forget it) never run at once; a spawn waits with its parent's calls. `None`: a
+/// call of no session, run at once.
+fn queue_key(method: &str, params: &Value) -> Option<String> {
+    let named = |key: &str| params.get(key).and_then(Value::as_str);
+    match method {
+        "prepareSubagentSpawn" => named("parentSessionKey"),
+        "onSubagentEnded" | "rollback" => named("childSessionKey"),
+        _ => named("sessionKey").or_else(|| named("sessionId")),
+    }
+    .map(str::to_owned)
+}
+
 impl Server {
     fn send(&self, value: Value) {
         let _ = self.out.send(value.to_string());
@@ -427,21 +441,20 @@ impl Server {
         }
     }
 
-    /// Runs a request: calls of one session in arrival order, others concurrently.
+    /// Runs a request: calls of one session in arrival order, others concurrently. A call
+    /// that waits behind another of its session is told to the client (`$/queued`), and every
+    /// call when its work begins (`$/started`): a client times a call from then, not from
+    /// when it sent it.
     fn dispatch(self: &Arc<Self>, caller: Caller, method: String, params: Value) {
         let id = caller.id.clone();
         tracing::debug!(method, host_model = ?caller.host_model, "a call");
         let (flag, mut cancelled) = watch::channel(false);
         lock(&self.in_flight).insert(id.to_string(), flag);
         let server = self.clone();
-        let queue_key = match method.as_str() {
-            "prepareSubagentSpawn" => params.get("parentSessionKey"),
-            "onSubagentEnded" => params.get("childSessionKey"),
-            _ => params.get("sessionId"),
-        }
-        .and_then(Value::as_str)
-        .map(str::to_owned);
+        let queue_key = queue_key(&method, &params);
+        let waiting = id.clone();
         let job: Job = Box::pin(async move {
+            server.send(json!({"jsonrpc": "2.0", "method": "$/started", "params": {"id": id}}));
             let work = CALLER.scope(caller, server.call(&method, params, cancelled.clone()));
             let outcome = tokio::select! {
                 outcome = work => outcome,
@@ -457,6 +470,12 @@ impl Server {
             }
             Some(key) => {
                 let mut queues = lock(&self.queues);
+                if queues.contains_key(&key) {
+                    // Behind another call of its session: not started yet.
+                    self.send(
+                        json!({"jsonrpc": "2.0", "method": "$/queued", "params": {"id": waiting}}),
+                    );
+                }
                 let queue = queues.entry(key.clone()).or_insert_with(|| {
                     let (sender, mut receiver) = mpsc::unbounded_channel::<Job>();
                     let server = Arc::downgrade(self);
@@ -649,16 +668,31 @@ impl Server {
                     .and_then(Value::as_str)
                     .unwrap_or_default()
                     .to_owned();
-                let rollback = lock(&self.rollbacks).remove(&handle).ok_or_else(|| {
-                    RpcError::new(
-                        INVALID_PARAMS,
-                        format!("rollback: unknown handle {handle:?}"),
-                    )
-                })?;
-                rollback
-                    .rollback()
-                    .await
-                    .map_err(|e| engine_error(method, e))?;
+                let held = lock(&self.rollbacks).remove(&handle);
+                match (held, params.get("childSessionKey").and_then(Value::as_str)) {
+                    (Some(rollback), _) => rollback
+                        .rollback()
+                        .await
+                        .map_err(|e| engine_error(method, e))?,
+                    // The handle was made by a process that is gone (it lived in its memory):
+                    // the child never ran, so ending it as deleted undoes its preparation —
+                    // its grant revoked, a fork's seeded context and row forgotten.
+                    (None, Some(child)) => self
+                        .engine()
+                        .await?
+                        .on_subagent_ended(&SubagentEndedParams {
+                            child_session_key: child.to_owned(),
+                            reason: SubagentEndReason::Deleted,
+                        })
+                        .await
+                        .map_err(|e| engine_error(method, e))?,
+                    (None, None) => {
+                        return Err(RpcError::new(
+                            INVALID_PARAMS,
+                            format!("rollback: unknown handle {handle:?} and no childSessionKey"),
+                        ));
+                    }
+                }
                 Ok(json!({}))
             }
             "onSubagentEnded" => {
@@ -1066,6 +1100,33 @@ pub async fn serve(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A child's own calls, its end and a rollback of its spawn wait in one queue (its end may
+    /// forget it); a spawn waits with its parent's calls. Before, each method keyed its own
+    /// way: a late call of the child ran while the child was forgotten.
+    #[test]
+    fn one_session_key_one_queue_whatever_the_method() {
+        let child = json!({"sessionId": "c-1", "sessionKey": "agent:main:subagent:c"});
+        let ended = json!({"childSessionKey": "agent:main:subagent:c", "reason": "deleted"});
+        let rolled = json!({"handle": "rollback-1", "childSessionKey": "agent:main:subagent:c"});
+        let spawn =
+            json!({"parentSessionKey": "agent:main:p", "childSessionKey": "agent:main:subagent:c"});
+        let parent = json!({"sessionId": "p-1", "sessionKey": "agent:main:p"});
+        let child_queue = queue_key("assemble", &child);
+        assert_eq!(child_queue.as_deref(), Some("agent:main:subagent:c"));
+        assert_eq!(queue_key("onSubagentEnded", &ended), child_queue);
+        assert_eq!(queue_key("rollback", &rolled), child_queue);
+        assert_eq!(queue_key("tools/call", &child), child_queue);
+        assert_eq!(
+            queue_key("prepareSubagentSpawn", &spawn),
+            queue_key("commitTurn", &parent)
+        );
+        assert_eq!(
+            queue_key("assemble", &json!({"sessionId": "s"})).as_deref(),
+            Some("s")
+        );
+        assert_eq!(queue_key("tools/list", &json!({})), None);
+    }
 
     /// Lone surrogate escapes become U+FFFD; pairs, escaped backslashes and other escapes stay.
     #[test]

@@ -35,7 +35,10 @@ pub(crate) fn structure_problems(connection: &Connection) -> Result<Vec<String>>
         Ok(ids)
     };
     let messages = ids("SELECT id FROM messages")?;
-    let summaries = ids("SELECT id FROM summaries")?;
+    let mut statement = connection.prepare("SELECT id, conversation_id FROM summaries")?;
+    let summaries = statement
+        .query_map([], |row| Ok((row.get(0)?, row.get(1)?)))?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
     let mut statement = connection
         .prepare("SELECT parent_id, child_message_id, child_summary_id FROM summary_edges")?;
     let edges = statement
@@ -49,11 +52,13 @@ pub(crate) fn structure_problems(connection: &Connection) -> Result<Vec<String>>
 }
 
 /// The structural problems of a store's rows, whichever database they were read from: a
-/// cycle, and rows that no context item reaches. `edges` are (parent, child message, child
-/// summary); `roots` the context items' (message, summary).
+/// cycle, a row under two summaries of one conversation (each conversation folds a row once; a
+/// fork and its parent may each fold it), and rows that no context item reaches. `summaries`
+/// are (id, conversation); `edges` (parent, child message, child summary); `roots` the context
+/// items' (message, summary).
 pub(crate) fn problems_of(
     messages: &[i64],
-    summaries: &[i64],
+    summaries: &[(i64, i64)],
     edges: &[(i64, Option<i64>, Option<i64>)],
     roots: &[(Option<i64>, Option<i64>)],
 ) -> Vec<String> {
@@ -61,8 +66,20 @@ pub(crate) fn problems_of(
     for id in messages {
         graph.add_node(Node::Message(*id));
     }
-    for id in summaries {
+    let conversation_of: std::collections::HashMap<i64, i64> = summaries.iter().copied().collect();
+    for (id, _) in summaries {
         graph.add_node(Node::Summary(*id));
+    }
+    // (child, the parent's conversation): a second edge is a second fold.
+    let mut folded: HashSet<(Node, i64)> = HashSet::with_capacity(edges.len());
+    let mut folded_twice = 0;
+    for (parent, message, summary) in edges {
+        if let (Some(child), Some(conversation)) =
+            (node(*message, *summary), conversation_of.get(parent))
+            && !folded.insert((child, *conversation))
+        {
+            folded_twice += 1;
+        }
     }
     for (parent, message, summary) in edges {
         let parent = Node::Summary(*parent);
@@ -80,6 +97,11 @@ pub(crate) fn problems_of(
             "the summary DAG has a cycle (a summary is below itself); restore the database from a backup"
                 .to_owned(),
         );
+    }
+    if folded_twice > 0 {
+        problems.push(format!(
+            "{folded_twice} rows folded twice by one conversation (under two of its summaries); its context may show them twice"
+        ));
     }
     let mut reached: HashSet<Node> = HashSet::with_capacity(graph.node_count());
     for (message, summary) in roots {
@@ -167,4 +189,34 @@ pub(crate) fn view(connection: &Connection, conversation: ConversationId) -> Res
     view.raw_messages = count.max(0) as u64;
     view.raw_message_tokens = tokens.max(0) as u64;
     Ok(view)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_row_under_two_summaries_of_one_conversation_is_a_problem_and_of_two_is_not() {
+        let messages = [1, 2];
+        // Summaries 10 and 11 of conversation 7, 12 of its fork 8: all over message 1.
+        let summaries = [(10, 7), (11, 7), (12, 8)];
+        let roots = [(None, Some(10)), (None, Some(11)), (None, Some(12))];
+        let fork_and_parent = [
+            (10, Some(1), None),
+            (10, Some(2), None),
+            (12, Some(1), None),
+        ];
+        assert!(problems_of(&messages, &summaries[..], &fork_and_parent, &roots[..]).is_empty());
+        let twice = [
+            (10, Some(1), None),
+            (11, Some(1), None),
+            (11, Some(2), None),
+        ];
+        let problems = problems_of(&messages, &summaries[..2], &twice, &roots[..2]);
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert!(
+            problems[0].starts_with("1 rows folded twice"),
+            "{problems:?}"
+        );
+    }
 }

@@ -141,7 +141,16 @@ pub trait HistoryStore: Send + Sync + std::fmt::Debug {
     /// A conversation's state value under `key`.
     async fn state(&self, conversation: ConversationId, key: &str) -> Result<Option<String>>;
     /// Sets a conversation's state value under `key`.
-    async fn set_state(&self, conversation: ConversationId, key: &str, value: &str) -> Result<()>;
+    async fn set_state(&self, conversation: ConversationId, key: &str, value: &str) -> Result<()> {
+        self.set_states(conversation, vec![(key.to_owned(), value.to_owned())])
+            .await
+    }
+    /// Sets several of a conversation's state values at once: all of them or none.
+    async fn set_states(
+        &self,
+        conversation: ConversationId,
+        entries: Vec<(String, String)>,
+    ) -> Result<()>;
 
     /// Checks the whole store without changing it (rows decode, the DAG is sound, the index answers).
     async fn integrity_check(&self) -> Result<IntegrityReport>;

@@ -459,10 +459,13 @@ pub struct SummaryRewrite {
     pub summarizer: String,
 }
 
-/// Forgetting, as the engine planned it: for [`ForgetScope::Before`], every summary above a
-/// forgotten message is either removed (nothing of it remains) or rewritten from what remains.
-/// The store applies the plan in one transaction, or answers `None` (stale) when the
-/// summaries above those messages changed since the plan was made.
+/// Forgetting, as the engine planned it: every summary above a forgotten row is either
+/// removed (nothing of it remains) or rewritten from what remains — for
+/// [`ForgetScope::Before`], the conversation's own above its forgotten messages; for
+/// [`ForgetScope::Conversation`], whose own summaries all go, those of other conversations
+/// above its messages and summaries (a fork's, folding its parent's rows). The store applies
+/// the plan in one transaction, or answers `None` (stale) when the summaries above those rows
+/// changed since the plan was made.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ForgetPlan {
     /// The conversation.
@@ -476,7 +479,8 @@ pub struct ForgetPlan {
 }
 
 impl ForgetPlan {
-    /// Forgetting a whole conversation (nothing to plan: everything of it goes).
+    /// Forgetting a whole conversation that no other conversation's summary stands above
+    /// (else the plan is stale: the engine plans those).
     pub fn whole(conversation: ConversationId) -> ForgetPlan {
         ForgetPlan {
             conversation,

@@ -434,3 +434,134 @@ async fn a_gateway_shows_no_forgotten_text_after_another_engine_forgot() {
     assert!(!shown.contains("hunter-4471"), "{shown}");
     assert!(!shown.contains("Turn 3:"), "{shown}");
 }
+
+/// A fork folds its parent's rows and a fork of the fork folds the fork's context; forgetting
+/// the grandchild, the parent, then the fork — each through the engine, which plans the
+/// rebuilding of every other session's folds above the forgotten rows — leaves the store sound
+/// and no forgotten text in any summary or search. Before, a whole-session forget took only
+/// the session's own summaries: the forks' folds of the parent's rows kept their text.
+#[tokio::test]
+async fn forgetting_a_parent_its_fork_and_a_grandchild_leaves_nothing_of_them_anywhere() {
+    let dir = TempDir::new().unwrap();
+    let engine = engine_in(
+        &dir,
+        recall_everything(),
+        std::sync::Arc::new(vilvona_summarize::ExtractiveSummarizer::new(estimator())),
+    )
+    .await;
+    let start = 1_772_442_351_000;
+    session(
+        &engine,
+        "parent",
+        12,
+        "The parent's vault code is quetzalvault.",
+        1,
+        start,
+    )
+    .await;
+    let spawn = |parent: &str, child: &str| SubagentSpawnParams {
+        parent_session_key: parent.to_owned(),
+        child_session_key: child.to_owned(),
+        parent_session_id: Some(parent.to_owned()),
+        child_session_id: Some(child.to_owned()),
+        context_mode: ContextMode::Fork,
+        ttl_ms: Some(3_600_000),
+        ..SubagentSpawnParams::default()
+    };
+    let fold = |session: &'static str, budget: u64| {
+        let engine = engine.clone();
+        async move {
+            let conversation = engine.conversation(session, Some(session)).await.unwrap();
+            engine
+                .compact_conversation(conversation.id, CompactionRequest::forced(budget))
+                .await
+                .unwrap();
+        }
+    };
+    engine
+        .prepare_subagent_spawn(&spawn("parent", "fork"))
+        .await
+        .unwrap();
+    session(
+        &engine,
+        "fork",
+        4,
+        "The fork's own note: ocelotfork.",
+        0,
+        start + DAY,
+    )
+    .await;
+    fold("fork", 1_500).await;
+    engine
+        .prepare_subagent_spawn(&spawn("fork", "grandchild"))
+        .await
+        .unwrap();
+    session(
+        &engine,
+        "grandchild",
+        3,
+        "The grandchild's note: lemurchild.",
+        0,
+        start + 2 * DAY,
+    )
+    .await;
+    fold("grandchild", 1_000).await;
+    let healthy = |engine: LosslessEngine| async move {
+        let check = vilvona_core::admin::EngineAdmin::check(&engine)
+            .await
+            .unwrap();
+        assert!(check.is_healthy(), "{:?}", check.problems);
+    };
+    healthy(engine.clone()).await;
+    // The folds of the forks reach the parent's rows (else this test tests nothing).
+    let fork_summaries = all_summaries(&engine, "fork").await;
+    let fork = engine.conversation("fork", Some("fork")).await.unwrap();
+    // The parent's turns 4 to 11 are its own (the forks' turns are 0 to 3).
+    assert!(
+        fork_summaries
+            .iter()
+            .any(|summary| summary.conversation == fork.id
+                && summary.content.contains("crates/m9/src/lib.rs")),
+        "a fold of the fork's own holds the parent's text: {:?}",
+        fork_summaries
+            .iter()
+            .map(|s| (&s.summary_id, s.conversation, &s.content))
+            .collect::<Vec<_>>()
+    );
+
+    let nowhere = |texts: &'static [&'static str]| {
+        let engine = engine.clone();
+        async move {
+            for session in stored_sessions(&engine).await {
+                for text in texts {
+                    assert!(
+                        grep(&engine, &session, text).await.is_empty(),
+                        "{text} found from {session}"
+                    );
+                    for summary in all_summaries(&engine, &session).await {
+                        assert!(
+                            !summary.content.contains(text),
+                            "{text} in {session}'s {}: {}",
+                            summary.summary_id,
+                            summary.content
+                        );
+                    }
+                }
+            }
+        }
+    };
+    let forgotten: [(&str, &'static [&'static str]); 3] = [
+        ("grandchild", &["lemurchild"]),
+        (
+            "parent",
+            &["quetzalvault", "crates/m9/src/lib.rs", "keep m9 as"],
+        ),
+        ("fork", &["ocelotfork"]),
+    ];
+    for (session, texts) in forgotten {
+        engine.forget_session(session).await.unwrap();
+        healthy(engine.clone()).await;
+        nowhere(texts).await;
+    }
+    assert!(stored_sessions(&engine).await.is_empty());
+}

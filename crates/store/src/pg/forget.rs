@@ -40,20 +40,34 @@ pub(crate) async fn apply(client: &impl Sql, plan: &ForgetPlan) -> Result<Option
     };
     let mut report = ForgetReport::default();
     let (messages, summaries): (Vec<i64>, Vec<i64>) = match plan.scope {
-        ForgetScope::Conversation => (
-            ids(
-                client,
-                "SELECT id FROM messages WHERE conversation_id = $1",
-                conversation.0,
-            )
-            .await?,
-            ids(
+        ForgetScope::Conversation => {
+            // The plan covers exactly the other conversations' summaries above its rows now.
+            let above = summaries_above(client, conversation, None).await?;
+            if !plan.covers_exactly(
+                above
+                    .iter()
+                    .filter(|summary| summary.conversation != conversation)
+                    .map(|summary| summary.row_id),
+            ) {
+                return Ok(None);
+            }
+            let mut summaries = ids(
                 client,
                 "SELECT id FROM summaries WHERE conversation_id = $1",
                 conversation.0,
             )
-            .await?,
-        ),
+            .await?;
+            summaries.extend(plan.removed.iter().map(|id| id.0));
+            (
+                ids(
+                    client,
+                    "SELECT id FROM messages WHERE conversation_id = $1",
+                    conversation.0,
+                )
+                .await?,
+                summaries,
+            )
+        }
         ForgetScope::Before(before_ms) => {
             // The plan covers exactly the summaries above the forgotten messages now.
             let above = summaries_above(client, conversation, before).await?;

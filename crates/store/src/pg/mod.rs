@@ -617,7 +617,9 @@ async fn lock_conversation(client: &impl Sql, conversation: ConversationId) -> R
         })
 }
 
-/// The summaries above a conversation's messages (those before a time), lowest depth first.
+/// The summaries above a conversation's messages (those before a time), lowest depth first;
+/// when `None`, above every message and every summary of it (any conversation's: a fork's fold
+/// of its parent's rows).
 pub(crate) async fn summaries_above(
     client: &impl Sql,
     conversation: ConversationId,
@@ -627,9 +629,15 @@ pub(crate) async fn summaries_above(
         .rows(
             &format!(
                 "WITH RECURSIVE up(id) AS (
-                     SELECT e.parent_id FROM summary_edges e
-                     JOIN messages m ON m.id = e.child_message_id
-                     WHERE m.conversation_id = $1 AND ($2::BIGINT IS NULL OR m.created_at < $2)
+                     SELECT parent_id FROM (
+                         SELECT e.parent_id FROM summary_edges e
+                         JOIN messages m ON m.id = e.child_message_id
+                         WHERE m.conversation_id = $1 AND ($2::BIGINT IS NULL OR m.created_at < $2)
+                         UNION
+                         SELECT e.parent_id FROM summary_edges e
+                         JOIN summaries c ON c.id = e.child_summary_id
+                         WHERE $2::BIGINT IS NULL AND c.conversation_id = $1
+                     ) AS seed
                      UNION
                      SELECT e.parent_id FROM summary_edges e JOIN up ON e.child_summary_id = up.id
                  )
@@ -1163,21 +1171,24 @@ impl HistoryStore for PgStore {
                 ],
             )
             .await?;
+        // Every conversation that holds it (a fork holds its parent's summaries) keeps its
+        // running total in step.
         let delta = update.tokens as i64 - current.tokens as i64;
-        let changed = transaction
+        transaction
+            .run(
+                "UPDATE conversations c SET context_tokens = c.context_tokens + $2 * held.count
+                 FROM (SELECT conversation_id, COUNT(*) AS count FROM context_items
+                       WHERE summary_id = $1 GROUP BY conversation_id) AS held
+                 WHERE c.id = held.conversation_id",
+                &[&update.row_id.0, &delta],
+            )
+            .await?;
+        transaction
             .run(
                 "UPDATE context_items SET tokens = $2 WHERE summary_id = $1",
                 &[&update.row_id.0, &(update.tokens as i64)],
             )
             .await?;
-        if changed > 0 {
-            transaction
-                .run(
-                    "UPDATE conversations SET context_tokens = context_tokens + $2 WHERE id = $1",
-                    &[&current.conversation.0, &(delta * changed as i64)],
-                )
-                .await?;
-        }
         // Every node's index replaces the summary's document.
         follow::log_changes(&transaction, &[IndexedRow::Summary(update.row_id.0)]).await?;
         transaction.commit().await?;
@@ -1532,16 +1543,24 @@ impl HistoryStore for PgStore {
             .transpose()
     }
 
-    async fn set_state(&self, conversation: ConversationId, key: &str, value: &str) -> Result<()> {
+    async fn set_states(
+        &self,
+        conversation: ConversationId,
+        entries: Vec<(String, String)>,
+    ) -> Result<()> {
         self.writable()?;
-        let client = self.client().await?;
-        client
-            .run(
-                "INSERT INTO conversation_state (conversation_id, key, value) VALUES ($1, $2, $3)
-                 ON CONFLICT (conversation_id, key) DO UPDATE SET value = excluded.value",
-                &[&conversation.0, &key, &value],
-            )
-            .await?;
+        let mut client = self.client().await?;
+        let transaction = client.transaction().await?;
+        for (key, value) in &entries {
+            transaction
+                .run(
+                    "INSERT INTO conversation_state (conversation_id, key, value) VALUES ($1, $2, $3)
+                     ON CONFLICT (conversation_id, key) DO UPDATE SET value = excluded.value",
+                    &[&conversation.0, key, value],
+                )
+                .await?;
+        }
+        transaction.commit().await?;
         Ok(())
     }
 
@@ -1620,7 +1639,12 @@ impl HistoryStore for PgStore {
         let ids =
             |rows: Vec<Row>| -> Result<Vec<i64>> { rows.iter().map(|row| at(row, 0)).collect() };
         let messages = ids(transaction.rows("SELECT id FROM messages", &[]).await?)?;
-        let summaries = ids(transaction.rows("SELECT id FROM summaries", &[]).await?)?;
+        let summaries = transaction
+            .rows("SELECT id, conversation_id FROM summaries", &[])
+            .await?
+            .iter()
+            .map(|row| Ok((at(row, 0)?, at(row, 1)?)))
+            .collect::<Result<Vec<(i64, i64)>>>()?;
         let edges = transaction
             .rows(
                 "SELECT parent_id, child_message_id, child_summary_id FROM summary_edges",

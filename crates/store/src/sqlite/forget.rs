@@ -19,8 +19,9 @@ use crate::forget::task_key;
 use crate::index::IndexedRow;
 use crate::types::*;
 
-/// The summaries above the messages of `conversation` created before `before_ms` (every
-/// message when `None`), lowest depth first: what forgetting those messages touches.
+/// The summaries above the messages of `conversation` created before `before_ms`, lowest
+/// depth first; when `None`, above every message and every summary of it (any conversation's:
+/// a fork's fold of its parent's rows): what forgetting those rows touches.
 pub(crate) fn summaries_above(
     connection: &Connection,
     conversation: ConversationId,
@@ -28,9 +29,15 @@ pub(crate) fn summaries_above(
 ) -> Result<Vec<StoredSummary>> {
     let mut statement = connection.prepare_cached(
         "WITH RECURSIVE up(id) AS (
-             SELECT e.parent_id FROM summary_edges e
-             JOIN messages m ON m.id = e.child_message_id
-             WHERE m.conversation_id = ?1 AND (?2 IS NULL OR m.created_at < ?2)
+             SELECT parent_id FROM (
+                 SELECT e.parent_id FROM summary_edges e
+                 JOIN messages m ON m.id = e.child_message_id
+                 WHERE m.conversation_id = ?1 AND (?2 IS NULL OR m.created_at < ?2)
+                 UNION
+                 SELECT e.parent_id FROM summary_edges e
+                 JOIN summaries c ON c.id = e.child_summary_id
+                 WHERE ?2 IS NULL AND c.conversation_id = ?1
+             )
              UNION
              SELECT e.parent_id FROM summary_edges e JOIN up ON e.child_summary_id = up.id
          )
@@ -81,18 +88,32 @@ pub(crate) fn apply(connection: &WriteTx<'_>, plan: &ForgetPlan) -> Result<Optio
         )?
         .execute(params![highest_message.to_string(), highest_summary.to_string()])?;
     let (messages, summaries): (Vec<i64>, Vec<i64>) = match plan.scope {
-        ForgetScope::Conversation => (
-            ids(
-                connection.reader(),
-                "SELECT id FROM messages WHERE conversation_id = ?1",
-                conversation.0,
-            )?,
-            ids(
+        ForgetScope::Conversation => {
+            // The plan covers exactly the other conversations' summaries above its rows now.
+            let above = summaries_above(connection.reader(), conversation, None)?;
+            if !plan.covers_exactly(
+                above
+                    .iter()
+                    .filter(|summary| summary.conversation != conversation)
+                    .map(|summary| summary.row_id),
+            ) {
+                return Ok(None);
+            }
+            let mut summaries = ids(
                 connection.reader(),
                 "SELECT id FROM summaries WHERE conversation_id = ?1",
                 conversation.0,
-            )?,
-        ),
+            )?;
+            summaries.extend(plan.removed.iter().map(|id| id.0));
+            (
+                ids(
+                    connection.reader(),
+                    "SELECT id FROM messages WHERE conversation_id = ?1",
+                    conversation.0,
+                )?,
+                summaries,
+            )
+        }
         ForgetScope::Before(before_ms) => {
             // The plan covers exactly the summaries above the forgotten messages now.
             let above = summaries_above(connection.reader(), conversation, before)?;

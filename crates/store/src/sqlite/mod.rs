@@ -637,12 +637,14 @@ impl HistoryStore for Store {
             .await
     }
 
-    async fn set_state(&self, conversation: ConversationId, key: &str, value: &str) -> Result<()> {
-        let (key, value) = (key.to_owned(), value.to_owned());
+    async fn set_states(
+        &self,
+        conversation: ConversationId,
+        entries: Vec<(String, String)>,
+    ) -> Result<()> {
         self.call(|reply| Command::SetState {
             conversation,
-            key,
-            value,
+            entries,
             reply,
         })
         .await

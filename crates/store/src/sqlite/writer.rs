@@ -75,8 +75,7 @@ pub(crate) enum Command {
     },
     SetState {
         conversation: ConversationId,
-        key: String,
-        value: String,
+        entries: Vec<(String, String)>,
         reply: Reply<()>,
     },
     UpdateSummary {
@@ -655,11 +654,10 @@ impl Writer {
             }
             Command::SetState {
                 conversation,
-                key,
-                value,
+                entries,
                 reply,
             } => {
-                let _ = reply.send(self.set_state(conversation, &key, &value));
+                let _ = reply.send(self.set_states(conversation, &entries));
             }
             Command::UpdateSummary { update, reply } => {
                 let _ = reply.send(self.update_summary(update));
@@ -1130,9 +1128,12 @@ impl Writer {
     }
 
     /// Rewrites a summary's text in place (same id, same edges), if it still has the level the
-    /// caller read; keeps the context item's tokens and the running total in step.
+    /// caller read (checked inside the write: another process may have rewritten it since);
+    /// keeps the context items' tokens and the running total of every conversation that holds
+    /// it (a fork holds its parent's summaries) in step.
     fn update_summary(&mut self, update: SummaryUpdate) -> Result<bool> {
-        let Some(current) = read::summary(&self.connection, update.row_id)? else {
+        let transaction = self.transaction()?;
+        let Some(current) = read::summary(transaction.reader(), update.row_id)? else {
             return Ok(false);
         };
         if current.level != update.expected_level
@@ -1140,7 +1141,6 @@ impl Writer {
         {
             return Ok(false);
         }
-        let transaction = self.transaction()?;
         transaction
             .prepare_cached(
                 "UPDATE summaries SET content = ?2, tokens = ?3, level = ?4, summarizer = ?5 WHERE id = ?1",
@@ -1153,16 +1153,17 @@ impl Writer {
                 update.summarizer
             ])?;
         let delta = update.tokens as i64 - current.tokens as i64;
-        let changed = transaction
+        transaction
+            .prepare_cached(
+                "UPDATE conversations SET context_tokens = context_tokens + ?2 * (
+                     SELECT COUNT(*) FROM context_items i
+                     WHERE i.summary_id = ?1 AND i.conversation_id = conversations.id)
+                 WHERE id IN (SELECT conversation_id FROM context_items WHERE summary_id = ?1)",
+            )?
+            .execute(params![update.row_id.0, delta])?;
+        transaction
             .prepare_cached("UPDATE context_items SET tokens = ?2 WHERE summary_id = ?1")?
             .execute(params![update.row_id.0, update.tokens as i64])?;
-        if changed > 0 {
-            transaction
-                .prepare_cached(
-                    "UPDATE conversations SET context_tokens = context_tokens + ?2 WHERE id = ?1",
-                )?
-                .execute(params![current.conversation.0, delta * changed as i64])?;
-        }
         // The index's document for the old text is replaced by whichever process maintains
         // the index (this one, at once), even if this one dies before.
         transaction
@@ -1266,14 +1267,21 @@ impl Writer {
         Ok(())
     }
 
-    fn set_state(&mut self, conversation: ConversationId, key: &str, value: &str) -> Result<()> {
+    fn set_states(
+        &mut self,
+        conversation: ConversationId,
+        entries: &[(String, String)],
+    ) -> Result<()> {
         let transaction = self.transaction()?;
-        transaction
-            .prepare_cached(
+        {
+            let mut upsert = transaction.prepare_cached(
                 "INSERT INTO conversation_state (conversation_id, key, value) VALUES (?1, ?2, ?3)
                  ON CONFLICT (conversation_id, key) DO UPDATE SET value = excluded.value",
-            )?
-            .execute(params![conversation.0, key, value])?;
+            )?;
+            for (key, value) in entries {
+                upsert.execute(params![conversation.0, key, value])?;
+            }
+        }
         transaction.commit()?;
         Ok(())
     }

@@ -153,7 +153,249 @@ on_both_backends!(
     forgetting_removes_rows_and_what_derives_from_them,
     every_node_finds_what_another_wrote_and_loses_what_it_forgot,
     a_model_behind_an_endpoint_embeds_in_the_background,
+    a_rewritten_summary_keeps_every_holders_total_in_step,
+    forgetting_a_parent_or_a_fork_takes_the_folds_of_its_rows_in_every_conversation,
 );
+
+/// Each conversation's running total equals what its context holds, and the store is sound.
+async fn totals_in_step_and_sound(store: &Arc<dyn HistoryStore>, conversations: &[ConversationId]) {
+    for conversation in conversations {
+        let row = store
+            .conversation_by_id(*conversation)
+            .await
+            .unwrap()
+            .unwrap();
+        let held: u64 = store
+            .context(*conversation)
+            .await
+            .unwrap()
+            .iter()
+            .map(|item| item.tokens)
+            .sum();
+        assert_eq!(row.context_tokens, held, "session {}", row.session_id);
+    }
+    let report = store.integrity_check().await.unwrap();
+    assert!(report.problems.is_empty(), "{:?}", report.problems);
+}
+
+/// A summary rewritten in place (a stand-in rewritten by the model) changes the total of every
+/// conversation that holds it: its own and a fork's that holds it by reference. Before, the
+/// whole change went to the summary's own conversation, once per holder.
+async fn a_rewritten_summary_keeps_every_holders_total_in_step(backend: &Backend) {
+    let store = backend.open().await;
+    let parent = store
+        .conversation(&key("main", "rewritten"))
+        .await
+        .unwrap()
+        .id;
+    let fork = store
+        .conversation(&key("main", "rewritten-fork"))
+        .await
+        .unwrap()
+        .id;
+    store
+        .ingest(
+            parent,
+            (0..4)
+                .map(|n| new_message(&format!("rewritten message {n}"), 100 + n, None))
+                .collect(),
+            None,
+        )
+        .await
+        .unwrap();
+    let context = store.context(parent).await.unwrap();
+    let ReplaceOutcome::Replaced(summary) = store
+        .replace(plan(parent, &context, 0..2, "a short stand-in"))
+        .await
+        .unwrap()
+    else {
+        panic!("published")
+    };
+    let seed = store
+        .context_refs(parent)
+        .await
+        .unwrap()
+        .iter()
+        .map(|item| item.item)
+        .collect();
+    store.append_items(fork, seed).await.unwrap();
+    totals_in_step_and_sound(&store, &[parent, fork]).await;
+    let update = |tokens: u64, expected: &str| SummaryUpdate {
+        row_id: summary.row_id,
+        expected_level: SummaryLevel::Normal,
+        expected_summarizer: expected.to_owned(),
+        content: "the model's summary, longer than the stand-in it replaces".to_owned(),
+        tokens,
+        level: SummaryLevel::Normal,
+        summarizer: "model/v1".to_owned(),
+    };
+    assert!(
+        store
+            .update_summary(update(summary.tokens + 50, "test/v1"))
+            .await
+            .unwrap()
+    );
+    totals_in_step_and_sound(&store, &[parent, fork]).await;
+    // Read first elsewhere, rewritten since: refused, and nothing moves.
+    assert!(!store.update_summary(update(3, "test/v1")).await.unwrap());
+    totals_in_step_and_sound(&store, &[parent, fork]).await;
+}
+
+/// A fork folds its parent's rows; a fork of the fork condenses those folds. Forgetting the
+/// fork takes the grandchild's condensed fold with it; forgetting the parent takes every fold
+/// of its rows, whichever conversation made it: no text of them is left, and the store is
+/// sound. Before, a whole-session forget took only the session's own summaries.
+async fn forgetting_a_parent_or_a_fork_takes_the_folds_of_its_rows_in_every_conversation(
+    backend: &Backend,
+) {
+    let store = backend.open().await;
+    let parent = store.conversation(&key("main", "fp")).await.unwrap().id;
+    let fork = store
+        .conversation(&key("main", "fp-fork"))
+        .await
+        .unwrap()
+        .id;
+    let grandchild = store
+        .conversation(&key("main", "fp-grandchild"))
+        .await
+        .unwrap()
+        .id;
+    store
+        .ingest(
+            parent,
+            (0..6)
+                .map(|n| new_message(&format!("parent secret zebrafinch{n}"), 100 + n, None))
+                .collect(),
+            None,
+        )
+        .await
+        .unwrap();
+    let seed = |from: ConversationId| {
+        let store = store.clone();
+        async move {
+            store
+                .context_refs(from)
+                .await
+                .unwrap()
+                .iter()
+                .map(|item| item.item)
+                .collect::<Vec<_>>()
+        }
+    };
+    store.append_items(fork, seed(parent).await).await.unwrap();
+    // The fork folds its parent's rows, twice.
+    for (range, text) in [
+        (0..2, "fork leaf of zebrafinch0 and 1"),
+        (1..3, "fork leaf of zebrafinch2 and 3"),
+    ] {
+        let context = store.context(fork).await.unwrap();
+        assert!(matches!(
+            store
+                .replace(plan(fork, &context, range, text))
+                .await
+                .unwrap(),
+            ReplaceOutcome::Replaced(_)
+        ));
+    }
+    // The grandchild, seeded with the fork's context, condenses the fork's two leaves.
+    store
+        .append_items(grandchild, seed(fork).await)
+        .await
+        .unwrap();
+    let context = store.context(grandchild).await.unwrap();
+    let condensed = ReplacePlan {
+        summary: NewSummary {
+            kind: SummaryKind::Condensed,
+            depth: 1,
+            ..leaf("grandchild condensed zebrafinch0 to 3")
+        },
+        ..plan(grandchild, &context, 0..2, "")
+    };
+    let ReplaceOutcome::Replaced(condensed) = store.replace(condensed).await.unwrap() else {
+        panic!("published")
+    };
+    totals_in_step_and_sound(&store, &[parent, fork, grandchild]).await;
+
+    // The fork goes: the grandchild's fold of its folds goes with it (nothing of it remains).
+    let whole = ForgetPlan::whole(fork);
+    assert_eq!(
+        store.forget(whole).await.unwrap(),
+        None,
+        "a plan that leaves the grandchild's fold is stale"
+    );
+    let plan_fork = ForgetPlan {
+        removed: vec![condensed.row_id],
+        ..ForgetPlan::whole(fork)
+    };
+    store.forget(plan_fork).await.unwrap().unwrap();
+    assert_eq!(store.summary(condensed.row_id).await.unwrap(), None);
+    totals_in_step_and_sound(&store, &[parent, grandchild]).await;
+
+    // A second fork folds the parent's rows again; then the parent goes, and every fold of
+    // its rows with it.
+    let second = store
+        .conversation(&key("main", "fp-second"))
+        .await
+        .unwrap()
+        .id;
+    store
+        .append_items(second, seed(parent).await)
+        .await
+        .unwrap();
+    let context = store.context(second).await.unwrap();
+    let ReplaceOutcome::Replaced(second_leaf) = store
+        .replace(plan(
+            second,
+            &context,
+            0..3,
+            "second fork leaf of zebrafinch0 to 2",
+        ))
+        .await
+        .unwrap()
+    else {
+        panic!("published")
+    };
+    let above: Vec<SummaryRowId> = store
+        .summaries_above(parent, None)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|summary| summary.conversation != parent)
+        .map(|summary| summary.row_id)
+        .collect();
+    assert_eq!(above, vec![second_leaf.row_id]);
+    let every = vec![parent, fork, grandchild, second];
+    let mut regex = query("main", every.clone(), "zebrafinch");
+    regex.mode = SearchMode::Regex;
+    regex.limit = 100;
+    let before = store.search(regex.clone()).await.unwrap();
+    assert!(
+        before
+            .iter()
+            .any(|hit| matches!(hit.source, HitSource::Summary { .. })),
+        "the folds are found before: {before:?}"
+    );
+    let plan_parent = ForgetPlan {
+        removed: above,
+        ..ForgetPlan::whole(parent)
+    };
+    store.forget(plan_parent).await.unwrap().unwrap();
+    totals_in_step_and_sound(&store, &[grandchild, second]).await;
+    for conversation in [grandchild, second] {
+        assert!(store.context(conversation).await.unwrap().is_empty());
+    }
+    assert_eq!(store.summary(second_leaf.row_id).await.unwrap(), None);
+    let found = store
+        .search(query("main", every.clone(), "zebrafinch0 zebrafinch3"))
+        .await
+        .unwrap();
+    assert!(found.is_empty(), "{found:?}");
+    assert!(store.search(regex).await.unwrap().is_empty());
+    for conversation in every {
+        let view = store.dag_view(conversation).await.unwrap();
+        assert!(view.summaries.is_empty(), "{view:?}");
+    }
+}
 
 fn turn_message(text: &str, key: &str, index: u32) -> NewMessage {
     NewMessage {
