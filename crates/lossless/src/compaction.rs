@@ -1,10 +1,10 @@
 //! Compaction: passes that fold the oldest raw messages into leaf summaries and runs of
-//! same-depth summaries into condensed ones until the context fits, and the re-summarizing of
-//! fallback (truncated) summaries in `maintain`.
+//! same-depth summaries into condensed ones until the context fits. The host's calls that
+//! compact are in [`crate::maintain`]; the rewriting of what a stand-in wrote, in
+//! [`crate::stand_ins`].
 
 use std::time::{Duration, Instant};
 
-use serde_json::json;
 use vilvona_core::engine::*;
 use vilvona_core::message::AgentMessage;
 use vilvona_core::summarize::{
@@ -13,7 +13,7 @@ use vilvona_core::summarize::{
 use vilvona_store::*;
 use vilvona_summarize::{source_item, truncate};
 
-use crate::budget::{HostPrompt, Limits};
+use crate::budget::Limits;
 use crate::cache::Rendition;
 use crate::render::{SummaryHeader, summary_tokens};
 use crate::units::{
@@ -124,16 +124,12 @@ impl CompactionReport {
 /// Most leaf summaries made at once when a backlog needs several.
 const PARALLEL_LEAVES: usize = 4;
 
-/// How many summaries a stand-in wrote one `maintain` rewrites at most: a session catches up
-/// over a few calls, each call's wait bounded.
-const STAND_INS_PER_MAINTENANCE: usize = 4;
-
 /// The id a summary's header is measured with before it has one (ids are content-addressed and
 /// always this long).
 const PLACEHOLDER_ID: &str = "sum_0000000000000000";
 
 /// The fewest tokens of text a summary is asked for.
-const MIN_SUMMARY_TEXT_TOKENS: u64 = 32;
+pub(crate) const MIN_SUMMARY_TEXT_TOKENS: u64 = 32;
 
 /// A summary's text is at most this share of the context's planned room (its share, or a
 /// quarter of its ceiling when the host plans very tight): at a small window, summaries stay
@@ -764,6 +760,14 @@ impl LosslessEngine {
         custom_instructions: Option<&str>,
     ) -> Result<Option<(ReplacePlan, Option<Degraded>)>, EngineError> {
         let config = &self.inner.config;
+        if candidate.condensing_depth.is_some() {
+            // What a stand-in wrote is rewritten before a parent is written from it.
+            let run: Vec<ItemRef> = items[candidate.range.clone()]
+                .iter()
+                .map(|item| item.item)
+                .collect();
+            self.rewrite_stand_ins_among(conversation, &run).await?;
+        }
         let (run, previous_context) = self.read_run(items, candidate).await?;
         let (kind, depth, target) = match candidate.condensing_depth {
             None => (SummaryKind::Leaf, 0, config.leaf_target_tokens),
@@ -979,216 +983,6 @@ impl LosslessEngine {
             plan => self.publish(plan).await,
         }
     }
-
-    /// Rewrites, with the configured summarizer, the context's summaries that a stand-in wrote
-    /// (the truncation, or the fallback summarizer while the configured one could not be
-    /// asked), oldest first and at most `at_most` of them, keeping their edges. Stops at the
-    /// first the summarizer cannot write (still unavailable: the next call tries again).
-    /// Returns how many were rewritten.
-    pub(crate) async fn rewrite_stand_ins(
-        &self,
-        conversation: ConversationId,
-        at_most: usize,
-    ) -> Result<u64, EngineError> {
-        if !self.inner.summarizer.in_reach() {
-            return Ok(0);
-        }
-        // Only those summaries are read (an indexed query), not the whole context.
-        let stand_ins = self
-            .inner
-            .store
-            .stand_in_summaries(conversation)
-            .await
-            .map_err(|error| store_error("reading the summaries a stand-in wrote", error))?;
-        let mut rewritten = 0;
-        for summary in stand_ins.iter().take(at_most) {
-            let children = self
-                .inner
-                .store
-                .children(summary.row_id)
-                .await
-                .map_err(|error| store_error("reading children", error))?;
-            let source: Vec<SourceItem> = children.iter().map(content_source).collect();
-            let source_tokens: u64 = source
-                .iter()
-                .map(|s| self.inner.estimator.text_tokens(&s.text))
-                .sum();
-            let target = match summary.kind {
-                SummaryKind::Leaf => self.inner.config.leaf_target_tokens,
-                SummaryKind::Condensed => self.inner.config.condensed_target_tokens,
-            }
-            .min(source_tokens / 3);
-            // A truncation made to fit room stays within it: no larger than what it replaces.
-            let target = match summary.level {
-                SummaryLevel::Fallback => {
-                    target.min(self.inner.estimator.text_tokens(&summary.content))
-                }
-                _ => target,
-            }
-            .max(MIN_SUMMARY_TEXT_TOKENS);
-            let request = SummaryRequest::new(summary.kind, summary.depth, target, source);
-            let produced = match self.inner.summarizer.summarize(&request).await {
-                Ok(produced)
-                    if produced.degraded.is_none() || summary.level == SummaryLevel::Fallback =>
-                {
-                    produced
-                }
-                // Unavailable again: a stand-in's text in place of a stand-in's helps nobody.
-                _ => return Ok(rewritten),
-            };
-            let tokens = summary_tokens(&*self.inner.estimator, &summary.into(), &produced.text);
-            let fits = match summary.level {
-                SummaryLevel::Fallback => tokens <= summary.tokens,
-                _ => tokens <= target.saturating_mul(3),
-            };
-            if produced.text.trim().is_empty() || tokens >= source_tokens || !fits {
-                continue;
-            }
-            let summarizer = match produced.degraded {
-                Some(degraded) => {
-                    stand_in_summarizer(&degraded.written_by, self.inner.summarizer.id())
-                }
-                None => self.inner.summarizer.id().to_owned(),
-            };
-            let updated = self
-                .inner
-                .store
-                .update_summary(SummaryUpdate {
-                    row_id: summary.row_id,
-                    expected_level: summary.level,
-                    expected_summarizer: summary.summarizer.clone(),
-                    content: produced.text,
-                    tokens,
-                    level: produced.level,
-                    summarizer,
-                })
-                .await
-                .map_err(|error| store_error("rewriting a summary", error))?;
-            rewritten += u64::from(updated);
-        }
-        if rewritten > 0 {
-            tracing::info!(
-                rewritten,
-                left = stand_ins.len() as u64 - rewritten,
-                summarizer = self.inner.summarizer.id(),
-                "rewrote summaries a stand-in wrote"
-            );
-        }
-        Ok(rewritten)
-    }
-
-    pub(crate) async fn compact_for(
-        &self,
-        params: &CompactParams,
-    ) -> Result<CompactResult, EngineError> {
-        let conversation = self
-            .conversation(&params.session_id, params.session_key.as_deref())
-            .await?;
-        // What the host says of its whole prompt now: its budget and its count.
-        let mut prompt = self.host_prompt(conversation.id).await?;
-        let own = self.context_tokens(conversation.id).await?;
-        // A count is the whole prompt's only when the host asks for room now (OpenClaw's
-        // preflight and overflow recovery); a manual compaction's count, if any, is not.
-        let room_now = params.force && params.compaction_target == Some(CompactionTarget::Budget);
-        prompt.note_compaction(
-            params.token_budget,
-            params.runtime_settings.as_ref(),
-            params.current_token_count.filter(|_| room_now),
-            own,
-        );
-        if !self.inner.store.is_read_only() {
-            self.keep_host_prompt(conversation.id, prompt).await?;
-        }
-        let limits = prompt.limits(&self.inner.config);
-        let report = self
-            .compact_conversation(
-                conversation.id,
-                CompactionRequest {
-                    budget: limits.ceiling,
-                    limits: Some(limits),
-                    force: params.force,
-                    target: params.compaction_target,
-                    current_token_count: params.current_token_count,
-                    custom_instructions: params.custom_instructions.as_deref(),
-                    abort: params.abort.as_ref(),
-                    wait_for_summarizer: false,
-                },
-            )
-            .await?;
-        self.record_later_folds(conversation.id, &report).await?;
-        let compacted = report.summaries_created > 0 && report.tokens_after < report.tokens_before;
-        let reason = report.reason.clone().unwrap_or(if compacted {
-            CompactReason::Compacted
-        } else {
-            CompactReason::NoCandidate
-        });
-        let details = CompactDetails {
-            tokens_before: report.tokens_before,
-            tokens_after: Some(report.tokens_after),
-            details: Some(report_details(&report, &prompt)),
-            ..CompactDetails::default()
-        };
-        Ok(CompactResult {
-            ok: true,
-            compacted,
-            reason: Some(reason),
-            result: Some(details),
-        })
-    }
-
-    /// Re-summarizes fallback summaries, then compacts if the context is above the threshold
-    /// of what the host last said about its prompt (it may have changed since the last turn).
-    pub(crate) async fn maintain_session(
-        &self,
-        params: &MaintainParams,
-    ) -> Result<MaintainResult, EngineError> {
-        let conversation = self
-            .conversation(&params.session_id, params.session_key.as_deref())
-            .await?;
-        let rewritten = self
-            .rewrite_stand_ins(conversation.id, STAND_INS_PER_MAINTENANCE)
-            .await?;
-        self.maybe_run_retention(&self.inner.config.retention).await;
-        let mut prompt = self.host_prompt(conversation.id).await?;
-        prompt.note_window(params.runtime_settings.as_ref(), params.token_budget);
-        if let Some(budget) = params.token_budget.filter(|budget| *budget > 0) {
-            prompt.budget = Some(budget);
-        }
-        let report = self
-            .compact_conversation(
-                conversation.id,
-                CompactionRequest::within(prompt.limits(&self.inner.config)),
-            )
-            .await?;
-        self.record_later_folds(conversation.id, &report).await?;
-        let compacted = report.summaries_created > 0;
-        let mut reasons = Vec::new();
-        if rewritten > 0 {
-            reasons.push(format!("rewrote {rewritten} summaries a stand-in wrote"));
-        }
-        if compacted {
-            reasons.push(format!(
-                "compacted {} → {} tokens",
-                report.tokens_before, report.tokens_after
-            ));
-        }
-        if report.degraded > 0 {
-            reasons.push(format!(
-                "{} summaries written by the fallback summarizer: {}",
-                report.degraded,
-                report
-                    .degraded_reason
-                    .as_deref()
-                    .unwrap_or("the summarizer failed")
-            ));
-        }
-        Ok(MaintainResult {
-            changed: rewritten > 0 || compacted,
-            bytes_freed: 0,
-            rewritten_entries: rewritten,
-            reason: (!reasons.is_empty()).then(|| reasons.join("; ")),
-        })
-    }
 }
 
 /// The tokens of the newest unit of a context (what every compaction keeps).
@@ -1200,34 +994,6 @@ fn newest_unit_tokens(items: &[ContextRef]) -> u64 {
             .map(|item| item.tokens)
             .sum(),
     }
-}
-
-/// What a compaction result's `details` say: what it did, why it stopped, the limits it worked
-/// to and what the host's prompt was known to hold.
-fn report_details(report: &CompactionReport, prompt: &HostPrompt) -> serde_json::Value {
-    let mut details = json!({
-        "passes": report.passes,
-        "summariesCreated": report.summaries_created,
-        "fallbackSummaries": report.fallbacks,
-        "degradedSummaries": report.degraded,
-        "stopReason": report.reason.as_ref().map(ToString::to_string),
-        "hostPrompt": prompt,
-    });
-    if let Some(limits) = report.limits {
-        details["limits"] = json!({
-            "trigger": limits.trigger,
-            "goal": limits.goal,
-            "share": limits.share,
-            "ceiling": limits.ceiling,
-        });
-    }
-    if let Some(reason) = &report.degraded_reason {
-        details["degradedReason"] = json!(reason);
-    }
-    if let Some(detail) = &report.detail {
-        details["detail"] = json!(detail);
-    }
-    details
 }
 
 /// Runs futures at once on the calling task and answers their outputs in their order: they

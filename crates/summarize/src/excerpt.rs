@@ -11,7 +11,9 @@
 //! | the agent's words | 1,300 | 500 + 200 | up to 3 such sentences |
 //! | a summary (condensing) | always whole | | |
 //!
-//! Lines that start with `Pinned:` are always read, wherever they are.
+//! Lines that start with `Pinned:` are read wherever they are, up to [`PINNED_LINES`] of them
+//! of at most [`PINNED_LINE`] characters each (a pasted log of them would otherwise enter the
+//! prompt whole).
 
 use std::borrow::Cow;
 
@@ -19,6 +21,12 @@ use vilvona_core::summarize::SourceItem;
 
 use crate::extractive::sentences;
 use crate::{PINNED_PREFIX, identifiers};
+
+/// The most `Pinned:` lines read from between an excerpt's head and tail.
+const PINNED_LINES: usize = 8;
+
+/// Each such line's length at most, in characters (bytes on a character boundary).
+const PINNED_LINE: usize = 300;
 
 /// How much of one kind of item a summary request reads, in characters.
 struct Budget {
@@ -127,7 +135,10 @@ pub fn prompt_excerpt(item: &SourceItem) -> Cow<'_, str> {
     let middle = &text[head_end..tail_start];
     let pinned: Vec<&str> = middle
         .lines()
-        .filter(|line| line.trim_start().starts_with(PINNED_PREFIX))
+        .map(str::trim_start)
+        .filter(|line| line.starts_with(PINNED_PREFIX))
+        .take(PINNED_LINES)
+        .map(|line| &line[..floor_boundary(line, PINNED_LINE)])
         .collect();
     let picked: Vec<&str> = pieces(middle, std::ptr::eq(budget, &TOOL_OUTPUT))
         .into_iter()
@@ -212,6 +223,28 @@ mod tests {
         let excerpt = prompt_excerpt(&source);
         assert!(excerpt.contains("The staging database listens on port 6543 now."));
         assert!(excerpt.contains("Pinned: the on-call engineer is Oriana Blevins"));
+    }
+
+    /// A message of many `Pinned:` lines (a pasted log of them, say) is read within a bound,
+    /// as any other: before, every such line entered the summarizer's prompt.
+    #[test]
+    fn pinned_lines_are_read_within_a_bound() {
+        let mut words =
+            "the lexer trigger gauge schema promise invoice closure parser. ".repeat(30);
+        for index in 0..2_000 {
+            words.push_str(&format!("\nPinned: fact {index} {}", "x".repeat(500)));
+        }
+        words.push_str("\nthe tail of the message. the tail of the message. the tail again.");
+        let source = item("user", words.clone());
+        let excerpt = prompt_excerpt(&source);
+        assert!(excerpt.contains("Pinned: fact 0 "), "the first are read");
+        assert!(!excerpt.contains("Pinned: fact 8 "), "at most eight");
+        assert!(
+            excerpt.len() < 1_800 + 8 * 310 + 120,
+            "{} of {}",
+            excerpt.len(),
+            words.len()
+        );
     }
 
     #[test]

@@ -635,3 +635,66 @@ async fn assemble(
         .await
         .unwrap()
 }
+
+/// A fork child's first transcript that does not hold its parent's last messages as the store
+/// has them (the host's copy differs: sanitized, cut at its own compaction boundary): the turn
+/// that spawned the child is still the child's, found by time. Before, the whole transcript
+/// was taken as the parent's history and the spawning turn was stored nowhere.
+#[tokio::test]
+async fn a_forks_transcript_that_differs_from_its_parents_store_still_gives_the_spawning_turn() {
+    let dir = TempDir::new().unwrap();
+    let engine = engine(&dir).await;
+    let (parent_key, child_key) = ("agent:main:parent2", "agent:main:subagent:fork2");
+    let mut transcript: Vec<AgentMessage> = Vec::new();
+    commit_turns(&engine, "parent2", parent_key, 0..6, &mut transcript).await;
+    engine
+        .prepare_subagent_spawn(&SubagentSpawnParams {
+            parent_session_key: parent_key.to_owned(),
+            child_session_key: child_key.to_owned(),
+            parent_session_id: Some("parent2".to_owned()),
+            child_session_id: Some("child2".to_owned()),
+            context_mode: ContextMode::Fork,
+            ttl_ms: Some(60_000),
+            ..SubagentSpawnParams::default()
+        })
+        .await
+        .unwrap()
+        .unwrap();
+    // The host's copy of the parent's history, its texts changed; then the in-flight turn,
+    // written after the parent's last stored message.
+    let copied: Vec<AgentMessage> = transcript
+        .iter()
+        .map(|message| {
+            let mut value = serde_json::to_value(message).unwrap();
+            if value["role"] == "user" {
+                value["content"] = json!(format!("[sanitized] {}", message.plain_text()));
+            }
+            serde_json::from_value(value).unwrap()
+        })
+        .collect();
+    let later = transcript.last().unwrap().timestamp_ms().unwrap() + 1_000;
+    let in_flight: Vec<AgentMessage> = spawn_turn("spawn a fork to look into m5", "spawn9")
+        .into_iter()
+        .enumerate()
+        .map(|(index, message)| {
+            let mut value = serde_json::to_value(&message).unwrap();
+            value["timestamp"] = json!(later + index as i64);
+            serde_json::from_value(value).unwrap()
+        })
+        .collect();
+    let mut childs_host = copied;
+    childs_host.extend(in_flight.clone());
+    assemble(&engine, "child2", child_key, &childs_host).await;
+    let child = engine.conversation("child2", None).await.unwrap();
+    let stored = engine
+        .store()
+        .messages_in_seq_range(child.id, 0, 100)
+        .await
+        .unwrap();
+    let texts: Vec<String> = stored.iter().map(|message| message.text()).collect();
+    assert_eq!(texts.len(), in_flight.len(), "{texts:?}");
+    assert!(
+        texts[0].contains("spawn a fork to look into m5"),
+        "{texts:?}"
+    );
+}

@@ -11,5 +11,6 @@ mod isolation;
 mod model;
 mod overflow;
 mod replay;
+mod stand_ins;
 mod support;
 mod turns;

@@ -25,10 +25,16 @@ fn log_path_of(path: &Path) -> PathBuf {
     PathBuf::from(log)
 }
 
-/// The log's length and its first bytes, from one open; `None` when there is no log.
+/// The log's length and its first bytes, from one open: a log that is not there reads as
+/// empty (its index may still claim frames: the log was deleted); `None` when it cannot be
+/// read.
 fn read_log(log: &Path) -> Option<(u64, Option<[u8; 4]>)> {
     use std::io::Read as _;
-    let mut file = std::fs::File::open(log).ok()?;
+    let mut file = match std::fs::File::open(log) {
+        Ok(file) => file,
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Some((0, None)),
+        Err(_) => return None,
+    };
     let length = file.metadata().ok()?.len();
     let mut header = [0u8; 4];
     Some((length, file.read_exact(&mut header).ok().map(|()| header)))
@@ -84,7 +90,7 @@ struct LogReading {
     claimed: Option<u64>,
 }
 
-/// The log of the database at `path` (`None` when there is none), read between two readings
+/// The log of the database at `path` (`None` when it cannot be read), read between two readings
 /// of its index: other processes append to the log, restart it and truncate it at any moment,
 /// and a length read on either side of such a change says nothing of the other reading
 /// (frames appended after the length was read looked missing).

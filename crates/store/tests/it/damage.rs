@@ -217,3 +217,26 @@ async fn a_log_cut_short_of_its_frames_is_a_cut_log() {
     };
     assert!(matches!(error, StoreError::LogLost { .. }), "{error}");
 }
+
+/// A log deleted under a process that has the database open, its index still claiming frames,
+/// is a lost log: nothing more is acknowledged (the check read a missing log as no log at all).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_log_deleted_while_its_index_claims_frames_is_a_lost_log() {
+    let dir = TempDir::new().unwrap();
+    let (store, conversation) = filled(&dir).await;
+    let log = dir.path().join(format!("{DATABASE_FILE}-wal"));
+    let held = std::fs::metadata(&log).unwrap().len();
+    assert!(held > 4096, "the turns are in the log ({held} bytes)");
+    std::fs::remove_file(&log).unwrap();
+    let Err(error) = store
+        .ingest(
+            conversation,
+            vec![new_message("after the log went", 99, None)],
+            None,
+        )
+        .await
+    else {
+        panic!("nothing more is acknowledged once the log is gone");
+    };
+    assert!(matches!(error, StoreError::LogLost { .. }), "{error}");
+}
