@@ -446,6 +446,13 @@ if [ -n "$SPAWNS" ] && [ "$DRIVEN" -eq 0 ]; then
   node "$ROOT/bindings/openclaw/test/soak-subagents.mjs" --settle "$OUT/mock.jsonl" 120
 fi
 GATEWAY_PID=$(cat "$WORK/gateway.pid")
+# Legacy's own compaction, fed the mock's digests, is now and then refused by OpenClaw's own
+# summary audit ("duplicate_section"; every later turn then fails with HTTP 500): a failure
+# of such a run is the host's, named so, and exits 4 (.ci/run runs that baseline once more).
+if [ "$ENGINE" = legacy ] && grep -aq "duplicate_section" "$WORK/gateway.out"; then
+  FAIL_STATUS=4
+  echo "$NAME: OpenClaw's own compaction audit refused a summary (duplicate_section): a failure of this run is OpenClaw's, not the engine's"
+fi
 GATEWAY_UP=1
 kill -0 "$GATEWAY_PID" 2>/dev/null || GATEWAY_UP=0
 stop_gateway
@@ -469,8 +476,12 @@ QUARANTINES=$(cat "$OUT/gateway.out" "$OUT/openclaw.log" 2>/dev/null | grep -ac 
 [ "$QUARANTINES" -eq 0 ] || fail "OpenClaw quarantined the engine: $(cat "$OUT/gateway.out" "$OUT/openclaw.log" 2>/dev/null | grep -a "quarantining" | head -n 2 | cut -c1-400)"
 KILLED=$(($(wc -l <"$OUT/kills.log") + $(wc -l <"$OUT/stops.log")))
 if [ "$STOPS" -gt 0 ]; then
-  echo "$NAME: $(wc -l <"$OUT/stops.log") stop(s); the plugin killed the stopped child $(grep -ac "was killed and is started again" "$OUT/gateway.out" || true) time(s)"
+  STUCK_KILLS=$(grep -ac "was killed and is started again" "$OUT/gateway.out" || true)
+  echo "$NAME: $(wc -l <"$OUT/stops.log") stop(s); the plugin killed the stopped child $STUCK_KILLS time(s)"
   [ "$(wc -l <"$OUT/stops.log")" -gt 0 ] || fail "--stops $STOPS: no vilvona child was found to stop"
+  # Each stop outlasts the deadline: the plugin must have taken the child for stuck each time
+  # (a stop it never noticed tests nothing).
+  [ "$STUCK_KILLS" -ge "$(wc -l <"$OUT/stops.log")" ] || fail "the plugin's deadline fired $STUCK_KILLS time(s) for $(wc -l <"$OUT/stops.log") stop(s) longer than it"
 fi
 if [ -n "$CUT_EMOJI" ]; then
   DEGRADED=$(grep -ac "degraded to" "$OUT/gateway.out" || true)
@@ -535,6 +546,14 @@ if [ "$ENGINE" = vilvona ]; then
     });
     console.log(`stored: ${list.length} session(s) (${[...stored.keys()].join(", ")}), ${answered.length} answered work turns, ${lost.length} missing from the store`);
     if (lost.length) { console.error(`missing from the store: ${lost.slice(0, 5).map((t) => `${t.session} turn ${t.turn}`).join(", ")}`); process.exit(1); }
+    // A string cut mid-emoji reached the store with U+FFFD in place of the lone surrogate.
+    if (process.env.SOAK_CUT_EMOJI) {
+      const cut = answered.filter((turn) => turn.turn % 10 === 5);
+      const replaced = (held) => held.includes("The deploy log said: finished \uFFFD") || held.includes("The deploy log said: finished \\ufffd");
+      const missing = cut.filter((turn) => !replaced(stored.get(turn.session) ?? ""));
+      console.log(`cut emoji: ${cut.length - missing.length} of ${cut.length} turns stored with U+FFFD in place of the lone surrogate`);
+      if (cut.length === 0 || missing.length) { console.error(`not stored with U+FFFD: ${missing.map((t) => `turn ${t.turn}`).join(", ") || "no cut turn was answered"}`); process.exit(1); }
+    }
   ' "$VILVONA" "$HOME/.vilvona" "$OUT/results.jsonl" "$OUT/sessions.json" "$OUT" || fail "acknowledged turns are missing from the store"
   if [ "$PROVIDER" = anthropic ]; then
     # OpenClaw commits no turn on this route: vilvona takes each in at the next, says so once
@@ -550,8 +569,7 @@ if [ "$ENGINE" = vilvona ]; then
       const doctor = JSON.parse(fs.readFileSync(process.argv[1], "utf8"));
       const stats = JSON.parse(fs.readFileSync(process.argv[2], "utf8"));
       const notice = (doctor.checks ?? []).find((check) => check.name.startsWith("turns taken in from the host"));
-      const answered = fs.readFileSync(process.argv[3], "utf8").split("
-").filter(Boolean).map(JSON.parse).filter((turn) => turn.status === 200).length;
+      const answered = fs.readFileSync(process.argv[3], "utf8").split("\n").filter(Boolean).map(JSON.parse).filter((turn) => turn.status === 200).length;
       const caught = stats.catchUp?.turns ?? 0;
       console.log(`doctor: ${notice ? notice.detail : "says nothing of the uncommitted turns"}; stats: ${caught} turns taken in of ${answered} answered`);
       if (!notice) process.exit(1);

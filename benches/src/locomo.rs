@@ -20,6 +20,7 @@ use serde::Serialize;
 use serde_json::{Value, json};
 use vilvona_core::engine::{ContextEngine, IngestBatchParams};
 use vilvona_core::message::AgentMessage;
+use vilvona_core::tokens::TokenEstimator;
 use vilvona_lossless::{CompactionRequest, EmbeddingSelection, ToolCaller};
 
 /// The budget each conversation is compacted to.
@@ -247,38 +248,11 @@ async fn ask_conversation(
     let engine = crate::meaning::extractive_engine(dir.path(), BUDGET, embedding).await?;
     let session = format!("locomo-{name}");
     let key = format!("agent:main:{session}");
-    let conversation = engine.conversation(&session, Some(&key)).await?;
-    for turn in turns {
-        let role = if turn.user { "user" } else { "assistant" };
-        let message: AgentMessage = serde_json::from_value(json!({
-            "role": role,
-            "content": [{"type": "text", "text": turn.text}],
-            "timestamp": turn.at_ms,
-        }))?;
-        engine
-            .ingest_batch(&IngestBatchParams {
-                session_id: session.clone(),
-                session_key: Some(key.clone()),
-                messages: vec![message],
-                entry_ids: vec![Some(turn.dia_id.clone())],
-                is_heartbeat: false,
-            })
-            .await?;
-        if !turn.user {
-            engine
-                .compact_conversation(conversation.id, CompactionRequest::routine(BUDGET))
-                .await?;
-        }
-    }
-    engine.store().index_doc_count().await?;
-    // A model behind an endpoint embeds in the background: the questions wait for it.
-    while engine.store().documents_waiting_for_vectors().await? > 0 {
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    let conversation = replay(&engine, &session, &key, turns, BUDGET).await?;
     // The stored messages are in ingest order: the n-th is the n-th turn.
     let stored = engine
         .store()
-        .messages_in_seq_range(conversation.id, 0, i64::MAX as u64)
+        .messages_in_seq_range(conversation, 0, i64::MAX as u64)
         .await?;
     if stored.len() != turns.len() {
         bail!(
@@ -539,6 +513,296 @@ impl Bm25 {
         scored.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
         scored.into_iter().take(k).map(|(_, index)| index).collect()
     }
+}
+
+/// The budget of the evidence-in-the-prompt measurement: most of a 12–25k-token conversation
+/// folded.
+pub const PROMPT_BUDGET: u64 = 8_000;
+
+/// How much of a recalled or raw message must stand in the prompt for its turn to count: the
+/// whole turn, or its first this many characters for a longer one.
+const PROMPT_EVIDENCE_CHARS: usize = 300;
+
+/// Shares of evidence in the prompt, summed over questions.
+#[derive(Clone, Debug, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ShareTally {
+    pub questions: usize,
+    /// Sum over questions of the share of its evidence turns whose text is in the prompt.
+    pub share: f64,
+}
+
+impl ShareTally {
+    fn add(&mut self, share: f64) {
+        self.questions += 1;
+        self.share += share;
+    }
+
+    /// The mean share.
+    pub fn mean(&self) -> f64 {
+        self.share / self.questions.max(1) as f64
+    }
+}
+
+/// One side of the measurement: recall at assembly on or off.
+#[derive(Clone, Debug, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PromptSide {
+    pub recall: bool,
+    pub all: ShareTally,
+    /// In [`CATEGORIES`] order.
+    pub categories: Vec<ShareTally>,
+    /// Tokens recall at assembly added per question: median and 90th percentile.
+    pub added_tokens_median: u64,
+    pub added_tokens_p90: u64,
+    /// Questions to which nothing was added.
+    pub nothing_added: usize,
+    /// The assembly's time per question (milliseconds): median and 99th percentile.
+    pub assemble_ms_median: f64,
+    pub assemble_ms_p99: f64,
+}
+
+/// What the prompt holds of each question's evidence, with recall at assembly off and on.
+#[derive(Clone, Debug, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PromptFigures {
+    pub conversations: Vec<String>,
+    pub messages: usize,
+    pub questions: usize,
+    pub budget: u64,
+    pub off: PromptSide,
+    pub on: PromptSide,
+}
+
+/// Replays every conversation of `files` at [`PROMPT_BUDGET`] and, for each question with
+/// evidence, assembles the prompt once with the question as the new user turn: the share of
+/// the question's evidence turns whose text is in it (a raw message of the context, or an
+/// excerpt recall at assembly added; a summary does not count), with recall at assembly off
+/// and on.
+pub async fn evaluate_prompt(
+    files: &[PathBuf],
+    embedding: &EmbeddingSelection,
+    progress: impl Fn(&str),
+) -> Result<PromptFigures> {
+    let side = |recall| PromptSide {
+        recall,
+        categories: vec![ShareTally::default(); CATEGORIES.len()],
+        ..PromptSide::default()
+    };
+    let mut figures = PromptFigures {
+        budget: PROMPT_BUDGET,
+        off: side(false),
+        on: side(true),
+        ..PromptFigures::default()
+    };
+    let mut added: Vec<u64> = Vec::new();
+    let mut times: [Vec<Duration>; 2] = [Vec::new(), Vec::new()];
+    for file in files {
+        let name = file
+            .file_stem()
+            .map(|stem| stem.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let (turns, questions) = read_conversation(file)?;
+        progress(&format!(
+            "{name}: {} turns, {} questions",
+            turns.len(),
+            questions.len()
+        ));
+        let dir = tempfile::TempDir::new()?;
+        let on = crate::meaning::extractive_engine(dir.path(), PROMPT_BUDGET, embedding).await?;
+        let off = on.with_config(vilvona_lossless::LosslessConfig {
+            assembly_recall: vilvona_lossless::AssemblyRecall {
+                scope: vilvona_lossless::RecallScope::Off,
+                ..on.config().assembly_recall.clone()
+            },
+            ..on.config().clone()
+        });
+        let session = format!("locomo-{name}");
+        let key = format!("agent:main:{session}");
+        replay(&on, &session, &key, &turns, PROMPT_BUDGET).await?;
+        let text_of: HashMap<&str, &str> = turns
+            .iter()
+            .map(|turn| (turn.dia_id.as_str(), turn.text.as_str()))
+            .collect();
+        let mut asked = 0;
+        for question in &questions {
+            let evidence: Vec<&str> = {
+                let mut found: Vec<&str> = question
+                    .evidence
+                    .iter()
+                    .filter_map(|dia| text_of.get(dia.as_str()).copied())
+                    .collect();
+                found.sort_unstable();
+                found.dedup();
+                found
+            };
+            if evidence.is_empty() {
+                continue;
+            }
+            asked += 1;
+            for (index, (engine, tallies)) in [(&off, &mut figures.off), (&on, &mut figures.on)]
+                .into_iter()
+                .enumerate()
+            {
+                let started = Instant::now();
+                let assembled = engine
+                    .assemble(&vilvona_core::engine::AssembleParams {
+                        session_id: session.clone(),
+                        session_key: Some(key.clone()),
+                        history_elided: true,
+                        token_budget: Some(PROMPT_BUDGET),
+                        prompt: Some(question.text.clone()),
+                        ..vilvona_core::engine::AssembleParams::default()
+                    })
+                    .await?;
+                times[index].push(started.elapsed());
+                let summaries: std::collections::HashSet<usize> = assembled
+                    .summaries
+                    .iter()
+                    .map(|summary| summary.index)
+                    .collect();
+                let shown: Vec<String> = assembled
+                    .messages
+                    .iter()
+                    .enumerate()
+                    .filter(|(at, _)| !summaries.contains(at))
+                    .map(|(_, message)| message.plain_text())
+                    .collect();
+                let recalled = shown.iter().find(|text| text.starts_with("<recall"));
+                if index == 1 {
+                    match recalled {
+                        Some(block) => {
+                            added.push(vilvona_core::tokens::HeuristicEstimator.text_tokens(block))
+                        }
+                        None => tallies.nothing_added += 1,
+                    }
+                }
+                let present = evidence
+                    .iter()
+                    .filter(|turn| {
+                        let cut = turn
+                            .char_indices()
+                            .nth(PROMPT_EVIDENCE_CHARS)
+                            .map_or(**turn, |(at, _)| &turn[..at]);
+                        shown.iter().any(|text| text.contains(cut))
+                    })
+                    .count();
+                let share = present as f64 / evidence.len() as f64;
+                tallies.all.add(share);
+                tallies.categories[question.category].add(share);
+            }
+        }
+        figures.messages += turns.len();
+        figures.questions += asked;
+        figures.conversations.push(name);
+    }
+    added.sort_unstable();
+    let at = |values: &[u64], q: f64| {
+        values
+            .get(((values.len().saturating_sub(1)) as f64 * q).round() as usize)
+            .copied()
+            .unwrap_or(0)
+    };
+    figures.on.added_tokens_median = at(&added, 0.5);
+    figures.on.added_tokens_p90 = at(&added, 0.9);
+    for (side, times) in [&mut figures.off, &mut figures.on]
+        .into_iter()
+        .zip(&mut times)
+    {
+        times.sort();
+        let ms = |q: f64| {
+            times
+                .get(((times.len().saturating_sub(1)) as f64 * q).round() as usize)
+                .map_or(0.0, |time| time.as_secs_f64() * 1e3)
+        };
+        side.assemble_ms_median = ms(0.5);
+        side.assemble_ms_p99 = ms(0.99);
+    }
+    Ok(figures)
+}
+
+/// The evidence-in-the-prompt figures as Markdown.
+pub fn prompt_table(figures: &PromptFigures) -> String {
+    let mut out = format!(
+        "{} conversations ({}), {} messages, {} questions, at a {}-token budget: the share of a question's evidence turns whose text is in the assembled prompt\n\n| recall at assembly | all |",
+        figures.conversations.len(),
+        figures.conversations.join(", "),
+        figures.messages,
+        figures.questions,
+        figures.budget
+    );
+    for (index, (_, name)) in CATEGORIES.iter().enumerate() {
+        out.push_str(&format!(
+            " {name} ({}) |",
+            figures.on.categories[index].questions
+        ));
+    }
+    out.push_str(" tokens added, median / p90 | nothing added | assembly, median / p99 |\n|---|---|---|---|---|---|---|---|---|\n");
+    for side in [&figures.off, &figures.on] {
+        out.push_str(&format!(
+            "| {} | {:.3} |",
+            if side.recall { "on" } else { "off" },
+            side.all.mean()
+        ));
+        for tally in &side.categories {
+            out.push_str(&format!(" {:.3} |", tally.mean()));
+        }
+        if side.recall {
+            out.push_str(&format!(
+                " {} / {} | {} of {} |",
+                side.added_tokens_median,
+                side.added_tokens_p90,
+                side.nothing_added,
+                side.all.questions
+            ));
+        } else {
+            out.push_str(" — | — |");
+        }
+        out.push_str(&format!(
+            " {:.2} / {:.2} ms |\n",
+            side.assemble_ms_median, side.assemble_ms_p99
+        ));
+    }
+    out
+}
+
+/// Replays `turns` as one session, compacting after each answer at `budget`.
+async fn replay(
+    engine: &vilvona_lossless::LosslessEngine,
+    session: &str,
+    key: &str,
+    turns: &[Turn],
+    budget: u64,
+) -> Result<vilvona_store::ConversationId> {
+    let conversation = engine.conversation(session, Some(key)).await?;
+    for turn in turns {
+        let role = if turn.user { "user" } else { "assistant" };
+        let message: AgentMessage = serde_json::from_value(json!({
+            "role": role,
+            "content": [{"type": "text", "text": turn.text}],
+            "timestamp": turn.at_ms,
+        }))?;
+        engine
+            .ingest_batch(&IngestBatchParams {
+                session_id: session.to_owned(),
+                session_key: Some(key.to_owned()),
+                messages: vec![message],
+                entry_ids: vec![Some(turn.dia_id.clone())],
+                is_heartbeat: false,
+            })
+            .await?;
+        if !turn.user {
+            engine
+                .compact_conversation(conversation.id, CompactionRequest::routine(budget))
+                .await?;
+        }
+    }
+    engine.store().index_doc_count().await?;
+    // A model behind an endpoint embeds in the background: the questions wait for it.
+    while engine.store().documents_waiting_for_vectors().await? > 0 {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    Ok(conversation.id)
 }
 
 /// The figures as Markdown: one table over all questions, one per category of recall@10.

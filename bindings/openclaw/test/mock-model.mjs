@@ -72,7 +72,10 @@ export function reply(messages, toolNames) {
     if (m.role === "assistant" && !(m.tool_calls && m.tool_calls.length)) turnStart = index + 1;
   });
   const turn = messages.slice(turnStart);
-  const turnText = turn.filter((m) => m.role === "user").map((m) => text(m.content)).join("\n");
+  // What the engine recalled into the prompt (a `<recall …>` block before the request) is
+  // reference, not the request: the turn's directives are read without it, as a model would.
+  const userText = turn.filter((m) => m.role === "user").map((m) => text(m.content)).join("\n");
+  const turnText = userText.replace(/<recall[\s\S]*?<\/recall>/g, "");
   const toolText = turn.filter((m) => m.role === "tool").map((m) => text(m.content)).join(" ");
   const toolDone = turn.some((m) => m.role === "tool");
   // A spawned child's task: the last `[Subagent Task]` (a fork's copy of its parent's turn
@@ -111,7 +114,7 @@ export function reply(messages, toolNames) {
     const before = messages.slice(0, turnStart).map((m) => text(m.content)).join("\n");
     // The prompt's own text of the turn (a recall block the engine placed before the question,
     // say) counts as the prompt too; a tool's result does not.
-    const prompt = `${before}\n${turnText}`;
+    const prompt = `${before}\n${userText}`;
     if (prompt.replace(/QUESTION \w+:[^\n]*/g, "").includes(fact.value)) return { body: `ANSWER ${fact.id} (from the context): ${fact.value}` };
     if (!toolDone) {
       const call = recallCall(toolNames, fact.query);

@@ -68,8 +68,16 @@ const spawnOutcome = (id) => {
 };
 
 const log = readFileSync(gatewayLog, "utf8").split("\n");
-// OpenClaw's own database held: a write refused, or a transaction held for seconds.
-const hostHeld = log.filter((line) => /database is locked|slow SQLite transaction hold.*openclaw-agent\.sqlite/.test(line));
+// OpenClaw's own database held (a write refused, a transaction held for seconds), near the
+// lines about a child it never ran: a line that names OpenClaw's agent database, or says a
+// database is locked and is not vilvona's (vilvona's stderr is in the same log).
+const hostHeldAt = (index) => {
+  const line = log[index];
+  const openclaws = /openclaw-agent\.sqlite/.test(line) || (!/vilvona/i.test(line) && /database is locked/.test(line));
+  return openclaws && /database is locked|slow SQLite transaction hold/.test(line);
+};
+const NEAR = 200;
+const hostHeld = [];
 const problems = [];
 // Children the host never ran: with its database held, the host's failure.
 const neverAsked = [];
@@ -81,7 +89,14 @@ for (const child of children) {
     neverAsked.push(`child ${child.id} (${child.mode}): its model was never asked; ${outcome}`);
     // What the gateway said about it: the lines naming its session or run.
     const names = outcome.match(/[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}/g) ?? [];
-    for (const line of log.filter((l) => names.some((name) => l.includes(name))).slice(0, 8)) neverAsked.push(`  gateway: ${line.slice(0, 300)}`);
+    const naming = log.flatMap((l, index) => (names.some((name) => l.includes(name)) ? [index] : []));
+    for (const index of naming.slice(0, 8)) neverAsked.push(`  gateway: ${log[index].slice(0, 300)}`);
+    // The host's database held within a few hundred lines of them.
+    for (const index of naming) {
+      for (let near = Math.max(0, index - NEAR); near < Math.min(log.length, index + NEAR); near++) {
+        if (hostHeldAt(near) && !hostHeld.includes(log[near])) hostHeld.push(log[near]);
+      }
+    }
     continue;
   }
   const refused = own.filter((request) => request.__mock.rejected);
@@ -95,14 +110,22 @@ for (const child of children) {
     for (const request of own) {
       const raw = new Map();
       const summaries = new Map();
+      // The work turns a summary in the prompt stands for (their requests' STEP lines).
+      const summarized = new Set();
       for (const m of request.messages) {
         const body = text(m.content);
         const step = m.role === "user" && /^(?:\[[^\]]*\] )?STEP-(\d+): refactor step/.exec(body);
         if (step) raw.set(step[1], (raw.get(step[1]) ?? 0) + 1);
         for (const [, id] of body.matchAll(/<summary id="(sum_[0-9a-f]+)"/g)) summaries.set(id, (summaries.get(id) ?? 0) + 1);
+        for (const [block] of body.matchAll(/<summary id="sum_[0-9a-f]+"[\s\S]*?<\/summary>/g)) {
+          for (const [, held] of block.matchAll(/STEP-(\d+): refactor step/g)) summarized.add(held);
+        }
       }
       const twice = [...raw].filter(([, count]) => count > 1).map(([step]) => `STEP-${step}`).concat([...summaries].filter(([, count]) => count > 1).map(([id]) => id));
       if (twice.length) problems.push(`fork ${child.id}: its prompt holds ${twice.slice(0, 4).join(", ")} more than once`);
+      // A summary shown beside its own raw rows is that history twice too.
+      const beside = [...raw.keys()].filter((step) => summarized.has(step));
+      if (beside.length) problems.push(`fork ${child.id}: its prompt holds STEP-${beside.slice(0, 4).join(", STEP-")} raw beside a summary of it`);
     }
     const first = own[0];
     const spawning = child.parent ? `CHILD_TASK-${child.parent} ` : `STEP-${child.spawn.turn}: refactor step`;

@@ -196,6 +196,22 @@ pub struct TurnRecord {
     /// A heartbeat turn (never compacts).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub heartbeat: bool,
+    /// What the engine brought into the turn's prompt from the history beyond its context
+    /// (recall at assembly), best first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub recalled: Vec<RecalledItem>,
+}
+
+/// One excerpt an engine brought into a turn's prompt from the history beyond its context.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RecalledItem {
+    /// The message's id (`msg_…`).
+    pub id: String,
+    /// The score it was chosen by (hybrid search's fused score).
+    pub score: f64,
+    /// The excerpt's tokens.
+    pub tokens: u64,
 }
 
 /// A turn's model calls as the provider counted them (tokens), and what the host priced them

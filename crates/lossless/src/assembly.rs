@@ -1,7 +1,7 @@
 //! Assembly: the context as the model sees it, rendered once per item and extended when the
 //! context only grew.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
 use vilvona_core::engine::*;
@@ -17,6 +17,7 @@ use crate::cache::{Rendition, lock_map};
 use crate::catch_up::same_message;
 use crate::engine::LosslessEngine;
 use crate::errors::store_error;
+use crate::recall::RecallBlock;
 use crate::units::unit_end;
 
 impl LosslessEngine {
@@ -41,6 +42,15 @@ impl LosslessEngine {
         conversation: ConversationId,
         budget: u64,
     ) -> Result<AssembleResult, EngineError> {
+        Ok(self.assemble_holding(conversation, budget).await?.0)
+    }
+
+    /// [`LosslessEngine::assemble_context`], and the messages the context shows whole.
+    async fn assemble_holding(
+        &self,
+        conversation: ConversationId,
+        budget: u64,
+    ) -> Result<(AssembleResult, HashSet<MessageId>), EngineError> {
         let refs = self
             .inner
             .store
@@ -138,13 +148,20 @@ impl LosslessEngine {
                 Some(AssembledSummary { index, depth })
             })
             .collect();
+        let held = visible
+            .iter()
+            .filter_map(|rendition| match rendition.item {
+                ItemRef::Message(id) => Some(id),
+                ItemRef::Summary(_) => None,
+            })
+            .collect();
         lock_map(&self.inner.assembled).keep(
             conversation,
             visible,
             messages.clone(),
             estimated_tokens,
         );
-        Ok(AssembleResult {
+        let result = AssembleResult {
             messages,
             estimated_tokens,
             system_prompt_addition: None,
@@ -152,7 +169,8 @@ impl LosslessEngine {
             context_projection: None,
             summaries,
             holds_history: false,
-        })
+        };
+        Ok((result, held))
     }
 
     /// Stores again, each at its place, the messages a store lost after its last one, from a
@@ -209,6 +227,38 @@ impl LosslessEngine {
         Ok(Some(tail.len()))
     }
 
+    /// The turn's recall block: the one made for this prompt already (every request of one
+    /// turn carries the same), else a new one.
+    async fn turn_recall(
+        &self,
+        conversation: ConversationId,
+        params: &AssembleParams,
+        prompt: &str,
+        held: &HashSet<MessageId>,
+        room: u64,
+    ) -> Result<Option<RecallBlock>, EngineError> {
+        let key = {
+            use std::hash::{Hash, Hasher};
+            let mut hasher = std::hash::DefaultHasher::new();
+            prompt.hash(&mut hasher);
+            hasher.finish()
+        };
+        if let Some((made_for, block)) = self.memory(conversation, |memory| memory.recall.clone())
+            && made_for == key
+        {
+            return Ok(block);
+        }
+        let caller = vilvona_core::admin::ToolCaller {
+            session_id: params.session_id.clone(),
+            session_key: params.session_key.clone(),
+        };
+        let block = self.recall_for_turn(&caller, prompt, held, room).await?;
+        self.memory(conversation, |memory| {
+            memory.recall = Some((key, block.clone()));
+        });
+        Ok(block)
+    }
+
     pub(crate) async fn assemble_for(
         &self,
         params: &AssembleParams,
@@ -258,9 +308,20 @@ impl LosslessEngine {
             ..prompt
         }
         .limits(&self.inner.config);
-        let mut result = self
-            .assemble_context(conversation.id, limits.ceiling)
+        let (mut result, held) = self
+            .assemble_holding(conversation.id, limits.ceiling)
             .await?;
+        // What the history holds about the turn, after the context (`crate::recall`).
+        if let Some(prompt) = params.prompt.as_deref().filter(|p| !p.trim().is_empty()) {
+            let room = limits.ceiling.saturating_sub(result.estimated_tokens);
+            if let Some(block) = self
+                .turn_recall(conversation.id, params, prompt, &held, room)
+                .await?
+            {
+                result.messages.make_mut().push(block.message);
+                result.estimated_tokens += block.tokens;
+            }
+        }
         // What the store assembled from, it holds: the host need not send its history again,
         // unless the host's commits are missing (`crate::catch_up`).
         result.holds_history = !result.messages.is_empty()

@@ -16,6 +16,10 @@
 //! (and said so, once). The same takes back a tail the store lost (a log cut by a crash) when
 //! the host's history still holds it.
 //!
+//! The host may hand the engine its own assembled context back as history (OpenClaw does
+//! inside a turn's tool loop): one that holds the engine's renderings (summaries, a recall
+//! block) brings nothing to take in.
+//!
 //! Never silent: a session whose turns arrive this way is logged once per process, and its
 //! state ([`CATCH_UP`]) counts the turns taken in and says whether commits are missing now —
 //! read by `stats`, `context list`, the panel and `doctor`. While they are missing, the engine
@@ -29,6 +33,7 @@ use vilvona_store::*;
 
 use crate::engine::LosslessEngine;
 use crate::errors::store_error;
+use crate::render::is_engine_rendering;
 
 /// The state key of a conversation's [`CatchUp`].
 pub(crate) const CATCH_UP: &str = "catchUp";
@@ -108,7 +113,12 @@ impl LosslessEngine {
         params: &AssembleParams,
     ) -> Result<(), EngineError> {
         let host = &params.messages;
-        if host.is_empty() || self.inner.store.is_read_only() {
+        // The engine's own assembled context handed back (OpenClaw's calls inside a turn's
+        // tool loop): what the store holds already, and its renderings, which are no turns.
+        if host.is_empty()
+            || self.inner.store.is_read_only()
+            || host.iter().any(is_engine_rendering)
+        {
             return Ok(());
         }
         let Some(row) = self
@@ -194,7 +204,10 @@ impl LosslessEngine {
             crate::ingest::Turn {
                 messages: missing,
                 context_before,
-                budget: None,
+                // What this assembly says of the host's prompt (its budget beside the window
+                // its settings state: without the budget, a settings' prompt budget below the
+                // window would be taken for the window).
+                budget: params.budget(),
                 settings: params.runtime_settings.as_ref(),
                 is_heartbeat: false,
             },

@@ -157,6 +157,50 @@ pub struct LosslessConfig {
     /// default: the static model in the binary, no network), `{kind: "file", path}` (a model
     /// file of the same format) or `{kind: "none"}`.
     pub embedding: EmbeddingSelection,
+    /// What the history holds about each new user turn, brought into its prompt at assembly
+    /// (see `crate::recall`).
+    pub assembly_recall: AssemblyRecall,
+}
+
+/// `plugins.entries.lossless.config.assemblyRecall`: for each new user turn (the host's
+/// `prompt`), the history beyond the assembled context is searched and the best few excerpts
+/// are added to the prompt as one block after the context.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct AssemblyRecall {
+    /// Where it searches: `off`, `session` (this session), `key` (the session key's sessions,
+    /// earlier ones after a reset too, and what a spawned child's grants reach: the recall
+    /// tools' reach; the default) or `agent` (every session of the agent).
+    pub scope: RecallScope,
+    /// The block's tokens at most (counted inside the prompt's budget).
+    pub max_tokens: u64,
+    /// Excerpts at most.
+    pub max_items: usize,
+}
+
+/// Where recall at assembly searches.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RecallScope {
+    /// Nothing is recalled at assembly.
+    Off,
+    /// This session's history.
+    Session,
+    /// The recall tools' reach: the session key's sessions and the grants.
+    #[default]
+    Key,
+    /// Every session of the agent.
+    Agent,
+}
+
+impl Default for AssemblyRecall {
+    fn default() -> AssemblyRecall {
+        AssemblyRecall {
+            scope: RecallScope::Key,
+            max_tokens: 600,
+            max_items: 10,
+        }
+    }
 }
 
 /// `plugins.entries.lossless.config.embedding`.
@@ -249,6 +293,7 @@ impl Default for LosslessConfig {
             summarizer: None,
             retention: RetentionPolicy::default(),
             embedding: EmbeddingSelection::default(),
+            assembly_recall: AssemblyRecall::default(),
         }
     }
 }

@@ -20,6 +20,7 @@ use crate::catch_up::CatchUp;
 use crate::config::LosslessConfig;
 use crate::errors::store_error;
 use crate::lru::Lru;
+use crate::recall::RecallBlock;
 
 /// The engine id and the slot value that selects it.
 pub const ENGINE_ID: &str = "lossless";
@@ -73,6 +74,9 @@ pub(crate) struct Memory {
     pub(crate) catch_up_said: bool,
     /// Whether this process said the host's history does not reach the store's last message.
     pub(crate) catch_up_unmet_said: bool,
+    /// The recall block of the turn being assembled, by its prompt's hash: every request of
+    /// one turn carries the same (see `crate::recall`).
+    pub(crate) recall: Option<(u64, Option<RecallBlock>)>,
     /// Serializes compaction (after_turn, compact, commit_turn and catch-up can race).
     pub(crate) compaction_lock: Option<Arc<tokio::sync::Mutex<()>>>,
 }
@@ -143,6 +147,19 @@ impl LosslessEngine {
             inner.estimator.clone(),
             inner.config.clone(),
             clock,
+        )
+    }
+
+    /// The same engine (a fresh instance over the same store) with other settings: an
+    /// evaluation compares two settings on one history.
+    pub fn with_config(&self, config: LosslessConfig) -> LosslessEngine {
+        let inner = &self.inner;
+        LosslessEngine::with_parts(
+            inner.store.clone(),
+            inner.summarizer.clone(),
+            inner.estimator.clone(),
+            config,
+            inner.clock.clone(),
         )
     }
 

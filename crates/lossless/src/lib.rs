@@ -27,6 +27,7 @@ mod forget;
 mod ingest;
 mod lru;
 mod maintain;
+mod recall;
 mod registration;
 mod render;
 mod reset;
@@ -39,7 +40,8 @@ mod units;
 pub use budget::{HostPrompt, Limits};
 pub use compaction::{CompactionReport, CompactionRequest};
 pub use config::{
-    ConfigError, EmbeddingSelection, LosslessConfig, OverCap, RetentionPolicy, StoreSelection,
+    AssemblyRecall, ConfigError, EmbeddingSelection, LosslessConfig, OverCap, RecallScope,
+    RetentionPolicy, StoreSelection,
 };
 pub use engine::{CachedSessions, ENGINE_ID, LosslessEngine};
 pub use errors::ToolError;

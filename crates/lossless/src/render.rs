@@ -89,6 +89,23 @@ pub(crate) fn summary_depth(message: &AgentMessage) -> Option<u32> {
     depth.split_once('"')?.0.parse().ok()
 }
 
+/// Whether a message is one this engine rendered into an assembled context (a summary, or a
+/// recall block), not one of the host's: a host that hands the engine its own assembled
+/// context back as history (OpenClaw's calls inside a turn's tool loop) is not bringing turns.
+pub(crate) fn is_engine_rendering(message: &AgentMessage) -> bool {
+    let AgentMessage::User(user) = message else {
+        return false;
+    };
+    let text = match &user.content {
+        vilvona_core::message::MessageContent::Text(text) => text.as_str(),
+        vilvona_core::message::MessageContent::Blocks(blocks) => match blocks.first() {
+            Some(vilvona_core::message::ContentBlock::Text(text)) => text.text.as_str(),
+            _ => return false,
+        },
+    };
+    text.starts_with("<summary id=\"sum_") || text.starts_with(crate::recall::BLOCK_OPENING)
+}
+
 /// What a rendered summary costs in the context.
 pub(crate) fn summary_tokens(
     estimator: &dyn TokenEstimator,

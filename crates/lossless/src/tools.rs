@@ -67,13 +67,13 @@ pub fn tool_definitions() -> Vec<ToolDefinition> {
 }
 
 /// Where a caller may read.
-struct Scope {
+pub(crate) struct Scope {
     /// `(agent, conversations)` pairs.
-    reach: Vec<(String, Vec<ConversationId>)>,
+    pub(crate) reach: Vec<(String, Vec<ConversationId>)>,
     /// Conversations whose grant ended (for a clear refusal).
     ended: Vec<ConversationId>,
     token_cap: Option<u64>,
-    own: Conversation,
+    pub(crate) own: Conversation,
 }
 
 impl Scope {
@@ -92,7 +92,7 @@ impl Scope {
     }
 }
 
-fn message_id_string(id: MessageId) -> String {
+pub(crate) fn message_id_string(id: MessageId) -> String {
     format!("msg_{}", id.0)
 }
 
@@ -130,7 +130,7 @@ impl LosslessEngine {
         }
     }
 
-    async fn scope(&self, caller: &ToolCaller) -> Result<Scope, ToolError> {
+    pub(crate) async fn scope(&self, caller: &ToolCaller) -> Result<Scope, ToolError> {
         let store = self.store();
         let config = self.config();
         // Isolation follows the agent, not only the session id: a key of another agent
@@ -281,11 +281,10 @@ impl LosslessEngine {
         let since_ms = arguments::millis(arguments.since, "since")?;
         let before_ms = arguments::millis(arguments.before, "before")?;
         let scope = self.scope(caller).await?;
-        // The agent and conversations are each reach's (`search_reach`).
-        let search = |text: &str, since_ms, before_ms| SearchQuery {
+        let search = SearchQuery {
             agent_id: String::new(),
             conversations: Vec::new(),
-            text: text.to_owned(),
+            text: query.clone(),
             mode,
             target,
             since_ms,
@@ -293,44 +292,15 @@ impl LosslessEngine {
             limit,
             order,
         };
-        // A date the question names selects what was written then, unless the caller chose
-        // the times: those hits first (searched by the question's other words), then the
-        // undated search's, when there is room for them.
-        let named = match (since_ms, before_ms, mode) {
-            (None, None, SearchMode::Text | SearchMode::Hybrid | SearchMode::Semantic) => {
-                dates::named_date(&query).filter(|date| !date.rest.is_empty())
-            }
-            _ => None,
-        };
-        let mut hits = Vec::new();
-        let mut dated = None;
-        if let Some(date) = named {
-            hits = self
-                .search_reach(
-                    &scope,
-                    search(&date.rest, Some(date.since_ms), Some(date.before_ms)),
-                )
-                .await?;
-            dated = Some(json!({
+        let (hits, named) = self.search_dated(&scope, search).await?;
+        let dated = named.map(|(date, hits)| {
+            json!({
                 "said": date.said,
                 "since": format_utc_rfc3339(date.since_ms),
                 "before": format_utc_rfc3339(date.before_ms),
-                "hits": hits.len(),
-            }));
-        }
-        if hits.len() < limit {
-            let undated = self
-                .search_reach(&scope, search(&query, since_ms, before_ms))
-                .await?;
-            let first: Vec<HitSource> = hits.iter().map(|hit| hit.source.clone()).collect();
-            let room = limit - hits.len();
-            hits.extend(
-                undated
-                    .into_iter()
-                    .filter(|hit| !first.contains(&hit.source))
-                    .take(room),
-            );
-        }
+                "hits": hits,
+            })
+        });
         let mut results = Vec::with_capacity(hits.len());
         for hit in hits {
             let mut entry = json!({
@@ -373,6 +343,52 @@ impl LosslessEngine {
             answer["dated"] = dated;
         }
         Ok(answer)
+    }
+
+    /// A search in which a date the question names selects what was written then, unless the
+    /// query sets times of its own: those hits first (searched by the question's other words),
+    /// then the undated search's, when there is room for them. Also answers the date named and
+    /// how many hits it gave.
+    pub(crate) async fn search_dated(
+        &self,
+        scope: &Scope,
+        search: SearchQuery,
+    ) -> Result<(Vec<SearchHit>, Option<(dates::NamedDate, usize)>), ToolError> {
+        let named = match (search.since_ms, search.before_ms, search.mode) {
+            (None, None, SearchMode::Text | SearchMode::Hybrid | SearchMode::Semantic) => {
+                dates::named_date(&search.text).filter(|date| !date.rest.is_empty())
+            }
+            _ => None,
+        };
+        let mut hits = Vec::new();
+        let mut dated = None;
+        if let Some(date) = named {
+            hits = self
+                .search_reach(
+                    scope,
+                    SearchQuery {
+                        text: date.rest.clone(),
+                        since_ms: Some(date.since_ms),
+                        before_ms: Some(date.before_ms),
+                        ..search.clone()
+                    },
+                )
+                .await?;
+            let found = hits.len();
+            dated = Some((date, found));
+        }
+        if hits.len() < search.limit {
+            let room = search.limit - hits.len();
+            let undated = self.search_reach(scope, search).await?;
+            let first: Vec<HitSource> = hits.iter().map(|hit| hit.source.clone()).collect();
+            hits.extend(
+                undated
+                    .into_iter()
+                    .filter(|hit| !first.contains(&hit.source))
+                    .take(room),
+            );
+        }
+        Ok((hits, dated))
     }
 
     /// One search over every conversation the scope reaches (each agent's conversations in

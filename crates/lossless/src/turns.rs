@@ -83,8 +83,15 @@ impl LosslessEngine {
     ) -> Result<(), EngineError> {
         let last = self.last_recorded_turn(conversation).await?.unwrap_or(0);
         record.turn = last + 1;
-        record.context = self
-            .memory(conversation, |memory| memory.assembled_kinds.take())
+        let (kinds, recalled) = self.memory(conversation, |memory| {
+            (memory.assembled_kinds.take(), memory.recall.take())
+        });
+        record.context = kinds.unwrap_or_default();
+        // What recall at assembly brought into the turn's prompt (`crate::recall`); the next
+        // turn recalls anew.
+        record.recalled = recalled
+            .and_then(|(_, block)| block)
+            .map(|block| block.items)
             .unwrap_or_default();
         let mut chunk = self.turn_chunk(conversation, record.turn).await?;
         // A chunk that held an older hundred starts over.

@@ -49,7 +49,7 @@ pub use blobs::{BLOB_ID_KEY, referenced_blobs};
 pub use dag::{DagSummary, DagView};
 pub use error::{DatabaseError, IndexError, PostgresError, Result, StoreError};
 pub use pg::PgStore;
-pub use search::{MAX_QUERY_BYTES, MAX_QUERY_WORDS};
+pub use search::{MAX_QUERY_BYTES, MAX_QUERY_WORDS, fuse_hits, within_query_bounds};
 #[cfg(feature = "fault-injection")]
 pub use sqlite::FaultPlan;
 pub use sqlite::{DATABASE_FILE, INDEX_DIR, SCHEMA_VERSION, Store, StoreConfig};

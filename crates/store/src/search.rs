@@ -25,6 +25,20 @@ pub const MAX_QUERY_BYTES: usize = 4096;
 pub const MAX_QUERY_WORDS: usize = 64;
 
 /// Refuses a query over the bounds before any work is done for it.
+/// The longest start of `text` a search accepts as a query (at most [`MAX_QUERY_WORDS`] words
+/// and [`MAX_QUERY_BYTES`] bytes): a long message searched for by its own words.
+pub fn within_query_bounds(text: &str) -> &str {
+    let mut end = text.len().min(MAX_QUERY_BYTES);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    let head = &text[..end];
+    match words(head).get(MAX_QUERY_WORDS) {
+        Some(first_beyond) => &head[..first_beyond.start],
+        None => head,
+    }
+}
+
 pub(crate) fn check_bounds(query: &SearchQuery) -> Result<()> {
     let bytes = query.text.len();
     if bytes > MAX_QUERY_BYTES {
@@ -185,8 +199,9 @@ pub(crate) fn fuse(
 
 /// [`fuse`] for lists of hits (their snippets made already): the fused hits, each with its
 /// fused score and the text search's snippet when both lists hold it; newest first for
-/// recency.
-pub(crate) fn fuse_hits(
+/// recency. Hybrid search's fusion, for a caller that searched by words and by meaning apart
+/// (and chose from each list first).
+pub fn fuse_hits(
     text: Vec<SearchHit>,
     meaning: Vec<SearchHit>,
     query: &SearchQuery,

@@ -252,3 +252,83 @@ async fn a_session_begun_anew_takes_in_its_own_turns_without_commits() {
     assert_eq!(firsts.len(), 4, "{firsts:?}");
     assert!(firsts[0].starts_with("Turn 10:"), "{firsts:?}");
 }
+
+/// A caught-up turn is compacted against what its assembly says of the host's prompt, its
+/// budget beside its settings: OpenClaw states a prompt budget below the assembly's budget,
+/// which taken alone read as a window of 10.6k less an 8k reserve, and every turn was folded
+/// to nothing (a trigger of 0 in each turn's record).
+#[tokio::test]
+async fn a_caught_up_turn_is_compacted_against_the_assemblys_budget() {
+    let dir = TempDir::new().unwrap();
+    let engine = engine(&dir).await;
+    let settings = RuntimeSettings {
+        limits: Some(RuntimeLimits {
+            prompt_token_budget: Some(3_600),
+            max_output_tokens: Some(8_000),
+            ..RuntimeLimits::default()
+        }),
+        ..RuntimeSettings::default()
+    };
+    let mut history: Vec<AgentMessage> = Vec::new();
+    for n in 0..12 {
+        engine
+            .assemble(&AssembleParams {
+                session_id: "s".to_owned(),
+                session_key: Some(KEY.to_owned()),
+                messages: history.clone().into(),
+                prompt: Some(format!("turn {n}")),
+                token_budget: Some(4_000),
+                runtime_settings: Some(settings.clone()),
+                ..AssembleParams::default()
+            })
+            .await
+            .unwrap();
+        history.extend(turn(n));
+    }
+    let records = engine.turn_history(&caller("s")).await.unwrap();
+    assert!(!records.is_empty());
+    for record in &records {
+        assert!(
+            record.trigger >= 2_000,
+            "turn {}: trigger {}",
+            record.turn,
+            record.trigger
+        );
+    }
+}
+
+/// OpenClaw hands an engine that owns compaction its own assembled context back as history on
+/// each model call of a turn (summaries, the raw tail, a recall block): nothing of it is taken
+/// in. Before, the recall block was stored as the user's message, and no later turn met the
+/// store again: every turn after it was lost.
+#[tokio::test]
+async fn the_engines_own_context_handed_back_brings_no_turn() {
+    let dir = TempDir::new().unwrap();
+    let engine = engine(&dir).await;
+    let mut history: Vec<AgentMessage> = Vec::new();
+    for n in 0..16 {
+        assemble(&engine, "s", &history, &format!("turn {n}")).await;
+        history.extend(turn(n));
+    }
+    let asked = "What did we decide about crates/m3/src/lib.rs back then?";
+    let first = assemble(&engine, "s", &history, asked).await;
+    let last = first.messages.iter().last().unwrap().plain_text();
+    assert!(
+        last.starts_with("<recall"),
+        "the question recalls turn 3: {last}"
+    );
+    let before = stored_texts(&engine, "s").await;
+    // The calls inside the turn's tool loop: the engine's own output as the history.
+    let handed_back: Vec<AgentMessage> = first.messages.iter().cloned().collect();
+    let again = assemble(&engine, "s", &handed_back, asked).await;
+    assert_eq!(stored_texts(&engine, "s").await, before, "nothing taken in");
+    assert_eq!(
+        again.messages.iter().last().unwrap().plain_text(),
+        last,
+        "every request of one turn carries the same block"
+    );
+    // The next turn's history meets the store as before.
+    history.extend(turn(16));
+    assemble(&engine, "s", &history, "turn 17").await;
+    holds_each_turn_once(&stored_texts(&engine, "s").await, 17);
+}
