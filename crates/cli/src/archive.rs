@@ -11,7 +11,7 @@ use anyhow::{Context, Result};
 use vilvona_core::archive::SessionArchive;
 use vilvona_core::clock::now_ms;
 
-use crate::inspect::{admin, find_session};
+use crate::session::{admin, find_session};
 use crate::{Global, print_json};
 
 /// Writes a session's history to `out`: complete or not at all (a temporary file beside it

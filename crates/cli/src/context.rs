@@ -8,7 +8,7 @@ use anyhow::{Context as _, Result};
 use vilvona_runtime::context_report::{ContextReport, Part, context_report};
 use vilvona_runtime::workspace::FileStatus;
 
-use crate::inspect::find_session;
+use crate::session::find_session;
 use crate::treemap::{Tile, render_treemap};
 use crate::{ContextView, Global, print_json};
 
@@ -212,10 +212,10 @@ async fn dag(
         print_json(&crate::views::dag(&host, session, false).await?)?;
         return Ok(ExitCode::SUCCESS);
     }
-    let (key, record) = crate::inspect::find_session(&host, session).await?;
-    let view = crate::inspect::admin(&host)
+    let (key, record) = crate::session::find_session(&host, session).await?;
+    let view = crate::session::admin(&host)
         .await?
-        .dag(&crate::inspect::caller(&key, &record))
+        .dag(&crate::session::caller(&key, &record))
         .await?;
     match format {
         crate::DagFormat::Json => {}

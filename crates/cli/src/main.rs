@@ -6,6 +6,7 @@ mod dag;
 mod inspect;
 mod replay;
 mod retention;
+mod session;
 mod timeline;
 mod treemap;
 mod ui;

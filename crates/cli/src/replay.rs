@@ -15,7 +15,7 @@ use vilvona_runtime::context_report::context_report;
 use vilvona_transcript::{Entry, for_each_turn, read_transcript, session_messages};
 
 use crate::context::grouped;
-use crate::inspect::{admin, caller};
+use crate::session::{admin, caller};
 use crate::{Global, print_json, require_file};
 
 /// A recorded turn: its messages and their entry ids.

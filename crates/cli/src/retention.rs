@@ -7,7 +7,7 @@ use anyhow::{Result, anyhow};
 use serde_json::json;
 use vilvona_core::admin::RetentionKind;
 
-use crate::inspect::{admin, find_session};
+use crate::session::{admin, find_session};
 use crate::{Global, print_json};
 
 /// Forgets a session, or its messages before a time.

@@ -151,7 +151,7 @@ async fn repair(served: &Served, request: &Value) -> Result<Value> {
         }
         "rebuild-index" => {
             let host = global.host().await?;
-            let documents = crate::inspect::admin(&host).await?.rebuild_index().await?;
+            let documents = crate::session::admin(&host).await?.rebuild_index().await?;
             Ok(json!({"repair": "rebuild-index", "rebuilt": documents}))
         }
         "resummarize" => {
@@ -167,10 +167,10 @@ async fn repair(served: &Served, request: &Value) -> Result<Value> {
                 }
                 false => &served.host,
             };
-            let (key, record) = crate::inspect::find_session(host, session).await?;
-            let done = crate::inspect::admin(host)
+            let (key, record) = crate::session::find_session(host, session).await?;
+            let done = crate::session::admin(host)
                 .await?
-                .resummarize(&crate::inspect::caller(&key, &record), confirmed)
+                .resummarize(&crate::session::caller(&key, &record), confirmed)
                 .await?;
             let mut answer = serde_json::to_value(&done)?;
             answer["repair"] = json!("resummarize");

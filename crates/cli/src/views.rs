@@ -13,7 +13,7 @@ use vilvona_core::admin::{StorageCheck, TokenPrices, TurnRecord};
 use vilvona_runtime::Host;
 use vilvona_runtime::context_report::{ContextReport, context_report};
 
-use crate::inspect::{admin, caller, find_session};
+use crate::session::{admin, caller, find_session};
 
 /// How long a `watch` waits for a change before it answers "unchanged".
 const WATCH_WAIT: Duration = Duration::from_secs(20);
@@ -171,7 +171,7 @@ pub(crate) async fn timeline(
 pub(crate) async fn stats(host: &Host, session: &str) -> Result<Value> {
     let (key, record) = find_session(host, session).await?;
     let engine = host.history().await?;
-    let admin = crate::inspect::admin_of(&engine)?;
+    let admin = crate::session::admin_of(&engine)?;
     let stats = admin.session_stats(&caller(&key, &record)).await?;
     let usage = admin.usage().await?;
     let mut value = serde_json::to_value(&stats)?;
@@ -191,7 +191,7 @@ pub(crate) async fn history(
 ) -> Result<Vec<TurnRecord>> {
     let (key, record) = find_session(host, session).await?;
     let engine = host.history().await?;
-    let admin = crate::inspect::admin_of(&engine)?;
+    let admin = crate::session::admin_of(&engine)?;
     let mut turns = admin.turn_history(&caller(&key, &record)).await?;
     if let Some(prices) = prices {
         for usage in turns.iter_mut().filter_map(|turn| turn.usage.as_mut()) {

@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::archive::{ImportReport, SessionArchive};
-use crate::engine::EngineError;
+use crate::error::EngineError;
 
 /// A tool as a host offers it to a model: its name, what it does, and the JSON schema of its
 /// arguments.

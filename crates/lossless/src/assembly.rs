@@ -17,7 +17,7 @@ use crate::cache::{Rendition, lock_map};
 use crate::catch_up::same_message;
 use crate::engine::LosslessEngine;
 use crate::errors::store_error;
-use crate::recall::RecallBlock;
+use crate::memory::RecallBlock;
 use crate::units::unit_end;
 
 impl LosslessEngine {

@@ -26,13 +26,13 @@
 //! never tells the host it holds the history ([`AssembleResult::holds_history`]), so the host
 //! keeps sending it; the next commit ends that.
 
-use serde::{Deserialize, Serialize};
 use vilvona_core::engine::*;
 use vilvona_core::message::AgentMessage;
 use vilvona_store::*;
 
 use crate::engine::LosslessEngine;
 use crate::errors::store_error;
+use crate::memory::CatchUp;
 use crate::render::is_engine_rendering;
 
 /// The state key of a conversation's [`CatchUp`].
@@ -41,20 +41,6 @@ pub(crate) const CATCH_UP: &str = "catchUp";
 /// How many of the store's last messages must stand together in the host's history for the
 /// two to meet there.
 const MEET_RUN: u64 = 4;
-
-/// What catch-up took in for a conversation.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub(crate) struct CatchUp {
-    /// Turns taken in from the host's history at a later turn (its user messages; at least
-    /// one a time).
-    pub(crate) turns: u64,
-    /// Messages taken in so.
-    pub(crate) messages: u64,
-    /// Whether the host's commits are missing now: history was taken in since the last commit
-    /// (or the session's history was first taken from an assembly, before any commit).
-    pub(crate) missing: bool,
-}
 
 /// Whether a stored message and one of the host's are the same message: the same role, the
 /// same time when both carry one, the same tool call for a tool's result, and the same text

@@ -4,7 +4,6 @@
 //! [`crate::tools`], [`crate::forget`]) adds its own `impl LosslessEngine` and takes nothing
 //! else from here.
 
-use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex as StdMutex};
 
@@ -16,11 +15,10 @@ use vilvona_store::*;
 
 use crate::budget::{HOST_BUDGET, HOST_PROMPT, HostPrompt};
 use crate::cache::{Assemblies, RenderedItems, lock_map};
-use crate::catch_up::CatchUp;
 use crate::config::LosslessConfig;
 use crate::errors::store_error;
 use crate::lru::Lru;
-use crate::recall::RecallBlock;
+use crate::memory::Memory;
 
 /// The engine id and the slot value that selects it.
 pub const ENGINE_ID: &str = "lossless";
@@ -50,46 +48,6 @@ pub(crate) struct Inner {
 /// Most sessions whose conversation row and [`Memory`] are kept (the least recently used go
 /// first; read from the store again on a miss).
 const SESSION_CACHE: usize = 4_096;
-
-/// What the engine keeps in memory about one conversation: caches of its stored state, and
-/// what the current turn noted before its commit. A conversation let go (idle past
-/// [`SESSION_CACHE`]) reads what it needs from the store again; one whose compaction lock is
-/// held is never let go, so two callers never hold two locks for one conversation.
-#[derive(Debug, Default)]
-pub(crate) struct Memory {
-    /// What the host said and observed about its prompt (the store's `host.prompt`).
-    pub(crate) host_prompt: Option<HostPrompt>,
-    /// The smallest budget the host gave the assemblies of the current turn (kept as the
-    /// conversation's budget when the turn is committed).
-    pub(crate) turn_budget: Option<u64>,
-    /// How many of the host's leading messages the conversation's seeded context stands for
-    /// (a fork child's, a session begun anew's; 0 for the others): see `crate::subagents`.
-    pub(crate) host_offset: Option<u64>,
-    /// What the last assembly held, tokens by kind: the turn recorded next keeps it (see
-    /// `crate::turns`).
-    pub(crate) assembled_kinds: Option<BTreeMap<String, u64>>,
-    /// What catch-up took in (the store's `catchUp`): see `crate::catch_up`.
-    pub(crate) catch_up: Option<CatchUp>,
-    /// Whether this process said it took in a turn the host never committed (said once).
-    pub(crate) catch_up_said: bool,
-    /// Whether this process said the host's history does not reach the store's last message.
-    pub(crate) catch_up_unmet_said: bool,
-    /// The recall block of the turn being assembled, by its prompt's hash: every request of
-    /// one turn carries the same (see `crate::recall`).
-    pub(crate) recall: Option<(u64, Option<RecallBlock>)>,
-    /// Serializes compaction (after_turn, compact, commit_turn and catch-up can race).
-    pub(crate) compaction_lock: Option<Arc<tokio::sync::Mutex<()>>>,
-}
-
-impl Memory {
-    /// Whether the conversation's memory may be let go: nobody holds or waits for its
-    /// compaction lock.
-    fn may_go(&self) -> bool {
-        self.compaction_lock
-            .as_ref()
-            .is_none_or(|lock| Arc::strong_count(lock) == 1)
-    }
-}
 
 /// What [`LosslessEngine::cached_sessions`] reports.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -27,6 +27,7 @@ mod forget;
 mod ingest;
 mod lru;
 mod maintain;
+mod memory;
 mod recall;
 mod registration;
 mod render;

@@ -35,6 +35,7 @@ use vilvona_summarize::format_utc_rfc3339;
 use crate::config::RecallScope;
 use crate::engine::LosslessEngine;
 use crate::errors::ToolError;
+use crate::memory::RecallBlock;
 use crate::tools::{Scope, message_id_string};
 
 /// How many hits of each search (words, meaning) are read: the reference rank's, and more.
@@ -57,25 +58,11 @@ const EXCERPT_BYTES: usize = 420;
 /// The fewest tokens worth a block: less room than this, and nothing is added.
 const MIN_BLOCK_TOKENS: u64 = 48;
 
-/// How a block begins (how a host's history that holds it back is told from the host's own).
-pub(crate) const BLOCK_OPENING: &str = "<recall note=";
-
 /// The block's first line.
 const BLOCK_HEAD: &str = "<recall note=\"what the history holds about the request below, found by vilvona; not part of the conversation. vilvona_describe or vilvona_expand an id to read more\">";
 
 /// The block's last line.
 const BLOCK_TAIL: &str = "</recall>";
-
-/// A turn's recall block.
-#[derive(Clone, Debug)]
-pub(crate) struct RecallBlock {
-    /// The block, a user-role message.
-    pub(crate) message: AgentMessage,
-    /// Its tokens.
-    pub(crate) tokens: u64,
-    /// What it holds.
-    pub(crate) items: Vec<RecalledItem>,
-}
 
 /// A hit that stood out, with the score it was chosen by.
 struct Chosen {
@@ -310,6 +297,11 @@ mod tests {
         // Rare words: a few rows match at all.
         assert!(stands_out(&[hit(1, 3.0), hit(2, 2.5)], text_stands_out));
         assert!(!stands_out(&[], text_stands_out));
+    }
+
+    #[test]
+    fn a_block_opens_as_a_host_history_is_told_from_the_engines_own() {
+        assert!(BLOCK_HEAD.starts_with(crate::render::RECALL_BLOCK_OPENING));
     }
 
     #[test]

@@ -89,6 +89,10 @@ pub(crate) fn summary_depth(message: &AgentMessage) -> Option<u32> {
     depth.split_once('"')?.0.parse().ok()
 }
 
+/// How a recall block (`crate::recall`) begins: how a host's history that holds one back is
+/// told from the host's own.
+pub(crate) const RECALL_BLOCK_OPENING: &str = "<recall note=";
+
 /// Whether a message is one this engine rendered into an assembled context (a summary, or a
 /// recall block), not one of the host's: a host that hands the engine its own assembled
 /// context back as history (OpenClaw's calls inside a turn's tool loop) is not bringing turns.
@@ -103,7 +107,7 @@ pub(crate) fn is_engine_rendering(message: &AgentMessage) -> bool {
             _ => return false,
         },
     };
-    text.starts_with("<summary id=\"sum_") || text.starts_with(crate::recall::BLOCK_OPENING)
+    text.starts_with("<summary id=\"sum_") || text.starts_with(RECALL_BLOCK_OPENING)
 }
 
 /// What a rendered summary costs in the context.

@@ -6,7 +6,7 @@ use vilvona_core::tokens::TokenEstimator;
 
 use vilvona_core::tokens::is_cjk;
 
-use crate::extractive::{ExtractiveSummarizer, PINNED_PREFIX, sentences};
+use crate::lines::{EXTRACTIVE_ID, PINNED_PREFIX, sentences};
 
 /// Sentences an offline answer quotes at most.
 const MAX_SENTENCES: usize = 3;
@@ -176,7 +176,7 @@ fn answer_from(
         return Answer {
             text: "Nothing in the history found for this question answers it.".to_owned(),
             citations: Vec::new(),
-            answered_by: ExtractiveSummarizer::ID.to_owned(),
+            answered_by: EXTRACTIVE_ID.to_owned(),
         };
     }
     chosen.sort();
@@ -194,7 +194,7 @@ fn answer_from(
             .collect::<Vec<_>>()
             .join(" "),
         citations,
-        answered_by: ExtractiveSummarizer::ID.to_owned(),
+        answered_by: EXTRACTIVE_ID.to_owned(),
     }
 }
 

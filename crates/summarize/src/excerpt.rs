@@ -19,8 +19,8 @@ use std::borrow::Cow;
 
 use vilvona_core::summarize::SourceItem;
 
-use crate::extractive::sentences;
-use crate::{PINNED_PREFIX, identifiers};
+use crate::identifiers;
+use crate::lines::{PINNED_PREFIX, sentences};
 
 /// The most `Pinned:` lines read from between an excerpt's head and tail.
 const PINNED_LINES: usize = 8;

@@ -21,15 +21,12 @@ use vilvona_core::summarize::{
 use vilvona_core::tokens::TokenEstimator;
 
 use crate::identifiers::identifiers;
+use crate::lines::{EXTRACTIVE_ID, PINNED_PREFIX, sentences};
 use crate::time::format_utc_minutes;
 use crate::truncate::truncate;
 
 /// The prefix of the footer line; engines and tests look for it.
 pub const EXPAND_FOOTER: &str = "Expand for details about:";
-
-/// The prefix of a pinned fact's line. A condensed summary carries its children's pinned lines
-/// up (within [`PINNED_SHARE`] of its target), so a fact stated once survives every level.
-pub const PINNED_PREFIX: &str = "Pinned:";
 
 /// The share of a summary's target its pinned facts may take.
 const PINNED_SHARE: f64 = 0.5;
@@ -49,7 +46,7 @@ pub struct ExtractiveSummarizer {
 }
 
 impl ExtractiveSummarizer {
-    pub const ID: &'static str = "extractive/v1";
+    pub const ID: &'static str = EXTRACTIVE_ID;
 
     pub fn new(estimator: Arc<dyn TokenEstimator>) -> ExtractiveSummarizer {
         ExtractiveSummarizer { estimator }
@@ -406,31 +403,6 @@ fn looks_like_code(line: &str) -> bool {
     .any(|prefix| trimmed.starts_with(prefix));
     let code_end = trimmed.ends_with(';') || trimmed.ends_with('{') || trimmed.ends_with('}');
     (indented && (code_start || code_end)) || (code_start && code_end)
-}
-
-/// Splits a line after `.`, `!` or `?` followed by whitespace.
-pub(crate) fn sentences(line: &str) -> Vec<&str> {
-    let mut out = Vec::new();
-    let mut start = 0;
-    let bytes = line.as_bytes();
-    for (index, byte) in bytes.iter().enumerate() {
-        let ends = matches!(byte, b'.' | b'!' | b'?');
-        let next_is_space = bytes
-            .get(index + 1)
-            .is_some_and(|next| next.is_ascii_whitespace());
-        if ends && next_is_space {
-            let sentence = line[start..=index].trim();
-            if !sentence.is_empty() {
-                out.push(sentence);
-            }
-            start = index + 1;
-        }
-    }
-    let rest = line[start..].trim();
-    if !rest.is_empty() {
-        out.push(rest);
-    }
-    out
 }
 
 fn clip(text: &str, max_chars: usize) -> String {

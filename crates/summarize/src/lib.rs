@@ -14,14 +14,16 @@ mod answer;
 mod excerpt;
 mod extractive;
 mod identifiers;
+mod lines;
 mod time;
 mod tokenizer;
 mod truncate;
 
 pub use answer::{extractive_answer, meaning_answer};
 pub use excerpt::prompt_excerpt;
-pub use extractive::{EXPAND_FOOTER, ExtractiveSummarizer, PINNED_PREFIX};
+pub use extractive::{EXPAND_FOOTER, ExtractiveSummarizer};
 pub use identifiers::identifiers;
+pub use lines::PINNED_PREFIX;
 pub use time::{format_utc_minutes, format_utc_rfc3339, parse_rfc3339};
 pub use tokenizer::{BpeEstimator, TokenizerKind, estimator};
 pub use truncate::{FALLBACK_MARKER, TRUNCATION_ID, truncate};

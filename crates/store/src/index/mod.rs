@@ -707,7 +707,7 @@ impl RecallIndex {
             return Ok(Vec::new());
         };
         let conversations = sorted_conversations(query);
-        let scope = top::Scope {
+        let scope = facts::Scope {
             conversations: &conversations,
             kind: target_kind(query.target),
             since_ms: query.since_ms,
@@ -778,7 +778,7 @@ impl RecallIndex {
         let limit = query.limit.max(1);
         if plan == Plan::Prune {
             let conversations = sorted_conversations(query);
-            let scope = top::Scope {
+            let scope = facts::Scope {
                 conversations: &conversations,
                 kind,
                 since_ms: query.since_ms,
@@ -969,7 +969,7 @@ impl IndexSlot {
     }
 }
 
-/// The query's conversations as the index keys them, sorted (a [`top::Scope`]'s).
+/// The query's conversations as the index keys them, sorted (a [`facts::Scope`]'s).
 fn sorted_conversations(query: &SearchQuery) -> Vec<u64> {
     let mut conversations: Vec<u64> = query
         .conversations
@@ -1578,7 +1578,7 @@ mod tests {
         // The same from a cache that holds both segments, one of them, or none (the rest
         // read from the index files at each search), searched twice each; and so for
         // every document in scope (the best 25 are all in the newer segment).
-        let scope = top::Scope {
+        let scope = facts::Scope {
             conversations: &[1],
             kind: target_kind(query.target),
             since_ms: query.since_ms,

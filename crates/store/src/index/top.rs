@@ -10,35 +10,7 @@
 use tantivy::query::{EnableScoring, Query};
 use tantivy::{Score, Searcher};
 
-use super::facts::FactCache;
-
-/// Which documents count: fast-field values, checked for each candidate.
-pub(super) struct Scope<'a> {
-    /// Sorted.
-    pub(super) conversations: &'a [u64],
-    pub(super) kind: Option<u64>,
-    pub(super) since_ms: Option<i64>,
-    pub(super) before_ms: Option<i64>,
-}
-
-impl Scope<'_> {
-    /// Whether a document of these values is in the scope (its kind and time asked for only
-    /// when the scope limits them).
-    pub(super) fn admits(
-        &self,
-        conversation: Option<u64>,
-        kind: impl FnOnce() -> Option<u64>,
-        time: impl FnOnce() -> Option<i64>,
-    ) -> bool {
-        conversation.is_some_and(|value| self.conversations.binary_search(&value).is_ok())
-            && self.kind.is_none_or(|wanted| kind() == Some(wanted))
-            && (self.since_ms.is_none() && self.before_ms.is_none()
-                || time().is_some_and(|time| {
-                    self.since_ms.is_none_or(|since| time >= since)
-                        && self.before_ms.is_none_or(|before| time < before)
-                }))
-    }
-}
+use super::facts::{FactCache, Scope};
 
 /// The best `limit` documents of `query` in `scope` as `(score, key)`, best first; equal
 /// scores are ordered by key, the highest (newest row) first, so which rows make the cut does

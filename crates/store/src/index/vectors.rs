@@ -29,8 +29,9 @@ use tantivy::index::SegmentId;
 use tantivy::{Score, Searcher};
 use vilvona_embed::{QueryVector, Vectors};
 
+use super::facts::Scope;
 use super::facts::{FactCache, FactColumns, Facts};
-use super::top::{Scope, Top};
+use super::top::Top;
 
 /// One segment's vectors, laid out in document order in one buffer (a search reads them
 /// front to back), with the fast-field values a scope is checked by.
