@@ -464,7 +464,7 @@ pub(crate) async fn import(
             )
             .await?;
         let id: i64 = at(&row, 0)?;
-        super::insert_edges(client, id, &children).await?;
+        super::write::insert_edges(client, id, &children).await?;
         summaries.insert(summary.summary_id.clone(), id);
         report.summaries += 1;
     }

@@ -6,7 +6,9 @@ use std::collections::HashSet;
 
 use super::Sql;
 
-use super::{at, lock_conversation, span_of, summaries_above};
+use super::at;
+use super::read::{span_of, summaries_above};
+use super::write::lock_conversation;
 use crate::error::Result;
 use crate::index::IndexedRow;
 use crate::types::*;
@@ -130,7 +132,7 @@ pub(crate) async fn apply(client: &impl Sql, plan: &ForgetPlan) -> Result<Option
             )
             .await?
             .iter()
-            .map(|row| Ok((at(row, 0)?, super::item_of(at(row, 1)?, at(row, 2)?))))
+            .map(|row| Ok((at(row, 0)?, super::read::item_of(at(row, 1)?, at(row, 2)?))))
             .collect::<Result<Vec<(i64, ItemRef)>>>()?;
         let current = client
             .row(

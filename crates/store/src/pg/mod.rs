@@ -1,7 +1,8 @@
 //! The PostgreSQL backend: the same [`HistoryStore`] over a database that several gateways on
 //! several machines share. Its twin is `crate::sqlite`: the same jobs in files of the same
-//! names (`archive`, `forget`, `schema`, `search`; reads and writes are here, in `mod.rs`), and
-//! `follow` keeps this node's index beside the shared rows.
+//! names (`archive`, `forget`, `read`, `schema`, `search`, `write`; the store's handle, its pool
+//! and the trait's dispatch are here), and `follow` keeps this node's index beside the shared
+//! rows.
 //!
 //! - **Driver**: tokio-postgres with a deadpool pool. The trait is async and PostgreSQL is a
 //!   network service, so an async driver keeps no thread waiting on the network; tokio-postgres
@@ -22,10 +23,11 @@
 mod archive;
 mod follow;
 mod forget;
+mod read;
 mod schema;
 mod search;
+mod write;
 
-use std::collections::HashMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -33,21 +35,23 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod};
+use tokio_postgres::types::FromSql;
 use tokio_postgres::types::ToSql;
-use tokio_postgres::types::{FromSql, FromSqlOwned};
 use tokio_postgres::{NoTls, Row};
 use vilvona_core::archive::{ImportReport, SessionArchive};
 use vilvona_core::clock::now_ms;
-use vilvona_core::summarize::SummaryKind;
 
 use crate::HistoryStore;
-use crate::dag::{self, DagSummary, DagView};
+use crate::dag::{self, DagView};
 use crate::error::{PostgresError, Result, StoreError};
-use crate::index::{IndexedRow, Waiting};
-use crate::rows::prepare;
-use crate::rows::{POSITION_STEP, hex16, summary_id};
+use crate::index::Waiting;
+use crate::rows::hex16;
 use crate::types::*;
 use follow::Follower;
+use read::{
+    SUMMARY_COLUMNS, conversation_by_key, conversations_where, message, parent_row,
+    summaries_above, summary, summary_row, top_ancestor_row,
+};
 
 use crate::index::SharedEmbedder;
 
@@ -130,42 +134,6 @@ impl<T: deadpool_postgres::GenericClient + Sync> Sql for T {}
 /// A column, typed; a mismatch is an error, never a panic.
 fn at<'a, T: FromSql<'a>>(row: &'a Row, index: usize) -> Result<T> {
     Ok(row.try_get(index)?)
-}
-
-/// A conversation's messages by ingest key (`$2`): the key, id and seq of each found. One
-/// probe of the unique index per key, whatever plan the prepared statement settled on while
-/// the table was small.
-const MESSAGES_BY_KEY: &str = "SELECT k.key, m.id, m.seq FROM unnest($2::BYTEA[]) AS k(key)
-     CROSS JOIN LATERAL (SELECT id, seq FROM messages
-                         WHERE conversation_id = $1 AND ingest_key = k.key LIMIT 1) AS m";
-
-/// A conversation's messages by place (`$2`, seqs): the seq, id and stored JSON of each found.
-const MESSAGES_BY_PLACE: &str = "SELECT p.seq, m.id, m.json FROM unnest($2::BIGINT[]) AS p(seq)
-     CROSS JOIN LATERAL (SELECT id, json FROM messages
-                         WHERE conversation_id = $1 AND seq = p.seq LIMIT 1) AS m";
-
-/// The rows `sql` finds for `probes` in a conversation (`$1` the conversation, `$2` the
-/// probes), by their first column; the second and third make the value. No probes, no query.
-async fn probe<P, K, A, B>(
-    client: &impl Sql,
-    sql: &str,
-    conversation: ConversationId,
-    probes: &[P],
-) -> Result<HashMap<K, (A, B)>>
-where
-    P: ToSql + Sync,
-    K: FromSqlOwned + Eq + std::hash::Hash,
-    A: FromSqlOwned,
-    B: FromSqlOwned,
-{
-    if probes.is_empty() {
-        return Ok(HashMap::new());
-    }
-    let mut found = HashMap::new();
-    for row in client.rows(sql, &[&conversation.0, &probes]).await? {
-        found.insert(at(&row, 0)?, (at(&row, 1)?, at(&row, 2)?));
-    }
-    Ok(found)
 }
 
 fn count(row: &Row, index: usize) -> Result<u64> {
@@ -371,349 +339,6 @@ impl PgStore {
     }
 }
 
-const CONVERSATION_COLUMNS: &str = "c.id, c.agent_id, c.session_id, c.session_key, c.active,
-    c.created_at, c.context_tokens, c.next_seq,
-    (SELECT max(m.created_at) FROM messages m WHERE m.conversation_id = c.id
-        AND m.seq = c.next_seq - 1), c.archived_at, c.forgotten_messages";
-
-fn conversation_row(row: &Row) -> Result<Conversation> {
-    let next_seq: i64 = at(row, 7)?;
-    let forgotten: i64 = at(row, 10)?;
-    Ok(Conversation {
-        id: ConversationId(at(row, 0)?),
-        agent_id: at(row, 1)?,
-        session_id: at(row, 2)?,
-        session_key: at(row, 3)?,
-        active: at(row, 4)?,
-        created_at_ms: at(row, 5)?,
-        context_tokens: count(row, 6)?,
-        message_count: next_seq.max(0) as u64,
-        last_activity_ms: at(row, 8)?,
-        archived_at_ms: at(row, 9)?,
-        stored_messages: (next_seq - forgotten).max(0) as u64,
-    })
-}
-
-const MESSAGE_COLUMNS: &str =
-    "m.id, m.conversation_id, m.seq, m.role, m.json, m.tokens, m.created_at";
-
-fn message_row(row: &Row, offset: usize) -> Result<StoredMessage> {
-    Ok(StoredMessage {
-        id: MessageId(at(row, offset)?),
-        conversation: ConversationId(at(row, offset + 1)?),
-        seq: count(row, offset + 2)?,
-        role: at(row, offset + 3)?,
-        json: at(row, offset + 4)?,
-        tokens: count(row, offset + 5)?,
-        created_at_ms: at(row, offset + 6)?,
-    })
-}
-
-const SUMMARY_COLUMNS: &str = "s.id, s.summary_id, s.conversation_id, s.depth, s.kind, s.content,
-    s.tokens, s.earliest_at, s.latest_at, s.first_seq, s.last_seq, s.level, s.summarizer,
-    s.created_at";
-
-fn summary_row(row: &Row, offset: usize) -> Result<StoredSummary> {
-    Ok(StoredSummary {
-        row_id: SummaryRowId(at(row, offset)?),
-        summary_id: at(row, offset + 1)?,
-        conversation: ConversationId(at(row, offset + 2)?),
-        depth: count(row, offset + 3)? as u32,
-        kind: parse_kind(&at::<String>(row, offset + 4)?)?,
-        content: at(row, offset + 5)?,
-        tokens: count(row, offset + 6)?,
-        earliest_at_ms: at(row, offset + 7)?,
-        latest_at_ms: at(row, offset + 8)?,
-        first_seq: count(row, offset + 9)?,
-        last_seq: count(row, offset + 10)?,
-        level: parse_level(&at::<String>(row, offset + 11)?)?,
-        summarizer: at(row, offset + 12)?,
-        created_at_ms: at(row, offset + 13)?,
-    })
-}
-
-fn item_of(message: Option<i64>, summary: Option<i64>) -> ItemRef {
-    match (message, summary) {
-        (Some(id), _) => ItemRef::Message(MessageId(id)),
-        (None, Some(id)) => ItemRef::Summary(SummaryRowId(id)),
-        (None, None) => ItemRef::Message(MessageId(-1)),
-    }
-}
-
-fn columns_of(item: ItemRef) -> (Option<i64>, Option<i64>) {
-    match item {
-        ItemRef::Message(id) => (Some(id.0), None),
-        ItemRef::Summary(id) => (None, Some(id.0)),
-    }
-}
-
-async fn conversation_by_key(
-    client: &impl Sql,
-    key: &ConversationKey,
-) -> Result<Option<Conversation>> {
-    client
-        .row_opt(
-            &format!(
-                "SELECT {CONVERSATION_COLUMNS} FROM conversations c
-                 WHERE c.agent_id = $1 AND c.session_id = $2"
-            ),
-            &[&key.agent_id, &key.session_id],
-        )
-        .await?
-        .as_ref()
-        .map(conversation_row)
-        .transpose()
-}
-
-async fn conversations_where(
-    client: &impl Sql,
-    condition: &str,
-    params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
-) -> Result<Vec<Conversation>> {
-    client
-        .rows(
-            &format!(
-                "SELECT {CONVERSATION_COLUMNS} FROM conversations c WHERE {condition} ORDER BY c.id"
-            ),
-            params,
-        )
-        .await?
-        .iter()
-        .map(conversation_row)
-        .collect()
-}
-
-pub(crate) async fn message(client: &impl Sql, id: MessageId) -> Result<Option<StoredMessage>> {
-    client
-        .row_opt(
-            &format!("SELECT {MESSAGE_COLUMNS} FROM messages m WHERE m.id = $1"),
-            &[&id.0],
-        )
-        .await?
-        .map(|row| message_row(&row, 0))
-        .transpose()
-}
-
-pub(crate) async fn summary(
-    client: &impl Sql,
-    row_id: SummaryRowId,
-) -> Result<Option<StoredSummary>> {
-    client
-        .row_opt(
-            &format!("SELECT {SUMMARY_COLUMNS} FROM summaries s WHERE s.id = $1"),
-            &[&row_id.0],
-        )
-        .await?
-        .map(|row| summary_row(&row, 0))
-        .transpose()
-}
-
-/// The summary directly above an item in the item's own conversation (a fork's summaries
-/// may lie above its parent's rows too; the walk up follows the owner's). Twin of the SQLite
-/// backend's.
-async fn parent_row(client: &impl Sql, item: ItemRef) -> Result<Option<SummaryRowId>> {
-    let (sql, id) = match item {
-        ItemRef::Message(id) => (
-            "SELECT e.parent_id FROM summary_edges e JOIN summaries p ON p.id = e.parent_id
-             WHERE e.child_message_id = $1
-               AND p.conversation_id = (SELECT conversation_id FROM messages WHERE id = $1)",
-            id.0,
-        ),
-        ItemRef::Summary(id) => (
-            "SELECT e.parent_id FROM summary_edges e JOIN summaries p ON p.id = e.parent_id
-             WHERE e.child_summary_id = $1
-               AND p.conversation_id = (SELECT conversation_id FROM summaries WHERE id = $1)",
-            id.0,
-        ),
-    };
-    client
-        .row_opt(sql, &[&id])
-        .await?
-        .map(|row| at(&row, 0).map(SummaryRowId))
-        .transpose()
-}
-
-/// The topmost summary above an item in the item's own conversation, in one read (the walk
-/// up the edges runs in the database; a fork's summaries above the same rows are not on it).
-pub(crate) async fn top_ancestor_row(
-    client: &impl Sql,
-    item: ItemRef,
-) -> Result<Option<SummaryRowId>> {
-    let (message, summary) = columns_of(item);
-    client
-        .row_opt(
-            "WITH RECURSIVE owner(id) AS (
-                 SELECT conversation_id FROM messages WHERE id = $1
-                 UNION ALL SELECT conversation_id FROM summaries WHERE id = $2
-             ),
-             up(id, depth) AS (
-                 SELECT e.parent_id, 1 FROM summary_edges e
-                 JOIN summaries p ON p.id = e.parent_id AND p.conversation_id IN (SELECT id FROM owner)
-                 WHERE e.child_message_id = $1 OR e.child_summary_id = $2
-                 UNION ALL
-                 SELECT e.parent_id, up.depth + 1 FROM summary_edges e JOIN up ON e.child_summary_id = up.id
-                 JOIN summaries p ON p.id = e.parent_id AND p.conversation_id IN (SELECT id FROM owner)
-                 WHERE up.depth < 10000 -- a damaged DAG's cycle ends here
-             )
-             SELECT id FROM up ORDER BY depth DESC LIMIT 1",
-            &[&message, &summary],
-        )
-        .await?
-        .map(|row| at(&row, 0).map(SummaryRowId))
-        .transpose()
-}
-
-async fn items_in_range(
-    client: &impl Sql,
-    conversation: ConversationId,
-    first: i64,
-    last: i64,
-) -> Result<Vec<(i64, ItemRef, u64)>> {
-    client
-        .rows(
-            "SELECT position, message_id, summary_id, tokens FROM context_items
-             WHERE conversation_id = $1 AND position BETWEEN $2 AND $3 ORDER BY position",
-            &[&conversation.0, &first, &last],
-        )
-        .await?
-        .iter()
-        .map(|row| {
-            Ok((
-                at(row, 0)?,
-                item_of(at(row, 1)?, at(row, 2)?),
-                count(row, 3)?,
-            ))
-        })
-        .collect()
-}
-
-async fn tokens_of(client: &impl Sql, item: ItemRef) -> Result<i64> {
-    let (sql, id) = match item {
-        ItemRef::Message(id) => ("SELECT tokens FROM messages WHERE id = $1", id.0),
-        ItemRef::Summary(id) => ("SELECT tokens FROM summaries WHERE id = $1", id.0),
-    };
-    match client.row_opt(sql, &[&id]).await? {
-        Some(row) => at(&row, 0),
-        None => Err(StoreError::NotFound {
-            what: "context item",
-            id: format!("{item:?}"),
-        }),
-    }
-}
-
-/// Locks a conversation's row for the rest of the transaction: writes to one conversation's
-/// context take turns, across every process and machine.
-async fn lock_conversation(client: &impl Sql, conversation: ConversationId) -> Result<Row> {
-    client
-        .row_opt(
-            "SELECT next_seq, next_position, archived_at IS NOT NULL FROM conversations
-             WHERE id = $1 FOR UPDATE",
-            &[&conversation.0],
-        )
-        .await?
-        .ok_or_else(|| StoreError::NotFound {
-            what: "conversation",
-            id: conversation.0.to_string(),
-        })
-}
-
-/// The summaries above a conversation's messages (those before a time), lowest depth first;
-/// when `None`, above every message and every summary of it (any conversation's: a fork's fold
-/// of its parent's rows).
-pub(crate) async fn summaries_above(
-    client: &impl Sql,
-    conversation: ConversationId,
-    before_ms: Option<i64>,
-) -> Result<Vec<StoredSummary>> {
-    client
-        .rows(
-            &format!(
-                "WITH RECURSIVE up(id) AS (
-                     SELECT parent_id FROM (
-                         SELECT e.parent_id FROM summary_edges e
-                         JOIN messages m ON m.id = e.child_message_id
-                         WHERE m.conversation_id = $1 AND ($2::BIGINT IS NULL OR m.created_at < $2)
-                         UNION
-                         SELECT e.parent_id FROM summary_edges e
-                         JOIN summaries c ON c.id = e.child_summary_id
-                         WHERE $2::BIGINT IS NULL AND c.conversation_id = $1
-                     ) AS seed
-                     UNION
-                     SELECT e.parent_id FROM summary_edges e JOIN up ON e.child_summary_id = up.id
-                 )
-                 SELECT {SUMMARY_COLUMNS} FROM summaries s WHERE s.id IN (SELECT id FROM up)
-                 ORDER BY s.depth, s.id"
-            ),
-            &[&conversation.0, &before_ms],
-        )
-        .await?
-        .iter()
-        .map(|row| summary_row(row, 0))
-        .collect()
-}
-
-/// Time and seq range covered by a planned run of items, in one read.
-async fn span_of(client: &impl Sql, items: &[(i64, ItemRef)], kind: SummaryKind) -> Result<Span> {
-    let mut ids = Vec::with_capacity(items.len());
-    for (_, item) in items {
-        match (item, kind) {
-            (ItemRef::Message(id), SummaryKind::Leaf) => ids.push(id.0),
-            (ItemRef::Summary(id), SummaryKind::Condensed) => ids.push(id.0),
-            (item, kind) => {
-                return Err(StoreError::InvalidMessage(format!(
-                    "a {} summary cannot cover {item:?}",
-                    kind_str(kind)
-                )));
-            }
-        }
-    }
-    let sql = match kind {
-        SummaryKind::Leaf => {
-            "SELECT min(created_at), max(created_at), min(seq), max(seq), count(*)
-             FROM messages WHERE id = ANY($1)"
-        }
-        SummaryKind::Condensed => {
-            "SELECT min(earliest_at), max(latest_at), min(first_seq), max(last_seq), count(*)
-             FROM summaries WHERE id = ANY($1)"
-        }
-    };
-    let row = client.row(sql, &[&ids]).await?;
-    let mut unique = ids.clone();
-    unique.sort_unstable();
-    unique.dedup();
-    if count(&row, 4)? != unique.len() as u64 {
-        return Err(StoreError::NotFound {
-            what: "context item",
-            id: format!("one of {items:?}"),
-        });
-    }
-    Ok(Span {
-        earliest_ms: at(&row, 0)?,
-        latest_ms: at(&row, 1)?,
-        first_seq: at::<Option<i64>>(&row, 2)?.unwrap_or(i64::MAX),
-        last_seq: at::<Option<i64>>(&row, 3)?.unwrap_or(i64::MIN),
-    })
-}
-
-/// Writes a summary's ordered children.
-async fn insert_edges(
-    client: &impl Sql,
-    parent: i64,
-    children: &[(Option<i64>, Option<i64>)],
-) -> Result<()> {
-    let (messages, summaries): (Vec<Option<i64>>, Vec<Option<i64>>) =
-        children.iter().copied().unzip();
-    client
-        .run(
-            "INSERT INTO summary_edges (parent_id, ordinal, child_message_id, child_summary_id)
-             SELECT $1, ordinal - 1, message, summary
-             FROM unnest($2::BIGINT[], $3::BIGINT[]) WITH ORDINALITY AS t(message, summary, ordinal)",
-            &[&parent, &messages, &summaries],
-        )
-        .await?;
-    Ok(())
-}
-
 #[async_trait]
 impl HistoryStore for PgStore {
     async fn conversation(&self, key: &ConversationKey) -> Result<Conversation> {
@@ -777,422 +402,37 @@ impl HistoryStore for PgStore {
         advancement_key: Option<String>,
     ) -> Result<IngestOutcome> {
         self.writable()?;
-        let messages = messages
-            .into_iter()
-            .map(prepare)
-            .collect::<Result<Vec<_>>>()?;
-        let mut client = self.client().await?;
-        let transaction = client.transaction().await?;
-        if let Some(key) = &advancement_key {
-            // A node committing the same key meanwhile makes this wait, then find it.
-            let inserted = transaction
-                .run(
-                    "INSERT INTO turn_commits (conversation_id, advancement_key, committed_at)
-                     VALUES ($1, $2, $3) ON CONFLICT DO NOTHING",
-                    &[&conversation.0, key, &now_ms()],
-                )
-                .await?;
-            if inserted == 0 {
-                return Ok(IngestOutcome::DuplicateTurn);
-            }
-        }
-        let row = lock_conversation(&transaction, conversation).await?;
-        follow::order_rows(&transaction).await?;
-        let (mut next_seq, mut next_position, archived): (i64, i64, bool) =
-            (at(&row, 0)?, at(&row, 1)?, at(&row, 2)?);
-
-        // What is stored already, in two reads (under the lock, nobody adds to it): the
-        // messages with these keys, and those at these places.
-        let keys: Vec<&[u8]> = messages
-            .iter()
-            .filter_map(|message| message.ingest_key.as_ref().map(|key| &key[..]))
-            .collect();
-        let by_key: HashMap<Vec<u8>, (i64, i64)> =
-            probe(&transaction, MESSAGES_BY_KEY, conversation, &keys).await?;
-        let places: Vec<i64> = messages
-            .iter()
-            .filter_map(|message| message.place.and_then(|place| i64::try_from(place).ok()))
-            .collect();
-        let by_place: HashMap<i64, (i64, String)> =
-            probe(&transaction, MESSAGES_BY_PLACE, conversation, &places).await?;
-
-        /// What becomes of one message: stored before, or the n-th new row of this call.
-        enum Fate {
-            Stored(i64, i64),
-            New(usize),
-        }
-        let mut fates = Vec::with_capacity(messages.len());
-        let mut new_rows: Vec<usize> = Vec::new();
-        let mut new_by_key: HashMap<[u8; 16], usize> = HashMap::new();
-        let mut new_by_seq: HashMap<i64, usize> = HashMap::new();
-        for (index, message) in messages.iter().enumerate() {
-            let known = match &message.ingest_key {
-                Some(key) => match (by_key.get(&key[..]), new_by_key.get(key)) {
-                    (Some((id, seq)), _) => Some(Fate::Stored(*id, *seq)),
-                    (None, Some(slot)) => Some(Fate::New(*slot)),
-                    (None, None) => None,
-                },
-                None => None,
-            };
-            let known = known.or_else(|| {
-                let place = i64::try_from(message.place?).ok()?;
-                match (by_place.get(&place), new_by_seq.get(&place)) {
-                    (Some((id, json)), _) if *json == message.json => {
-                        Some(Fate::Stored(*id, place))
-                    }
-                    (None, Some(slot)) if messages[new_rows[*slot]].json == message.json => {
-                        Some(Fate::New(*slot))
-                    }
-                    _ => None,
-                }
-            });
-            let fate = known.unwrap_or_else(|| {
-                let slot = new_rows.len();
-                new_rows.push(index);
-                if let Some(key) = message.ingest_key {
-                    new_by_key.insert(key, slot);
-                }
-                new_by_seq.insert(next_seq + slot as i64, slot);
-                Fate::New(slot)
-            });
-            fates.push(fate);
-        }
-
-        let mut ids: Vec<i64> = Vec::new();
-        if !new_rows.is_empty() {
-            ids = transaction
-                .rows(
-                    "SELECT nextval('message_ids') FROM generate_series(1, $1::BIGINT)",
-                    &[&(new_rows.len() as i64)],
-                )
-                .await?
-                .iter()
-                .map(|row| at(row, 0))
-                .collect::<Result<_>>()?;
-            ids.sort_unstable();
-            let (mut seqs, mut roles, mut jsons, mut tokens, mut keys, mut times, mut positions) =
-                (vec![], vec![], vec![], vec![], vec![], vec![], vec![]);
-            for (slot, index) in new_rows.iter().enumerate() {
-                let message = &messages[*index];
-                let seq = next_seq + slot as i64;
-                seqs.push(seq);
-                roles.push(message.role.as_str());
-                jsons.push(message.json.as_str());
-                tokens.push(message.tokens as i64);
-                keys.push(
-                    message
-                        .ingest_key
-                        .unwrap_or_else(|| crate::rows::sequence_key(conversation, seq))
-                        .to_vec(),
-                );
-                times.push(message.created_at_ms);
-                positions.push(next_position + slot as i64 * POSITION_STEP);
-            }
-            transaction
-                .run(
-                    "INSERT INTO messages (id, conversation_id, seq, role, json, tokens, ingest_key, created_at)
-                     SELECT id, $1, seq, role, json, tokens, key, at
-                     FROM unnest($2::BIGINT[], $3::BIGINT[], $4::TEXT[], $5::TEXT[], $6::BIGINT[],
-                                 $7::BYTEA[], $8::BIGINT[]) AS t(id, seq, role, json, tokens, key, at)",
-                    &[&conversation.0, &ids, &seqs, &roles, &jsons, &tokens, &keys, &times],
-                )
-                .await?;
-            transaction
-                .run(
-                    "INSERT INTO context_items (conversation_id, position, message_id, tokens)
-                     SELECT $1, position, id, tokens
-                     FROM unnest($2::BIGINT[], $3::BIGINT[], $4::BIGINT[]) AS t(position, id, tokens)",
-                    &[&conversation.0, &positions, &ids, &tokens],
-                )
-                .await?;
-            for (slot, index) in new_rows.iter().enumerate() {
-                for blob in &messages[*index].blobs {
-                    transaction
-                        .run(
-                            "INSERT INTO blob_references (blob_id, message_id, conversation_id)
-                             SELECT $1, $2, $3 WHERE EXISTS (SELECT 1 FROM blobs WHERE blob_id = $1)
-                             ON CONFLICT DO NOTHING",
-                            &[blob, &ids[slot], &conversation.0],
-                        )
-                        .await?;
-                }
-            }
-            let added_tokens: i64 = tokens.iter().sum();
-            next_seq += new_rows.len() as i64;
-            next_position += new_rows.len() as i64 * POSITION_STEP;
-            transaction
-                .run(
-                    // A session resumed after retention archived it is live again.
-                    "UPDATE conversations
-                     SET next_seq = $2, next_position = $3, context_tokens = context_tokens + $4,
-                         archived_at = CASE WHEN $5 THEN NULL ELSE archived_at END
-                     WHERE id = $1",
-                    &[
-                        &conversation.0,
-                        &next_seq,
-                        &next_position,
-                        &added_tokens,
-                        &archived,
-                    ],
-                )
-                .await?;
-        }
-        transaction.commit().await?;
-        let first_new_seq = next_seq - new_rows.len() as i64;
-        let mut reported = vec![false; new_rows.len()];
-        Ok(IngestOutcome::Stored(
-            fates
-                .into_iter()
-                .map(|fate| match fate {
-                    Fate::Stored(id, seq) => Ingested {
-                        message_id: MessageId(id),
-                        seq: seq as u64,
-                        ingested: false,
-                    },
-                    // The first mention stores it; a repeat in the same call was stored by it.
-                    Fate::New(slot) => Ingested {
-                        message_id: MessageId(ids[slot]),
-                        seq: (first_new_seq + slot as i64) as u64,
-                        ingested: !std::mem::replace(&mut reported[slot], true),
-                    },
-                })
-                .collect(),
-        ))
+        write::ingest(
+            &mut self.client().await?,
+            conversation,
+            messages,
+            advancement_key,
+        )
+        .await
     }
 
     async fn context(&self, conversation: ConversationId) -> Result<Vec<ContextItem>> {
-        let client = self.client().await?;
-        let rows = client
-            .rows(
-                &format!(
-                    "SELECT ci.position, ci.tokens, ci.message_id, {MESSAGE_COLUMNS}, {SUMMARY_COLUMNS}
-                     FROM context_items ci
-                     LEFT JOIN messages m ON m.id = ci.message_id
-                     LEFT JOIN summaries s ON s.id = ci.summary_id
-                     WHERE ci.conversation_id = $1 ORDER BY ci.position"
-                ),
-                &[&conversation.0],
-            )
-            .await?;
-        rows.iter()
-            .map(|row| {
-                let content = if at::<Option<i64>>(row, 2)?.is_some() {
-                    ItemContent::Message(message_row(row, 3)?)
-                } else {
-                    ItemContent::Summary(summary_row(row, 10)?)
-                };
-                Ok(ContextItem {
-                    position: at(row, 0)?,
-                    tokens: count(row, 1)?,
-                    content,
-                })
-            })
-            .collect()
+        read::context(&self.client().await?, conversation).await
     }
 
     async fn replace(&self, plan: ReplacePlan) -> Result<ReplaceOutcome> {
         self.writable()?;
-        let (Some(first), Some(last)) = (plan.items.first(), plan.items.last()) else {
-            return Ok(ReplaceOutcome::Stale);
-        };
-        let (first_position, last_position) = (first.0, last.0);
-        let mut client = self.client().await?;
-        let transaction = client.transaction().await?;
-        lock_conversation(&transaction, plan.conversation).await?;
-        follow::order_rows(&transaction).await?;
-        let current = items_in_range(
-            &transaction,
-            plan.conversation,
-            first_position,
-            last_position,
-        )
-        .await?;
-        if current
-            .iter()
-            .map(|(position, item, _)| (*position, *item))
-            .ne(plan.items.iter().copied())
-        {
-            return Ok(ReplaceOutcome::Stale);
-        }
-        let removed_tokens: i64 = current.iter().map(|(_, _, tokens)| *tokens as i64).sum();
-        let span = span_of(&transaction, &plan.items, plan.summary.kind).await?;
-        let summary_id = summary_id(plan.conversation, &plan.summary, &plan.items);
-        let created_at = now_ms();
-        let row = transaction
-            .row(
-                "INSERT INTO summaries (id, summary_id, conversation_id, depth, kind, content, tokens,
-                     earliest_at, latest_at, first_seq, last_seq, level, summarizer, created_at)
-                 VALUES (nextval('summary_ids'), $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
-                 RETURNING id",
-                &[
-                    &summary_id,
-                    &plan.conversation.0,
-                    &i64::from(plan.summary.depth),
-                    &kind_str(plan.summary.kind),
-                    &plan.summary.content,
-                    &(plan.summary.tokens as i64),
-                    &span.earliest_ms,
-                    &span.latest_ms,
-                    &span.first_seq,
-                    &span.last_seq,
-                    &level_str(plan.summary.level),
-                    &plan.summary.summarizer,
-                    &created_at,
-                ],
-            )
-            .await?;
-        let row_id: i64 = at(&row, 0)?;
-        let children: Vec<_> = plan
-            .items
-            .iter()
-            .map(|(_, item)| columns_of(*item))
-            .collect();
-        insert_edges(&transaction, row_id, &children).await?;
-        transaction
-            .run(
-                "DELETE FROM context_items WHERE conversation_id = $1 AND position BETWEEN $2 AND $3",
-                &[&plan.conversation.0, &first_position, &last_position],
-            )
-            .await?;
-        transaction
-            .run(
-                "INSERT INTO context_items (conversation_id, position, summary_id, tokens)
-                 VALUES ($1, $2, $3, $4)",
-                &[
-                    &plan.conversation.0,
-                    &first_position,
-                    &row_id,
-                    &(plan.summary.tokens as i64),
-                ],
-            )
-            .await?;
-        transaction
-            .run(
-                "UPDATE conversations SET context_tokens = context_tokens - $2 + $3 WHERE id = $1",
-                &[
-                    &plan.conversation.0,
-                    &removed_tokens,
-                    &(plan.summary.tokens as i64),
-                ],
-            )
-            .await?;
-        transaction.commit().await?;
-        Ok(ReplaceOutcome::Replaced(StoredSummary::published(
-            row_id,
-            summary_id,
-            plan.conversation,
-            plan.summary,
-            span,
-            created_at,
-        )))
+        write::replace(&mut self.client().await?, plan).await
     }
 
     async fn append_items(&self, conversation: ConversationId, items: Vec<ItemRef>) -> Result<()> {
         self.writable()?;
-        let mut client = self.client().await?;
-        let transaction = client.transaction().await?;
-        let row = lock_conversation(&transaction, conversation).await?;
-        let mut next_position: i64 = at(&row, 1)?;
-        let mut added: i64 = 0;
-        for item in items {
-            let tokens = tokens_of(&transaction, item).await?;
-            let (message, summary) = columns_of(item);
-            transaction
-                .run(
-                    "INSERT INTO context_items (conversation_id, position, message_id, summary_id, tokens)
-                     VALUES ($1, $2, $3, $4, $5)",
-                    &[&conversation.0, &next_position, &message, &summary, &tokens],
-                )
-                .await?;
-            next_position += POSITION_STEP;
-            added += tokens;
-        }
-        transaction
-            .run(
-                "UPDATE conversations SET next_position = $2, context_tokens = context_tokens + $3
-                 WHERE id = $1",
-                &[&conversation.0, &next_position, &added],
-            )
-            .await?;
-        transaction.commit().await?;
-        Ok(())
+        write::append_items(&mut self.client().await?, conversation, items).await
     }
 
     async fn remove_context(&self, conversation: ConversationId) -> Result<u64> {
         self.writable()?;
-        let mut client = self.client().await?;
-        let transaction = client.transaction().await?;
-        lock_conversation(&transaction, conversation).await?;
-        let removed = transaction
-            .run(
-                "DELETE FROM context_items WHERE conversation_id = $1",
-                &[&conversation.0],
-            )
-            .await?;
-        transaction
-            .run(
-                "UPDATE conversations SET context_tokens = 0 WHERE id = $1",
-                &[&conversation.0],
-            )
-            .await?;
-        transaction.commit().await?;
-        Ok(removed)
+        write::remove_context(&mut self.client().await?, conversation).await
     }
 
     async fn update_summary(&self, update: SummaryUpdate) -> Result<bool> {
         self.writable()?;
-        let mut client = self.client().await?;
-        let transaction = client.transaction().await?;
-        let Some(current) = transaction
-            .row_opt(
-                &format!("SELECT {SUMMARY_COLUMNS} FROM summaries s WHERE s.id = $1 FOR UPDATE"),
-                &[&update.row_id.0],
-            )
-            .await?
-            .map(|row| summary_row(&row, 0))
-            .transpose()?
-        else {
-            return Ok(false);
-        };
-        if current.level != update.expected_level
-            || current.summarizer != update.expected_summarizer
-        {
-            return Ok(false);
-        }
-        transaction
-            .run(
-                "UPDATE summaries SET content = $2, tokens = $3, level = $4, summarizer = $5 WHERE id = $1",
-                &[
-                    &update.row_id.0,
-                    &update.content,
-                    &(update.tokens as i64),
-                    &level_str(update.level),
-                    &update.summarizer,
-                ],
-            )
-            .await?;
-        // Every conversation that holds it (a fork holds its parent's summaries) keeps its
-        // running total in step.
-        let delta = update.tokens as i64 - current.tokens as i64;
-        transaction
-            .run(
-                "UPDATE conversations c SET context_tokens = c.context_tokens + $2 * held.count
-                 FROM (SELECT conversation_id, COUNT(*) AS count FROM context_items
-                       WHERE summary_id = $1 GROUP BY conversation_id) AS held
-                 WHERE c.id = held.conversation_id",
-                &[&update.row_id.0, &delta],
-            )
-            .await?;
-        transaction
-            .run(
-                "UPDATE context_items SET tokens = $2 WHERE summary_id = $1",
-                &[&update.row_id.0, &(update.tokens as i64)],
-            )
-            .await?;
-        // Every node's index replaces the summary's document.
-        follow::log_changes(&transaction, &[IndexedRow::Summary(update.row_id.0)]).await?;
-        transaction.commit().await?;
-        Ok(true)
+        write::update_summary(&mut self.client().await?, update).await
     }
 
     async fn message(&self, id: MessageId) -> Result<Option<StoredMessage>> {
@@ -1205,23 +445,7 @@ impl HistoryStore for PgStore {
         first_seq: u64,
         last_seq: u64,
     ) -> Result<Vec<StoredMessage>> {
-        let client = self.client().await?;
-        client
-            .rows(
-                &format!(
-                    "SELECT {MESSAGE_COLUMNS} FROM messages m
-                     WHERE m.conversation_id = $1 AND m.seq BETWEEN $2 AND $3 ORDER BY m.seq"
-                ),
-                &[
-                    &conversation.0,
-                    &(first_seq.min(i64::MAX as u64) as i64),
-                    &(last_seq.min(i64::MAX as u64) as i64),
-                ],
-            )
-            .await?
-            .iter()
-            .map(|row| message_row(row, 0))
-            .collect()
+        read::messages_in_seq_range(&self.client().await?, conversation, first_seq, last_seq).await
     }
 
     async fn summary(&self, row_id: SummaryRowId) -> Result<Option<StoredSummary>> {
@@ -1241,28 +465,7 @@ impl HistoryStore for PgStore {
     }
 
     async fn children(&self, parent: SummaryRowId) -> Result<Vec<ItemContent>> {
-        let client = self.client().await?;
-        client
-            .rows(
-                &format!(
-                    "SELECT e.child_message_id, {MESSAGE_COLUMNS}, {SUMMARY_COLUMNS}
-                     FROM summary_edges e
-                     LEFT JOIN messages m ON m.id = e.child_message_id
-                     LEFT JOIN summaries s ON s.id = e.child_summary_id
-                     WHERE e.parent_id = $1 ORDER BY e.ordinal"
-                ),
-                &[&parent.0],
-            )
-            .await?
-            .iter()
-            .map(|row| {
-                Ok(if at::<Option<i64>>(row, 0)?.is_some() {
-                    ItemContent::Message(message_row(row, 1)?)
-                } else {
-                    ItemContent::Summary(summary_row(row, 8)?)
-                })
-            })
-            .collect()
+        read::children(&self.client().await?, parent).await
     }
 
     async fn parent_of(&self, item: ItemRef) -> Result<Option<StoredSummary>> {
@@ -1282,91 +485,11 @@ impl HistoryStore for PgStore {
     }
 
     async fn context_refs(&self, conversation: ConversationId) -> Result<Vec<ContextRef>> {
-        let client = self.client().await?;
-        client
-            .rows(
-                "SELECT ci.position, ci.message_id, ci.summary_id, ci.tokens, m.role = $2,
-                        s.depth, s.level, s.first_seq, s.last_seq
-                 FROM context_items ci LEFT JOIN messages m ON m.id = ci.message_id
-                      LEFT JOIN summaries s ON s.id = ci.summary_id
-                 WHERE ci.conversation_id = $1 ORDER BY ci.position",
-                &[&conversation.0, &TOOL_RESULT_ROLE],
-            )
-            .await?
-            .iter()
-            .map(|row| {
-                let depth: Option<i64> = at(row, 5)?;
-                let level: Option<String> = at(row, 6)?;
-                let summary = match (depth, level) {
-                    (Some(depth), Some(level)) => Some(SummaryShape {
-                        depth: depth as u32,
-                        level: parse_level(&level)?,
-                        first_seq: count(row, 7)?,
-                        last_seq: count(row, 8)?,
-                    }),
-                    _ => None,
-                };
-                Ok(ContextRef {
-                    position: at(row, 0)?,
-                    item: item_of(at(row, 1)?, at(row, 2)?),
-                    tokens: count(row, 3)?,
-                    continues_unit: at::<Option<bool>>(row, 4)?.unwrap_or(false),
-                    summary,
-                })
-            })
-            .collect()
+        read::context_refs(&self.client().await?, conversation).await
     }
 
     async fn items(&self, refs: Vec<ItemRef>) -> Result<Vec<ItemContent>> {
-        // Two reads, whatever the number of items.
-        let client = self.client().await?;
-        let (mut messages, mut summaries) = (Vec::new(), Vec::new());
-        for item in &refs {
-            match item {
-                ItemRef::Message(id) => messages.push(id.0),
-                ItemRef::Summary(id) => summaries.push(id.0),
-            }
-        }
-        let mut found: HashMap<ItemRef, ItemContent> = HashMap::with_capacity(refs.len());
-        if !messages.is_empty() {
-            for row in client
-                .rows(
-                    &format!("SELECT {MESSAGE_COLUMNS} FROM messages m WHERE m.id = ANY($1)"),
-                    &[&messages],
-                )
-                .await?
-            {
-                let message = message_row(&row, 0)?;
-                found.insert(ItemRef::Message(message.id), ItemContent::Message(message));
-            }
-        }
-        if !summaries.is_empty() {
-            for row in client
-                .rows(
-                    &format!("SELECT {SUMMARY_COLUMNS} FROM summaries s WHERE s.id = ANY($1)"),
-                    &[&summaries],
-                )
-                .await?
-            {
-                let summary = summary_row(&row, 0)?;
-                found.insert(
-                    ItemRef::Summary(summary.row_id),
-                    ItemContent::Summary(summary),
-                );
-            }
-        }
-        refs.iter()
-            .map(|item| {
-                // The same item twice is read once and returned twice.
-                found
-                    .get(item)
-                    .cloned()
-                    .ok_or_else(|| StoreError::NotFound {
-                        what: "context item",
-                        id: format!("{item:?}"),
-                    })
-            })
-            .collect()
+        read::items(&self.client().await?, refs).await
     }
 
     async fn search(&self, query: SearchQuery) -> Result<Vec<SearchHit>> {
@@ -1764,59 +887,7 @@ impl HistoryStore for PgStore {
     }
 
     async fn dag_view(&self, conversation: ConversationId) -> Result<DagView> {
-        let client = self.client().await?;
-        let mut view = DagView::default();
-        for row in client
-            .rows(
-                "SELECT s.id, s.summary_id, s.depth, s.kind, s.tokens,
-                        EXISTS (SELECT 1 FROM context_items ci WHERE ci.summary_id = s.id),
-                        (SELECT count(*) FROM summary_edges e WHERE e.parent_id = s.id
-                             AND e.child_message_id IS NOT NULL),
-                        (SELECT coalesce(sum(m.tokens), 0)::BIGINT FROM summary_edges e
-                             JOIN messages m ON m.id = e.child_message_id WHERE e.parent_id = s.id),
-                        s.level, s.summarizer, s.created_at, s.earliest_at, s.latest_at
-                 FROM summaries s WHERE s.conversation_id = $1 ORDER BY s.depth DESC, s.id",
-                &[&conversation.0],
-            )
-            .await?
-        {
-            let row_id: i64 = at(&row, 0)?;
-            view.summaries.push(DagSummary {
-                row_id,
-                summary_id: at(&row, 1)?,
-                depth: count(&row, 2)? as u32,
-                kind: at(&row, 3)?,
-                tokens: count(&row, 4)?,
-                in_context: at(&row, 5)?,
-                child_summaries: client
-                    .rows(
-                        "SELECT child_summary_id FROM summary_edges
-                         WHERE parent_id = $1 AND child_summary_id IS NOT NULL ORDER BY ordinal",
-                        &[&row_id],
-                    )
-                    .await?
-                    .iter()
-                    .map(|row| at(row, 0))
-                    .collect::<Result<_>>()?,
-                child_messages: count(&row, 6)?,
-                child_message_tokens: count(&row, 7)?,
-                level: at(&row, 8)?,
-                summarizer: at(&row, 9)?,
-                created_at_ms: at(&row, 10)?,
-                earliest_at_ms: at(&row, 11)?,
-                latest_at_ms: at(&row, 12)?,
-            });
-        }
-        let row = client
-            .row(
-                "SELECT count(*), coalesce(sum(tokens), 0)::BIGINT FROM context_items
-                 WHERE conversation_id = $1 AND message_id IS NOT NULL",
-                &[&conversation.0],
-            )
-            .await?;
-        view.raw_messages = count(&row, 0)?;
-        view.raw_message_tokens = count(&row, 1)?;
-        Ok(view)
+        read::dag_view(&self.client().await?, conversation).await
     }
 
     async fn store_state(&self, key: &str) -> Result<Option<String>> {

@@ -9,8 +9,9 @@
 use super::Sql;
 use crate::SUMMARY_ROLE;
 
+use super::at;
 use super::follow::Follower;
-use super::{MESSAGE_COLUMNS, SUMMARY_COLUMNS, at, message_row, summary_row, top_ancestor_row};
+use super::read::{MESSAGE_COLUMNS, SUMMARY_COLUMNS, message_row, summary_row, top_ancestor_row};
 use crate::blobs::{BLOB_ID_KEY, INDEXED_BLOB_BYTES};
 use crate::error::Result;
 use crate::error::StoreError;
@@ -163,7 +164,7 @@ async fn word_search(
     for (row, score) in indexed {
         let key = key_of(row);
         let hit = match row {
-            IndexedRow::Message(id) => match super::message(client, MessageId(id)).await? {
+            IndexedRow::Message(id) => match super::read::message(client, MessageId(id)).await? {
                 Some(message) => {
                     let text = message.text();
                     let (snippet, file) = match snippet_of_match(&text, marks) {
@@ -181,7 +182,7 @@ async fn word_search(
                 }
                 None => None,
             },
-            IndexedRow::Summary(id) => super::summary(client, SummaryRowId(id))
+            IndexedRow::Summary(id) => super::read::summary(client, SummaryRowId(id))
                 .await?
                 .map(|summary| summary_hit(summary, score, marks)),
         };
@@ -332,12 +333,14 @@ async fn meaning_search(
     for (row, score) in indexed {
         let hit = match row {
             IndexedRow::Message(id) => {
-                super::message(client, MessageId(id)).await?.map(|message| {
-                    let snippet = snippet(&message.text(), marks);
-                    message_hit(message, score, snippet, None)
-                })
+                super::read::message(client, MessageId(id))
+                    .await?
+                    .map(|message| {
+                        let snippet = snippet(&message.text(), marks);
+                        message_hit(message, score, snippet, None)
+                    })
             }
-            IndexedRow::Summary(id) => super::summary(client, SummaryRowId(id))
+            IndexedRow::Summary(id) => super::read::summary(client, SummaryRowId(id))
                 .await?
                 .map(|summary| summary_hit(summary, score, marks)),
         };

@@ -14,7 +14,7 @@ use vilvona_core::archive::{
     ArchivedTurn, ImportReport, SessionArchive, SessionName,
 };
 
-use super::read;
+use super::index_rows;
 use super::write::WriteTx;
 use crate::archive::{check, first_difference, hex, refused};
 use crate::codec::{self, Encoder};
@@ -417,7 +417,7 @@ pub(crate) fn import(
         }
     }
 
-    let (mut next_message, mut next_summary) = read::max_ids(reader)?;
+    let (mut next_message, mut next_summary) = index_rows::max_ids(reader)?;
     let mut resolver = Resolver {
         connection: reader,
         conversation,

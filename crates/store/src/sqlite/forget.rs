@@ -12,8 +12,8 @@ use std::collections::HashSet;
 
 use rusqlite::{Connection, OptionalExtension, params};
 
-use super::read;
 use super::write::WriteTx;
+use super::{index_rows, read};
 use crate::error::Result;
 use crate::forget::task_key;
 use crate::index::IndexedRow;
@@ -80,7 +80,7 @@ pub(crate) fn apply(connection: &WriteTx<'_>, plan: &ForgetPlan) -> Result<Optio
     };
     let mut report = ForgetReport::default();
     // Ids are never reused: the highest ever assigned outlives the rows that held them.
-    let (highest_message, highest_summary) = read::max_ids(connection.reader())?;
+    let (highest_message, highest_summary) = index_rows::max_ids(connection.reader())?;
     connection
         .prepare_cached(
             "INSERT INTO store_state (key, value) VALUES ('highest_message_id', ?1), ('highest_summary_id', ?2)

@@ -9,6 +9,7 @@
 mod archive;
 mod blobs;
 mod forget;
+mod index_rows;
 mod opened;
 mod read;
 mod schema;
@@ -169,7 +170,7 @@ impl Store {
         schema::migrate(&mut connection, &db_path)?;
         let embedder = config.embedder;
         let (index, created) = RecallIndex::open(&dir.join(INDEX_DIR), embedder.clone())?;
-        if created && read::max_ids(&connection)? != (0, 0) {
+        if created && index_rows::max_ids(&connection)? != (0, 0) {
             tracing::warn!(dir = %index.dir().display(), "the recall index was missing; rebuilding it from the database");
         }
         let index = Arc::new(IndexSlot::new(index));
@@ -863,7 +864,7 @@ impl HistoryStore for Store {
                     "messages {ids} cannot be decoded (damaged database pages): their text is neither searched nor assembled; restore the database from a backup"
                 ));
             }
-            let (max_message, max_summary) = read::max_ids(connection)?;
+            let (max_message, max_summary) = index_rows::max_ids(connection)?;
             // Gone (its directory, or its meta.json) while the database holds messages:
             // searches still work (they read the database), but every one reads all of it. (An
             // index that is there but behind is a writer catching up, not damage.)

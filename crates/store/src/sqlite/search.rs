@@ -4,7 +4,7 @@
 
 use rusqlite::Connection;
 
-use super::{blobs, read};
+use super::{blobs, index_rows, read};
 use crate::SUMMARY_ROLE;
 use crate::blobs::BLOB_ID_KEY;
 use crate::error::{Result, StoreError};
@@ -14,7 +14,7 @@ use crate::search::{
     REGEX_BLOB_BYTES, check_bounds, fuse, match_share, message_hit, query_regex, row_nearness,
     summary_hit, widened, without_unavailable_model,
 };
-use crate::sqlite::read::Neighbours;
+use crate::sqlite::index_rows::Neighbours;
 use crate::tokenize::{Word, term_screen, words};
 use crate::types::*;
 use vilvona_embed::Embedder;
@@ -313,7 +313,7 @@ fn rows_after(
         Ok(())
     };
     if query.target != SearchTarget::Summaries {
-        read::for_each_message_after_where(
+        index_rows::for_each_message_after_where(
             connection,
             through.messages,
             neighbours,
@@ -322,7 +322,7 @@ fn rows_after(
         )?;
     }
     if query.target != SearchTarget::Messages {
-        read::for_each_summary_after(connection, through.summaries, &mut consider)?;
+        index_rows::for_each_summary_after(connection, through.summaries, &mut consider)?;
     }
     Ok(found)
 }
