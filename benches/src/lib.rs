@@ -187,6 +187,13 @@ pub struct Figures {
     pub needles: usize,
     pub needles_found: usize,
     pub needles_in_final_context: usize,
+    /// Assemblies at 128k with a needle's query as the new user turn (three wordings each):
+    /// the whole assembly, recall at assembly included.
+    #[serde(default)]
+    pub assemble_with_recall: Option<Spread>,
+    /// … and how many of those prompts hold the needle's answer.
+    #[serde(default)]
+    pub needles_in_prompt_with_recall: usize,
     pub store_bytes: u64,
     pub transcript_bytes: u64,
     pub store_to_transcript: f64,
@@ -695,6 +702,31 @@ pub async fn run(options: &RunOptions) -> Result<Figures> {
         .iter()
         .filter(|needle| context_text.contains(&needle.answer))
         .count();
+    // Recall at assembly: each needle asked as the new user turn, in three wordings (each a
+    // new turn: none takes the block made for another).
+    let mut with_recall = Vec::with_capacity(needles.len() * RECALL_WORDINGS.len());
+    let mut in_prompt = 0;
+    for needle in &needles {
+        for wording in RECALL_WORDINGS {
+            let begin = Instant::now();
+            let asked = engine
+                .assemble(&AssembleParams {
+                    session_id: session.to_owned(),
+                    session_key: Some("agent:main:workload".to_owned()),
+                    token_budget: Some(BUDGET),
+                    prompt: Some(wording.replace("{}", &needle.query)),
+                    ..AssembleParams::default()
+                })
+                .await?;
+            with_recall.push(begin.elapsed());
+            in_prompt += usize::from(
+                asked
+                    .messages
+                    .iter()
+                    .any(|message| message.plain_text().contains(&needle.answer)),
+            );
+        }
+    }
 
     let peak_rss_before_maintenance_mib = peak_rss_mib();
     let (rss_anon_after_grep_mib, rss_file_after_grep_mib) =
@@ -776,6 +808,8 @@ pub async fn run(options: &RunOptions) -> Result<Figures> {
         needles: needles.len(),
         needles_found: found,
         needles_in_final_context: in_context,
+        assemble_with_recall: (!with_recall.is_empty()).then(|| spread(&with_recall)),
+        needles_in_prompt_with_recall: in_prompt,
         store_bytes,
         transcript_bytes,
         store_to_transcript: ratio(store_bytes, transcript_bytes),
@@ -791,6 +825,9 @@ pub async fn run(options: &RunOptions) -> Result<Figures> {
 
 /// How many times grep runs each needle's query (the first answer is checked).
 const GREP_ROUNDS: usize = 10;
+
+/// The user turns each needle's query is asked in, for recall at assembly.
+const RECALL_WORDINGS: [&str; 3] = ["{}", "What do we know about {}?", "Remind me: {}."];
 
 /// `part ÷ whole`, 0 for nothing.
 fn ratio(part: u64, whole: u64) -> f64 {
@@ -904,6 +941,20 @@ pub fn table(figures: &Figures) -> String {
             format!(
                 "{} of {}",
                 figures.needles_in_final_context, figures.needles
+            ),
+        ),
+        (
+            "assemble with recall (asked)",
+            figures.assemble_with_recall.as_ref().map_or_else(
+                || "not measured".to_owned(),
+                |spread| {
+                    format!(
+                        "{}; the answer in {} of {} prompts",
+                        value(spread),
+                        figures.needles_in_prompt_with_recall,
+                        figures.needles * RECALL_WORDINGS.len()
+                    )
+                },
             ),
         ),
         (

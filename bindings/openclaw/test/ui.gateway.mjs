@@ -88,6 +88,9 @@ try {
     const folded = turns.filter((turn) => turn.folds?.length).map((turn) => [turn.turn, turn.folds.join(" ")]);
     assert.ok(folded.length > 0, "no turn of the gateway's session folded");
     assert.deepEqual(marked, folded);
+    // What recall at assembly brought into the prompts: as many turns as the records say.
+    const recalledTurns = turns.filter((turn) => turn.recalled?.length).length;
+    assert.equal(await view.locator("[data-recalled-turns]").getAttribute("data-recalled-turns"), String(recalledTurns));
     const charged = await view.locator("[data-chart=provider] g[data-turn]").evaluateAll((groups) => groups.map((g) => ({
       turn: Number(g.dataset.turn), cacheRead: Number(g.dataset.cacheRead), input: Number(g.dataset.input), share: g.dataset.cachedShare, cost: g.dataset.cost })));
     const share = ({ input, cacheRead, cacheWrite }) => (input + cacheRead + cacheWrite > 0 ? String(Math.round((1000 * cacheRead) / (input + cacheRead + cacheWrite)) / 10) : "");

@@ -333,11 +333,38 @@ pub(crate) async fn history(
                 )
             },
         );
+        if !turn.recalled.is_empty() {
+            println!("      recalled: {}", recalled_line(&turn.recalled));
+        }
     }
     if turns.is_empty() {
         println!("no turn recorded yet (turns are recorded as they are committed)");
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// What recall at assembly brought into a turn: each message id, its score and its tokens.
+fn recalled_line(items: &[vilvona_core::admin::RecalledItem]) -> String {
+    items
+        .iter()
+        .map(|item| format!("{} ({:.3}, {} tok)", item.id, item.score, item.tokens))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// `context detail`'s closing lines: what the newest turn's prompt was given from the history
+/// beyond its context.
+fn print_recalled(turn: Option<&vilvona_core::admin::TurnRecord>) {
+    println!();
+    match turn {
+        Some(turn) if !turn.recalled.is_empty() => println!(
+            "Recalled into turn {} (from the history beyond the context, best first): {}",
+            turn.turn,
+            recalled_line(&turn.recalled)
+        ),
+        Some(turn) => println!("Recalled into turn {}: nothing", turn.turn),
+        None => println!("Recalled: no turn recorded yet"),
+    }
 }
 
 pub(crate) async fn context(
@@ -355,7 +382,12 @@ pub(crate) async fn context(
     let report = build(global, session, workspace).await?;
     match view {
         ContextView::List => print_list(&report, false),
-        ContextView::Detail => print_list(&report, true),
+        ContextView::Detail => {
+            print_list(&report, true);
+            let host = global.reader().await?;
+            let turns = crate::views::history(&host, session, None).await?;
+            print_recalled(turns.last());
+        }
         ContextView::Json => print_json(&crate::views::context_json(&report))?,
         ContextView::Dag | ContextView::Timeline | ContextView::History => {}
         ContextView::Map => {

@@ -441,7 +441,7 @@ fn the_settings_reference_lists_what_the_parsers_accept() {
 
     // The engine's settings: every key its parser accepts, no other, each default the one the
     // engine applies (a required key: refused when left out).
-    let sections: [(&str, Value, &[&str]); 7] = [
+    let sections: [(&str, Value, &[&str]); 8] = [
         ("engine", serde_json::json!({}), &[]),
         (
             "retention",
@@ -462,6 +462,11 @@ fn the_settings_reference_lists_what_the_parsers_accept() {
             "embedding.openai",
             serde_json::json!({"embedding": {"kind": "openai", "baseUrl": "http://127.0.0.1:9/v1", "model": "m"}}),
             &["embedding"],
+        ),
+        (
+            "assemblyRecall",
+            serde_json::json!({"assemblyRecall": {}}),
+            &["assemblyRecall"],
         ),
         (
             "store.sqlite",
@@ -666,16 +671,19 @@ fn the_command_line_reads_the_gateways_settings_and_doctor_says_when_they_differ
         .unwrap();
     let mut stdin = serve.stdin.take().unwrap();
     writeln!(stdin, "{initialize}").unwrap();
-    // The answer first: a request still open when the input ends is cancelled.
-    let mut line = String::new();
-    std::io::BufRead::read_line(
-        &mut std::io::BufReader::new(serve.stdout.take().unwrap()),
-        &mut line,
-    )
-    .unwrap();
+    // The answer first: a request still open when the input ends is cancelled. (Before it,
+    // `$/started` says the call began.)
+    let mut output = std::io::BufReader::new(serve.stdout.take().unwrap());
+    let answer: Value = loop {
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut output, &mut line).unwrap();
+        let message: Value = serde_json::from_str(&line).unwrap();
+        if message.get("id").is_some() {
+            break message;
+        }
+    };
     drop(stdin);
     assert!(serve.wait().unwrap().success());
-    let answer: Value = serde_json::from_str(&line).unwrap();
     assert!(answer.get("result").is_some(), "{answer}");
     assert!(
         store.is_dir(),

@@ -44,8 +44,8 @@ const SEARCH_DEPTH: usize = 30;
 /// The rank of the hit the others are measured against: the history's typical match.
 const REFERENCE_RANK: usize = 10;
 
-/// How many times the reference's BM25 score the best text hit must reach. Measured (see
-/// BENCHMARKS): a coding session's next task matches its earlier ones at 1.1–1.2 times the
+/// How many times the reference's BM25 score the best text hit must reach. Measured (BENCHMARKS.md,
+/// section 5): a coding session's next task matches its earlier ones at 1.1–1.2 times the
 /// typical match, a question about one of them at 2.4–4; at 1.3 LoCoMo's development half
 /// has 0.734 of its evidence in the prompt (0.738 at 1.2, where a quarter of the coding
 /// session's tasks open recall; 0.716 at 1.4, 0.687 at 1.5).
@@ -88,22 +88,72 @@ fn text_stands_out(score: f32, reference: f32) -> bool {
     score >= 1.0 && score >= TEXT_STANDOUT * reference
 }
 
+/// The words of `text` (runs of letters and digits) with where each starts.
+fn words_at(text: &str) -> Vec<(usize, &str)> {
+    let mut words = Vec::new();
+    let mut start = None;
+    for (at, c) in text.char_indices() {
+        match (c.is_alphanumeric(), start) {
+            (true, None) => start = Some(at),
+            (false, Some(from)) => {
+                words.push((from, &text[from..at]));
+                start = None;
+            }
+            _ => {}
+        }
+    }
+    if let Some(from) = start {
+        words.push((from, &text[from..]));
+    }
+    words
+}
+
+/// Where the rarest word of `query` (three letters or more) first stands in `text`: the place a
+/// question is about ("port" once, "the" everywhere); `None` when none does.
+fn anchor(text: &str, query: &str) -> Option<usize> {
+    let words = words_at(text);
+    words_at(query)
+        .into_iter()
+        .filter(|(_, word)| word.chars().count() >= 3)
+        .filter_map(|(_, wanted)| {
+            let found: Vec<usize> = words
+                .iter()
+                .filter(|(_, word)| word.to_lowercase() == wanted.to_lowercase())
+                .map(|(at, _)| *at)
+                .collect();
+            Some((
+                found.len(),
+                std::cmp::Reverse(wanted.len()),
+                *found.first()?,
+            ))
+        })
+        .min()
+        .map(|(_, _, at)| at)
+}
+
 /// The part of `text` an excerpt shows: all of it when short, else [`EXCERPT_BYTES`] around
-/// where `snippet` (a search's snippet, with its «marks») lies in it.
-fn excerpt(text: &str, snippet: &str) -> String {
+/// the rarest word of `query` it holds, else around where `snippet` (a search's snippet, with
+/// its «marks») lies in it.
+fn excerpt(text: &str, query: &str, snippet: &str) -> String {
     let text = text.trim();
     if text.len() <= EXCERPT_BYTES {
         return text.to_owned();
     }
+    // Where the snippet lies: found whole (its opening words may repeat earlier in the text),
+    // else by its opening words.
     let plain: String = snippet
-        .trim_start_matches('…')
+        .trim_matches('…')
         .chars()
         .filter(|c| *c != '«' && *c != '»')
         .collect();
     let probe: String = plain.chars().take(40).collect();
-    let at = (!probe.is_empty())
-        .then(|| text.find(probe.as_str()))
-        .flatten()
+    let at = anchor(text, query)
+        .or_else(|| {
+            [plain.trim(), probe.trim()]
+                .into_iter()
+                .filter(|part| !part.is_empty())
+                .find_map(|part| text.find(part))
+        })
         .unwrap_or(0);
     let mut start = at.saturating_sub(EXCERPT_BYTES / 4);
     while !text.is_char_boundary(start) {
@@ -156,7 +206,7 @@ impl LosslessEngine {
                 Ok(Some(message)) => message.text(),
                 _ => continue,
             };
-            let shown = excerpt(&text, &hit.snippet);
+            let shown = excerpt(&text, query, &hit.snippet);
             let line = format!(
                 "[{} · {} · {role}] {shown}",
                 message_id_string(*id),
@@ -307,7 +357,7 @@ mod tests {
     #[test]
     fn a_short_message_is_shown_whole_and_a_long_one_around_its_match() {
         assert_eq!(
-            excerpt("  Caroline: I went to the support group.  ", ""),
+            excerpt("  Caroline: I went to the support group.  ", "", ""),
             "Caroline: I went to the support group."
         );
         let long = format!(
@@ -315,12 +365,32 @@ mod tests {
             "a".repeat(900),
             "b".repeat(900)
         );
-        let shown = excerpt(&long, "…aaaa the «canary» «fleet» moved to eu-north-3 bbbb");
+        let shown = excerpt(
+            &long,
+            "",
+            "…aaaa the «canary» «fleet» moved to eu-north-3 bbbb",
+        );
         assert!(
             shown.contains("the canary fleet moved to eu-north-3"),
             "{shown}"
         );
         assert!(shown.len() <= EXCERPT_BYTES + 8, "{}", shown.len());
         assert!(shown.starts_with('…') && shown.ends_with('…'));
+    }
+
+    /// A long message whose notes repeat: the excerpt is around the question's rarest word, not
+    /// the first place the snippet's opening words stand (they stand in every repetition).
+    #[test]
+    fn a_long_message_is_shown_around_the_rarest_word_the_question_names() {
+        let filler = "the worker queue drains the batch before the lease expires. ".repeat(8);
+        let long = format!("{filler} By the way: the staging database moved to port 6543.");
+        let shown = excerpt(
+            &long,
+            "Which port does the staging database listen on?",
+            "…before the lease expires. By the way: the «staging» «database»",
+        );
+        assert!(shown.contains("port 6543"), "{shown}");
+        assert_eq!(anchor("Port 80, then port 81; PORTS", "port"), Some(0));
+        assert_eq!(anchor("nothing here", "which port"), None);
     }
 }

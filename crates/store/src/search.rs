@@ -39,6 +39,17 @@ pub fn within_query_bounds(text: &str) -> &str {
     }
 }
 
+/// What a row beyond the index's watermark scores when it holds every word of the query: the
+/// index's best score for the query (at least 1), so that a share of the words ranks it among
+/// the index's hits; with no index hit to scale by, one a word, so that a row holding rare
+/// words of the query still stands out from rows holding one common word by as much as BM25
+/// would make it (recall at assembly compares the best hit with the tenth).
+pub(crate) fn unindexed_scale(indexed: impl Iterator<Item = f32>, query_words: usize) -> f32 {
+    indexed
+        .reduce(f32::max)
+        .map_or(query_words.max(1) as f32, |best| best.max(1.0))
+}
+
 pub(crate) fn check_bounds(query: &SearchQuery) -> Result<()> {
     let bytes = query.text.len();
     if bytes > MAX_QUERY_BYTES {
@@ -107,7 +118,7 @@ const MIN_HYBRID_ROWS: usize = 60;
 const MAX_HYBRID_ROWS: usize = 150;
 
 /// Reciprocal rank fusion's constant: how much the first ranks count more than later ones.
-/// Chosen on the natural-question set (BENCHMARKS.md): with this other changes in,
+/// Chosen on the natural-question set (the `locomo` bench): with this other changes in,
 /// hybrid recall@10 0.683 at 5, 0.676 at 10, 0.653 at 60 (the paraphrase set's 60 was chosen
 /// before a natural set was at hand). A small constant lets a row either list ranks first
 /// lead; rows both lists hold still pass rows only one holds.
@@ -197,7 +208,7 @@ pub(crate) fn fuse(
     fused
 }
 
-/// [`fuse`] for lists of hits (their snippets made already): the fused hits, each with its
+/// `fuse` for lists of hits (their snippets made already): the fused hits, each with its
 /// fused score and the text search's snippet when both lists hold it; newest first for
 /// recency. Hybrid search's fusion, for a caller that searched by words and by meaning apart
 /// (and chose from each list first).

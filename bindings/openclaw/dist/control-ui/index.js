@@ -161,7 +161,8 @@ function svg(tag, attributes = {}, ...children) {
 /**
  * The charts' points, one a turn, from the `history` view (`vilvona context history --json`):
  * the prompt by part (the host's, summaries, messages) against the window and the trigger,
- * the folds the turn made, and what the provider counted, with the share read from its cache.
+ * the folds the turn made, what recall at assembly brought into its prompt, and what the
+ * provider counted, with the share read from its cache.
  */
 export function historyPoints(turns) {
   return turns.map((turn) => {
@@ -178,6 +179,7 @@ export function historyPoints(turns) {
       turn: turn.turn, at: turn.at, host, summaries, messages, total: host + summaries + messages,
       window: turn.window ?? null, trigger: turn.trigger + host, folds: turn.folds ?? [],
       before: turn.contextBeforeCompaction, after: turn.contextAfterCompaction, usage,
+      recalled: turn.recalled ?? [],
       cachedShare: read > 0 ? usage.cacheRead / read : null,
       // As the host priced it (its model's prices per token kind), or `vilvona ui --prices`.
       cost: usage?.cost ?? null,
@@ -364,12 +366,20 @@ export function mountPanel(container, options) {
     if (newest.window) prompt.append(limit(newest.window, "window"));
     prompt.append(limit(newest.trigger, "trigger"));
     const folds = points.filter((p) => p.folds.length);
+    const recalled = points.filter((p) => p.recalled.length);
+    const lastRecalled = recalled[recalled.length - 1];
     const parts = [
       el("p", { class: "vv-muted" }, `${count(points.length, "turn", "turns")} from ${points[0].turn} to ${newest.turn}; ${count(folds.length, "turn", "turns")} folded (marked above the bars). ` +
         (newest.window ? `The window: ${grouped(newest.window)} tokens (the solid line); compaction` : "Compaction") + ` runs above ${grouped(newest.trigger)} (the dashed line, the host's prompt included).`),
       prompt,
       el("ul", { class: "vv-legend" }, [["system", "The host's prompt"], ["summary", "Summaries"], ["message", "Messages"], ["fold", "A fold"]].map(([kind, name]) =>
         el("li", {}, el("span", { class: `vv-swatch vv-${kind}` }), name))),
+      // What recall at assembly brought into the prompts from the history beyond the context.
+      el("p", { class: "vv-muted", "data-recalled-turns": recalled.length },
+        lastRecalled
+          ? `${count(recalled.length, "turn", "turns")} had excerpts recalled into the prompt from the history beyond the context; the newest, turn ${lastRecalled.turn}: ` +
+            lastRecalled.recalled.map((item) => `${item.id} (score ${item.score.toFixed(3)}, ${grouped(item.tokens)} tok)`).join(", ") + "."
+          : "Nothing was recalled into a prompt from the history beyond the context."),
     ];
     const reported = points.filter((p) => p.usage);
     if (reported.length) {

@@ -10,6 +10,7 @@ mod forget;
 mod isolation;
 mod model;
 mod overflow;
+mod recall;
 mod replay;
 mod stand_ins;
 mod support;

@@ -19,7 +19,7 @@ use crate::highlight::{Marks, QueryWords, snippet, snippet_of_match};
 use crate::index::{IndexedRow, Watermark, key_of};
 use crate::search::{
     REGEX_BLOB_BYTES, check_bounds, fuse_hits, match_share, message_hit, query_regex, row_nearness,
-    summary_hit, widened, without_unavailable_model,
+    summary_hit, unindexed_scale, widened, without_unavailable_model,
 };
 use crate::tokenize::{term_screen, words};
 use crate::types::*;
@@ -152,10 +152,7 @@ async fn word_search(
         }
         None => (Watermark::default(), Vec::new()),
     };
-    let best = indexed
-        .iter()
-        .map(|(_, score)| *score)
-        .fold(1.0_f32, f32::max);
+    let best = unindexed_scale(indexed.iter().map(|(_, score)| *score), query_words.len());
     let (patterns, all) = screen(query, &terms).unwrap_or((vec!["%".to_owned()], false));
     let quantifier = if all { "ALL" } else { "ANY" };
     let conversations = ids(query);

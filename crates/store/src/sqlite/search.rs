@@ -12,7 +12,7 @@ use crate::highlight::{Marks, QueryWords, snippet, snippet_of_match};
 use crate::index::{IndexRow, IndexedRow, RecallIndex, Watermark, key_of};
 use crate::search::{
     REGEX_BLOB_BYTES, check_bounds, fuse, match_share, message_hit, query_regex, row_nearness,
-    summary_hit, widened, without_unavailable_model,
+    summary_hit, unindexed_scale, widened, without_unavailable_model,
 };
 use crate::sqlite::index_rows::Neighbours;
 use crate::tokenize::{Word, term_screen, words};
@@ -93,7 +93,7 @@ fn indexed_rows(
         return Ok(Vec::new());
     }
     let (through, mut rows) = read_index(index, "searching", |index| index.search(query));
-    let best = rows.iter().map(|(_, score)| *score).fold(1.0_f32, f32::max);
+    let best = unindexed_scale(rows.iter().map(|(_, score)| *score), query_words.len());
     let mut unindexed = unindexed_matches(connection, query, &query_words, through, best)?;
     unindexed.extend(archived_matches(connection, query, &query_words, best)?);
     if !unindexed.is_empty() {
