@@ -67,7 +67,10 @@ install_vilvona_as_the_readme_says() {
   [ -n "$block" ] || fail "README.md has no install block after '<!-- install: run by CI -->'"
   step "running the README's install block"
   printf '%s\n' "$block" >"$WORK/readme-install.sh"
-  (cd "$ROOT" && VILVONA_PACKAGE_BINARY="${VILVONA_E2E_BINARY:-}" bash -euo pipefail "$WORK/readme-install.sh") >"$WORK/readme-install.out" 2>&1 \
+  # One install at a time: the block packs into the repository's target/npm, which soak cells
+  # running side by side share.
+  mkdir -p "$ROOT/target"
+  (cd "$ROOT" && VILVONA_PACKAGE_BINARY="${VILVONA_E2E_BINARY:-}" flock "$ROOT/target/npm.lock" bash -euo pipefail "$WORK/readme-install.sh") >"$WORK/readme-install.out" 2>&1 \
     || fail "the README's install block failed: $(tail -n 8 "$WORK/readme-install.out")"
   node -e '
     const config = JSON.parse(require("fs").readFileSync(process.argv[1], "utf8"));

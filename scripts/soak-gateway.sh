@@ -3,7 +3,7 @@
 #
 #   scripts/soak-gateway.sh [--engine vilvona|legacy] [--window TOKENS] [--turns N] [--out DIR]
 #       [--shape chars4|tokenizer|no-usage] [--summarizer extractive|host] [--slow-summarizer MS]
-#       [--sessions N] [--kills N] [--stops N] [--damage index|wal] [--spawns SPEC] [--cut-emoji]
+#       [--sessions N] [--kills N] [--stops N] [--damage index|wal|index,wal] [--spawns SPEC] [--cut-emoji]
 #       [--resets TURNS] [--stand-ins none|FROM-TO] [--panel] [--cell NAME]
 #       [--provider openai|anthropic] [--restart-after TURN] [--no-recall-tool] [--facts passing]
 #
@@ -14,7 +14,7 @@
 # summarizer model that takes MS to answer (the next turn then arrives while OpenClaw's
 # background maintenance runs), N sessions at once, and N SIGKILLs of the `vilvona` child
 # during the session (in flight and between turns). `--damage` damages the store halfway
-# through, turns continuing: `index` deletes the recall index's directory (it must be rebuilt
+# through (two kinds: at a third and two thirds), turns continuing: `index` deletes the recall index's directory (it must be rebuilt
 # within a minute, with fewer than 100 log lines of vilvona's after it), `wal` truncates the
 # database's write-ahead log to nothing (no answered turn may be missing at the end) while a
 # `vilvona ui` reads the store beside the gateway (it must answer for the last turn at the end).
@@ -130,10 +130,16 @@ case "$SHAPE" in
   no-usage) export MOCK_USAGE=0 ;;
   *) echo "$0: --shape is chars4, tokenizer or no-usage" >&2; exit 2 ;;
 esac
-case "$DAMAGE" in
-  "" | index | wal) ;;
-  *) echo "$0: --damage is index or wal" >&2; exit 2 ;;
-esac
+# --damage index,wal: each kind in turn, evenly spaced over the session.
+DAMAGES=()
+[ -z "$DAMAGE" ] || IFS=, read -r -a DAMAGES <<<"$DAMAGE"
+for kind in "${DAMAGES[@]}"; do
+  case "$kind" in
+    index | wal) ;;
+    *) echo "$0: --damage is index, wal or both (index,wal)" >&2; exit 2 ;;
+  esac
+done
+damages() { [[ ",$DAMAGE," == *",$1,"* ]]; }
 case "$SUMMARIZER" in
   extractive) ;;
   host) [ -n "${VILVONA_SOAK_ENGINE:-}" ] || VILVONA_SOAK_ENGINE='{"summarizer": {"kind": "host"}}' ;;
@@ -328,29 +334,35 @@ stopper() {
   done
 }
 
-# --damage: halfway through, the store damaged under the running gateway. The index must be
-# back within a minute (damage.log says how long it took, or that it did not come back).
+# --damage: the store damaged under the running gateway, each kind named at its turn (one kind
+# halfway through; two at a third and two thirds). The index must be back within a minute
+# (damage.log says how long it took, or that it did not come back).
 damager() {
-  local store="$HOME/.vilvona/agents/main/lossless" target=$((TURNS * SESSIONS / 2)) waited=0
-  if [ "$DAMAGE" = wal ]; then
+  local store="$HOME/.vilvona/agents/main/lossless" count=${#DAMAGES[@]} nth=0 kind target waited
+  if damages wal; then
     until_turn "$READER_BEFORE" || return 0
     start_reader || return 0
   fi
-  until_turn "$target" || return 0
-  wc -l <"$WORK/gateway.out" >"$OUT/damage.at"
-  case "$DAMAGE" in
-  index)
-    rm -rf "$store/index" && echo "deleted the recall index after $target turns" >>"$OUT/damage.log"
-    while [ ! -f "$store/index/meta.json" ]; do
-      [ "$waited" -ge 600 ] && { echo "the index was not rebuilt within 60 s" >>"$OUT/damage.log"; return 0; }
-      sleep 0.1
-      waited=$((waited + 1))
-    done
-    echo "rebuilt after $((waited / 10)).$((waited % 10)) s" >>"$OUT/damage.log" ;;
-  wal)
-    reader_finds "$READER_BEFORE" >>"$OUT/damage.log" || true
-    truncate -s 0 "$store/vilvona.db-wal" && echo "truncated the WAL after $target turns" >>"$OUT/damage.log" ;;
-  esac
+  for kind in "${DAMAGES[@]}"; do
+    nth=$((nth + 1))
+    target=$((nth * TURNS * SESSIONS / (count + 1)))
+    until_turn "$target" || return 0
+    [ -f "$OUT/damage.at" ] || wc -l <"$WORK/gateway.out" >"$OUT/damage.at"
+    case "$kind" in
+    index)
+      waited=0
+      rm -rf "$store/index" && echo "deleted the recall index after $target turns" >>"$OUT/damage.log"
+      while [ ! -f "$store/index/meta.json" ]; do
+        [ "$waited" -ge 600 ] && { echo "the index was not rebuilt within 60 s" >>"$OUT/damage.log"; break; }
+        sleep 0.1
+        waited=$((waited + 1))
+      done
+      [ "$waited" -ge 600 ] || echo "rebuilt after $((waited / 10)).$((waited % 10)) s" >>"$OUT/damage.log" ;;
+    wal)
+      reader_finds "$READER_BEFORE" >>"$OUT/damage.log" || true
+      truncate -s 0 "$store/vilvona.db-wal" && echo "truncated the WAL after $target turns" >>"$OUT/damage.log" ;;
+    esac
+  done
 }
 
 # With `--damage wal`, a reader holds the store beside the gateway all along, as the panel's
@@ -414,9 +426,9 @@ if [ "$STOPS" -gt 0 ] && [ "$ENGINE" = vilvona ]; then
 fi
 DAMAGER_PID=""
 if [ -n "$DAMAGE" ] && [ "$ENGINE" = vilvona ]; then
-  if [ "$DAMAGE" = wal ]; then
+  if damages wal; then
     WORK_TURNS=$(node -e 'import(process.argv[1]).then((session) => console.log(session.script(Number(process.argv[2])).filter((turn) => turn.kind === "work").length))' "$ROOT/bindings/openclaw/test/soak-session.mjs" "$TURNS")
-    READER_BEFORE=$((TURNS * SESSIONS / 4))
+    READER_BEFORE=$((TURNS * SESSIONS / (2 * ${#DAMAGES[@]} + 2)))
   fi
   damager &
   DAMAGER_PID=$!
@@ -494,7 +506,7 @@ if [ "$SLOW_SUMMARIZER" -gt 0 ]; then
   echo "$NAME: OpenClaw aborted background maintenance $ABORTS time(s)"
   [ "$ABORTS" -gt 0 ] || fail "OpenClaw never aborted a maintenance compaction: the cell tested no abort (a slower summarizer, or more turns)"
 fi
-if [ "$DAMAGE" = wal ] && [ "$ENGINE" = vilvona ]; then
+if damages wal && [ "$ENGINE" = vilvona ]; then
   grep -q "^the reader found" "$OUT/damage.log" || fail "the reader beside the gateway did not read the store before the cut: $(head -n 1 "$OUT/damage.log")"
   reader_finds "$WORK_TURNS" >>"$OUT/damage.log" || fail "the reader beside the gateway did not read the healed store: $(tail -n 1 "$OUT/damage.log")"
 fi
@@ -504,7 +516,8 @@ if [ -n "$DAMAGE" ]; then
   ! grep -q "not rebuilt" "$OUT/damage.log" || fail "the recall index was not rebuilt within a minute"
   AFTER=$(tail -n +"$(($(cat "$OUT/damage.at") + 1))" "$OUT/gateway.out" | grep -aci "vilvona\|lossless\|recall index" || true)
   echo "$NAME: $AFTER log lines of vilvona's after the damage"
-  [ "$AFTER" -lt 100 ] || fail "$AFTER log lines of vilvona's after the damage (at most 99): $(tail -n 3 "$OUT/gateway.out" | cut -c1-300)"
+  [ "$AFTER" -lt $((100 * ${#DAMAGES[@]})) ] || fail "$AFTER log lines of vilvona's after ${#DAMAGES[@]} damage(s) (at most 99 a damage): $(tail -n 3 "$OUT/gateway.out" | cut -c1-300)"
+  [ "$(grep -c "after [0-9]* turns" "$OUT/damage.log")" -eq ${#DAMAGES[@]} ] || fail "--damage $DAMAGE: the session ended before every damage: $(tr '\n' ' ' <"$OUT/damage.log")"
 fi
 FAILED=$(grep -vc '"status":200' "$OUT/results.jsonl" || true)
 if [ "$KILLS" -gt 0 ] || [ "$STOPS" -gt 0 ]; then

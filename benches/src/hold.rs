@@ -1,6 +1,8 @@
 //! A workload run's figures held against figures recorded earlier (`workload --hold FILE`):
 //! a regression check with margins wide enough for another machine of the same kind and the
-//! noise of one run, not a timed assertion. `.ci/run` holds a T = 20,000 run against
+//! noise of one run, not a timed assertion. Times may double (ten runs of one build spread by
+//! up to 1.3×, and CI's machine runs slower than a quiet one), plus a slack for the shortest;
+//! the median of text grep, which CI measured at three times a quiet run's, may triple. `.ci/run` holds a T = 20,000 run against
 //! `benches/hold/workload-20000.json`.
 
 use serde_json::Value;
@@ -21,22 +23,22 @@ const HELD: &[(&str, Margin)] = &[
     (
         "/ingest/median_ms",
         Margin::Time {
-            factor: 3.0,
-            slack_ms: 0.5,
+            factor: 2.0,
+            slack_ms: 0.3,
         },
     ),
     (
         "/ingest/p99_ms",
         Margin::Time {
-            factor: 4.0,
-            slack_ms: 2.0,
+            factor: 2.0,
+            slack_ms: 1.0,
         },
     ),
     (
         "/assemble/median_ms",
         Margin::Time {
-            factor: 3.0,
-            slack_ms: 0.5,
+            factor: 2.0,
+            slack_ms: 0.3,
         },
     ),
     (
@@ -53,43 +55,45 @@ const HELD: &[(&str, Margin)] = &[
     (
         "/grep/p99_ms",
         Margin::Time {
-            factor: 4.0,
-            slack_ms: 2.0,
+            factor: 2.0,
+            slack_ms: 1.0,
         },
     ),
     (
         "/grepSemantic/median_ms",
         Margin::Time {
-            factor: 3.0,
+            factor: 2.0,
             slack_ms: 1.0,
         },
     ),
     (
         "/grepHybrid/median_ms",
         Margin::Time {
-            factor: 3.0,
+            factor: 2.0,
             slack_ms: 1.0,
         },
     ),
     (
         "/compaction/median_ms",
         Margin::Time {
-            factor: 3.0,
-            slack_ms: 5.0,
+            factor: 2.0,
+            slack_ms: 2.0,
         },
     ),
     (
         "/compaction/p99_ms",
         Margin::Time {
-            factor: 4.0,
-            slack_ms: 50.0,
+            factor: 2.0,
+            slack_ms: 10.0,
         },
     ),
     // Through the turns and grep; the runner's own closing merge of the index into one
     // segment (an operator's step) is left out.
+    // 1.15 × the recorded 174 MiB is the 200 MiB the months-of-history issue set at this size;
+    // ten runs of one build peaked at 156–185 MiB.
     (
         "/peakRssBeforeMaintenanceMib",
-        Margin::Size { factor: 1.25 },
+        Margin::Size { factor: 1.15 },
     ),
     ("/storeToTranscript", Margin::Size { factor: 1.1 }),
     ("/needlesFound", Margin::NoFewer),
@@ -189,8 +193,16 @@ mod tests {
             "{broken:?}"
         );
         assert!(broken.contains(&"/needlesFound"), "{broken:?}");
-        // Short times have slack: a 0.2 ms ingest at 0.6 ms holds.
-        assert!(!broken.contains(&"/ingest/median_ms"), "{broken:?}");
+        // Short times have slack: a 0.2 ms ingest at 0.6 ms holds (three times, past the
+        // factor of two).
+        let mut slow_start = figures(1.0, 10);
+        slow_start["ingest"]["median_ms"] = json!(0.6);
+        assert!(
+            hold(&slow_start, &recorded)
+                .unwrap()
+                .iter()
+                .all(|held| held.holds)
+        );
     }
 
     #[test]
