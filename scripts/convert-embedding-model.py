@@ -20,8 +20,8 @@ Output: a safetensors file with tensors `embeddings` (I8, [vocab, DIMS]) and `sc
 [vocab]), and metadata naming the tokenizer, the vocabulary (one token per line), the source
 and its licence. Files in this format are what `embedding.kind = "file"` reads too.
 
-DIMS (192) was chosen on LoCoMo's development half (BENCHMARKS.md, "Recall on natural
-questions"): hybrid recall@10 0.677 at 128 dimensions, 0.683 at 192, 0.684 at 256, while the
+DIMS (192) was chosen on LoCoMo's development half (the `locomo`
+bench): hybrid recall@10 0.677 at 128 dimensions, 0.683 at 192, 0.684 at 256, while the
 store grows with them (1.23x, 1.36x and 1.48x the transcript at T = 5,000).
 
 Run (needs numpy; nothing is downloaded but the package):

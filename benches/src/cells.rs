@@ -14,7 +14,7 @@
 //! instead of the generator's.
 //!
 //! Nothing in the store uses this: it is the measurement a design was chosen by
-//! (BENCHMARKS.md, "Months of history").
+//! (BENCHMARKS.md, section 4: meaning search).
 
 use std::collections::HashSet;
 use std::path::Path;

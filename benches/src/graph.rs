@@ -8,7 +8,7 @@
 //! history compares about as many at both.
 //!
 //! Nothing in the store uses this: it is the measurement a design is chosen by
-//! (BENCHMARKS.md, "Months of history").
+//! (BENCHMARKS.md, section 4: meaning search).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -9,7 +9,7 @@
 //! the share of exact search's ten kept, and how few documents must be compared exactly for it.
 //!
 //! Nothing in the store uses this: it is the measurement a design is chosen by
-//! (BENCHMARKS.md, "Months of history").
+//! (BENCHMARKS.md, section 4: meaning search).
 
 use std::time::Instant;
 

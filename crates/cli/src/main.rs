@@ -23,7 +23,7 @@ use vilvona_runtime::{Host, HostOptions, default_state_dir};
 /// jemalloc rather than the system's allocator: glibc's keeps what a thread frees in that
 /// thread's arena, so the same workload run's peak at T = 20,000 turns was about 170 or about
 /// 290 MiB by chance; jemalloc's is steady and no higher, and the turns are faster
-/// (BENCHMARKS.md, "The allocator: jemalloc").
+/// (`workload --generate 20000`, ten runs of each).
 #[cfg(not(target_env = "msvc"))]
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;

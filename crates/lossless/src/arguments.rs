@@ -146,7 +146,7 @@ macro_rules! choice {
 
 /// How the query is read: by default by words and by meaning together (hybrid), which finds
 /// more on questions asked in other words than the answer's and keeps an exact lookup's
-/// first hit first (BENCHMARKS.md, "Recall by meaning").
+/// first hit first (BENCHMARKS.md, section 5: LoCoMo by mode, the paraphrase set).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Mode(pub(crate) SearchMode);
 

@@ -1,8 +1,7 @@
 //! The `lossless` engine: its state (the store, the summarizer, bounded per-session caches).
-//! The contract's members are in [`crate::contract`]; each job module ([`crate::ingest`],
-//! [`crate::bootstrap`], [`crate::compaction`], [`crate::assembly`], [`crate::subagents`],
-//! [`crate::tools`], [`crate::forget`]) adds its own `impl LosslessEngine` and takes nothing
-//! else from here.
+//! The contract's members are in [`crate::contract`]; each job module (the crate's root lists
+//! them) adds its own `impl LosslessEngine` and takes nothing else from here; what it keeps per
+//! conversation is one [`crate::memory::Memory`].
 
 use std::path::Path;
 use std::sync::{Arc, Mutex as StdMutex};

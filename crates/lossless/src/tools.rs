@@ -797,9 +797,10 @@ fn search_error(error: StoreError) -> ToolError {
         }
         StoreError::QueryTooLarge(problem) => ToolError::InvalidArguments(problem),
         // Asking by meaning where it is off is the caller's to change.
-        StoreError::NoEmbeddings => {
-            ToolError::InvalidArguments(StoreError::NoEmbeddings.to_string())
-        }
+        StoreError::NoEmbeddings => ToolError::InvalidArguments(format!(
+            "{}; the lossless engine's `embedding` setting chooses one",
+            StoreError::NoEmbeddings
+        )),
         // So is an embedding endpoint that cannot be reached now (the
         // engine is fine; text and hybrid search work meanwhile).
         StoreError::Embedding(error) => {

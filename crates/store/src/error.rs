@@ -92,9 +92,7 @@ pub enum StoreError {
     #[error("{0}")]
     QueryTooLarge(String),
     /// A search by meaning on a store opened without an embedding model.
-    #[error(
-        "recall by meaning is off: no embedding model is configured (plugins.entries.lossless.config.embedding)"
-    )]
+    #[error("recall by meaning is off: the store was opened without an embedding model")]
     NoEmbeddings,
     /// The embedding model could not embed the query (a model behind an endpoint that is
     /// unreachable or refused it).

@@ -10,12 +10,12 @@
 //! a question finds the message that words the same thing in another form; a word holding a
 //! digit or any other character (an identifier, a version, a word of another script) is kept
 //! whole. On the natural-question set stemming added 3.5 points of recall@10 to a plain BM25
-//! (BENCHMARKS.md).
+//! (the `locomo` bench).
 //!
 //! Bigrams were chosen over single characters (index the same size within a few per cent on
 //! CJK text, but a query of two characters matches every text holding both anywhere) and over
 //! a dictionary segmenter (tens of megabytes of dictionary in the binary, and a query segmented
-//! differently from the text is not found). BENCHMARKS.md has the measurements.
+//! differently from the text is not found).
 
 use tantivy::tokenizer::{Token, TokenStream, Tokenizer};
 use vilvona_core::tokens::is_cjk;

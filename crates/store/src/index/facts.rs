@@ -3,7 +3,7 @@
 //!
 //! Opening a column looks it up by name in the segment's column directory; a text search did
 //! that for four columns of every segment at every search, 45 % of `top::best`'s samples at
-//! T = 1,000 (BENCHMARKS.md, "A segment's columns opened once"). A segment never changes (its
+//! T = 1,000 (a profile of `workload --generate 1000`). A segment never changes (its
 //! deletions are kept apart), so its columns are opened once and kept while the searcher has
 //! it ([`FactCache`]).
 

@@ -5,6 +5,15 @@
 //! the text for snippets comes from SQLite. Each commit carries a payload with the highest
 //! message and summary ids it holds (the watermark), so the index and its watermark change
 //! atomically; on open the store indexes whatever SQLite has beyond it.
+//!
+//! Only the process that holds the index directory's writer lock changes the index (SQLite's
+//! writer, `crate::sqlite` `writer/upkeep.rs`; a PostgreSQL node's follower, `crate::pg`
+//! `follow.rs`); every other process reads it as last committed. The index heals itself and a
+//! damaged one never makes the store fail: opening checks each committed segment's files and
+//! probes every segment, and a damaged index is moved aside and built again; a search that
+//! cannot read it marks it broken and answers from the database alone, and the maintainer
+//! rebuilds it beside the live one and swaps it in ([`IndexSlot`]). Calls into tantivy that
+//! could panic on damaged files run inside [`contained`].
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -291,7 +300,7 @@ pub(crate) fn neighbour_of(previous: &str) -> Option<String> {
 /// weighted by how much of that is the message's own ([`NEIGHBOUR_WEIGHT`]). A reply ("Yes,
 /// every Sunday morning with my cousin.") means little without what it answers: on the
 /// natural-question set this vector added 6.5 points of recall@10 to meaning search and 4 to
-/// hybrid search (BENCHMARKS.md).
+/// hybrid search (the `locomo` bench).
 pub(crate) fn embed_documents(
     embedder: &dyn Embedder,
     docs: &[(&str, usize, Option<&str>)],

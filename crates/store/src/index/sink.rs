@@ -1,5 +1,13 @@
 //! The writing side of the index: documents added and removed as the store's writer thread
 //! commits rows, embedded when the index commits, and the watermark each commit carries.
+//!
+//! A commit happens on a timer, after a number of documents, or when a caller waits for it (a
+//! flush, a merge, a rebuild, a writer that stops). A local model's vectors are made as
+//! documents arrive (`pipeline`); a timed commit takes only the documents whose vectors are
+//! ready, and its watermark stops below the first one still waiting, so a commit never waits
+//! for the model and searches read the rows past that point from the database. A flush waits
+//! for every document. Removing a document drops it if it still waits. A whole fill (another
+//! model, a lost index, a long catch-up) adds documents without vectors, for the `filler`.
 
 use std::sync::Arc;
 use std::time::Instant;

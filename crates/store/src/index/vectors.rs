@@ -12,14 +12,14 @@
 //! together (a typical query's 60th best is 0.55, the median document 0.35), so bounds on the
 //! rest of a vector prune almost nothing, and a cheaper first pass to pick whom to compare
 //! exactly (the first 32 or 64 dimensions, or one bit a dimension) kept only 61–90 % of the
-//! best 60 even when it passed on 20 times as many (BENCHMARKS.md). The work grows with the
-//! scope. An inverted file over the chunks was measured (`vilvona_benches::cells`): to keep
-//! 0.95 of this search's ten best it compares about a quarter of the chunks, a constant factor,
-//! so nothing here has one; a graph index (HNSW) over vectors kept on disk is what would answer
-//! in time that does not grow with the history (BENCHMARKS.md, "Months of history"). A faster
-//! comparison would not: at 480,000 messages the vectors are about 178 MiB, which a 2-core
+//! best 60 even when it passed on 20 times as many (`vilvona_benches::quantized`). The work
+//! grows with the scope. An inverted file over the chunks was measured
+//! (`vilvona_benches::cells`): to keep 0.95 of this search's ten best it compares about a
+//! quarter of the chunks, a constant factor, so nothing here has one; a graph index (HNSW) over
+//! vectors kept on disk is what would answer in time that does not grow with the history
+//! (`vilvona_benches::graph`; BENCHMARKS.md, section 4). A faster comparison would not: at 480,000 messages the vectors are about 178 MiB, which a 2-core
 //! machine's memory takes 6–8 ms to stream once, and an AVX2 kernel measured against this one
-//! waited on its loads (BENCHMARKS.md, "Could exact search meet 5 ms").
+//! waited on its loads.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -91,7 +91,7 @@ enum Placed {
 
 /// The bound when `VILVONA_VECTOR_CACHE_MIB` does not set one: at T = 100,000 turns (480,000
 /// messages) the vectors and their facts take about 195 MiB, so a history of several hundred
-/// thousand messages is searched from memory (BENCHMARKS.md, "Months of history").
+/// thousand messages is searched from memory (`workload --generate 100000`).
 const DEFAULT_LIMIT_MIB: usize = 256;
 
 impl VectorCache {
@@ -203,8 +203,7 @@ impl VectorCache {
 /// order and keeps them in that order (documents refer to them): the values are streamed
 /// twice, once for their lengths and once to copy each where its documents are, so nothing
 /// but the buffer is as large as the values (holding each value first as an allocation of
-/// its own left the process 40–150 MiB more of its own memory after grep at T = 100,000:
-/// BENCHMARKS.md). `None`, with nothing copied, when `fits` refuses the bytes they would take
+/// its own left the process 40–150 MiB more of its own memory after grep at T = 100,000). `None`, with nothing copied, when `fits` refuses the bytes they would take
 /// (the values and their ends).
 fn in_document_order(
     column: &tantivy::columnar::BytesColumn,

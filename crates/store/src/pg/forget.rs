@@ -1,6 +1,6 @@
 //! Forgetting on PostgreSQL: the plan `crate::sqlite::forget` applies on SQLite, applied in one
-//! transaction here. There is no index to queue work for (searches read the database), and
-//! ids come from sequences, so no row's id is ever reused.
+//! transaction here. What it removes or rewrites is written to the change log, from which every
+//! node's index follows (`follow`); ids come from sequences, so no row's id is ever reused.
 
 use std::collections::HashSet;
 

@@ -1,7 +1,16 @@
-//! The index's upkeep on the writer thread: rows committed are added to the index and
-//! committed in batches; the vectors the filler makes are taken in; a damaged or missing index
-//! is rebuilt; rows other processes wrote are caught up; failing background work is retried
-//! after a pause that doubles.
+//! The index's upkeep on the writer thread, done between commands.
+//!
+//! One process at a time maintains the index: the one that holds its directory's writer lock.
+//! A writer without the lock writes only the database and tries to take the lock again every
+//! [`LOCK_RETRY`]. With the lock, it indexes every row past the watermark in id order, which is
+//! commit order because SQLite admits one writer at a time: rows it committed itself when they
+//! follow the watermark directly, else (another process wrote in between) caught up from the
+//! database, which it also polls every [`FOREIGN_ROWS_POLL`]. It applies the work queued in
+//! `index_tasks` (forgetting, rewritten summaries, archiving), commits, and only then clears
+//! the tasks. A job that keeps failing pauses ([`Retry`]); vectors have their own pause, so a
+//! model's outage never holds up commits. A broken index is rebuilt beside the live one; a
+//! process without the lock asks for a rebuild with a `<index>.rebuild-requested` file, which
+//! the maintainer looks for once a second.
 
 use std::time::{Duration, Instant};
 
