@@ -201,16 +201,7 @@ pub async fn evaluate(
     };
     let mut times: Vec<Vec<Duration>> = vec![Vec::new(); figures.modes.len()];
     for file in files {
-        let name = file
-            .file_stem()
-            .map(|stem| stem.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        let (turns, questions) = read_conversation(file)?;
-        progress(&format!(
-            "{name}: {} turns, {} questions",
-            turns.len(),
-            questions.len()
-        ));
+        let (name, turns, questions) = read_named(file, &progress)?;
         let asked = ask_conversation(
             &name,
             &turns,
@@ -326,6 +317,21 @@ async fn ask_conversation(
 fn tally(figures: &mut ModeFigures, category: usize, ranks: &[Option<usize>]) {
     figures.all.add(ranks);
     figures.categories[category].add(ranks);
+}
+
+/// A conversation file's name, turns and questions, its size said as progress.
+fn read_named(file: &Path, progress: &impl Fn(&str)) -> Result<(String, Vec<Turn>, Vec<Question>)> {
+    let name = file
+        .file_stem()
+        .map(|stem| stem.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let (turns, questions) = read_conversation(file)?;
+    progress(&format!(
+        "{name}: {} turns, {} questions",
+        turns.len(),
+        questions.len()
+    ));
+    Ok((name, turns, questions))
 }
 
 /// The conversation of a file: its turns and its questions.
@@ -598,16 +604,7 @@ pub async fn evaluate_prompt(
     let mut added: Vec<u64> = Vec::new();
     let mut times: [Vec<Duration>; 2] = [Vec::new(), Vec::new()];
     for file in files {
-        let name = file
-            .file_stem()
-            .map(|stem| stem.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        let (turns, questions) = read_conversation(file)?;
-        progress(&format!(
-            "{name}: {} turns, {} questions",
-            turns.len(),
-            questions.len()
-        ));
+        let (name, turns, questions) = read_named(file, &progress)?;
         let dir = tempfile::TempDir::new()?;
         let on = crate::meaning::extractive_engine(dir.path(), PROMPT_BUDGET, embedding).await?;
         let off = on.with_config(vilvona_lossless::LosslessConfig {

@@ -107,13 +107,7 @@ impl LosslessEngine {
         {
             return Ok(());
         }
-        let Some(row) = self
-            .inner
-            .store
-            .conversation_by_id(conversation)
-            .await
-            .map_err(|error| store_error("conversation", error))?
-        else {
+        let Some(row) = self.stored_row(conversation).await? else {
             return Ok(());
         };
         let held = row.message_count;
@@ -138,16 +132,7 @@ impl LosslessEngine {
             return self.note_catch_up(conversation, None).await;
         }
         let first = held.saturating_sub(MEET_RUN);
-        let last = self
-            .inner
-            .store
-            .messages_in_seq_range(conversation, first, held - 1)
-            .await
-            .map_err(|error| store_error("reading the store's last messages", error))?
-            .iter()
-            .map(StoredMessage::message)
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|error| store_error("reading the store's last messages", error))?;
+        let last = self.stored_messages(conversation, first, held - 1).await?;
         let Some(past) = past_the_store(host, &last) else {
             if self.memory(conversation, |memory| {
                 !std::mem::replace(&mut memory.catch_up_unmet_said, true)
@@ -313,27 +298,17 @@ impl LosslessEngine {
             return Ok(false);
         }
         let held = self
-            .inner
-            .store
-            .conversation_by_id(conversation)
-            .await
-            .map_err(|error| store_error("conversation", error))?
+            .stored_row(conversation)
+            .await?
             .map_or(0, |row| row.message_count);
         let look_back = messages.len() as u64 * 4 + MEET_RUN;
         let stored = self
-            .inner
-            .store
-            .messages_in_seq_range(
+            .stored_messages(
                 conversation,
                 held.saturating_sub(look_back),
                 held.saturating_sub(1),
             )
-            .await
-            .map_err(|error| store_error("reading the store's last messages", error))?
-            .iter()
-            .map(StoredMessage::message)
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|error| store_error("reading the store's last messages", error))?;
+            .await?;
         Ok(held > 0
             && stored.windows(messages.len()).any(|run| {
                 run.iter()

@@ -327,6 +327,37 @@ impl LosslessEngine {
         self.memory(conversation, |memory| memory.turn_budget.take())
     }
 
+    /// The conversation's row as the store has it now (`None`: gone).
+    pub(crate) async fn stored_row(
+        &self,
+        conversation: ConversationId,
+    ) -> Result<Option<vilvona_store::Conversation>, EngineError> {
+        self.inner
+            .store
+            .conversation_by_id(conversation)
+            .await
+            .map_err(|error| store_error("reading the conversation", error))
+    }
+
+    /// The conversation's stored messages at places `first..=last`, decoded.
+    pub(crate) async fn stored_messages(
+        &self,
+        conversation: ConversationId,
+        first: u64,
+        last: u64,
+    ) -> Result<Vec<vilvona_core::message::AgentMessage>, EngineError> {
+        let failed = |error| store_error("reading the store's last messages", error);
+        self.inner
+            .store
+            .messages_in_seq_range(conversation, first, last)
+            .await
+            .map_err(failed)?
+            .iter()
+            .map(vilvona_store::StoredMessage::message)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(failed)
+    }
+
     /// The context's running total as the store keeps it (one row).
     pub(crate) async fn context_tokens(
         &self,

@@ -442,13 +442,7 @@ impl LosslessEngine {
         ) else {
             return Ok(());
         };
-        let Some(row) = self
-            .inner
-            .store
-            .conversation_by_id(conversation)
-            .await
-            .map_err(|error| store_error("conversation", error))?
-        else {
+        let Some(row) = self.stored_row(conversation).await? else {
             return Ok(());
         };
         let held = row.message_count;

@@ -49,7 +49,28 @@ impl LosslessEngine {
         if !self.inner.summarizer.in_reach() {
             return Ok(0);
         }
-        // Only those summaries are read (an indexed query), not the whole context.
+        let stand_ins = self.rewritable_stand_ins(conversation).await?;
+        let left = stand_ins.len() as u64;
+        let rewritten = self
+            .rewrite_each(conversation, stand_ins.iter().take(at_most))
+            .await?;
+        if rewritten > 0 {
+            tracing::info!(
+                rewritten,
+                left = left - rewritten,
+                summarizer = self.inner.summarizer.id(),
+                "rewrote summaries a stand-in wrote"
+            );
+        }
+        Ok(rewritten)
+    }
+
+    /// The conversation's stand-ins the summarizer may rewrite: all but those it could not fit.
+    /// Only those summaries are read (an indexed query), not the whole context.
+    async fn rewritable_stand_ins(
+        &self,
+        conversation: ConversationId,
+    ) -> Result<Vec<StoredSummary>, EngineError> {
         let stand_ins = self
             .inner
             .store
@@ -57,25 +78,26 @@ impl LosslessEngine {
             .await
             .map_err(|error| store_error("reading the summaries a stand-in wrote", error))?;
         let unfit = self.unfit_stand_ins(conversation).await?;
-        let mut rewritten = 0;
-        for summary in stand_ins
-            .iter()
+        Ok(stand_ins
+            .into_iter()
             .filter(|summary| !unfit.contains(&summary.summary_id))
-            .take(at_most)
-        {
+            .collect())
+    }
+
+    /// Each of `stand_ins` rewritten in turn, until the summarizer cannot be asked now; how
+    /// many were.
+    async fn rewrite_each(
+        &self,
+        conversation: ConversationId,
+        stand_ins: impl Iterator<Item = &StoredSummary>,
+    ) -> Result<u64, EngineError> {
+        let mut rewritten = 0;
+        for summary in stand_ins {
             match self.rewrite_stand_in(conversation, summary).await? {
                 Rewrite::Rewritten => rewritten += 1,
                 Rewrite::Unfit => {}
                 Rewrite::NotNow => break,
             }
-        }
-        if rewritten > 0 {
-            tracing::info!(
-                rewritten,
-                left = stand_ins.len() as u64 - rewritten,
-                summarizer = self.inner.summarizer.id(),
-                "rewrote summaries a stand-in wrote"
-            );
         }
         Ok(rewritten)
     }
@@ -98,23 +120,15 @@ impl LosslessEngine {
         if summaries.is_empty() || !self.inner.summarizer.in_reach() {
             return Ok(0);
         }
-        let stand_ins = self
-            .inner
-            .store
-            .stand_in_summaries(conversation)
-            .await
-            .map_err(|error| store_error("reading the summaries a stand-in wrote", error))?;
-        let unfit = self.unfit_stand_ins(conversation).await?;
-        let mut rewritten = 0;
-        for summary in stand_ins.iter().filter(|summary| {
-            summaries.contains(&summary.row_id) && !unfit.contains(&summary.summary_id)
-        }) {
-            match self.rewrite_stand_in(conversation, summary).await? {
-                Rewrite::Rewritten => rewritten += 1,
-                Rewrite::Unfit => {}
-                Rewrite::NotNow => break,
-            }
-        }
+        let stand_ins = self.rewritable_stand_ins(conversation).await?;
+        let rewritten = self
+            .rewrite_each(
+                conversation,
+                stand_ins
+                    .iter()
+                    .filter(|summary| summaries.contains(&summary.row_id)),
+            )
+            .await?;
         if rewritten > 0 {
             tracing::info!(
                 rewritten,

@@ -490,9 +490,23 @@ impl ForgetPlan {
         }
     }
 
-    /// Whether the plan removes or rewrites exactly these summaries, in any order (the ones
-    /// above its messages now; else it is stale).
-    pub(crate) fn covers_exactly(&self, above: impl IntoIterator<Item = SummaryRowId>) -> bool {
+    /// Whether the plan is still the one to apply, given the summaries above the forgotten
+    /// rows now (`summaries_above` of its scope): a plan before a time removes or rewrites
+    /// exactly those; a whole session's, exactly the other conversations' among them (its own
+    /// go with it). Else it is stale.
+    pub(crate) fn still_covers(
+        &self,
+        conversation: ConversationId,
+        above: &[StoredSummary],
+    ) -> bool {
+        let planned = above.iter().filter(|summary| {
+            self.scope != ForgetScope::Conversation || summary.conversation != conversation
+        });
+        self.covers_exactly(planned.map(|summary| summary.row_id))
+    }
+
+    /// Whether the plan removes or rewrites exactly these summaries, in any order.
+    fn covers_exactly(&self, above: impl IntoIterator<Item = SummaryRowId>) -> bool {
         let mut above: Vec<SummaryRowId> = above.into_iter().collect();
         let mut planned: Vec<SummaryRowId> = self
             .removed

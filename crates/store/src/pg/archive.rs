@@ -442,10 +442,7 @@ pub(crate) async fn import(
         }
         let row = client
             .row(
-                "INSERT INTO summaries (id, summary_id, conversation_id, depth, kind, content, tokens,
-                     earliest_at, latest_at, first_seq, last_seq, level, summarizer, created_at)
-                 VALUES (nextval('summary_ids'), $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
-                 RETURNING id",
+                super::write::INSERT_SUMMARY,
                 &[
                     &summary.summary_id,
                     &conversation.0,

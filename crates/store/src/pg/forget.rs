@@ -43,13 +43,9 @@ pub(crate) async fn apply(client: &impl Sql, plan: &ForgetPlan) -> Result<Option
     let mut report = ForgetReport::default();
     let (messages, summaries): (Vec<i64>, Vec<i64>) = match plan.scope {
         ForgetScope::Conversation => {
-            // The plan covers exactly the other conversations' summaries above its rows now.
-            let above = summaries_above(client, conversation, None).await?;
-            if !plan.covers_exactly(
-                above
-                    .iter()
-                    .filter(|summary| summary.conversation != conversation)
-                    .map(|summary| summary.row_id),
+            if !plan.still_covers(
+                conversation,
+                &summaries_above(client, conversation, None).await?,
             ) {
                 return Ok(None);
             }
@@ -71,9 +67,10 @@ pub(crate) async fn apply(client: &impl Sql, plan: &ForgetPlan) -> Result<Option
             )
         }
         ForgetScope::Before(before_ms) => {
-            // The plan covers exactly the summaries above the forgotten messages now.
-            let above = summaries_above(client, conversation, before).await?;
-            if !plan.covers_exactly(above.iter().map(|summary| summary.row_id)) {
+            if !plan.still_covers(
+                conversation,
+                &summaries_above(client, conversation, before).await?,
+            ) {
                 return Ok(None);
             }
             let messages = client

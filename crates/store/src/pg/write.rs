@@ -52,6 +52,14 @@ where
     Ok(found)
 }
 
+/// A new summary row, its id from the sequence: summary id, conversation, depth, kind, content,
+/// tokens, earliest and latest times, first and last places, level, summarizer, creation time.
+pub(super) const INSERT_SUMMARY: &str = "INSERT INTO summaries (id, summary_id, conversation_id,
+        depth, kind, content, tokens, earliest_at, latest_at, first_seq, last_seq, level,
+        summarizer, created_at)
+    VALUES (nextval('summary_ids'), $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
+    RETURNING id";
+
 /// Locks a conversation's row for the rest of the transaction: writes to one conversation's
 /// context take turns, across every process and machine.
 pub(super) async fn lock_conversation(
@@ -304,10 +312,7 @@ pub(super) async fn replace(client: &mut Object, plan: ReplacePlan) -> Result<Re
     let created_at = now_ms();
     let row = transaction
         .row(
-            "INSERT INTO summaries (id, summary_id, conversation_id, depth, kind, content, tokens,
-                 earliest_at, latest_at, first_seq, last_seq, level, summarizer, created_at)
-             VALUES (nextval('summary_ids'), $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
-             RETURNING id",
+            INSERT_SUMMARY,
             &[
                 &summary_id,
                 &plan.conversation.0,

@@ -89,13 +89,9 @@ pub(crate) fn apply(connection: &WriteTx<'_>, plan: &ForgetPlan) -> Result<Optio
         .execute(params![highest_message.to_string(), highest_summary.to_string()])?;
     let (messages, summaries): (Vec<i64>, Vec<i64>) = match plan.scope {
         ForgetScope::Conversation => {
-            // The plan covers exactly the other conversations' summaries above its rows now.
-            let above = summaries_above(connection.reader(), conversation, None)?;
-            if !plan.covers_exactly(
-                above
-                    .iter()
-                    .filter(|summary| summary.conversation != conversation)
-                    .map(|summary| summary.row_id),
+            if !plan.still_covers(
+                conversation,
+                &summaries_above(connection.reader(), conversation, None)?,
             ) {
                 return Ok(None);
             }
@@ -115,9 +111,10 @@ pub(crate) fn apply(connection: &WriteTx<'_>, plan: &ForgetPlan) -> Result<Optio
             )
         }
         ForgetScope::Before(before_ms) => {
-            // The plan covers exactly the summaries above the forgotten messages now.
-            let above = summaries_above(connection.reader(), conversation, before)?;
-            if !plan.covers_exactly(above.iter().map(|summary| summary.row_id)) {
+            if !plan.still_covers(
+                conversation,
+                &summaries_above(connection.reader(), conversation, before)?,
+            ) {
                 return Ok(None);
             }
             let mut statement = connection.prepare_cached(
