@@ -1,9 +1,9 @@
-//! A workload run's figures held against figures recorded earlier (`workload --hold FILE`):
-//! a regression check with margins wide enough for another machine of the same kind and the
-//! noise of one run, not a timed assertion. Times may double (ten runs of one build spread by
-//! up to 1.3×, and CI's machine runs slower than a quiet one), plus a slack for the shortest;
-//! the median of text grep, which CI measured at three times a quiet run's, may triple. `.ci/run` holds a T = 20,000 run against
-//! `benches/hold/workload-20000.json`.
+//! A workload run's figures held against figures recorded earlier (`workload --hold FILE`): a
+//! regression check with margins wide enough for another machine of the same kind and the noise of
+//! one run, not a timed assertion. Times may double (ten runs of one build spread by up to 1.3×,
+//! and CI's machine runs slower than a quiet one), plus a slack for the shortest; the median of
+//! text grep, which CI measured at three times a quiet run's, may triple. `.ci/run` holds a T =
+//! 20,000 run against `benches/hold/workload-20000.json`.
 
 use serde_json::Value;
 

@@ -292,11 +292,11 @@ pub struct RunOptions {
     pub embedding: bool,
 }
 
-/// Instruction counts under `valgrind --tool=callgrind --instr-atstart=no` (with the
-/// `instructions` feature; natively the client requests do nothing): the ingest of turns 800–899 and the compaction of turns
-/// 900–999 are instrumented call by call, then 100 assembles at 128k and every grep, and each
-/// is dumped under its name (`benches/instructions.sh` reads the dumps). Shared machines'
-/// speed drifts; these counts do not.
+/// Instruction counts under `valgrind --tool=callgrind --instr-atstart=no` (with the `instructions`
+/// feature; natively the client requests do nothing): the ingest of turns 800–899 and the
+/// compaction of turns 900–999 are instrumented call by call, then 100 assembles at 128k and every
+/// grep, and each is dumped under its name (`benches/instructions.sh` reads the dumps). Shared
+/// machines' speed drifts; these counts do not.
 #[derive(Debug)]
 pub struct Instructions {
     enabled: bool,

@@ -265,7 +265,10 @@ fn a_hundred_sigkills_lose_and_double_nothing() {
         // imports it).
         let on_disk = transcript(&state, &session.id);
         let in_store = stored(&state, &session.id);
-        assert!(on_disk.len() <= session.messages.len());
+        assert!(
+            on_disk.len() < session.messages.len(),
+            "kill {kill} came after the replay had ended: the session is too short"
+        );
         assert_eq!(
             on_disk[..],
             session.messages[..on_disk.len()],

@@ -21,7 +21,7 @@ pub mod admin;
 pub mod archive;
 pub mod clock;
 pub mod engine;
-pub mod error;
+mod error;
 pub mod host;
 pub mod message;
 pub mod registry;

@@ -98,13 +98,17 @@ impl LosslessEngine {
         conversation: ConversationId,
         params: &AssembleParams,
     ) -> Result<(), EngineError> {
-        let host = &params.messages;
         // The engine's own assembled context handed back (OpenClaw's calls inside a turn's
-        // tool loop): what the store holds already, and its renderings, which are no turns.
-        if host.is_empty()
-            || self.inner.store.is_read_only()
-            || host.iter().any(is_engine_rendering)
-        {
+        // tool loop) holds its renderings (summaries, a recall block), which are no turns: the
+        // rest meets the store like any history.
+        let host: Vec<AgentMessage> = params
+            .messages
+            .iter()
+            .filter(|message| !is_engine_rendering(message))
+            .cloned()
+            .collect();
+        let host = host.as_slice();
+        if host.is_empty() || self.inner.store.is_read_only() {
             return Ok(());
         }
         let Some(row) = self.stored_row(conversation).await? else {
@@ -133,7 +137,17 @@ impl LosslessEngine {
         }
         let first = held.saturating_sub(MEET_RUN);
         let last = self.stored_messages(conversation, first, held - 1).await?;
-        let Some(past) = past_the_store(host, &last) else {
+        // Met by the store's last messages; else (a tail too short to hold them, a message the
+        // host rewrote since, the newest rows forgotten) by time: what the host says past the
+        // store's newest message and any forgetting's horizon.
+        let met = (!last.is_empty())
+            .then(|| past_the_store(host, &last))
+            .flatten();
+        let past = match met {
+            Some(past) => Some(past),
+            None => self.past_by_time(conversation, host, &last).await?,
+        };
+        let Some(past) = past else {
             if self.memory(conversation, |memory| {
                 !std::mem::replace(&mut memory.catch_up_unmet_said, true)
             }) {
@@ -184,6 +198,31 @@ impl LosslessEngine {
             },
         )
         .await
+    }
+
+    /// Where `host` goes on past the store by time: after its last message stamped at or before
+    /// both the store's newest message (of `last`) and the horizon of a forgetting (nothing
+    /// before it comes back). `None` when neither is known, or a message past that point
+    /// carries no time to tell.
+    async fn past_by_time(
+        &self,
+        conversation: ConversationId,
+        host: &[AgentMessage],
+        last: &[AgentMessage],
+    ) -> Result<Option<usize>, EngineError> {
+        let horizon = self.forget_horizon(conversation).await?;
+        let newest = last.iter().filter_map(AgentMessage::timestamp_ms).max();
+        let Some(after) = newest.max(horizon) else {
+            return Ok(None);
+        };
+        let past = host
+            .iter()
+            .rposition(|message| message.timestamp_ms().is_some_and(|at| at <= after))
+            .map_or(0, |index| index + 1);
+        Ok(host[past..]
+            .iter()
+            .all(|message| message.timestamp_ms().is_some())
+            .then_some(past))
     }
 
     /// Notes an intake from the host's history: `Some(messages)` taken in at a later turn,
@@ -311,9 +350,12 @@ impl LosslessEngine {
             .await?;
         Ok(held > 0
             && stored.windows(messages.len()).any(|run| {
-                run.iter()
-                    .zip(messages)
-                    .all(|(stored, message)| same_message(stored, message))
+                // Timed messages only: an untimed "continue" repeated is a turn of its own.
+                run.iter().zip(messages).all(|(stored, message)| {
+                    stored.timestamp_ms().is_some()
+                        && message.timestamp_ms().is_some()
+                        && same_message(stored, message)
+                })
             }))
     }
 }

@@ -299,12 +299,12 @@ impl Default for LosslessConfig {
 }
 
 impl LosslessConfig {
-    /// The share of the planned room the fresh tail takes at most: `freshTailRatio`, else a
-    /// tenth with a model summarizer and a quarter with the extractive one. Each fold sends the
-    /// tail it keeps to the provider again, uncached; a model's folds wait for the call that
-    /// brings it and come a turn's growth later, with a tail that much larger: measured in a
-    /// real gateway (the soak with `--summarizer host`), the host's model cost 0.97× legacy with a quarter, 0.88× with
-    /// a tenth; the extractive summarizer costs the same with either.
+    /// The share of the planned room the fresh tail takes at most: `freshTailRatio`, else a tenth
+    /// with a model summarizer and a quarter with the extractive one. Each fold sends the tail it
+    /// keeps to the provider again, uncached; a model's folds wait for the call that brings it and
+    /// come a turn's growth later, with a tail that much larger: measured in a real gateway (the
+    /// soak with `--summarizer host`), the host's model cost 0.97× legacy with a quarter, 0.88×
+    /// with a tenth; the extractive summarizer costs the same with either.
     pub fn fresh_tail_ratio(&self) -> f64 {
         self.fresh_tail_ratio.unwrap_or(match self.summarizer {
             Some(SummarizerConfig::Host | SummarizerConfig::OpenAi { .. }) => 0.1,

@@ -408,6 +408,10 @@ impl LosslessEngine {
             };
         });
         lock_map(&self.inner.rendered).clear();
+        // A recall block another session holds for its turn may quote what went.
+        for memory in lock_map(&self.inner.memories).values_mut() {
+            memory.recall = None;
+        }
     }
 
     pub(crate) fn compaction_lock(

@@ -36,6 +36,9 @@ const RETENTION_LAST_RUN: &str = "retention.lastRunAt";
 
 pub use vilvona_core::admin::{Forgotten, RetentionAction, RetentionKind};
 
+/// The state key of the latest time before which a conversation's messages were forgotten.
+const FORGET_HORIZON: &str = "forget.horizonMs";
+
 impl LosslessEngine {
     /// The stored conversation of a session of this agent, without creating one.
     pub(crate) async fn stored_conversation(
@@ -103,10 +106,31 @@ impl LosslessEngine {
         let report = self
             .forget_planned(&conversation, ForgetScope::Before(before_ms))
             .await?;
+        // The host's history still holds what went: catch-up must never take it in again.
+        let horizon = self.forget_horizon(conversation.id).await?;
+        if horizon.is_none_or(|horizon| horizon < before_ms) {
+            self.store()
+                .set_state(conversation.id, FORGET_HORIZON, &before_ms.to_string())
+                .await
+                .map_err(|error| store_error("keeping the forgetting's horizon", error))?;
+        }
         Ok(Forgotten {
             report,
             space: self.reclaim().await?,
         })
+    }
+
+    /// The latest time before which this conversation's messages were forgotten, if any.
+    pub(crate) async fn forget_horizon(
+        &self,
+        conversation: ConversationId,
+    ) -> Result<Option<i64>, EngineError> {
+        Ok(self
+            .store()
+            .state(conversation, FORGET_HORIZON)
+            .await
+            .map_err(|error| store_error("reading the forgetting's horizon", error))?
+            .and_then(|text| text.parse().ok()))
     }
 
     /// Plans and applies a forgetting, planning again while compactions change the summaries

@@ -84,6 +84,11 @@ impl<K: Eq + Hash + Clone, V> Lru<K, V> {
         self.entries.remove(key).map(|(_, value)| value)
     }
 
+    /// Every value, in no order (their use unchanged).
+    pub(crate) fn values_mut(&mut self) -> impl Iterator<Item = &mut V> {
+        self.entries.values_mut().map(|(_, value)| value)
+    }
+
     pub(crate) fn len(&self) -> usize {
         self.entries.len()
     }

@@ -8,10 +8,7 @@ use vilvona_core::engine::*;
 use crate::budget::HostPrompt;
 use crate::compaction::{CompactionReport, CompactionRequest};
 use crate::engine::LosslessEngine;
-
-/// How many stand-ins `maintain` asks the summarizer to rewrite at most per call (each a model
-/// call).
-const STAND_INS_PER_MAINTENANCE: usize = 4;
+use crate::stand_ins::STAND_INS_PER_MAINTENANCE;
 
 impl LosslessEngine {
     pub(crate) async fn compact_for(

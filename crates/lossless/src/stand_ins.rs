@@ -36,6 +36,10 @@ enum Rewrite {
     NotNow,
 }
 
+/// How many stand-ins one call (a `maintain`, or a condensation about to take them in) asks
+/// the summarizer to rewrite at most (each a model call).
+pub(crate) const STAND_INS_PER_MAINTENANCE: usize = 4;
+
 impl LosslessEngine {
     /// Rewrites, with the configured summarizer, the context's summaries that a stand-in wrote,
     /// oldest first, asking the summarizer at most `at_most` times; passes over those whose
@@ -126,7 +130,8 @@ impl LosslessEngine {
                 conversation,
                 stand_ins
                     .iter()
-                    .filter(|summary| summaries.contains(&summary.row_id)),
+                    .filter(|summary| summaries.contains(&summary.row_id))
+                    .take(STAND_INS_PER_MAINTENANCE),
             )
             .await?;
         if rewritten > 0 {

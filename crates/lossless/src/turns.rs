@@ -97,10 +97,19 @@ impl LosslessEngine {
         // A chunk that held an older hundred starts over.
         chunk.retain(|kept| kept.turn / CHUNK == record.turn / CHUNK && kept.turn < record.turn);
         chunk.push(record);
-        self.keep_turn_chunk(conversation, last + 1, &chunk).await?;
+        // The record and the newest turn's number in one transaction: a crash between two
+        // writes would number the next record as this one, which it would then replace.
+        let text = serde_json::to_string(&chunk)
+            .map_err(|error| EngineError::caused_by("lossless: writing a turn's record", error))?;
         self.inner
             .store
-            .set_state(conversation, LAST_TURN, &(last + 1).to_string())
+            .set_states(
+                conversation,
+                vec![
+                    (chunk_key(last + 1), text),
+                    (LAST_TURN.to_owned(), (last + 1).to_string()),
+                ],
+            )
             .await
             .map_err(|error| store_error("recording a turn", error))
     }

@@ -31,8 +31,8 @@ pub(crate) fn unit_end(items: &[impl Unit], start: usize) -> usize {
 }
 
 /// Where the protected fresh tail starts: the newest `fresh_tail_count` messages, at most
-/// `fresh_tail_max_tokens` and `fresh_tail_ratio` of the context's planned room (`share`; at
-/// least the newest unit), widened to a unit boundary. Summaries do not count toward it. The token cap
+/// `fresh_tail_max_tokens` and `fresh_tail_ratio` of the context's planned room (`share`; at least
+/// the newest unit), widened to a unit boundary. Summaries do not count toward it. The token cap
 /// keeps routine compaction supplied: once the context is over its trigger, there is always
 /// something older than the tail to summarize.
 pub(crate) fn fresh_tail_start(items: &[ContextRef], config: &LosslessConfig, share: u64) -> usize {

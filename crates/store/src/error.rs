@@ -146,10 +146,10 @@ impl StoreError {
     }
 
     /// True when the same call may succeed if tried again: the database is busy or locked by
-    /// another process, the disk is full (space comes back), a PostgreSQL server is restarting
-    /// or unreachable, an embedding endpoint is down, a file operation was interrupted. A broken store (corrupt, newer schema, a
-    /// writer that stopped) is not transient. A database that needs reopening is: a new
-    /// process succeeds ([`StoreError::needs_reopen`]).
+    /// another process, the disk is full (space comes back), a PostgreSQL server is restarting or
+    /// unreachable, an embedding endpoint is down, a file operation was interrupted. A broken store
+    /// (corrupt, newer schema, a writer that stopped) is not transient. A database that needs
+    /// reopening is: a new process succeeds ([`StoreError::needs_reopen`]).
     pub fn is_transient(&self) -> bool {
         match self {
             StoreError::DatabaseGone { .. } | StoreError::LogLost { .. } => true,

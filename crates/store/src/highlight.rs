@@ -1,9 +1,9 @@
 //! Snippets: where a hit's words are in its text, and the excerpt around the densest of them.
 //!
-//! A text or phrase search marks the query's words the way the index matched them: an
-//! alphanumeric word where the text has a word of the same term (case and English inflection
-//! aside), a CJK run wherever the text holds it. The words are compared while the text is scanned, so a search compiles
-//! nothing per query. A regex search marks the regex's own matches.
+//! A text or phrase search marks the query's words the way the index matched them: an alphanumeric
+//! word where the text has a word of the same term (case and English inflection aside), a CJK run
+//! wherever the text holds it. The words are compared while the text is scanned, so a search
+//! compiles nothing per query. A regex search marks the regex's own matches.
 
 use std::collections::{HashMap, VecDeque};
 use std::ops::Range;

@@ -152,7 +152,8 @@ pub trait HistoryStore: Send + Sync + std::fmt::Debug {
         entries: Vec<(String, String)>,
     ) -> Result<()>;
 
-    /// Checks the whole store without changing it (rows decode, the DAG is sound, the index answers).
+    /// Checks the whole store without changing it (rows decode, the DAG is sound, the index
+    /// answers).
     async fn integrity_check(&self) -> Result<IntegrityReport>;
 
     /// The summaries above a conversation's messages created before a time (all of its

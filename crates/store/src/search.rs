@@ -24,7 +24,6 @@ pub const MAX_QUERY_BYTES: usize = 4096;
 /// Most words (a CJK run counts as one) in a text or phrase query.
 pub const MAX_QUERY_WORDS: usize = 64;
 
-/// Refuses a query over the bounds before any work is done for it.
 /// The longest start of `text` a search accepts as a query (at most [`MAX_QUERY_WORDS`] words
 /// and [`MAX_QUERY_BYTES`] bytes): a long message searched for by its own words.
 pub fn within_query_bounds(text: &str) -> &str {
@@ -50,6 +49,7 @@ pub(crate) fn unindexed_scale(indexed: impl Iterator<Item = f32>, query_words: u
         .map_or(query_words.max(1) as f32, |best| best.max(1.0))
 }
 
+/// Refuses a query over the bounds before any work is done for it.
 pub(crate) fn check_bounds(query: &SearchQuery) -> Result<()> {
     let bytes = query.text.len();
     if bytes > MAX_QUERY_BYTES {

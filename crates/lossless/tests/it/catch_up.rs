@@ -332,3 +332,80 @@ async fn the_engines_own_context_handed_back_brings_no_turn() {
     assemble(&engine, "s", &history, "turn 17").await;
     holds_each_turn_once(&stored_texts(&engine, "s").await, 17);
 }
+
+/// Messages forgotten up to now are still in the host's history: the next assemblies take in
+/// none of them again (the store's last messages are gone, so they are met by time, past the
+/// forgetting's horizon), and a turn after it is taken in as before.
+#[tokio::test]
+async fn what_was_forgotten_does_not_come_back_from_the_hosts_history() {
+    let dir = TempDir::new().unwrap();
+    let engine = engine(&dir).await;
+    let mut history: Vec<AgentMessage> = Vec::new();
+    for n in 0..6 {
+        assemble(&engine, "s", &history, &format!("turn {n}")).await;
+        history.extend(turn(n));
+    }
+    assemble(&engine, "s", &history, "turn 6").await;
+    holds_each_turn_once(&stored_texts(&engine, "s").await, 6);
+    let after_all = history.last().unwrap().timestamp_ms().unwrap() + 1;
+    engine.forget_before("s", after_all).await.unwrap();
+    assert!(stored_texts(&engine, "s").await.is_empty());
+
+    assemble(&engine, "s", &history, "turn 6, again").await;
+    assert!(
+        stored_texts(&engine, "s").await.is_empty(),
+        "forgotten messages came back from the host's history"
+    );
+    history.extend(turn(6));
+    assemble(&engine, "s", &history, "turn 7").await;
+    let texts = stored_texts(&engine, "s").await;
+    assert_eq!(texts.len(), 4, "{texts:?}");
+    assert!(texts[0].starts_with("Turn 6:"), "{texts:?}");
+}
+
+/// A tail too short to hold the store's last four messages (a large tool result fills the
+/// host's bounded read): what comes past the store's newest message by time is taken in.
+#[tokio::test]
+async fn a_tail_shorter_than_the_meeting_run_is_met_by_time() {
+    let dir = TempDir::new().unwrap();
+    let engine = engine(&dir).await;
+    let mut history: Vec<AgentMessage> = Vec::new();
+    for n in 0..4 {
+        assemble(&engine, "s", &bounded(&history, 24), &format!("turn {n}")).await;
+        history.extend(turn(n));
+    }
+    assemble(&engine, "s", &bounded(&history, 24), "turn 4").await;
+    holds_each_turn_once(&stored_texts(&engine, "s").await, 4);
+    history.extend(turn(4));
+    // Only the last message of turn 3 and turn 4's four.
+    assemble(&engine, "s", &bounded(&history, 5), "turn 5").await;
+    holds_each_turn_once(&stored_texts(&engine, "s").await, 5);
+}
+
+/// A user's message that reads like one of the engine's renderings (pasted from the panel)
+/// does not stop the session's catch-up.
+#[tokio::test]
+async fn a_pasted_rendering_does_not_stop_catch_up() {
+    let dir = TempDir::new().unwrap();
+    let engine = engine(&dir).await;
+    let mut history: Vec<AgentMessage> = Vec::new();
+    for n in 0..3 {
+        assemble(&engine, "s", &history, &format!("turn {n}")).await;
+        history.extend(turn(n));
+    }
+    history.push(message(json!({
+        "role": "user",
+        "content": "<summary id=\"sum_0123456789abcdef\" depth=\"0\">what the panel showed</summary>",
+        "timestamp": history.last().unwrap().timestamp_ms().unwrap() + 1,
+    })));
+    for n in 3..6 {
+        assemble(&engine, "s", &history, &format!("turn {n}")).await;
+        history.extend(turn(n + 10));
+    }
+    assemble(&engine, "s", &history, "turn 6").await;
+    let texts = stored_texts(&engine, "s").await;
+    assert!(
+        texts.iter().any(|text| text.starts_with("Turn 15:")),
+        "the turns after the pasted block were taken in: {texts:?}"
+    );
+}

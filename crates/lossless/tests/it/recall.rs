@@ -139,25 +139,31 @@ async fn a_folded_fact_comes_back_for_the_turn_that_asks_about_it() {
 
 #[tokio::test]
 async fn the_setting_turns_it_off() {
-    let dir = TempDir::new().unwrap();
-    let config: LosslessConfig = serde_json::from_value(json!({
-        "contextThreshold": 0.75, "targetRatio": 0.6, "freshTailCount": 8,
-        "leafChunkTokens": 1200, "leafTargetTokens": 200, "condensedTargetTokens": 160,
-        "defaultTokenBudget": 4000, "assemblyRecall": {"scope": "off"},
-    }))
-    .unwrap();
-    let engine = engine_in(
-        &dir,
-        config,
-        std::sync::Arc::new(ExtractiveSummarizer::new(estimator())),
-    )
-    .await;
-    let history = session(&engine).await;
-    let texts = assemble(
-        &engine,
-        &history,
-        "Which port does the staging database listen on now?",
-    )
-    .await;
-    assert!(recall_blocks(&texts).is_empty(), "{texts:#?}");
+    let question = "Which port does the staging database listen on now?";
+    for (scope, opens) in [
+        (vilvona_lossless::RecallScope::Key, true),
+        (vilvona_lossless::RecallScope::Off, false),
+    ] {
+        let dir = TempDir::new().unwrap();
+        let config = LosslessConfig {
+            assembly_recall: vilvona_lossless::AssemblyRecall {
+                scope,
+                ..vilvona_lossless::AssemblyRecall::default()
+            },
+            ..small_config()
+        };
+        let engine = engine_in(
+            &dir,
+            config,
+            std::sync::Arc::new(ExtractiveSummarizer::new(estimator())),
+        )
+        .await;
+        let history = session(&engine).await;
+        let texts = assemble(&engine, &history, question).await;
+        assert_eq!(
+            recall_blocks(&texts).len(),
+            usize::from(opens),
+            "{scope:?}: {texts:#?}"
+        );
+    }
 }

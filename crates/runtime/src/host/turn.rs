@@ -234,8 +234,8 @@ impl Host {
                 Ok(response) => break response,
                 Err(ModelError::Overflow(detail)) => {
                     // Recover by compacting; only a compaction that freed tokens spends an attempt,
-                    // and a compaction that frees nothing ends the recovery (retrying would overflow
-                    // again).
+                    // and a compaction that frees nothing ends the recovery (retrying would
+                    // overflow again).
                     let mut result = CompactResult::unchanged(CompactReason::NoCandidate, 0);
                     for force in [false, true] {
                         result = self

@@ -1,25 +1,24 @@
 //! The documents nearest a query vector, within a scope, by brute force over the index's
 //! vectors (a bytes fast field: each document's chunk vectors, see `vilvona_embed::Vectors`).
 //!
-//! A segment's vectors are read once into memory, in document order (segments never change),
-//! with each document's key and scope values, and kept while the segment is searched, as long
-//! as every segment held fits under a bound (`VILVONA_VECTOR_CACHE_MIB`, 256 MiB by default);
-//! a segment past it is compared as its values are read from the index file at each search.
-//! Comparing a 192-dimension query with a chunk is about 16–35 ns on one core (four bits a
-//! dimension, whole numbers in 16-bit lanes the compiler vectorises), and pieces of 1,024
-//! documents are compared across the cores, sharing the least score that can still count
-//! (`Floor`). The comparison is exact: the similarities of this model's vectors lie close
-//! together (a typical query's 60th best is 0.55, the median document 0.35), so bounds on the
-//! rest of a vector prune almost nothing, and a cheaper first pass to pick whom to compare
-//! exactly (the first 32 or 64 dimensions, or one bit a dimension) kept only 61–90 % of the
-//! best 60 even when it passed on 20 times as many (`vilvona_benches::quantized`). The work
-//! grows with the scope. An inverted file over the chunks was measured
-//! (`vilvona_benches::cells`): to keep 0.95 of this search's ten best it compares about a
-//! quarter of the chunks, a constant factor, so nothing here has one; a graph index (HNSW) over
-//! vectors kept on disk is what would answer in time that does not grow with the history
-//! (`vilvona_benches::graph`; BENCHMARKS.md, section 4). A faster comparison would not: at 480,000 messages the vectors are about 178 MiB, which a 2-core
-//! machine's memory takes 6–8 ms to stream once, and an AVX2 kernel measured against this one
-//! waited on its loads.
+//! A segment's vectors are read once into memory, in document order (segments never change), with
+//! each document's key and scope values, and kept while the segment is searched, as long as every
+//! segment held fits under a bound (`VILVONA_VECTOR_CACHE_MIB`, 256 MiB by default); a segment past
+//! it is compared as its values are read from the index file at each search. Comparing a
+//! 192-dimension query with a chunk is about 16–35 ns on one core (four bits a dimension, whole
+//! numbers in 16-bit lanes the compiler vectorises), and pieces of 1,024 documents are compared
+//! across the cores, sharing the least score that can still count (`Floor`). The comparison is
+//! exact: the similarities of this model's vectors lie close together (a typical query's 60th best
+//! is 0.55, the median document 0.35), so bounds on the rest of a vector prune almost nothing, and
+//! a cheaper first pass to pick whom to compare exactly (the first 32 or 64 dimensions, or one bit
+//! a dimension) kept only 61–90 % of the best 60 even when it passed on 20 times as many
+//! (`vilvona_benches::quantized`). The work grows with the scope. An inverted file over the chunks
+//! was measured (`vilvona_benches::cells`): to keep 0.95 of this search's ten best it compares
+//! about a quarter of the chunks, a constant factor, so nothing here has one; a graph index (HNSW)
+//! over vectors kept on disk is what would answer in time that does not grow with the history
+//! (`vilvona_benches::graph`; BENCHMARKS.md, section 4). A faster comparison would not: at 480,000
+//! messages the vectors are about 178 MiB, which a 2-core machine's memory takes 6–8 ms to stream
+//! once, and an AVX2 kernel measured against this one waited on its loads.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -198,13 +197,13 @@ impl VectorCache {
     }
 }
 
-/// A bytes column's values laid out in document order in one buffer of exactly their size,
-/// and where each document's end is in it. The column numbers its distinct values in sorted
-/// order and keeps them in that order (documents refer to them): the values are streamed
-/// twice, once for their lengths and once to copy each where its documents are, so nothing
-/// but the buffer is as large as the values (holding each value first as an allocation of
-/// its own left the process 40–150 MiB more of its own memory after grep at T = 100,000). `None`, with nothing copied, when `fits` refuses the bytes they would take
-/// (the values and their ends).
+/// A bytes column's values laid out in document order in one buffer of exactly their size, and
+/// where each document's end is in it. The column numbers its distinct values in sorted order and
+/// keeps them in that order (documents refer to them): the values are streamed twice, once for
+/// their lengths and once to copy each where its documents are, so nothing but the buffer is as
+/// large as the values (holding each value first as an allocation of its own left the process
+/// 40–150 MiB more of its own memory after grep at T = 100,000). `None`, with nothing copied, when
+/// `fits` refuses the bytes they would take (the values and their ends).
 fn in_document_order(
     column: &tantivy::columnar::BytesColumn,
     max_doc: tantivy::DocId,

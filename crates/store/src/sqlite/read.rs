@@ -982,8 +982,8 @@ pub(crate) fn for_each_summary_in(
     })
 }
 
-/// Runs `sql` (parameters: conversation, the query's since and before) and hands each row to `f` until it
-/// says stop.
+/// Runs `sql` (parameters: conversation, the query's since and before) and hands each row to `f`
+/// until it says stop.
 fn for_each_in_range(
     connection: &Connection,
     sql: &str,
