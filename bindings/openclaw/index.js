@@ -189,6 +189,11 @@ const RETRY_PAUSES_MS = [100, 400];
 // How often a call the lost process never began is sent again besides (it failed nothing).
 const NOT_BEGUN_RESENDS = 3;
 
+// How long a call may wait in its session's queue before the process is taken for stuck: past
+// any long maintain ahead of it, but bounded (what is ahead may be a call nobody times any more,
+// in a process wedged on it).
+const QUEUED_AT_MOST_MS = 10 * 60_000;
+
 /**
  * An error of one call, not of the engine: the process died under it, the store was busy, the
  * server was shutting down. The plugin retries it, answers without the work, or (for a turn's
@@ -449,7 +454,11 @@ class VilvonaProcess {
         alive,
         pause,
         queued: () => {
-          if (!entry.begun) pause();
+          if (entry.begun) return;
+          clearTimeout(timer);
+          const waited = Math.max(QUEUED_AT_MOST_MS, 10 * deadline);
+          timer = setTimeout(() => this.stuck(child, `${method} waited ${waited} ms in its session's queue without starting`), waited);
+          timer.unref?.();
         },
         started: () => {
           entry.begun = true;

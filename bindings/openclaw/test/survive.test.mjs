@@ -159,7 +159,7 @@ test("a child that stops answering is killed past the call's deadline; the call 
   }
 });
 
-test("a call queued behind a slow compact of its session is not timed meanwhile, nor a call while the host's model answers", async () => {
+test("a call queued behind a slow compact of its session waits past its own deadline, and a call is not timed while the host's model answers", async () => {
   // Deadlines shorter than the host's model takes: before, the queued assemble expired (its
   // clock ran from the send) and the compact's did while the model answered, and either
   // killed the shared process under both.

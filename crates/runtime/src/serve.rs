@@ -170,6 +170,7 @@ struct Server {
     /// exits.
     database_lost: Notify,
     queues: StdMutex<HashMap<String, mpsc::UnboundedSender<Job>>>,
+    session_keys: StdMutex<SessionKeys>,
     rollbacks: StdMutex<HashMap<String, Box<dyn SpawnRollback>>>,
     next_handle: AtomicU64,
     reverse: StdMutex<HashMap<String, oneshot::Sender<Result<Value, String>>>>,
@@ -182,18 +183,36 @@ fn lock<T>(mutex: &StdMutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// The queue a call waits in: its session's, by the session key each method names it by (the
-/// id where a call names no key), so that a child's own calls and its end (`onSubagentEnded`,
-/// which may forget it) never run at once; a spawn waits with its parent's calls. `None`: a
-/// call of no session, run at once.
-fn queue_key(method: &str, params: &Value) -> Option<String> {
-    let named = |key: &str| params.get(key).and_then(Value::as_str);
-    match method {
-        "prepareSubagentSpawn" => named("parentSessionKey"),
-        "onSubagentEnded" | "rollback" => named("childSessionKey"),
-        _ => named("sessionKey").or_else(|| named("sessionId")),
+/// How many sessions' keys the server remembers by their ids; past it, it starts over.
+const KNOWN_SESSION_KEYS: usize = 4096;
+
+/// The session keys calls named beside their session ids, so that a call naming only the id
+/// waits in the key's queue.
+#[derive(Default)]
+struct SessionKeys(HashMap<String, String>);
+
+impl SessionKeys {
+    /// The queue a call waits in: its session's, by the session key each method names it by
+    /// (by the id where a call names no key and no call named its key yet), so that a child's
+    /// own calls and its end (`onSubagentEnded`, which may forget it) never run at once; a spawn
+    /// waits with its parent's calls. `None`: a call of no session, run at once.
+    fn queue_key(&mut self, method: &str, params: &Value) -> Option<String> {
+        let named = |key: &str| params.get(key).and_then(Value::as_str);
+        if let (Some(id), Some(key)) = (named("sessionId"), named("sessionKey")) {
+            if self.0.len() >= KNOWN_SESSION_KEYS && !self.0.contains_key(id) {
+                self.0.clear();
+            }
+            self.0.insert(id.to_owned(), key.to_owned());
+        }
+        match method {
+            "prepareSubagentSpawn" => named("parentSessionKey").map(str::to_owned),
+            "onSubagentEnded" | "rollback" => named("childSessionKey").map(str::to_owned),
+            _ => named("sessionKey").map(str::to_owned).or_else(|| {
+                let id = named("sessionId")?;
+                Some(self.0.get(id).cloned().unwrap_or_else(|| id.to_owned()))
+            }),
+        }
     }
-    .map(str::to_owned)
 }
 
 impl Server {
@@ -314,7 +333,7 @@ impl Server {
         let (flag, mut cancelled) = watch::channel(false);
         lock(&self.in_flight).insert(id.to_string(), flag);
         let server = self.clone();
-        let queue_key = queue_key(&method, &params);
+        let queue_key = lock(&self.session_keys).queue_key(&method, &params);
         let waiting = id.clone();
         let job: Job = Box::pin(async move {
             server.send(json!({"jsonrpc": "2.0", "method": "$/started", "params": {"id": id}}));
@@ -895,6 +914,7 @@ pub async fn serve(
         answered: Notify::new(),
         database_lost: Notify::new(),
         queues: StdMutex::new(HashMap::new()),
+        session_keys: StdMutex::new(SessionKeys::default()),
         rollbacks: StdMutex::new(HashMap::new()),
         next_handle: AtomicU64::new(1),
         reverse: StdMutex::new(HashMap::new()),
@@ -975,6 +995,8 @@ mod tests {
         let spawn =
             json!({"parentSessionKey": "agent:main:p", "childSessionKey": "agent:main:subagent:c"});
         let parent = json!({"sessionId": "p-1", "sessionKey": "agent:main:p"});
+        let mut keys = SessionKeys::default();
+        let mut queue_key = |method: &str, params: &Value| keys.queue_key(method, params);
         let child_queue = queue_key("assemble", &child);
         assert_eq!(child_queue.as_deref(), Some("agent:main:subagent:c"));
         assert_eq!(queue_key("onSubagentEnded", &ended), child_queue);
@@ -989,6 +1011,11 @@ mod tests {
             Some("s")
         );
         assert_eq!(queue_key("tools/list", &json!({})), None);
+        // A call naming only its session's id, once a call named the key beside it.
+        assert_eq!(
+            queue_key("afterTurn", &json!({"sessionId": "c-1"})),
+            child_queue
+        );
     }
 
     /// Lone surrogate escapes become U+FFFD; pairs, escaped backslashes and other escapes stay.
