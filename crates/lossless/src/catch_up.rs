@@ -285,7 +285,14 @@ impl LosslessEngine {
             .state(conversation, CATCH_UP)
             .await
             .map_err(|error| store_error("reading what catch-up took in", error))?
-            .and_then(|text| serde_json::from_str(&text).ok())
+            .map(|text| {
+                // Unreadable, it is taken as commits missing: the host keeps sending its
+                // history, and nothing is lost by asking for it.
+                serde_json::from_str(&text).unwrap_or(CatchUp {
+                    missing: true,
+                    ..CatchUp::default()
+                })
+            })
             .unwrap_or_default();
         self.memory(conversation, |memory| memory.catch_up = Some(state));
         Ok(state)

@@ -190,7 +190,11 @@ impl LosslessEngine {
         }
         let scope = match self.recall_scope(caller, settings.scope).await {
             Ok(scope) => scope,
-            // A key of another agent, say: no recall, as the tools would refuse.
+            // A failure of the store or the engine is one.
+            Err(error @ (ToolError::Store(_) | ToolError::Engine(_))) => {
+                return Err(EngineError::caused_by("lossless recall at assembly", error));
+            }
+            // A refusal (a key of another agent, say): no recall, as the tools would refuse.
             Err(_) => return Ok(None),
         };
         let chosen = self.chosen_hits(&scope, query, held).await?;
