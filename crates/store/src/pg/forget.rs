@@ -8,7 +8,6 @@ use super::Sql;
 
 use super::at;
 use super::read::{span_of, summaries_above};
-use super::write::lock_conversation;
 use crate::error::Result;
 use crate::index::IndexedRow;
 use crate::types::*;
@@ -35,11 +34,27 @@ pub(crate) async fn apply(client: &impl Sql, plan: &ForgetPlan) -> Result<Option
     {
         return Ok(Some(ForgetReport::default()));
     }
-    lock_conversation(client, conversation).await?;
     let before = match plan.scope {
         ForgetScope::Conversation => None,
         ForgetScope::Before(ms) => Some(ms),
     };
+    // Every conversation whose summaries the plan touches (a fork's folds of these rows) is
+    // locked with this one, in id order as every write takes them, before the plan is checked:
+    // no fold of the forgotten rows commits between the check and the removal.
+    let mut touched: Vec<i64> = summaries_above(client, conversation, before)
+        .await?
+        .iter()
+        .map(|summary| summary.conversation.0)
+        .chain([conversation.0])
+        .collect();
+    touched.sort_unstable();
+    touched.dedup();
+    client
+        .run(
+            "SELECT id FROM conversations WHERE id = ANY($1) ORDER BY id FOR UPDATE",
+            &[&touched],
+        )
+        .await?;
     let mut report = ForgetReport::default();
     let (messages, summaries): (Vec<i64>, Vec<i64>) = match plan.scope {
         ForgetScope::Conversation => {

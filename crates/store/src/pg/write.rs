@@ -433,9 +433,19 @@ pub(super) async fn remove_context(
 
 pub(super) async fn update_summary(client: &mut Object, update: SummaryUpdate) -> Result<bool> {
     let transaction = client.transaction().await?;
+    // Conversation rows first, in id order, as every write takes them (a fork's replace holds
+    // its own and then checks the summary's key); then the summary, without claiming its key.
+    transaction
+        .run(
+            "SELECT id FROM conversations WHERE id IN
+                 (SELECT conversation_id FROM context_items WHERE summary_id = $1)
+             ORDER BY id FOR UPDATE",
+            &[&update.row_id.0],
+        )
+        .await?;
     let Some(current) = transaction
         .row_opt(
-            &format!("SELECT {SUMMARY_COLUMNS} FROM summaries s WHERE s.id = $1 FOR UPDATE"),
+            &format!("SELECT {SUMMARY_COLUMNS} FROM summaries s WHERE s.id = $1 FOR NO KEY UPDATE"),
             &[&update.row_id.0],
         )
         .await?
