@@ -85,7 +85,7 @@ fn two_gateways_keep_one_history() {
         std::thread::spawn(move || {
             let mut searches = 0;
             while !stop.load(Ordering::Relaxed) || searches == 0 {
-                let output = Command::new(env!("CARGO_BIN_EXE_vilvona"))
+                let output = Command::new(common::binary())
                     .args(["--state-dir", state.to_str().unwrap()])
                     .args(["grep", "rollout", "--session", "shared", "--json"])
                     .env("VILVONA_STORE_URL", &url)
@@ -135,7 +135,7 @@ fn two_gateways_keep_one_history() {
     // The context converges: both gateways assemble the same messages, and it was compacted.
     let (first, second) = (gateways[0].assembled(), gateways[1].assembled());
     assert_eq!(first, second);
-    let stats = Command::new(env!("CARGO_BIN_EXE_vilvona"))
+    let stats = Command::new(common::binary())
         .args([
             "--state-dir",
             three.path().to_str().unwrap(),
@@ -183,7 +183,7 @@ fn two_gateways_keep_one_history() {
         std::os::unix::fs::PermissionsExt::from_mode(0o700),
     )
     .unwrap();
-    let doctor = Command::new(env!("CARGO_BIN_EXE_vilvona"))
+    let doctor = Command::new(common::binary())
         .args([
             "--state-dir",
             three.path().to_str().unwrap(),

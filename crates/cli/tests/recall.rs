@@ -486,7 +486,9 @@ fn meaning_is_recalled_with_the_network_unplugged() {
     );
     let unplugged_with = |args: &[&str], env: &[(&str, &str)]| -> Output {
         let output = std::process::Command::new("unshare")
-            .args(["-rn", env!("CARGO_BIN_EXE_vilvona"), "--state-dir"])
+            .arg("-rn")
+            .arg(common::binary())
+            .arg("--state-dir")
             .arg(state)
             .args(args)
             .env_remove("RUST_LOG")

@@ -26,7 +26,7 @@ impl Client {
 
     /// A server whose log (stderr) goes to `log`.
     fn start_logging(state: &std::path::Path, log: impl Into<Stdio>) -> Client {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_vilvona"))
+        let mut child = Command::new(common::binary())
             .args(["--state-dir", state.to_str().unwrap(), "serve", "--stdio"])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -529,7 +529,7 @@ fn a_client_that_disconnects_mid_call_loses_nothing() {
     assert!(status.success());
     // Everything acknowledged is there (stored, and reachable: the integrity check follows
     // every summary down to its messages), whatever the cancelled compaction had published.
-    let stats = std::process::Command::new(env!("CARGO_BIN_EXE_vilvona"))
+    let stats = std::process::Command::new(common::binary())
         .args([
             "--state-dir",
             dir.path().to_str().unwrap(),
@@ -542,7 +542,7 @@ fn a_client_that_disconnects_mid_call_loses_nothing() {
         .unwrap();
     let stats: Value = serde_json::from_slice(&stats.stdout).unwrap();
     assert_eq!(stats["messages"], 12, "{stats}");
-    let doctor = std::process::Command::new(env!("CARGO_BIN_EXE_vilvona"))
+    let doctor = std::process::Command::new(common::binary())
         .args([
             "--state-dir",
             dir.path().to_str().unwrap(),
@@ -827,7 +827,7 @@ fn the_command_line_sees_the_sessions_a_gateway_stored() {
     drop(client.stdin.take());
     assert!(client.child.wait().unwrap().success());
     let run = |args: &[&str]| {
-        std::process::Command::new(env!("CARGO_BIN_EXE_vilvona"))
+        std::process::Command::new(common::binary())
             .arg("--state-dir")
             .arg(dir.path())
             .args(args)
@@ -892,7 +892,7 @@ fn an_index_deleted_under_a_running_server_is_rebuilt_with_a_bounded_log() {
     let index = dir.path().join("agents/main/lossless/index");
     // Doctor's verdict on the store (another process, read-only): its integrity check.
     let doctor = |dir: &std::path::Path| -> (bool, String) {
-        let output = Command::new(env!("CARGO_BIN_EXE_vilvona"))
+        let output = Command::new(common::binary())
             .args(["--state-dir", dir.to_str().unwrap(), "doctor", "--json"])
             .output()
             .unwrap();
@@ -989,7 +989,7 @@ fn an_index_deleted_under_a_running_server_is_rebuilt_with_a_bounded_log() {
         !ok && detail.contains("checksum"),
         "doctor missed the damage: {detail}"
     );
-    let fixed = Command::new(env!("CARGO_BIN_EXE_vilvona"))
+    let fixed = Command::new(common::binary())
         .args([
             "--state-dir",
             dir.path().to_str().unwrap(),
@@ -1478,7 +1478,7 @@ fn a_key_means_its_newest_session() {
     drop(client.stdin.take());
     assert!(client.child.wait().unwrap().success());
     let stats = |session: &str| -> Value {
-        let output = std::process::Command::new(env!("CARGO_BIN_EXE_vilvona"))
+        let output = std::process::Command::new(common::binary())
             .arg("--state-dir")
             .arg(dir.path())
             .args(["stats", "--session", session, "--json"])
@@ -1580,7 +1580,7 @@ fn a_session_begun_anew_under_the_same_id_shows_nothing_of_before() {
     );
     drop(client.stdin.take());
     assert!(client.child.wait().unwrap().success());
-    let sessions = std::process::Command::new(env!("CARGO_BIN_EXE_vilvona"))
+    let sessions = std::process::Command::new(common::binary())
         .arg("--state-dir")
         .arg(&state)
         .args(["sessions", "--json"])
@@ -1689,7 +1689,7 @@ fn a_string_cut_mid_emoji_is_a_message() {
 
 /// The panel's server (`vilvona ui`), started on `state`: its process, address and token.
 fn start_ui(state: &std::path::Path) -> (Child, String, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_vilvona"))
+    let mut child = Command::new(common::binary())
         .args(["--state-dir", state.to_str().unwrap(), "ui", "--port", "0"])
         .stdout(Stdio::piped())
         .stderr(Stdio::null())

@@ -30,7 +30,7 @@ use vilvona_core::admin::{RecalledItem, ToolCaller};
 use vilvona_core::engine::EngineError;
 use vilvona_core::message::AgentMessage;
 use vilvona_store::*;
-use vilvona_summarize::format_utc_rfc3339;
+use vilvona_summarize::{STOP_WORDS, format_utc_rfc3339};
 
 use crate::config::RecallScope;
 use crate::engine::LosslessEngine;
@@ -86,6 +86,23 @@ fn stands_out(hits: &[SearchHit], beats: impl Fn(f32, f32) -> bool) -> bool {
 /// A text hit stands out: at least the least score that counts, and well above the reference.
 fn text_stands_out(score: f32, reference: f32) -> bool {
     score >= 1.0 && score >= TEXT_STANDOUT * reference
+}
+
+/// The words of `text` that say what it is about, in order: all but the common ones
+/// ([`STOP_WORDS`]) and Latin words under three letters without a digit.
+fn content_words(text: &str) -> String {
+    text.split_whitespace()
+        .filter(|word| {
+            let bare = word
+                .trim_matches(|c: char| !c.is_alphanumeric())
+                .to_lowercase();
+            let latin = bare.chars().all(|c| c.is_ascii());
+            !bare.is_empty()
+                && !STOP_WORDS.contains(&bare.as_str())
+                && (!latin || bare.len() >= 3 || bare.chars().any(|c| c.is_ascii_digit()))
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// The words of `text` (runs of letters and digits) with where each starts.
@@ -275,10 +292,13 @@ impl LosslessEngine {
         query: &str,
         held: &HashSet<MessageId>,
     ) -> Result<Vec<Chosen>, EngineError> {
-        let search = |mode| SearchQuery {
+        // By words, the turn's content words: a question's "who", "for" and "gets" match every
+        // tool output that loops and reads, and would outrank the one message it is about.
+        let content = content_words(query);
+        let search = |mode, text: &str| SearchQuery {
             agent_id: String::new(),
             conversations: Vec::new(),
-            text: query.to_owned(),
+            text: text.to_owned(),
             mode,
             target: SearchTarget::Messages,
             since_ms: None,
@@ -288,12 +308,18 @@ impl LosslessEngine {
         };
         let failed =
             |error: ToolError| EngineError::caused_by("lossless recall at assembly", error);
+        if content.is_empty() {
+            return Ok(Vec::new());
+        }
         let (text, _) = self
-            .search_dated(scope, search(SearchMode::Text))
+            .search_dated(scope, search(SearchMode::Text, &content))
             .await
             .map_err(failed)?;
         // No model (or none available now): words alone.
-        let meaning = match self.search_dated(scope, search(SearchMode::Semantic)).await {
+        let meaning = match self
+            .search_dated(scope, search(SearchMode::Semantic, query))
+            .await
+        {
             Ok((hits, _)) => hits,
             Err(ToolError::InvalidArguments(_) | ToolError::Unavailable(_)) => Vec::new(),
             Err(error) => return Err(failed(error)),
@@ -303,11 +329,20 @@ impl LosslessEngine {
             HitSource::Summary { .. } => false,
         };
         // Asked about something the history holds apart from the rest: its best match by
-        // words stands out. Then the block holds what hybrid search ranks first.
+        // words stands out.
         if !stands_out(&text, text_stands_out) {
             return Ok(Vec::new());
         }
-        let fused = fuse_hits(text, meaning, &search(SearchMode::Hybrid));
+        // The hit that stood out leads (what hybrid search ranks first may be another, close by
+        // meaning to the words around the question's), then the rest as hybrid search ranks them.
+        let lead = text.first().map(|hit| hit.source.clone());
+        let mut fused = fuse_hits(text, meaning, &search(SearchMode::Hybrid, query));
+        if let Some(at) = fused
+            .iter()
+            .position(|hit| Some(&hit.source) == lead.as_ref())
+        {
+            fused[..=at].rotate_right(1);
+        }
         Ok(fused
             .into_iter()
             .filter(not_held)
@@ -380,6 +415,19 @@ mod tests {
         );
         assert!(shown.len() <= EXCERPT_BYTES + 8, "{}", shown.len());
         assert!(shown.starts_with('…') && shown.ends_with('…'));
+    }
+
+    #[test]
+    fn a_question_is_searched_by_its_content_words() {
+        assert_eq!(
+            content_words("Who gets paged for alerts these days?"),
+            "paged alerts days?"
+        );
+        assert_eq!(
+            content_words("Is it v2 or 3.1? 告警阈值"),
+            "v2 3.1? 告警阈值"
+        );
+        assert_eq!(content_words("Who is it?"), "");
     }
 
     /// A long message whose notes repeat: the excerpt is around the question's rarest word, not

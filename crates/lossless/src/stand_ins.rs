@@ -3,12 +3,14 @@
 //! A fold published while the configured summarizer could not write it (the host's model out
 //! of reach, refusing, down) was written by a stand-in: the truncation, or the fallback
 //! summarizer. `maintain` rewrites them from their children, oldest first, a few a call
-//! (each is a model call). One whose rewrite the summarizer cannot fit (not smaller than what
-//! it summarizes, or than a truncation it replaces) is remembered and passed over by later
-//! calls (state `standIns.unfit`), so it neither blocks the others nor costs a model call at
-//! every maintenance; it is said once. And a compaction that would condense stand-ins into a
-//! parent rewrites them first, so the parent is written from the model's summaries, not from
-//! a truncation.
+//! (each is a model call): those still in the context, and those a condensation took in while
+//! the summarizer could not rewrite them first (recall's expansion reads them). One whose
+//! rewrite the summarizer cannot fit (not smaller than what it summarizes, or than a
+//! truncation it replaces) is remembered and passed over by later calls (state
+//! `standIns.unfit`), so it neither blocks the others nor costs a model call at every
+//! maintenance; it is said once. And a compaction that would condense stand-ins into a parent
+//! rewrites them first when it can, so the parent is written from the model's summaries, not
+//! from a truncation.
 
 use std::collections::BTreeSet;
 
@@ -41,8 +43,9 @@ enum Rewrite {
 pub(crate) const STAND_INS_PER_MAINTENANCE: usize = 4;
 
 impl LosslessEngine {
-    /// Rewrites, with the configured summarizer, the context's summaries that a stand-in wrote,
-    /// oldest first, asking the summarizer at most `at_most` times; passes over those whose
+    /// Rewrites, with the configured summarizer, the conversation's summaries that a stand-in
+    /// wrote (in the context, or folded under a parent while the summarizer was down), oldest
+    /// first, asking the summarizer at most `at_most` times; passes over those whose
     /// rewrite did not fit before. Stops at the first the summarizer cannot write (still
     /// unavailable: the next call tries again). Returns how many were rewritten.
     pub(crate) async fn rewrite_stand_ins(

@@ -177,9 +177,10 @@ pub trait HistoryStore: Send + Sync + std::fmt::Debug {
     async fn conversation_bytes(&self, conversation: ConversationId) -> Result<u64>;
     /// Gives space freed by forgetting back to the file system.
     async fn reclaim_space(&self) -> Result<ReclaimReport>;
-    /// The summaries in a conversation's context that a stand-in wrote (the truncation, level
+    /// The summaries of a conversation that a stand-in wrote (the truncation, level
     /// `Fallback`; or a fallback summarizer in place of the configured one, its summarizer
-    /// `"… in place of …"`), oldest first, without reading the context.
+    /// `"… in place of …"`), in its context or folded under a parent, oldest first, without
+    /// reading the context.
     async fn stand_in_summaries(&self, conversation: ConversationId) -> Result<Vec<StoredSummary>>;
     /// A conversation's summary DAG, for drawing it.
     async fn dag_view(&self, conversation: ConversationId) -> Result<DagView>;

@@ -12,11 +12,13 @@ use crate::lines::{EXTRACTIVE_ID, PINNED_PREFIX, sentences};
 const MAX_SENTENCES: usize = 3;
 
 /// Words too common to say what a question is about.
-const STOP: &[&str] = &[
+pub const STOP_WORDS: &[&str] = &[
     "the", "and", "for", "with", "that", "this", "what", "which", "who", "whom", "when", "where",
     "why", "how", "was", "were", "are", "is", "did", "does", "do", "has", "have", "had", "our",
     "your", "their", "its", "from", "into", "about", "there", "then", "than", "any", "all", "can",
     "could", "would", "should", "will", "been", "being", "you", "they", "them", "we", "us", "it",
+    "these", "those", "get", "gets", "got", "now", "here", "just", "some", "also", "very", "more",
+    "most", "much", "many", "not", "but", "she", "her", "his", "him", "one", "out",
 ];
 
 /// What a question is about: its content words, lowercased, and the bigrams of its CJK runs.
@@ -49,7 +51,7 @@ fn keywords(text: &str) -> Vec<String> {
         flush_run(&mut run, &mut push);
         let latin = latin.trim_matches(['-', '_']).to_lowercase();
         let meaningful = latin.chars().any(|c| c.is_ascii_digit()) || latin.chars().count() >= 3;
-        if meaningful && !STOP.contains(&latin.as_str()) {
+        if meaningful && !STOP_WORDS.contains(&latin.as_str()) {
             push(latin);
         }
     }

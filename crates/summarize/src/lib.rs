@@ -19,7 +19,7 @@ mod time;
 mod tokenizer;
 mod truncate;
 
-pub use answer::{extractive_answer, meaning_answer};
+pub use answer::{STOP_WORDS, extractive_answer, meaning_answer};
 pub use excerpt::prompt_excerpt;
 pub use extractive::{EXPAND_FOOTER, ExtractiveSummarizer};
 pub use identifiers::identifiers;

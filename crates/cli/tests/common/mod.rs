@@ -4,17 +4,27 @@
 pub(crate) mod tmpfs;
 
 use std::io::{BufRead, BufReader, Write};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Output, Stdio};
 use std::sync::mpsc::{Receiver, channel};
 use std::time::Duration;
 
 use serde_json::{Value, json};
 
+/// The binary these tests run: the one `cargo test` built beside them, or the build that
+/// `VILVONA_TEST_BINARY` names (`.ci/run` points it at its one release build, which runs the
+/// crash suite's hundred kills several times faster than a debug build).
+#[allow(dead_code)]
+pub(crate) fn binary() -> PathBuf {
+    std::env::var_os("VILVONA_TEST_BINARY")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_vilvona")))
+}
+
 /// `vilvona --state-dir STATE ARGS…`, with logs at their default level.
 #[allow(dead_code)]
 pub(crate) fn command(state: &Path, args: &[&str]) -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_vilvona"));
+    let mut command = Command::new(binary());
     command
         .arg("--state-dir")
         .arg(state)
@@ -79,7 +89,7 @@ pub(crate) struct Serve {
 #[allow(dead_code)]
 impl Serve {
     pub(crate) fn start(state: &Path, args: &[&str], config: &Value) -> Serve {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_vilvona"))
+        let mut child = Command::new(binary())
             .arg("--state-dir")
             .arg(state)
             .args(args)

@@ -2,7 +2,9 @@
 //! answers: one whose rewrite cannot fit is passed over and never asked again (before, it
 //! stayed first, cost a model call at every maintenance and kept the others waiting), and a
 //! compaction rewrites stand-ins before it condenses them (before, a parent was written from
-//! a truncation and the stand-in was counted as rewritten).
+//! a truncation and the stand-in was counted as rewritten); those a compaction condensed while
+//! the model was still down are rewritten under their parent once it answers (before, only
+//! the context's were: the soak's cell n found five left).
 
 use std::sync::{Arc, Mutex};
 
@@ -177,4 +179,55 @@ async fn a_compaction_rewrites_stand_ins_before_it_condenses_them() {
             }
         }
     }
+}
+
+/// Every summary folded under `summary`.
+async fn descendants(engine: &LosslessEngine, summary: &StoredSummary) -> Vec<StoredSummary> {
+    let mut found = Vec::new();
+    let mut stack = vec![summary.row_id];
+    while let Some(parent) = stack.pop() {
+        for child in engine.store().children(parent).await.unwrap() {
+            if let ItemContent::Summary(child) = child {
+                stack.push(child.row_id);
+                found.push(child);
+            }
+        }
+    }
+    found
+}
+
+#[tokio::test]
+async fn stand_ins_condensed_while_the_model_is_down_are_rewritten_once_it_answers() {
+    let dir = TempDir::new().unwrap();
+    let (engine, model, conversation) = folded_while_down(&dir).await;
+    // Still down: the condensation cannot rewrite them first and takes them in as they are.
+    engine
+        .compact_conversation(conversation, CompactionRequest::forced(1_000))
+        .await
+        .unwrap();
+    let mut folded = Vec::new();
+    for summary in context_summaries(&engine, "s1", Some("s1")).await {
+        folded.extend(descendants(&engine, &summary).await);
+    }
+    assert!(
+        folded
+            .iter()
+            .any(|summary| written_by_a_stand_in(summary.level, &summary.summarizer)),
+        "stand-ins condensed as they were: {folded:?}"
+    );
+    *model.up.lock().unwrap() = true;
+    for _ in 0..stand_ins(&engine, conversation).await.len() {
+        maintain(&engine).await;
+    }
+    // (The parents themselves may not fit a rewrite here: the model's summaries they would be
+    // written from are a few words each.)
+    let mut left = Vec::new();
+    for summary in context_summaries(&engine, "s1", Some("s1")).await {
+        for summary in descendants(&engine, &summary).await {
+            if written_by_a_stand_in(summary.level, &summary.summarizer) {
+                left.push((summary.summary_id, summary.summarizer));
+            }
+        }
+    }
+    assert!(left.is_empty(), "stand-ins left under a parent: {left:?}");
 }

@@ -875,7 +875,6 @@ impl HistoryStore for PgStore {
                 &format!(
                     "SELECT {SUMMARY_COLUMNS} FROM summaries s
                      WHERE s.conversation_id = $1 AND {WRITTEN_BY_A_STAND_IN}
-                       AND EXISTS (SELECT 1 FROM context_items ci WHERE ci.summary_id = s.id)
                      ORDER BY s.id"
                 ),
                 &[&conversation.0],

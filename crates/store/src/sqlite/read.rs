@@ -575,7 +575,6 @@ pub(crate) fn stand_in_summaries(
     let mut statement = connection.prepare_cached(&format!(
         "SELECT {SUMMARY_COLUMNS} FROM summaries s
          WHERE s.conversation_id = ?1 AND {WRITTEN_BY_A_STAND_IN}
-           AND EXISTS (SELECT 1 FROM context_items ci WHERE ci.summary_id = s.id)
          ORDER BY s.id"
     ))?;
     let mut rows = statement.query([conversation.0])?;
