@@ -169,8 +169,9 @@ export function errorKind(code) {
 // a dead disk, a lock that never frees): the process is killed and every call waiting on it is
 // sent again to a new process (a call that had started fails as transient, and is retried; one
 // still queued is simply sent again). A call's clock starts when the server starts it
-// (`$/started`): one queued behind a long `maintain` of its session (`$/queued`) waits, and
-// is not timed meanwhile. Until the server says either, the clock runs from the send (a
+// (`$/started`): one queued behind a long `maintain` of its session (`$/queued`) waits,
+// timed only by a looser bound (QUEUED_AT_MOST_MS, or ten of its deadlines, past the
+// deadlines of what is ahead). Until the server says either, the clock runs from the send (a
 // process stopped before it read the call). While the host's model answers the call's
 // `llm.complete`, its clock stops. Work that may wait on a summarizer gets longer.
 // `callTimeoutMs` sets them: a number for every method, or per method (`default` for the rest).

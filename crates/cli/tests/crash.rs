@@ -240,11 +240,15 @@ fn transcript(state: &Path, session: &str) -> Vec<Value> {
 fn a_hundred_sigkills_lose_and_double_nothing() {
     let dir = TempDir::new().unwrap();
     let state = lossless_state(dir.path());
-    // Long enough that no kill comes after the replay's end (each kill lands within 345 ms of
-    // a start; the resumes together replay a few dozen turns of it).
-    let session = session(dir.path(), 600, 31);
-    // `cargo test` kills 16 times; `.ci/run` (VILVONA_FULL_SUITES) the hundred.
-    let kills = if common::full_suites() { 104 } else { 16 };
+    // `cargo test` kills 16 times; `.ci/run` (VILVONA_FULL_SUITES) the hundred. The session is
+    // long enough that no kill comes after the replay's end: each kill lands within 345 ms of a
+    // start, and a release build's hundred resumes replay three quarters of 600 turns.
+    let (kills, turns) = if common::full_suites() {
+        (104, 1_500)
+    } else {
+        (16, 600)
+    };
+    let session = session(dir.path(), turns, 31);
     for kill in 0..kills {
         let mut replay = command(
             &state,

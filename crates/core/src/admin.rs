@@ -368,13 +368,15 @@ pub struct RetentionRun {
     pub space: Option<ReclaimReport>,
 }
 
-/// What re-summarizing a session's truncated summaries found and did.
+/// What re-summarizing the summaries a stand-in wrote in a session found and did.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Resummarized {
     /// The summarizer that writes the new summaries (the configured one).
     pub summarizer: String,
-    /// The truncated (`fallback`) summaries in the session's context before the run.
+    /// The summaries a stand-in wrote in the session (a truncation, or a fallback summarizer
+    /// in place of the configured one), in its context or folded under a parent, before the
+    /// run.
     pub flagged: u64,
     /// How many were rewritten (0 on a preview).
     pub rewritten: u64,
@@ -468,9 +470,10 @@ pub trait EngineAdmin: Send + Sync {
     /// first.
     async fn turn_history(&self, session: &ToolCaller) -> Result<Vec<TurnRecord>, EngineError>;
 
-    /// Rewrites the session's truncated summaries (those in its context that deterministic
-    /// truncation wrote when no summarizer could) with the configured summarizer, each keeping
-    /// its place and its sources; without `apply`, only counts them.
+    /// Rewrites the session's summaries that a stand-in wrote when the configured summarizer
+    /// could not (a truncation, or a fallback summarizer), in its context or folded under a
+    /// parent, with the configured summarizer, each keeping its place and its sources; without
+    /// `apply`, only counts them.
     async fn resummarize(
         &self,
         session: &ToolCaller,

@@ -288,9 +288,16 @@ impl LosslessEngine {
             .map(|text| {
                 // Unreadable, it is taken as commits missing: the host keeps sending its
                 // history, and nothing is lost by asking for it.
-                serde_json::from_str(&text).unwrap_or(CatchUp {
-                    missing: true,
-                    ..CatchUp::default()
+                serde_json::from_str(&text).unwrap_or_else(|error| {
+                    tracing::warn!(
+                        conversation = conversation.0,
+                        %error,
+                        "what catch-up took in is unreadable; commits are taken as missing"
+                    );
+                    CatchUp {
+                        missing: true,
+                        ..CatchUp::default()
+                    }
                 })
             })
             .unwrap_or_default();

@@ -2,8 +2,9 @@
 //! for a model that never calls a recall tool.
 //!
 //! For each new user turn (the host's `prompt`, which OpenClaw hands `assemble` before the turn
-//! is in its transcript), the history the recall tools reach is searched with the turn's words
-//! — by words and by meaning apart, as hybrid grep does, a date the turn names first — and the
+//! is in its transcript), the history the recall tools reach is searched — by the turn's
+//! content words (its common words left out) and by the meaning of the whole turn apart, as
+//! hybrid grep fuses them, a date the turn names first — and the
 //! best few messages that the assembled context does not already show are added after the
 //! context, as one user-role block: each excerpt with its id (for `vilvona_expand` and
 //! `vilvona_describe`), its time and role, and the part of the message that matched (the whole
@@ -12,8 +13,9 @@
 //! Nothing is added unless the best match by words stands out from the crowd: a score well
 //! above the history's typical match ([`TEXT_STANDOUT`] times the [`REFERENCE_RANK`]-th). A
 //! turn of routine work, whose words match much of the history alike, gets nothing; a question
-//! about something said once does, and then the block holds what hybrid search ranks first (as
-//! `vilvona_grep` would answer: meaning counts there), up to `maxItems` within `maxTokens`.
+//! about something said once does, and then the block holds that match first, then what
+//! hybrid search ranks first (as `vilvona_grep` would answer: meaning counts there), up to
+//! `maxItems` within `maxTokens`.
 //! Meaning does not open recall: in the built-in model's crowded space a task's nearest
 //! earlier tasks stand as far above the rest as a question's answer does (measured: a meaning
 //! gate opened recall on young coding sessions' routine turns and added nothing on LoCoMo).
@@ -34,7 +36,7 @@ use vilvona_summarize::{STOP_WORDS, format_utc_rfc3339};
 
 use crate::config::RecallScope;
 use crate::engine::LosslessEngine;
-use crate::errors::ToolError;
+use crate::errors::{ToolError, store_error};
 use crate::memory::RecallBlock;
 use crate::tools::{Scope, message_id_string};
 
@@ -83,6 +85,17 @@ fn stands_out(hits: &[SearchHit], beats: impl Fn(f32, f32) -> bool) -> bool {
     }
 }
 
+/// A failure while recall at assembly searches: the store's or the engine's as it was, so a
+/// transient one (a busy store, a restarting server) stays transient and is not taken for a
+/// broken engine.
+fn failure(error: ToolError) -> EngineError {
+    match error {
+        ToolError::Store(error) => store_error("recall at assembly", error),
+        ToolError::Engine(error) => error,
+        refused => EngineError::caused_by("lossless recall at assembly", refused),
+    }
+}
+
 /// A text hit stands out: at least the least score that counts, and well above the reference.
 fn text_stands_out(score: f32, reference: f32) -> bool {
     score >= 1.0 && score >= TEXT_STANDOUT * reference
@@ -96,7 +109,7 @@ fn content_words(text: &str) -> String {
             let bare = word
                 .trim_matches(|c: char| !c.is_alphanumeric())
                 .to_lowercase();
-            let latin = bare.chars().all(|c| c.is_ascii());
+            let latin = bare.is_ascii();
             !bare.is_empty()
                 && !STOP_WORDS.contains(&bare.as_str())
                 && (!latin || bare.len() >= 3 || bare.chars().any(|c| c.is_ascii_digit()))
@@ -207,9 +220,9 @@ impl LosslessEngine {
         }
         let scope = match self.recall_scope(caller, settings.scope).await {
             Ok(scope) => scope,
-            // A failure of the store or the engine is one.
+            // A failure of the store or the engine is one (a transient one stays transient).
             Err(error @ (ToolError::Store(_) | ToolError::Engine(_))) => {
-                return Err(EngineError::caused_by("lossless recall at assembly", error));
+                return Err(failure(error));
             }
             // A refusal (a key of another agent, say): no recall, as the tools would refuse.
             Err(_) => return Ok(None),
@@ -306,15 +319,13 @@ impl LosslessEngine {
             limit: SEARCH_DEPTH,
             order: SearchOrder::Relevance,
         };
-        let failed =
-            |error: ToolError| EngineError::caused_by("lossless recall at assembly", error);
         if content.is_empty() {
             return Ok(Vec::new());
         }
         let (text, _) = self
             .search_dated(scope, search(SearchMode::Text, &content))
             .await
-            .map_err(failed)?;
+            .map_err(failure)?;
         // No model (or none available now): words alone.
         let meaning = match self
             .search_dated(scope, search(SearchMode::Semantic, query))
@@ -322,7 +333,7 @@ impl LosslessEngine {
         {
             Ok((hits, _)) => hits,
             Err(ToolError::InvalidArguments(_) | ToolError::Unavailable(_)) => Vec::new(),
-            Err(error) => return Err(failed(error)),
+            Err(error) => return Err(failure(error)),
         };
         let not_held = |hit: &SearchHit| match &hit.source {
             HitSource::Message { id, .. } => !held.contains(id),

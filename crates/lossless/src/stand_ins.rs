@@ -26,8 +26,10 @@ use crate::render::{content_source, summary_tokens};
 /// The state key of the stand-ins whose rewrite did not fit (their public ids, newest last).
 const UNFIT: &str = "standIns.unfit";
 
-/// How many of those are remembered (the oldest have long been condensed).
-const UNFIT_KEPT: usize = 256;
+/// How many of those are remembered. Folded ones stay rewritable, so past this many the
+/// oldest would be asked again (a few model calls a maintenance, for good): the bound is far
+/// above what a summarizer that fits its rewrites at all leaves.
+const UNFIT_KEPT: usize = 4_096;
 
 /// What became of one stand-in asked to be rewritten.
 enum Rewrite {

@@ -183,13 +183,17 @@ fn lock<T>(mutex: &StdMutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// How many sessions' keys the server remembers by their ids; past it, it starts over.
+/// How many sessions' keys the server remembers by their ids; past it, the one least recently
+/// named goes.
 const KNOWN_SESSION_KEYS: usize = 4096;
 
 /// The session keys calls named beside their session ids, so that a call naming only the id
-/// waits in the key's queue.
+/// waits in the key's queue: id → (key, when it was last named, by a count of calls).
 #[derive(Default)]
-struct SessionKeys(HashMap<String, String>);
+struct SessionKeys {
+    keys: HashMap<String, (String, u64)>,
+    calls: u64,
+}
 
 impl SessionKeys {
     /// The queue a call waits in: its session's, by the session key each method names it by
@@ -198,20 +202,46 @@ impl SessionKeys {
     /// waits with its parent's calls. `None`: a call of no session, run at once.
     fn queue_key(&mut self, method: &str, params: &Value) -> Option<String> {
         let named = |key: &str| params.get(key).and_then(Value::as_str);
-        if let (Some(id), Some(key)) = (named("sessionId"), named("sessionKey")) {
-            if self.0.len() >= KNOWN_SESSION_KEYS && !self.0.contains_key(id) {
-                self.0.clear();
+        self.calls += 1;
+        for (id, key) in [
+            ("sessionId", "sessionKey"),
+            ("childSessionId", "childSessionKey"),
+        ] {
+            if let (Some(id), Some(key)) = (named(id), named(key)) {
+                self.remember(id, key);
             }
-            self.0.insert(id.to_owned(), key.to_owned());
         }
         match method {
             "prepareSubagentSpawn" => named("parentSessionKey").map(str::to_owned),
             "onSubagentEnded" | "rollback" => named("childSessionKey").map(str::to_owned),
             _ => named("sessionKey").map(str::to_owned).or_else(|| {
                 let id = named("sessionId")?;
-                Some(self.0.get(id).cloned().unwrap_or_else(|| id.to_owned()))
+                Some(match self.keys.get_mut(id) {
+                    Some((key, named_at)) => {
+                        *named_at = self.calls;
+                        key.clone()
+                    }
+                    None => id.to_owned(),
+                })
             }),
         }
+    }
+
+    /// Remembers that `id` is the session `key` names; past the bound, the id least recently
+    /// named is forgotten (its calls then wait in their id's queue until a call names the key).
+    fn remember(&mut self, id: &str, key: &str) {
+        if self.keys.len() >= KNOWN_SESSION_KEYS && !self.keys.contains_key(id) {
+            let oldest = self
+                .keys
+                .iter()
+                .min_by_key(|(_, (_, named_at))| *named_at)
+                .map(|(id, _)| id.clone());
+            if let Some(oldest) = oldest {
+                self.keys.remove(&oldest);
+            }
+        }
+        self.keys
+            .insert(id.to_owned(), (key.to_owned(), self.calls));
     }
 }
 
@@ -1015,6 +1045,43 @@ mod tests {
         assert_eq!(
             queue_key("afterTurn", &json!({"sessionId": "c-1"})),
             child_queue
+        );
+    }
+
+    /// Past its bound the map forgets the session least recently named, not every session (a
+    /// live one's id-only calls kept their key's queue); a spawn's child id and key are learned.
+    #[test]
+    fn session_keys_forget_the_least_recently_named() {
+        let mut keys = SessionKeys::default();
+        let live = json!({"sessionId": "live", "sessionKey": "agent:main:live"});
+        let live_by_id = json!({"sessionId": "live"});
+        keys.queue_key("assemble", &live);
+        for other in 0..KNOWN_SESSION_KEYS * 2 {
+            let other =
+                json!({"sessionId": format!("s-{other}"), "sessionKey": format!("k-{other}")});
+            keys.queue_key("assemble", &other);
+            assert_eq!(
+                keys.queue_key("afterTurn", &live_by_id).as_deref(),
+                Some("agent:main:live")
+            );
+        }
+        assert_eq!(keys.keys.len(), KNOWN_SESSION_KEYS);
+        assert_eq!(
+            keys.queue_key("afterTurn", &json!({"sessionId": "s-0"}))
+                .as_deref(),
+            Some("s-0"),
+            "the least recently named went"
+        );
+        let spawn = json!({
+            "parentSessionKey": "agent:main:live",
+            "childSessionId": "c-9",
+            "childSessionKey": "agent:main:subagent:c9",
+        });
+        keys.queue_key("prepareSubagentSpawn", &spawn);
+        assert_eq!(
+            keys.queue_key("afterTurn", &json!({"sessionId": "c-9"}))
+                .as_deref(),
+            Some("agent:main:subagent:c9")
         );
     }
 

@@ -179,8 +179,9 @@ pub trait HistoryStore: Send + Sync + std::fmt::Debug {
     async fn reclaim_space(&self) -> Result<ReclaimReport>;
     /// The summaries of a conversation that a stand-in wrote (the truncation, level
     /// `Fallback`; or a fallback summarizer in place of the configured one, its summarizer
-    /// `"… in place of …"`), in its context or folded under a parent, oldest first, without
-    /// reading the context.
+    /// `"… in place of …"`), those in its context first (what the model reads), then those
+    /// folded under a parent (what recall expands), each oldest first, without reading the
+    /// context.
     async fn stand_in_summaries(&self, conversation: ConversationId) -> Result<Vec<StoredSummary>>;
     /// A conversation's summary DAG, for drawing it.
     async fn dag_view(&self, conversation: ConversationId) -> Result<DagView>;

@@ -38,13 +38,24 @@ pub(crate) async fn apply(client: &impl Sql, plan: &ForgetPlan) -> Result<Option
         ForgetScope::Conversation => None,
         ForgetScope::Before(ms) => Some(ms),
     };
-    // Every conversation whose summaries the plan touches (a fork's folds of these rows) is
-    // locked with this one, in id order as every write takes them, before the plan is checked:
-    // no fold of the forgotten rows commits between the check and the removal.
+    // Every conversation whose summaries the plan touches (a fork's folds of these rows), and
+    // every one whose context holds these rows (a fork that may yet fold them for the first
+    // time), is locked with this one, in id order as every write takes them, before the plan
+    // is checked: no fold of the forgotten rows commits between the check and the removal.
+    let holders = ids(
+        client,
+        "SELECT DISTINCT ci.conversation_id FROM context_items ci
+         LEFT JOIN messages m ON m.id = ci.message_id
+         LEFT JOIN summaries s ON s.id = ci.summary_id
+         WHERE m.conversation_id = $1 OR s.conversation_id = $1",
+        conversation.0,
+    )
+    .await?;
     let mut touched: Vec<i64> = summaries_above(client, conversation, before)
         .await?
         .iter()
         .map(|summary| summary.conversation.0)
+        .chain(holders)
         .chain([conversation.0])
         .collect();
     touched.sort_unstable();

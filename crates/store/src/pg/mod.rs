@@ -875,7 +875,8 @@ impl HistoryStore for PgStore {
                 &format!(
                     "SELECT {SUMMARY_COLUMNS} FROM summaries s
                      WHERE s.conversation_id = $1 AND {WRITTEN_BY_A_STAND_IN}
-                     ORDER BY s.id"
+                     ORDER BY EXISTS (SELECT 1 FROM context_items ci WHERE ci.summary_id = s.id) DESC,
+                              s.id"
                 ),
                 &[&conversation.0],
             )

@@ -575,7 +575,8 @@ pub(crate) fn stand_in_summaries(
     let mut statement = connection.prepare_cached(&format!(
         "SELECT {SUMMARY_COLUMNS} FROM summaries s
          WHERE s.conversation_id = ?1 AND {WRITTEN_BY_A_STAND_IN}
-         ORDER BY s.id"
+         ORDER BY EXISTS (SELECT 1 FROM context_items ci WHERE ci.summary_id = s.id) DESC,
+                  s.id"
     ))?;
     let mut rows = statement.query([conversation.0])?;
     let mut found = Vec::new();

@@ -466,9 +466,10 @@ async fn a_summary_is_rewritten_in_place_and_a_context_can_be_emptied(backend: &
     );
 }
 
-/// The summaries a stand-in wrote in the context: a truncation (level `Fallback`) and one the
-/// fallback summarizer wrote in place of the configured one (level `Normal`); a rewrite takes
-/// each off the list, and a second rewrite of what the first already rewrote is refused.
+/// The summaries a stand-in wrote: a truncation (level `Fallback`) and one the fallback
+/// summarizer wrote in place of the configured one (level `Normal`); a rewrite takes each off
+/// the list, and a second rewrite of what the first already rewrote is refused; one folded
+/// under a parent stays on it, after those in the context.
 async fn the_summaries_a_stand_in_wrote_are_found_until_rewritten(backend: &Backend) {
     use vilvona_core::summarize::SummaryLevel;
     let store = backend.open().await;
@@ -525,4 +526,22 @@ async fn the_summaries_a_stand_in_wrote_are_found_until_rewritten(backend: &Back
     let left = store.stand_in_summaries(conversation).await.unwrap();
     assert_eq!(left.len(), 1);
     assert_eq!(left[0].row_id, found[0].row_id);
+    // Folded under a parent a stand-in wrote: still found, after the context's.
+    let context = store.context(conversation).await.unwrap();
+    let mut condensed = plan(conversation, &context, 0..2, "both, extractively");
+    condensed.summary.kind = vilvona_core::summarize::SummaryKind::Condensed;
+    condensed.summary.depth = 1;
+    condensed.summary.summarizer = stand_in_summarizer("extractive/v1", "host-llm/v1");
+    assert!(matches!(
+        store.replace(condensed).await.unwrap(),
+        ReplaceOutcome::Replaced(_)
+    ));
+    let left = store.stand_in_summaries(conversation).await.unwrap();
+    assert_eq!(
+        left.iter()
+            .map(|summary| (summary.depth, summary.summarizer.as_str()))
+            .collect::<Vec<_>>(),
+        [(1, "extractive/v1 in place of host-llm/v1"), (0, "test/v1")],
+        "the context's first, then the folded one"
+    );
 }
