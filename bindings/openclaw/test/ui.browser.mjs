@@ -354,7 +354,7 @@ test("vilvona ui --allow-repair: truncated summaries re-summarized with the conf
     const asked = model.requests;
     await offer.click();
     const preview = await page.locator("[data-repair=resummarize] [data-part=repair-preview]").textContent();
-    assert.match(preview, new RegExp(`rewrite the ${flagged} summaries a stand-in wrote in this session \\(truncated, or by a fallback summarizer\\) with \\S*mock-summarizer`));
+    assert.match(preview, new RegExp(`rewrite the ${flagged} summaries a stand-in wrote in this session's context \\(truncated, or by a fallback summarizer\\) with \\S*mock-summarizer`));
     assert.match(preview, /It is needed\./);
     // The preview changed nothing and asked the model nothing.
     assert.equal(truncated().length, flagged);

@@ -176,7 +176,7 @@ async fn repair(served: &Served, request: &Value) -> Result<Value> {
             answer["repair"] = json!("resummarize");
             answer["needed"] = json!(done.flagged > 0);
             answer["will"] = json!(format!(
-                "rewrite the {} summaries a stand-in wrote in this session (truncated, or by a fallback summarizer) with {}, each in its place and over the same sources; one it cannot fit stays as it is",
+                "rewrite the {} summaries a stand-in wrote in this session's context (truncated, or by a fallback summarizer) with {}, each in its place and over the same sources; one it cannot fit stays as it is",
                 done.flagged, done.summarizer
             ));
             Ok(answer)

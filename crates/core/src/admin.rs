@@ -368,15 +368,14 @@ pub struct RetentionRun {
     pub space: Option<ReclaimReport>,
 }
 
-/// What re-summarizing the summaries a stand-in wrote in a session found and did.
+/// What re-summarizing the summaries a stand-in wrote in a session's context found and did.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Resummarized {
     /// The summarizer that writes the new summaries (the configured one).
     pub summarizer: String,
-    /// The summaries a stand-in wrote in the session (a truncation, or a fallback summarizer
-    /// in place of the configured one), in its context or folded under a parent, before the
-    /// run.
+    /// The summaries a stand-in wrote in the session's context (a truncation, or a fallback
+    /// summarizer in place of the configured one) before the run.
     pub flagged: u64,
     /// How many were rewritten (0 on a preview).
     pub rewritten: u64,
@@ -470,10 +469,10 @@ pub trait EngineAdmin: Send + Sync {
     /// first.
     async fn turn_history(&self, session: &ToolCaller) -> Result<Vec<TurnRecord>, EngineError>;
 
-    /// Rewrites the session's summaries that a stand-in wrote when the configured summarizer
-    /// could not (a truncation, or a fallback summarizer), in its context or folded under a
-    /// parent, with the configured summarizer, each keeping its place and its sources; without
-    /// `apply`, only counts them.
+    /// Rewrites the summaries in the session's context that a stand-in wrote when the
+    /// configured summarizer could not (a truncation, or a fallback summarizer) with the
+    /// configured summarizer, each keeping its place and its sources; without `apply`, only
+    /// counts them. (Maintenance rewrites those folded under a parent too.)
     async fn resummarize(
         &self,
         session: &ToolCaller,

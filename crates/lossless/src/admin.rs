@@ -1,7 +1,7 @@
 //! The engine's administration ([`EngineAdmin`]): checking, measuring, rebuilding and
 //! forgetting the stored history, for hosts that only know the contract.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -11,7 +11,7 @@ use vilvona_core::admin::{
     SessionStats, StorageCheck, StorageUsage, StoredSession, ToolCaller, TurnRecord, WindowPlan,
 };
 use vilvona_core::archive::{ImportReport, SessionArchive};
-use vilvona_store::{ConversationId, ItemContent, MessageId, StoreError};
+use vilvona_store::{ConversationId, ItemContent, ItemRef, MessageId, StoreError};
 
 use crate::engine::LosslessEngine;
 use crate::errors::store_error;
@@ -166,12 +166,24 @@ impl EngineAdmin for LosslessEngine {
         let conversation = self
             .conversation(&session.session_id, session.session_key.as_deref())
             .await?;
+        // The context's (what the panel flags): they come first, so rewriting that many
+        // rewrites those; maintenance rewrites the folded ones in time.
+        let in_context: HashSet<ItemRef> = self
+            .store()
+            .context_refs(conversation.id)
+            .await
+            .map_err(|error| store_error("reading the context", error))?
+            .iter()
+            .map(|item| item.item)
+            .collect();
         let flagged = self
             .store()
             .stand_in_summaries(conversation.id)
             .await
             .map_err(|error| store_error("reading the summaries a stand-in wrote", error))?
-            .len() as u64;
+            .iter()
+            .filter(|summary| in_context.contains(&ItemRef::Summary(summary.row_id)))
+            .count() as u64;
         let rewritten = match apply && flagged > 0 {
             true => {
                 self.rewrite_stand_ins(conversation.id, flagged as usize)
