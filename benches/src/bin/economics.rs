@@ -13,8 +13,10 @@
 //!   and its summarizer share of prompt tokens at most legacy's; `--check-cost` checks the
 //!   cost alone (the soak matrix's short cells); `--at-most R` moves the cost bar to R of
 //!   legacy's and `--hit-at-least R` the cache-hit bar to R; `--check-summarizer` also fails
-//!   when vilvona's summarizer read more prompt tokens than legacy's. `--also` adds columns; a
-//!   run made with `economics soak --cell NAME` is headed by its cell.
+//!   when vilvona's summarizer read more prompt tokens than legacy's; either check fails when
+//!   the two runs are of different conversations (turns, window), as a recorded legacy run
+//!   (`benches/hold/soak-legacy-*.json`) may be. `--also` adds columns; a run made with
+//!   `economics soak --cell NAME` is headed by its cell.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -173,6 +175,14 @@ async fn run(args: Args) -> Result<bool> {
                 return Ok(true);
             }
             let mut failed = Vec::new();
+            // A recorded legacy run (benches/hold/soak-legacy-*.json) compared with a run of
+            // another conversation would say nothing.
+            if (vilvona.turns, vilvona.window) != (legacy.turns, legacy.window) {
+                failed.push(format!(
+                    "legacy's figures are of {} turns at {} tokens, vilvona's of {} at {}: not the same conversation",
+                    legacy.turns, legacy.window, vilvona.turns, vilvona.window
+                ));
+            }
             let ratio = vilvona.cached_units_per_turn / legacy.cached_units_per_turn.max(1.0);
             eprintln!("economics: vilvona's cached input per turn is {ratio:.2} of legacy's");
             if ratio > at_most {
