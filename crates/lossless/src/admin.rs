@@ -166,9 +166,9 @@ impl EngineAdmin for LosslessEngine {
         let conversation = self
             .conversation(&session.session_id, session.session_key.as_deref())
             .await?;
-        // The context's (what the panel flags): they come first, so rewriting that many
-        // rewrites those; maintenance rewrites the folded ones in time.
-        let in_context: HashSet<ItemRef> = self
+        // The context's (what the panel flags), those whose rewrite did not fit before among
+        // them; maintenance rewrites the folded ones in time.
+        let context: Vec<ItemRef> = self
             .store()
             .context_refs(conversation.id)
             .await
@@ -176,6 +176,7 @@ impl EngineAdmin for LosslessEngine {
             .iter()
             .map(|item| item.item)
             .collect();
+        let in_context: HashSet<&ItemRef> = context.iter().collect();
         let flagged = self
             .store()
             .stand_in_summaries(conversation.id)
@@ -186,7 +187,7 @@ impl EngineAdmin for LosslessEngine {
             .count() as u64;
         let rewritten = match apply && flagged > 0 {
             true => {
-                self.rewrite_stand_ins(conversation.id, flagged as usize)
+                self.rewrite_stand_ins_among(conversation.id, &context, usize::MAX)
                     .await?
             }
             false => 0,

@@ -766,7 +766,12 @@ impl LosslessEngine {
                 .iter()
                 .map(|item| item.item)
                 .collect();
-            self.rewrite_stand_ins_among(conversation, &run).await?;
+            self.rewrite_stand_ins_among(
+                conversation,
+                &run,
+                crate::stand_ins::STAND_INS_PER_MAINTENANCE,
+            )
+            .await?;
         }
         let (run, previous_context) = self.read_run(items, candidate).await?;
         let (kind, depth, target) = match candidate.condensing_depth {

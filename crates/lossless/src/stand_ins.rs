@@ -111,13 +111,15 @@ impl LosslessEngine {
         Ok(rewritten)
     }
 
-    /// Before a condensation takes them in: the stand-ins among `items` (the run's), rewritten
-    /// when the summarizer can be asked. Returns how many were rewritten (the run must then be
-    /// read again).
+    /// The stand-ins among `items` (a run a condensation is about to take in, or the context
+    /// the panel's re-summarize names), at most `at_most` of them rewritten when the summarizer
+    /// can be asked; those whose rewrite did not fit before are passed over. Returns how many
+    /// were rewritten (a run must then be read again).
     pub(crate) async fn rewrite_stand_ins_among(
         &self,
         conversation: ConversationId,
         items: &[ItemRef],
+        at_most: usize,
     ) -> Result<u64, EngineError> {
         let summaries: BTreeSet<SummaryRowId> = items
             .iter()
@@ -136,14 +138,15 @@ impl LosslessEngine {
                 stand_ins
                     .iter()
                     .filter(|summary| summaries.contains(&summary.row_id))
-                    .take(STAND_INS_PER_MAINTENANCE),
+                    .take(at_most),
             )
             .await?;
         if rewritten > 0 {
             tracing::info!(
                 rewritten,
+                among = items.len(),
                 summarizer = self.inner.summarizer.id(),
-                "rewrote summaries a stand-in wrote before condensing them"
+                "rewrote summaries a stand-in wrote, among the items named"
             );
         }
         Ok(rewritten)

@@ -231,3 +231,72 @@ async fn stand_ins_condensed_while_the_model_is_down_are_rewritten_once_it_answe
     }
     assert!(left.is_empty(), "stand-ins left under a parent: {left:?}");
 }
+
+/// The panel's re-summarize rewrites the stand-ins in the context (what it flags), not those
+/// folded under a parent, and counts one whose rewrite does not fit as remaining. Before, it
+/// asked for as many rewrites as it flagged from a list that left the unfit one out, so a
+/// second call rewrote a folded stand-in in its place and said none remained.
+#[tokio::test]
+async fn re_summarize_rewrites_the_contexts_stand_ins_only() {
+    use vilvona_core::admin::{EngineAdmin, ToolCaller};
+    let dir = TempDir::new().unwrap();
+    let (engine, model, conversation) = folded_while_down(&dir).await;
+    engine
+        .compact_conversation(conversation, CompactionRequest::forced(1_000))
+        .await
+        .unwrap();
+    let in_context: Vec<StoredSummary> = context_summaries(&engine, "s1", Some("s1"))
+        .await
+        .into_iter()
+        .filter(|summary| written_by_a_stand_in(summary.level, &summary.summarizer))
+        .collect();
+    let folded: Vec<String> = stand_ins(&engine, conversation)
+        .await
+        .into_iter()
+        .filter(|summary| in_context.iter().all(|c| c.row_id != summary.row_id))
+        .map(|summary| summary.summary_id)
+        .collect();
+    let parents = in_context.iter().filter(|s| s.depth > 0).count() as u64;
+    assert!(
+        parents > 0 && !folded.is_empty(),
+        "{in_context:?} {folded:?}"
+    );
+    // A parent's source is its children's fallback digests: its rewrite does not fit.
+    *model.unfit.lock().unwrap() = Some("A fallback's digest".to_owned());
+    *model.up.lock().unwrap() = true;
+    let session = ToolCaller::new("s1", Some("s1".to_owned()));
+    let still_folded = |engine: &LosslessEngine| {
+        let engine = engine.clone();
+        let folded = folded.clone();
+        async move {
+            let left: Vec<String> = stand_ins(&engine, conversation)
+                .await
+                .into_iter()
+                .map(|summary| summary.summary_id)
+                .collect();
+            folded.iter().all(|id| left.contains(id))
+        }
+    };
+    let first = engine.resummarize(&session, true).await.unwrap();
+    assert_eq!(
+        (first.flagged, first.rewritten, first.remaining),
+        (
+            in_context.len() as u64,
+            in_context.len() as u64 - parents,
+            parents
+        )
+    );
+    assert!(
+        still_folded(&engine).await,
+        "a folded stand-in was rewritten"
+    );
+    let second = engine.resummarize(&session, true).await.unwrap();
+    assert_eq!(
+        (second.flagged, second.rewritten, second.remaining),
+        (parents, 0, parents)
+    );
+    assert!(
+        still_folded(&engine).await,
+        "a folded stand-in was rewritten"
+    );
+}
