@@ -475,7 +475,7 @@ stop_gateway
 cp "$WORK/gateway.out" "$OUT/gateway.out" 2>/dev/null || true
 cp "$WORK/openclaw.log" "$OUT/openclaw.log" 2>/dev/null || true
 
-"$FIGURES_BIN" soak --requests "$OUT/mock.jsonl" --turns "$OUT/results.jsonl" --engine "$ENGINE" --window "$WINDOW" ${CELL:+--cell "$CELL"} >"$OUT/figures.json" \
+"$FIGURES_BIN" soak --requests "$OUT/mock.jsonl" --turns "$OUT/results.jsonl" --engine "$ENGINE" --window "$WINDOW" ${CELL:+--cell "$CELL"} --host "openclaw@$OPENCLAW_VERSION" >"$OUT/figures.json" \
   || fail "could not compute the figures"
 node -e '
   const f = JSON.parse(require("fs").readFileSync(process.argv[1], "utf8"));

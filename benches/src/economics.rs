@@ -265,6 +265,11 @@ pub struct TurnResult {
     pub expect: Option<String>,
     #[serde(default)]
     pub reply: String,
+    /// The driver's digest of what the user said this turn.
+    #[serde(default)]
+    pub said: Option<String>,
+    #[serde(default)]
+    pub session: Option<String>,
 }
 
 /// Median and 90th percentile of a list (0 when empty).
@@ -306,8 +311,77 @@ pub struct SoakFigures {
     pub facts_from_prompt: usize,
     /// Cached input units over all requests, per turn.
     pub cached_units_per_turn: f64,
+    /// What makes two runs one conversation, to compare: what the user said, turn by turn (a
+    /// digest of the driver's), and how the provider's cache was billed. Empty when the
+    /// driver recorded no digest.
+    #[serde(default)]
+    pub conversation: String,
+    /// The host that ran it (`openclaw@VERSION`), when said.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
     #[serde(flatten)]
     pub cache: CacheFigures,
+}
+
+/// What a run's turns said and how it was billed, as [`SoakFigures::conversation`]: an FNV-1a
+/// digest of each turn's kind and the driver's digest of its text, in turn order (sessions
+/// that ran the script at once, in the order of their names). Empty when a turn has no digest.
+fn conversation(turns: &[TurnResult], requests: &[Request]) -> String {
+    let mut ordered: Vec<&TurnResult> = turns.iter().collect();
+    ordered.sort_by(|a, b| (a.turn, &a.session).cmp(&(b.turn, &b.session)));
+    let mut digest: u64 = 0xcbf2_9ce4_8422_2325;
+    for turn in ordered {
+        let Some(said) = &turn.said else {
+            return String::new();
+        };
+        for byte in turn.kind.bytes().chain([0]).chain(said.bytes()).chain([0]) {
+            digest = (digest ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    let billed = match requests.iter().any(|request| request.billed.is_some()) {
+        true => "the provider's cache report",
+        false => "the shared prefix",
+    };
+    format!(
+        "{} turns said {digest:016x}, billed by {billed}",
+        turns.len()
+    )
+}
+
+/// Why `vilvona`'s figures and `legacy`'s cannot be compared as one conversation, if they
+/// cannot: a recorded legacy run (`benches/hold/soak-legacy-*.json`) may be of another cell,
+/// or older than the driver's script or the host.
+pub fn not_comparable(vilvona: &SoakFigures, legacy: &SoakFigures) -> Vec<String> {
+    let mut reasons = Vec::new();
+    if legacy.engine != "legacy" {
+        reasons.push(format!(
+            "the figures given as legacy's are {}'s",
+            legacy.engine
+        ));
+    }
+    if (vilvona.turns, vilvona.window) != (legacy.turns, legacy.window) {
+        reasons.push(format!(
+            "legacy's figures are of {} turns at {} tokens, vilvona's of {} at {}",
+            legacy.turns, legacy.window, vilvona.turns, vilvona.window
+        ));
+    }
+    match (vilvona.conversation.as_str(), legacy.conversation.as_str()) {
+        ("", _) | (_, "") => reasons.push(
+            "a run names no conversation (its driver recorded no digest of the turns): record it again"
+                .to_owned(),
+        ),
+        (ours, theirs) if ours != theirs => reasons.push(format!(
+            "not the same conversation: vilvona's {ours:?}, legacy's {theirs:?} (a recorded run: record it again with the cell's flags)"
+        )),
+        _ => {}
+    }
+    if vilvona.host != legacy.host {
+        reasons.push(format!(
+            "not the same host: vilvona's {:?}, legacy's {:?}",
+            vilvona.host, legacy.host
+        ));
+    }
+    reasons
 }
 
 pub fn read_turn_results(path: &Path) -> Result<Vec<TurnResult>> {
@@ -368,6 +442,8 @@ pub fn soak_figures(
         } else {
             cache.cached_units / turns.len() as f64
         },
+        conversation: conversation(turns, requests),
+        host: None,
         cache,
     }
 }
@@ -766,6 +842,65 @@ mod tests {
             messages: messages.to_owned(),
             rejected: false,
             billed: None,
+        }
+    }
+
+    fn said(turn: usize, said: &str) -> TurnResult {
+        TurnResult {
+            turn,
+            kind: "work".to_owned(),
+            status: 200,
+            ms: 1,
+            expect: None,
+            reply: String::new(),
+            said: Some(said.to_owned()),
+            session: Some("soak".to_owned()),
+        }
+    }
+
+    /// Runs of one script compare; a run of another script (a fact said in passing), another
+    /// billing, an engine other than legacy, a host, or a recording without digests does not.
+    #[test]
+    fn only_runs_of_one_conversation_compare() {
+        let script = [said(1, "aa"), said(2, "bb")];
+        let run = |engine: &str, turns: &[TurnResult], requests: &[Request]| SoakFigures {
+            host: Some("openclaw@1".to_owned()),
+            ..soak_figures(engine, 32_000, turns, requests)
+        };
+        let plain = [request(Stream::Turn, "[]")];
+        let vilvona = run("vilvona", &script, &plain);
+        let legacy = run("legacy", &script, &plain);
+        assert_eq!(not_comparable(&vilvona, &legacy), Vec::<String>::new());
+        // The same turns reversed in the file: still one conversation.
+        let reversed = run("legacy", &[said(2, "bb"), said(1, "aa")], &plain);
+        assert!(not_comparable(&vilvona, &reversed).is_empty());
+        let other = [said(1, "aa"), said(2, "cc")];
+        let billed = [Request {
+            billed: Some(Billed {
+                input: 1,
+                cache_read: 0,
+                cache_write: 0,
+            }),
+            ..request(Stream::Turn, "[]")
+        }];
+        let unsaid = [TurnResult {
+            said: None,
+            ..said(1, "aa")
+        }];
+        for (what, legacy) in [
+            ("another script", run("legacy", &other, &plain)),
+            ("another billing", run("legacy", &script, &billed)),
+            ("not legacy", run("vilvona", &script, &plain)),
+            ("no digest", run("legacy", &unsaid, &plain)),
+            (
+                "another host",
+                SoakFigures {
+                    host: Some("openclaw@2".to_owned()),
+                    ..run("legacy", &script, &plain)
+                },
+            ),
+        ] {
+            assert!(!not_comparable(&vilvona, &legacy).is_empty(), "{what}");
         }
     }
 

@@ -14,8 +14,9 @@
 //!   cost alone (the soak matrix's short cells); `--at-most R` moves the cost bar to R of
 //!   legacy's and `--hit-at-least R` the cache-hit bar to R; `--check-summarizer` also fails
 //!   when vilvona's summarizer read more prompt tokens than legacy's; either check fails when
-//!   the two runs are of different conversations (turns, window), as a recorded legacy run
-//!   (`benches/hold/soak-legacy-*.json`) may be. `--also` adds columns; a run made with
+//!   the two runs are not of one conversation (what the user said turn by turn, the window,
+//!   how the provider billed, the host: `economics soak --host`), as a recorded legacy run
+//!   (`benches/hold/soak-legacy-*.json`) may not be. `--also` adds columns; a run made with
 //!   `economics soak --cell NAME` is headed by its cell.
 
 use std::path::{Path, PathBuf};
@@ -24,8 +25,8 @@ use std::process::ExitCode;
 use anyhow::{Context as _, Result};
 use clap::{Parser, Subcommand};
 use vilvona_benches::economics::{
-    ReplayOptions, SoakFigures, read_recorded_requests, read_turn_results, replay, replay_table,
-    soak_figures, soak_table,
+    ReplayOptions, SoakFigures, not_comparable, read_recorded_requests, read_turn_results, replay,
+    replay_table, soak_figures, soak_table,
 };
 
 #[derive(Parser, Debug)]
@@ -54,6 +55,9 @@ enum Command {
         /// The soak matrix's cell the run is (a label).
         #[arg(long)]
         cell: Option<String>,
+        /// The host that ran it (`openclaw@VERSION`): runs of different hosts are not compared.
+        #[arg(long)]
+        host: Option<String>,
     },
     /// Replays a transcript through both engines at each window.
     Replay {
@@ -143,11 +147,13 @@ async fn run(args: Args) -> Result<bool> {
             engine,
             window,
             cell,
+            host,
         } => {
             let requests = read_recorded_requests(&requests)?;
             let turns = read_turn_results(&turns)?;
             let figures = SoakFigures {
                 cell,
+                host,
                 ..soak_figures(&engine, window, &turns, &requests)
             };
             println!("{}", serde_json::to_string_pretty(&figures)?);
@@ -174,15 +180,7 @@ async fn run(args: Args) -> Result<bool> {
             if !check && !check_cost {
                 return Ok(true);
             }
-            let mut failed = Vec::new();
-            // A recorded legacy run (benches/hold/soak-legacy-*.json) compared with a run of
-            // another conversation would say nothing.
-            if (vilvona.turns, vilvona.window) != (legacy.turns, legacy.window) {
-                failed.push(format!(
-                    "legacy's figures are of {} turns at {} tokens, vilvona's of {} at {}: not the same conversation",
-                    legacy.turns, legacy.window, vilvona.turns, vilvona.window
-                ));
-            }
+            let mut failed = not_comparable(&vilvona, &legacy);
             let ratio = vilvona.cached_units_per_turn / legacy.cached_units_per_turn.max(1.0);
             eprintln!("economics: vilvona's cached input per turn is {ratio:.2} of legacy's");
             if ratio > at_most {

@@ -4,9 +4,11 @@
 // With SESSIONS > 1, that many sessions (users `soak-1` …) run the script at once, each one turn
 // at a time. `SOAK_FROM_TURN` / `SOAK_TO_TURN` drive only those turns of the script (a gateway
 // restarted between two runs of the driver). Appends one JSON line per turn to RESULTS_FILE ({session, turn, kind, fact?,
-// expect?, status, ms, reply}) and prints a line per turn; exits 0 when every turn was answered
+// expect?, said, status, ms, reply}: `said`, a digest of the turn's text, tells two runs of one conversation from two of
+// different ones) and prints a line per turn; exits 0 when every turn was answered
 // (the checks on the answers are the caller's).
 import { execFileSync } from "node:child_process";
+import { createHash } from "node:crypto";
 import { appendFileSync } from "node:fs";
 import { FACTS, script } from "./soak-session.mjs";
 
@@ -53,7 +55,8 @@ async function drive(user) {
     const ms = Math.round(performance.now() - started);
     if (status !== 200) failed += 1;
     const expect = turn.fact ? FACTS.find((fact) => fact.id === turn.fact).value : undefined;
-    const record = { session: user, turn: turn.turn, kind: turn.kind, fact: turn.fact, expect, status, ms, reply: String(reply).slice(0, 2000) };
+    const said = createHash("sha256").update(turn.text).digest("hex").slice(0, 16);
+    const record = { session: user, turn: turn.turn, kind: turn.kind, fact: turn.fact, expect, said, status, ms, reply: String(reply).slice(0, 2000) };
     appendFileSync(resultsFile, JSON.stringify(record) + "\n");
     console.log(`${user} turn ${turn.turn} ${turn.kind}${turn.fact ? ` ${turn.fact}` : ""}: ${status} in ${ms} ms${status === 200 ? "" : `: ${String(reply).slice(0, 300)}`}`);
     if (RESETS.includes(turn.turn)) reset(user);
