@@ -197,6 +197,28 @@ fn benches(c: &mut Criterion) {
                 .fold(f32::MIN, f32::max)
         })
     });
+    // The first stage of a search by sign codes (`cells --signs`): the query's 192 signs
+    // against 100,000 codes (the sentences' chunks, repeated), the nearest 1 % kept.
+    let vectors: Vec<Vec<f32>> = sentences
+        .iter()
+        .flat_map(|sentence| model.embed_chunks(sentence, 1))
+        .collect();
+    let sample: Vec<&[f32]> = vectors.iter().map(Vec::as_slice).collect();
+    let coder = vilvona_benches::signs::SignCoder::new(&sample, true, 0x5eed)
+        .expect("the sentences have vectors");
+    let codes: Vec<vilvona_benches::signs::Code> =
+        vectors.iter().map(|vector| coder.encode(vector)).collect();
+    let signs =
+        vilvona_benches::signs::Signs::new(coder.words(), codes.iter().cycle().take(100_000));
+    let query = coder.query(
+        &model
+            .embed("when is the deployment window")
+            .unwrap_or_default(),
+    );
+    let mut distances = Vec::new();
+    meaning.bench_function("sign_scan_100000_codes", |b| {
+        b.iter(|| signs.nearest(&query.signs, 1_000, &mut distances).len())
+    });
     meaning.finish();
 }
 

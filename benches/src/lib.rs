@@ -15,6 +15,7 @@ pub mod locomo;
 pub mod meaning;
 pub mod quantized;
 mod runs;
+pub mod signs;
 
 pub use runs::{
     BootstrapFigures, ForgetFigures, ServeMemoryFigures, run_bootstrap, run_forget,

@@ -4,7 +4,9 @@
 //! [--ef-construction 100]`, the same for a graph index (HNSW) at each beam width instead
 //! (see `vilvona_benches::graph`). With `--quantized 24x256,48x16 [--rerank 50,200]`, the same
 //! for vectors compressed by product quantization, the best documents so compared again
-//! exactly (see `vilvona_benches::quantized`). Every table also counts the queries answered
+//! exactly (see `vilvona_benches::quantized`). With `--signs 1,5 [--rerank 200,1000]`, the same
+//! for sign codes (turned by a random rotation and not) in three stages, with the first
+//! stage's time a code (see `vilvona_benches::signs`). Every table also counts the queries answered
 //! in the ten found. `--contrast` first prints how far exact search's nearest documents stand
 //! from the rest; `--locomo DIR` takes LoCoMo's conversations instead of a transcript.
 
@@ -41,6 +43,10 @@ struct Args {
     /// Measure product quantizers of these shapes (PARTSxCENTRES) instead.
     #[arg(long, value_delimiter = ',')]
     quantized: Vec<vilvona_benches::quantized::Shape>,
+    /// Measure sign codes instead, keeping these percentages of the chunks after the Hamming
+    /// stage (as 1,5).
+    #[arg(long, value_delimiter = ',')]
+    signs: Vec<f64>,
     /// Numbers of documents compared exactly after the quantized codes' pass.
     #[arg(long, value_delimiter = ',', default_values_t = [10, 50, 100, 200, 500])]
     rerank: Vec<usize>,
@@ -130,6 +136,55 @@ fn main() -> ExitCode {
                     row.compared,
                     row.compared_share * 100.0,
                     row.build_s
+                )
+            },
+        );
+        return ExitCode::SUCCESS;
+    }
+    if !args.signs.is_empty() {
+        let reranked = args.rerank.first().copied().unwrap_or(1_000);
+        if let Some(time) = vilvona_benches::signs::scan_time(&corpus, args.signs[0], reranked) {
+            eprintln!(
+                "on one core, {} % kept, {} reranked: stage one {:.2} ns a code over {} chunks, the three stages {:.2} ms a query (stage two {:.2}, stage three {:.2}; exact comparison in f32: {:.2} ns a chunk)",
+                args.signs[0],
+                time.reranked,
+                time.hamming_ns,
+                time.chunks,
+                time.three_stages_ms,
+                time.estimates_ms,
+                time.rerank_ms,
+                time.exact_ns
+            );
+        }
+        let rows =
+            vilvona_benches::signs::evaluate(&corpus, &[true, false], &args.signs, &args.rerank);
+        print_rows(
+            args.json,
+            &rows,
+            &[
+                "rotated",
+                "chunks kept by Hamming",
+                "reranked",
+                "needles' top 10 kept",
+                "questions' top 10 kept",
+                "needles answered",
+                "questions answered",
+                "MB read a query: codes + estimates + rerank (exact)",
+            ],
+            |row| {
+                format!(
+                    "| {} | {} % | {} | {:.3} | {:.3} | {:.3} | {:.3} | {:.2} + {:.2} + {:.2} ({:.2}) |",
+                    if row.rotated { "yes" } else { "no" },
+                    row.share,
+                    row.reranked,
+                    row.needles_recall,
+                    row.questions_recall,
+                    row.needles_answered,
+                    row.questions_answered,
+                    row.bytes_codes / 1e6,
+                    row.bytes_estimates / 1e6,
+                    row.bytes_rerank / 1e6,
+                    row.bytes_exact / 1e6
                 )
             },
         );
