@@ -162,6 +162,9 @@ esac
 # The driver and the mock read the spawns from the environment (soak-session.mjs).
 export SOAK_SPAWNS="$SPAWNS" SOAK_CUT_EMOJI="$CUT_EMOJI" SOAK_RESETS="$RESETS"
 NAME="soak-gateway[$ENGINE, $PROVIDER, $WINDOW, $TURNS turns, $SHAPE, $SUMMARIZER summarizer${SLOW_SUMMARIZER:+, slow $SLOW_SUMMARIZER ms}, $SESSIONS sessions, $KILLS kills${DAMAGE:+, $DAMAGE damaged}${SPAWNS:+, spawns $SPAWNS}${CUT_EMOJI:+, cut emoji}${RESETS:+, reset after turn $RESETS}${STAND_INS:+, stand-ins $STAND_INS}$([ "$STOPS" -eq 0 ] || echo ", $STOPS stops")$([ "$RESTART_AFTER" -eq 0 ] || echo ", restarted after turn $RESTART_AFTER")${NO_RECALL:+, no recall tool}${FACTS_SET:+, facts $FACTS_SET}]"
+# What of the run changes the model's requests without changing what the user says: runs of
+# different routes are not compared (economics compare).
+ROUTE="$PROVIDER, $SHAPE, $SESSIONS sessions, restarted after turn $RESTART_AFTER, reset after turn ${RESETS:-none}"
 FIGURES_BIN="${VILVONA_FIGURES_BIN:-$ROOT/target/debug/economics}"
 [ -x "$FIGURES_BIN" ] || fail "$FIGURES_BIN is missing (cargo build -p vilvona-benches --bin economics)"
 
@@ -475,7 +478,7 @@ stop_gateway
 cp "$WORK/gateway.out" "$OUT/gateway.out" 2>/dev/null || true
 cp "$WORK/openclaw.log" "$OUT/openclaw.log" 2>/dev/null || true
 
-"$FIGURES_BIN" soak --requests "$OUT/mock.jsonl" --turns "$OUT/results.jsonl" --engine "$ENGINE" --window "$WINDOW" ${CELL:+--cell "$CELL"} --host "openclaw@$OPENCLAW_VERSION" >"$OUT/figures.json" \
+"$FIGURES_BIN" soak --requests "$OUT/mock.jsonl" --turns "$OUT/results.jsonl" --engine "$ENGINE" --window "$WINDOW" ${CELL:+--cell "$CELL"} --host "openclaw@$OPENCLAW_VERSION" --route "$ROUTE" >"$OUT/figures.json" \
   || fail "could not compute the figures"
 node -e '
   const f = JSON.parse(require("fs").readFileSync(process.argv[1], "utf8"));

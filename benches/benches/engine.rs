@@ -213,7 +213,7 @@ fn benches(c: &mut Criterion) {
     let query = coder.query(
         &model
             .embed("when is the deployment window")
-            .unwrap_or_default(),
+            .expect("the query has a vector"),
     );
     let mut distances = Vec::new();
     meaning.bench_function("sign_scan_100000_codes", |b| {

@@ -233,6 +233,20 @@ pub(crate) fn ten_best(scores: impl Iterator<Item = (f32, usize)>) -> Vec<usize>
     scores.into_iter().take(10).map(|(_, doc)| doc).collect()
 }
 
+/// The ten best of `documents` compared exactly with `query` (each by its best chunk): the
+/// last stage of an approximate search.
+pub(crate) fn reranked_ten<'a>(
+    corpus: &Corpus,
+    query: &[f32],
+    documents: impl IntoIterator<Item = &'a usize>,
+) -> Vec<usize> {
+    ten_best(
+        documents.into_iter().filter_map(|&doc| {
+            best(&corpus.documents[doc], query, |_| true).map(|score| (score, doc))
+        }),
+    )
+}
+
 /// Exact search's ten best documents for each query.
 pub(crate) fn exact_ten(corpus: &Corpus) -> Vec<Vec<usize>> {
     corpus

@@ -319,6 +319,10 @@ pub struct SoakFigures {
     /// The host that ran it (`openclaw@VERSION`), when said.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host: Option<String>,
+    /// The model's side of the run, when said: the provider, the shape of its usage, and what
+    /// changes the requests without changing what the user says (restarts, resets, sessions).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub route: Option<String>,
     #[serde(flatten)]
     pub cache: CacheFigures,
 }
@@ -350,7 +354,7 @@ fn conversation(turns: &[TurnResult], requests: &[Request]) -> String {
 
 /// Why `vilvona`'s figures and `legacy`'s cannot be compared as one conversation, if they
 /// cannot: a recorded legacy run (`benches/hold/soak-legacy-*.json`) may be of another cell,
-/// or older than the driver's script or the host.
+/// or older than the driver's script or the host. What the mock model answers is not in it.
 pub fn not_comparable(vilvona: &SoakFigures, legacy: &SoakFigures) -> Vec<String> {
     let mut reasons = Vec::new();
     if legacy.engine != "legacy" {
@@ -375,11 +379,19 @@ pub fn not_comparable(vilvona: &SoakFigures, legacy: &SoakFigures) -> Vec<String
         )),
         _ => {}
     }
-    if vilvona.host != legacy.host {
-        reasons.push(format!(
-            "not the same host: vilvona's {:?}, legacy's {:?}",
-            vilvona.host, legacy.host
-        ));
+    for (what, ours, theirs) in [
+        ("host", &vilvona.host, &legacy.host),
+        ("route", &vilvona.route, &legacy.route),
+    ] {
+        match (ours, theirs) {
+            (Some(ours), Some(theirs)) if ours == theirs => {}
+            (Some(_), Some(_)) => reasons.push(format!(
+                "not the same {what}: vilvona's {ours:?}, legacy's {theirs:?}"
+            )),
+            _ => reasons.push(format!(
+                "a run does not say its {what} (economics soak --{what}): record it again"
+            )),
+        }
     }
     reasons
 }
@@ -444,6 +456,7 @@ pub fn soak_figures(
         },
         conversation: conversation(turns, requests),
         host: None,
+        route: None,
         cache,
     }
 }
@@ -859,12 +872,14 @@ mod tests {
     }
 
     /// Runs of one script compare; a run of another script (a fact said in passing), another
-    /// billing, an engine other than legacy, a host, or a recording without digests does not.
+    /// billing, an engine other than legacy, another host or route, or a recording that does
+    /// not say them does not.
     #[test]
     fn only_runs_of_one_conversation_compare() {
         let script = [said(1, "aa"), said(2, "bb")];
         let run = |engine: &str, turns: &[TurnResult], requests: &[Request]| SoakFigures {
             host: Some("openclaw@1".to_owned()),
+            route: Some("openai chars4".to_owned()),
             ..soak_figures(engine, 32_000, turns, requests)
         };
         let plain = [request(Stream::Turn, "[]")];
@@ -896,6 +911,20 @@ mod tests {
                 "another host",
                 SoakFigures {
                     host: Some("openclaw@2".to_owned()),
+                    ..run("legacy", &script, &plain)
+                },
+            ),
+            (
+                "no host",
+                SoakFigures {
+                    host: None,
+                    ..run("legacy", &script, &plain)
+                },
+            ),
+            (
+                "another route",
+                SoakFigures {
+                    route: Some("openai tokenizer".to_owned()),
                     ..run("legacy", &script, &plain)
                 },
             ),

@@ -16,7 +16,7 @@ use std::time::Instant;
 use rayon::prelude::*;
 use serde::Serialize;
 
-use crate::cells::{Corpus, Found, answered_share, dot, exact_ten, recall, ten_best};
+use crate::cells::{Corpus, Found, answered_share, dot, exact_ten, recall, reranked_ten};
 
 /// A shape of quantizer: `parts` pieces a vector, `centres` centres a piece (at most 256, so a
 /// code is a byte a piece).
@@ -258,13 +258,7 @@ pub fn evaluate(corpus: &Corpus, shapes: &[Shape], reranks: &[usize]) -> Vec<Rer
                 .zip(&ranked)
                 .zip(&corpus.answers)
                 .map(|(((query, exact), ranked), answers)| {
-                    let found = ten_best(ranked.iter().take(reranked).filter_map(|&doc| {
-                        corpus.documents[doc]
-                            .iter()
-                            .map(|chunk| dot(chunk, query))
-                            .reduce(f32::max)
-                            .map(|score| (score, doc))
-                    }));
+                    let found = reranked_ten(corpus, query, ranked.iter().take(reranked));
                     Found::of(exact, &found, answers, ())
                 })
                 .collect();

@@ -47,7 +47,8 @@ struct Args {
     /// stage (as 1,5).
     #[arg(long, value_delimiter = ',')]
     signs: Vec<f64>,
-    /// Numbers of documents compared exactly after the quantized codes' pass.
+    /// Numbers of documents compared exactly after the quantized or sign codes' pass (with
+    /// `--signs`, the first is also the setting timed on one core).
     #[arg(long, value_delimiter = ',', default_values_t = [10, 50, 100, 200, 500])]
     rerank: Vec<usize>,
     /// The graph's beam width while it is built.

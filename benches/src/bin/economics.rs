@@ -15,8 +15,9 @@
 //!   legacy's and `--hit-at-least R` the cache-hit bar to R; `--check-summarizer` also fails
 //!   when vilvona's summarizer read more prompt tokens than legacy's; either check fails when
 //!   the two runs are not of one conversation (what the user said turn by turn, the window,
-//!   how the provider billed, the host: `economics soak --host`), as a recorded legacy run
-//!   (`benches/hold/soak-legacy-*.json`) may not be. `--also` adds columns; a run made with
+//!   how the provider billed; `economics soak --host` and `--route`: the host, the provider's
+//!   shape, restarts and resets), as a recorded legacy run (`benches/hold/soak-legacy-*.json`)
+//!   may not be; what the mock model answers is not compared. `--also` adds columns; a run made with
 //!   `economics soak --cell NAME` is headed by its cell.
 
 use std::path::{Path, PathBuf};
@@ -58,6 +59,10 @@ enum Command {
         /// The host that ran it (`openclaw@VERSION`): runs of different hosts are not compared.
         #[arg(long)]
         host: Option<String>,
+        /// The model's side of the run (provider, usage shape, restarts, resets, sessions):
+        /// runs of different routes are not compared.
+        #[arg(long)]
+        route: Option<String>,
     },
     /// Replays a transcript through both engines at each window.
     Replay {
@@ -148,12 +153,14 @@ async fn run(args: Args) -> Result<bool> {
             window,
             cell,
             host,
+            route,
         } => {
             let requests = read_recorded_requests(&requests)?;
             let turns = read_turn_results(&turns)?;
             let figures = SoakFigures {
                 cell,
                 host,
+                route,
                 ..soak_figures(&engine, window, &turns, &requests)
             };
             println!("{}", serde_json::to_string_pretty(&figures)?);
