@@ -115,6 +115,42 @@ impl Codebook {
 }
 
 /// One codebook's outcome at one number of cells probed.
+/// What an approximate search kept of exact search's answers, for the needles' queries and
+/// the questions apart.
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Kept {
+    /// Of exact search's ten best documents, the share found.
+    pub needles_recall: f64,
+    pub questions_recall: f64,
+    /// Of the queries whose answer is known, the share with an answering document among the
+    /// ten found; exact search's own share is in [`Contrast`].
+    pub needles_answered: f64,
+    pub questions_answered: f64,
+}
+
+impl Kept {
+    pub(crate) fn of<T>(outcome: &[Found<T>], needle_queries: usize) -> Kept {
+        Kept {
+            needles_recall: recall(outcome, 0..needle_queries),
+            questions_recall: recall(outcome, needle_queries..outcome.len()),
+            needles_answered: answered_share(outcome, 0..needle_queries),
+            questions_answered: answered_share(outcome, needle_queries..outcome.len()),
+        }
+    }
+
+    /// The four figures as the cells of a Markdown row.
+    pub fn cells(&self) -> String {
+        format!(
+            "{:.3} | {:.3} | {:.3} | {:.3}",
+            self.needles_recall,
+            self.questions_recall,
+            self.needles_answered,
+            self.questions_answered
+        )
+    }
+}
+
 #[derive(Clone, Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Probed {
@@ -122,17 +158,12 @@ pub struct Probed {
     /// Cells each chunk is filed in (2: in its nearest two, "spilled").
     pub filed_in: usize,
     pub probed: usize,
-    /// Of exact search's ten best documents, the share found (needles' queries; questions).
-    pub needles_recall: f64,
-    pub questions_recall: f64,
+    #[serde(flatten)]
+    pub kept: Kept,
     /// Chunk entries compared, as a share of all chunks (the exact search's work is 1).
     pub compared: f64,
     /// The largest cell's entries, as a share of all.
     pub largest_cell: f64,
-    /// Of the queries whose answer is known, the share with an answering document among the
-    /// ten found (needles' queries; questions); exact search's own share is in [`Contrast`].
-    pub needles_answered: f64,
-    pub questions_answered: f64,
 }
 
 /// The documents' chunk vectors and the queries (needles first), read and embedded.
@@ -144,6 +175,13 @@ pub struct Corpus {
     /// For each query, the documents that answer it (a needle's: each message that holds its
     /// answer; a paraphrase question's: its statement); empty where none is known.
     pub answers: Vec<Vec<usize>>,
+}
+
+impl Corpus {
+    /// Every document's chunk vectors, one after another.
+    pub(crate) fn chunks(&self) -> Vec<&[f32]> {
+        self.documents.iter().flatten().map(Vec::as_slice).collect()
+    }
 }
 
 /// Reads an OpenClaw transcript's messages and a needles file, and embeds them with the
@@ -428,13 +466,7 @@ pub fn evaluate(corpus: &Corpus, cell_counts: &[usize], probes: &[usize]) -> Vec
                     cells,
                     filed_in,
                     probed,
-                    needles_recall: recall(&outcome, 0..corpus.needle_queries),
-                    questions_recall: recall(&outcome, corpus.needle_queries..outcome.len()),
-                    needles_answered: answered_share(&outcome, 0..corpus.needle_queries),
-                    questions_answered: answered_share(
-                        &outcome,
-                        corpus.needle_queries..outcome.len(),
-                    ),
+                    kept: Kept::of(&outcome, corpus.needle_queries),
                     compared: outcome.iter().map(|row| row.work).sum::<usize>() as f64
                         / outcome.len().max(1) as f64
                         / all.len().max(1) as f64,
@@ -445,6 +477,20 @@ pub fn evaluate(corpus: &Corpus, cell_counts: &[usize], probes: &[usize]) -> Vec
         }
     }
     rows
+}
+
+/// Forty documents of one to three chunks and five queries (two of them needles), none with a
+/// known answer, in 8 dimensions: the approximate searches' unit tests' corpus.
+#[cfg(test)]
+pub(crate) fn forty_documents() -> Corpus {
+    Corpus {
+        documents: (0..40)
+            .map(|doc| random_units(1 + doc % 3, 8, doc as u64 + 1))
+            .collect(),
+        queries: random_units(5, 8, 99),
+        needle_queries: 2,
+        answers: vec![Vec::new(); 5],
+    }
 }
 
 /// `count` unit vectors of `dims` dimensions, made from `seed` (the same every run): the

@@ -17,7 +17,7 @@ use std::time::Instant;
 use instant_distance::{Builder, HnswMap, Search};
 use serde::Serialize;
 
-use crate::cells::{Corpus, Found, answered_share, dot, exact_ten, recall, ten_best};
+use crate::cells::{Corpus, Found, Kept, dot, exact_ten, ten_best};
 
 /// Distances computed since the count was last read (searches run one at a time).
 static COMPARED: AtomicU64 = AtomicU64::new(0);
@@ -38,12 +38,8 @@ impl instant_distance::Point for Chunk {
 pub struct Searched {
     pub ef_construction: usize,
     pub ef: usize,
-    /// Of exact search's ten best documents, the share found (needles' queries; questions).
-    pub needles_recall: f64,
-    pub questions_recall: f64,
-    /// Of the queries whose answer is known, the share answered in the ten found.
-    pub needles_answered: f64,
-    pub questions_answered: f64,
+    #[serde(flatten)]
+    pub kept: Kept,
     /// Chunks compared per search, on average, and as a share of all chunks.
     pub compared: f64,
     pub compared_share: f64,
@@ -96,10 +92,7 @@ pub fn evaluate(corpus: &Corpus, efs: &[usize], ef_construction: usize) -> Vec<S
         rows.push(Searched {
             ef_construction,
             ef,
-            needles_recall: recall(&outcome, 0..corpus.needle_queries),
-            questions_recall: recall(&outcome, corpus.needle_queries..outcome.len()),
-            needles_answered: answered_share(&outcome, 0..corpus.needle_queries),
-            questions_answered: answered_share(&outcome, corpus.needle_queries..outcome.len()),
+            kept: Kept::of(&outcome, corpus.needle_queries),
             compared,
             compared_share: compared / chunks.max(1) as f64,
             build_s,
@@ -128,9 +121,9 @@ mod tests {
             answers: vec![Vec::new(); 6],
         };
         let rows = evaluate(&corpus, &[4, 400], 400);
-        assert_eq!(rows[1].needles_recall, 1.0, "{rows:?}");
-        assert_eq!(rows[1].questions_recall, 1.0, "{rows:?}");
-        assert!(rows[0].questions_recall <= 0.4, "{rows:?}");
+        assert_eq!(rows[1].kept.needles_recall, 1.0, "{rows:?}");
+        assert_eq!(rows[1].kept.questions_recall, 1.0, "{rows:?}");
+        assert!(rows[0].kept.questions_recall <= 0.4, "{rows:?}");
         assert!(rows.iter().all(|row| row.compared > 0.0), "{rows:?}");
     }
 }

@@ -16,7 +16,7 @@ use std::time::Instant;
 use rayon::prelude::*;
 use serde::Serialize;
 
-use crate::cells::{Corpus, Found, answered_share, dot, exact_ten, recall, reranked_ten};
+use crate::cells::{Corpus, Found, Kept, dot, exact_ten, reranked_ten};
 
 /// A shape of quantizer: `parts` pieces a vector, `centres` centres a piece (at most 256, so a
 /// code is a byte a piece).
@@ -184,12 +184,8 @@ pub struct Reranked {
     pub code_bytes: usize,
     /// Documents compared exactly after the codes' pass.
     pub reranked: usize,
-    /// Of exact search's ten best documents, the share found (needles' queries; questions).
-    pub needles_recall: f64,
-    pub questions_recall: f64,
-    /// Of the queries whose answer is known, the share answered in the ten found.
-    pub needles_answered: f64,
-    pub questions_answered: f64,
+    #[serde(flatten)]
+    pub kept: Kept,
     /// Seconds to train the quantizer (on every core) and to encode every chunk.
     pub train_s: f64,
     pub encode_s: f64,
@@ -199,12 +195,7 @@ pub struct Reranked {
 /// trained on up to 100 vectors a centre, 10 rounds).
 pub fn evaluate(corpus: &Corpus, shapes: &[Shape], reranks: &[usize]) -> Vec<Reranked> {
     let exact = exact_ten(corpus);
-    let all: Vec<&[f32]> = corpus
-        .documents
-        .iter()
-        .flatten()
-        .map(Vec::as_slice)
-        .collect();
+    let all: Vec<&[f32]> = corpus.chunks();
     let mut rows = Vec::new();
     for &shape in shapes {
         let started = Instant::now();
@@ -267,10 +258,7 @@ pub fn evaluate(corpus: &Corpus, shapes: &[Shape], reranks: &[usize]) -> Vec<Rer
                 centres: shape.centres,
                 code_bytes: shape.code_bytes(),
                 reranked,
-                needles_recall: recall(&outcome, 0..corpus.needle_queries),
-                questions_recall: recall(&outcome, corpus.needle_queries..outcome.len()),
-                needles_answered: answered_share(&outcome, 0..corpus.needle_queries),
-                questions_answered: answered_share(&outcome, corpus.needle_queries..outcome.len()),
+                kept: Kept::of(&outcome, corpus.needle_queries),
                 train_s,
                 encode_s,
             });
@@ -306,23 +294,15 @@ mod tests {
     /// apart, so reranking one finds at most one of the ten.
     #[test]
     fn reranking_every_document_is_exact() {
-        let documents: Vec<Vec<Vec<f32>>> = (0..40)
-            .map(|doc| units(1 + doc % 3, 8, doc as u64 + 1))
-            .collect();
-        let corpus = Corpus {
-            documents,
-            queries: units(5, 8, 99),
-            needle_queries: 2,
-            answers: vec![Vec::new(); 5],
-        };
+        let corpus = crate::cells::forty_documents();
         let shapes = [Shape {
             parts: 2,
             centres: 1,
         }];
         let rows = evaluate(&corpus, &shapes, &[1, 40]);
-        assert_eq!(rows[1].needles_recall, 1.0, "{rows:?}");
-        assert_eq!(rows[1].questions_recall, 1.0, "{rows:?}");
-        assert!(rows[0].questions_recall <= 0.1, "{rows:?}");
+        assert_eq!(rows[1].kept.needles_recall, 1.0, "{rows:?}");
+        assert_eq!(rows[1].kept.questions_recall, 1.0, "{rows:?}");
+        assert!(rows[0].kept.questions_recall <= 0.1, "{rows:?}");
     }
 
     #[test]

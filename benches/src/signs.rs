@@ -21,7 +21,7 @@ use std::time::Instant;
 use rayon::prelude::*;
 use serde::Serialize;
 
-use crate::cells::{Corpus, Found, answered_share, dot, exact_ten, recall, reranked_ten};
+use crate::cells::{Corpus, Found, Kept, dot, exact_ten, reranked_ten};
 
 /// Bytes the store keeps a vector in (192 dimensions at four bits, and an `f32` scale).
 const STORED_VECTOR_BYTES: usize = 100;
@@ -234,12 +234,8 @@ pub struct Staged {
     pub share: f64,
     /// Documents compared exactly at the end.
     pub reranked: usize,
-    /// Of exact search's ten best documents, the share found (needles' queries; questions).
-    pub needles_recall: f64,
-    pub questions_recall: f64,
-    /// Of the queries whose answer is known, the share answered in the ten found.
-    pub needles_answered: f64,
-    pub questions_answered: f64,
+    #[serde(flatten)]
+    pub kept: Kept,
     /// Bytes a query reads, on average: every code's signs; the kept chunks' signs again and
     /// their two numbers; the reranked documents' vectors as the store keeps them. Exact
     /// search reads every vector.
@@ -415,12 +411,7 @@ pub fn evaluate(
     reranks: &[usize],
 ) -> Vec<Staged> {
     let exact = exact_ten(corpus);
-    let sample: Vec<&[f32]> = corpus
-        .documents
-        .iter()
-        .flatten()
-        .map(Vec::as_slice)
-        .collect();
+    let sample: Vec<&[f32]> = corpus.chunks();
     let chunk_count = sample.len();
     let mut rows = Vec::new();
     for &rotate in rotations {
@@ -461,13 +452,7 @@ pub fn evaluate(
                     rotated: rotate,
                     share,
                     reranked,
-                    needles_recall: recall(&outcome, 0..corpus.needle_queries),
-                    questions_recall: recall(&outcome, corpus.needle_queries..outcome.len()),
-                    needles_answered: answered_share(&outcome, 0..corpus.needle_queries),
-                    questions_answered: answered_share(
-                        &outcome,
-                        corpus.needle_queries..outcome.len(),
-                    ),
+                    kept: Kept::of(&outcome, corpus.needle_queries),
                     bytes_codes: (chunk_count * coder.words() * 8) as f64,
                     bytes_estimates: (keep * (8 + coder.words() * 8)) as f64,
                     bytes_rerank: rerank_chunks as f64 * STORED_VECTOR_BYTES as f64 / queries,
@@ -483,12 +468,7 @@ pub fn evaluate(
 /// query (reranking `reranked` documents), and exact comparison's a chunk, on one core over
 /// every query (the rotated coder).
 pub fn scan_time(corpus: &Corpus, share: f64, reranked: usize) -> Option<ScanTime> {
-    let sample: Vec<&[f32]> = corpus
-        .documents
-        .iter()
-        .flatten()
-        .map(Vec::as_slice)
-        .collect();
+    let sample: Vec<&[f32]> = corpus.chunks();
     let coder = SignCoder::new(&sample, true, 0x5eed)?;
     let coded = Coded::new(&coder, corpus);
     let queries: Vec<Query> = corpus.queries.iter().map(|q| coder.query(q)).collect();
@@ -590,20 +570,12 @@ mod tests {
     /// and reranking one document finds one of the ten at most.
     #[test]
     fn the_deepest_setting_is_exact_search() {
-        let documents: Vec<Vec<Vec<f32>>> = (0..40)
-            .map(|doc| units(1 + doc % 3, 8, doc as u64 + 1))
-            .collect();
-        let corpus = Corpus {
-            documents,
-            queries: units(5, 8, 99),
-            needle_queries: 2,
-            answers: vec![Vec::new(); 5],
-        };
+        let corpus = crate::cells::forty_documents();
         for rotate in [false, true] {
             let rows = evaluate(&corpus, &[rotate], &[100.0, 1.0], &[40, 1]);
-            assert_eq!(rows[0].needles_recall, 1.0, "{rows:?}");
-            assert_eq!(rows[0].questions_recall, 1.0, "{rows:?}");
-            assert!(rows[3].questions_recall <= 0.1, "{rows:?}");
+            assert_eq!(rows[0].kept.needles_recall, 1.0, "{rows:?}");
+            assert_eq!(rows[0].kept.questions_recall, 1.0, "{rows:?}");
+            assert!(rows[3].kept.questions_recall <= 0.1, "{rows:?}");
         }
     }
 }

@@ -127,13 +127,10 @@ fn main() -> ExitCode {
             ],
             |row| {
                 format!(
-                    "| {} | {} | {:.3} | {:.3} | {:.3} | {:.3} | {:.0} ({:.2} %) | {:.0} s |",
+                    "| {} | {} | {} | {:.0} ({:.2} %) | {:.0} s |",
                     row.ef_construction,
                     row.ef,
-                    row.needles_recall,
-                    row.questions_recall,
-                    row.needles_answered,
-                    row.questions_answered,
+                    row.kept.cells(),
                     row.compared,
                     row.compared_share * 100.0,
                     row.build_s
@@ -174,14 +171,11 @@ fn main() -> ExitCode {
             ],
             |row| {
                 format!(
-                    "| {} | {} % | {} | {:.3} | {:.3} | {:.3} | {:.3} | {:.2} + {:.2} + {:.2} ({:.2}) |",
+                    "| {} | {} % | {} | {} | {:.2} + {:.2} + {:.2} ({:.2}) |",
                     if row.rotated { "yes" } else { "no" },
                     row.share,
                     row.reranked,
-                    row.needles_recall,
-                    row.questions_recall,
-                    row.needles_answered,
-                    row.questions_answered,
+                    row.kept.cells(),
                     row.bytes_codes / 1e6,
                     row.bytes_estimates / 1e6,
                     row.bytes_rerank / 1e6,
@@ -208,15 +202,12 @@ fn main() -> ExitCode {
             ],
             |row| {
                 format!(
-                    "| {} × {} | {} | {} | {:.3} | {:.3} | {:.3} | {:.3} | {:.0} / {:.0} s |",
+                    "| {} × {} | {} | {} | {} | {:.0} / {:.0} s |",
                     row.parts,
                     row.centres,
                     row.code_bytes,
                     row.reranked,
-                    row.needles_recall,
-                    row.questions_recall,
-                    row.needles_answered,
-                    row.questions_answered,
+                    row.kept.cells(),
                     row.train_s,
                     row.encode_s
                 )
@@ -241,14 +232,11 @@ fn main() -> ExitCode {
         ],
         |row| {
             format!(
-                "| {} | {} | {} | {:.3} | {:.3} | {:.3} | {:.3} | {:.1} % | {:.1} % |",
+                "| {} | {} | {} | {} | {:.1} % | {:.1} % |",
                 row.cells,
                 row.filed_in,
                 row.probed,
-                row.needles_recall,
-                row.questions_recall,
-                row.needles_answered,
-                row.questions_answered,
+                row.kept.cells(),
                 row.compared * 100.0,
                 row.largest_cell * 100.0
             )

@@ -91,6 +91,17 @@ async fn folded_while_down(dir: &TempDir) -> (LosslessEngine, Arc<Model>, Conver
     (engine, model, conversation)
 }
 
+/// Those folds then condensed while the model is still down: the condensation cannot rewrite
+/// them first and takes them in as they are.
+async fn condensed_while_down(dir: &TempDir) -> (LosslessEngine, Arc<Model>, ConversationId) {
+    let (engine, model, conversation) = folded_while_down(dir).await;
+    engine
+        .compact_conversation(conversation, CompactionRequest::forced(1_000))
+        .await
+        .unwrap();
+    (engine, model, conversation)
+}
+
 async fn maintain(engine: &LosslessEngine) {
     engine
         .maintain(&MaintainParams {
@@ -199,12 +210,7 @@ async fn descendants(engine: &LosslessEngine, summary: &StoredSummary) -> Vec<St
 #[tokio::test]
 async fn stand_ins_condensed_while_the_model_is_down_are_rewritten_once_it_answers() {
     let dir = TempDir::new().unwrap();
-    let (engine, model, conversation) = folded_while_down(&dir).await;
-    // Still down: the condensation cannot rewrite them first and takes them in as they are.
-    engine
-        .compact_conversation(conversation, CompactionRequest::forced(1_000))
-        .await
-        .unwrap();
+    let (engine, model, conversation) = condensed_while_down(&dir).await;
     let mut folded = Vec::new();
     for summary in context_summaries(&engine, "s1", Some("s1")).await {
         folded.extend(descendants(&engine, &summary).await);
@@ -240,11 +246,7 @@ async fn stand_ins_condensed_while_the_model_is_down_are_rewritten_once_it_answe
 async fn re_summarize_rewrites_the_contexts_stand_ins_only() {
     use vilvona_core::admin::{EngineAdmin, ToolCaller};
     let dir = TempDir::new().unwrap();
-    let (engine, model, conversation) = folded_while_down(&dir).await;
-    engine
-        .compact_conversation(conversation, CompactionRequest::forced(1_000))
-        .await
-        .unwrap();
+    let (engine, model, conversation) = condensed_while_down(&dir).await;
     let in_context: Vec<StoredSummary> = context_summaries(&engine, "s1", Some("s1"))
         .await
         .into_iter()
