@@ -533,8 +533,10 @@ if [ "$KILLS" -gt 0 ] || [ "$STOPS" -gt 0 ]; then
 else
   if [ "$DRIVEN" -ne 0 ]; then
     # A driver that died before it wrote a failed turn says why only in its own output.
-    FAILED_TURNS=$(grep -v '"status":200' "$OUT/results.jsonl" | head -n 3 | cut -c1-400)
-    fail "the driver exited with status $DRIVEN after $(wc -l <"$OUT/results.jsonl") turn(s): ${FAILED_TURNS:-no turn failed; its output ends: $(tail -n 5 "$WORK/driver.out" | cut -c1-400 | tr '\n' ' ')}"
+    # (No line at all is grep's status 1: under pipefail that alone would end the script unsaid.)
+    FAILED_TURNS=$(grep -v '"status":200' "$OUT/results.jsonl" | head -n 3 | cut -c1-400 || true)
+    DRIVER_SAID=$(grep -a -m 1 "Error:" "$WORK/driver.out" || tail -n 5 "$WORK/driver.out")
+    fail "the driver exited with status $DRIVEN after $(wc -l <"$OUT/results.jsonl") turn(s): ${FAILED_TURNS:-no turn failed; it said: $(echo "$DRIVER_SAID" | cut -c1-400 | tr '\n' ' ')}"
   fi
 fi
 FAIL_STATUS=1
