@@ -114,7 +114,6 @@ impl Codebook {
     }
 }
 
-/// One codebook's outcome at one number of cells probed.
 /// What an approximate search kept of exact search's answers, for the needles' queries and
 /// the questions apart.
 #[derive(Clone, Debug, Serialize)]
@@ -151,6 +150,7 @@ impl Kept {
     }
 }
 
+/// One codebook's outcome at one number of cells probed.
 #[derive(Clone, Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Probed {
@@ -158,12 +158,12 @@ pub struct Probed {
     /// Cells each chunk is filed in (2: in its nearest two, "spilled").
     pub filed_in: usize,
     pub probed: usize,
-    #[serde(flatten)]
-    pub kept: Kept,
     /// Chunk entries compared, as a share of all chunks (the exact search's work is 1).
     pub compared: f64,
     /// The largest cell's entries, as a share of all.
     pub largest_cell: f64,
+    #[serde(flatten)]
+    pub kept: Kept,
 }
 
 /// The documents' chunk vectors and the queries (needles first), read and embedded.
@@ -412,13 +412,13 @@ pub fn contrast(corpus: &Corpus) -> Vec<Contrast> {
 /// cell, 8 rounds), chunks filed in 1 or 2 cells, and each number of cells probed.
 pub fn evaluate(corpus: &Corpus, cell_counts: &[usize], probes: &[usize]) -> Vec<Probed> {
     let exact = exact_ten(corpus);
-    let all: Vec<&Vec<f32>> = corpus.documents.iter().flatten().collect();
+    let all = corpus.chunks();
     let mut rows = Vec::new();
     for &cells in cell_counts {
         let sample: Vec<Vec<f32>> = all
             .iter()
             .step_by((all.len() / (cells * 40)).max(1))
-            .map(|vector| (*vector).clone())
+            .map(|vector| vector.to_vec())
             .collect();
         let Some(codebook) = Codebook::train(&sample, cells, 8) else {
             continue;
@@ -480,7 +480,7 @@ pub fn evaluate(corpus: &Corpus, cell_counts: &[usize], probes: &[usize]) -> Vec
 }
 
 /// Forty documents of one to three chunks and five queries (two of them needles), none with a
-/// known answer, in 8 dimensions: the approximate searches' unit tests' corpus.
+/// known answer, in 8 dimensions: the product quantizer's and the sign codes' unit tests' corpus.
 #[cfg(test)]
 pub(crate) fn forty_documents() -> Corpus {
     Corpus {
