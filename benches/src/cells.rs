@@ -285,6 +285,28 @@ pub(crate) fn reranked_ten<'a>(
     )
 }
 
+/// What reranking the first `reranked` of each query's `ranked` documents (an approximate
+/// search's candidates, in its order) kept of exact search's answers.
+pub(crate) fn reranked_kept(
+    corpus: &Corpus,
+    exact: &[Vec<usize>],
+    ranked: &[Vec<usize>],
+    reranked: usize,
+) -> Kept {
+    let outcome: Vec<Found<()>> = corpus
+        .queries
+        .iter()
+        .zip(exact)
+        .zip(ranked)
+        .zip(&corpus.answers)
+        .map(|(((query, exact), ranked), answers)| {
+            let found = reranked_ten(corpus, query, ranked.iter().take(reranked));
+            Found::of(exact, &found, answers, ())
+        })
+        .collect();
+    Kept::of(&outcome, corpus.needle_queries)
+}
+
 /// Exact search's ten best documents for each query.
 pub(crate) fn exact_ten(corpus: &Corpus) -> Vec<Vec<usize>> {
     corpus

@@ -16,7 +16,7 @@ use std::time::Instant;
 use rayon::prelude::*;
 use serde::Serialize;
 
-use crate::cells::{Corpus, Found, Kept, dot, exact_ten, reranked_ten};
+use crate::cells::{Corpus, Kept, dot, exact_ten, reranked_kept};
 
 /// A shape of quantizer: `parts` pieces a vector, `centres` centres a piece (at most 256, so a
 /// code is a byte a piece).
@@ -242,23 +242,12 @@ pub fn evaluate(corpus: &Corpus, shapes: &[Shape], reranks: &[usize]) -> Vec<Rer
             })
             .collect();
         for &reranked in reranks {
-            let outcome: Vec<Found<()>> = corpus
-                .queries
-                .iter()
-                .zip(&exact)
-                .zip(&ranked)
-                .zip(&corpus.answers)
-                .map(|(((query, exact), ranked), answers)| {
-                    let found = reranked_ten(corpus, query, ranked.iter().take(reranked));
-                    Found::of(exact, &found, answers, ())
-                })
-                .collect();
             rows.push(Reranked {
                 parts: shape.parts,
                 centres: shape.centres,
                 code_bytes: shape.code_bytes(),
                 reranked,
-                kept: Kept::of(&outcome, corpus.needle_queries),
+                kept: reranked_kept(corpus, &exact, &ranked, reranked),
                 train_s,
                 encode_s,
             });

@@ -21,7 +21,7 @@ use std::time::Instant;
 use rayon::prelude::*;
 use serde::Serialize;
 
-use crate::cells::{Corpus, Found, Kept, dot, exact_ten, reranked_ten};
+use crate::cells::{Corpus, Kept, dot, exact_ten, reranked_kept, reranked_ten};
 
 /// Bytes the store keeps a vector in (192 dimensions at four bits, and an `f32` scale).
 const STORED_VECTOR_BYTES: usize = 100;
@@ -431,28 +431,17 @@ pub fn evaluate(
                 })
                 .collect();
             for &reranked in reranks {
-                let mut rerank_chunks = 0;
-                let outcome: Vec<Found<()>> = corpus
-                    .queries
+                let rerank_chunks: usize = ranked
                     .iter()
-                    .zip(&exact)
-                    .zip(&ranked)
-                    .zip(&corpus.answers)
-                    .map(|(((query, exact), ranked), answers)| {
-                        let documents = &ranked[..reranked.min(ranked.len())];
-                        rerank_chunks += documents
-                            .iter()
-                            .map(|&doc| coded.chunks[doc].len())
-                            .sum::<usize>();
-                        Found::of(exact, &reranked_ten(corpus, query, documents), answers, ())
-                    })
-                    .collect();
+                    .flat_map(|documents| documents.iter().take(reranked))
+                    .map(|&doc| coded.chunks[doc].len())
+                    .sum();
                 let queries = corpus.queries.len().max(1) as f64;
                 rows.push(Staged {
                     rotated: rotate,
                     share,
                     reranked,
-                    kept: Kept::of(&outcome, corpus.needle_queries),
+                    kept: reranked_kept(corpus, &exact, &ranked, reranked),
                     bytes_codes: (chunk_count * coder.words() * 8) as f64,
                     bytes_estimates: (keep * (8 + coder.words() * 8)) as f64,
                     bytes_rerank: rerank_chunks as f64 * STORED_VECTOR_BYTES as f64 / queries,
