@@ -327,29 +327,27 @@ pub struct SoakFigures {
     pub cache: CacheFigures,
 }
 
-/// What a run's turns said and how it was billed, as [`SoakFigures::conversation`]: an FNV-1a
-/// digest of each turn's kind and the driver's digest of its text, in turn order (sessions
-/// that ran the script at once, in the order of their names). Empty when a turn has no digest.
+/// What a run's turns said and how it was billed, as [`SoakFigures::conversation`]: a digest
+/// of each turn's kind and the driver's digest of its text, in turn order (sessions that ran
+/// the script at once, in the order of their names). Empty when a turn has no digest.
 fn conversation(turns: &[TurnResult], requests: &[Request]) -> String {
     let mut ordered: Vec<&TurnResult> = turns.iter().collect();
     ordered.sort_by(|a, b| (a.turn, &a.session).cmp(&(b.turn, &b.session)));
-    let mut digest: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut hasher = blake3::Hasher::new();
     for turn in ordered {
         let Some(said) = &turn.said else {
             return String::new();
         };
-        for byte in turn.kind.bytes().chain([0]).chain(said.bytes()).chain([0]) {
-            digest = (digest ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3);
+        for part in [turn.kind.as_bytes(), said.as_bytes()] {
+            hasher.update(part).update(&[0]);
         }
     }
+    let digest = &hasher.finalize().to_hex()[..16];
     let billed = match requests.iter().any(|request| request.billed.is_some()) {
         true => "the provider's cache report",
         false => "the shared prefix",
     };
-    format!(
-        "{} turns said {digest:016x}, billed by {billed}",
-        turns.len()
-    )
+    format!("{} turns said {digest}, billed by {billed}", turns.len())
 }
 
 /// Why `vilvona`'s figures and `legacy`'s cannot be compared as one conversation, if they
