@@ -112,7 +112,7 @@ fn recalled(
 }
 
 /// Whether a writer has set the database up (a kill can land between creating the file and
-/// the first migration).
+/// the migrations' one transaction).
 fn set_up(connection: &rusqlite::Connection) -> bool {
     connection
         .query_row("PRAGMA user_version", [], |row| row.get::<_, i64>(0))

@@ -165,44 +165,49 @@ pub(crate) const PG_SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
 /// applies each migration once.
 const MIGRATION_LOCK: i64 = 0x0076_696c_766f_6e61;
 
-/// Brings the database to [`PG_SCHEMA_VERSION`], each migration in one transaction under an
-/// advisory lock; a newer schema is refused.
+/// Brings the database to [`PG_SCHEMA_VERSION`]: every pending migration in one transaction
+/// under an advisory lock (every node migrating at once applies each once), so a node stopped
+/// while it sets up or upgrades the schema leaves the one it found. A newer schema is refused.
 pub(crate) async fn migrate(client: &mut Client, name: &str) -> Result<()> {
-    loop {
-        let transaction = client.transaction().await?;
-        transaction
-            .execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
-            .await?;
-        transaction
-            .batch_execute("CREATE TABLE IF NOT EXISTS vilvona_schema (version BIGINT NOT NULL)")
-            .await?;
-        let found: i64 = transaction
-            .query_opt("SELECT version FROM vilvona_schema", &[])
-            .await?
-            .map_or(0, |row| row.get(0));
-        if found > PG_SCHEMA_VERSION {
-            return Err(StoreError::NewerSchema {
-                path: name.into(),
-                found,
-                supported: PG_SCHEMA_VERSION,
-            });
-        }
-        let Some(migration) = MIGRATIONS.get(found as usize) else {
-            transaction.commit().await?;
-            return Ok(());
-        };
-        transaction.batch_execute(migration).await?;
-        if found == 0 {
-            transaction
-                .execute("INSERT INTO vilvona_schema (version) VALUES (1)", &[])
-                .await?;
-        } else {
-            transaction
-                .execute("UPDATE vilvona_schema SET version = $1", &[&(found + 1)])
-                .await?;
-        }
-        transaction.commit().await?;
+    let transaction = client.transaction().await?;
+    transaction
+        .execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
+        .await?;
+    transaction
+        .batch_execute("CREATE TABLE IF NOT EXISTS vilvona_schema (version BIGINT NOT NULL)")
+        .await?;
+    let found: Option<i64> = transaction
+        .query_opt("SELECT version FROM vilvona_schema", &[])
+        .await?
+        .map(|row| row.get(0));
+    let from = found.unwrap_or(0);
+    if from > PG_SCHEMA_VERSION {
+        return Err(StoreError::NewerSchema {
+            path: name.into(),
+            found: from,
+            supported: PG_SCHEMA_VERSION,
+        });
     }
+    for migration in &MIGRATIONS[from as usize..] {
+        transaction.batch_execute(migration).await?;
+    }
+    if found.is_none() {
+        transaction
+            .execute(
+                "INSERT INTO vilvona_schema (version) VALUES ($1)",
+                &[&PG_SCHEMA_VERSION],
+            )
+            .await?;
+    } else if from < PG_SCHEMA_VERSION {
+        transaction
+            .execute(
+                "UPDATE vilvona_schema SET version = $1",
+                &[&PG_SCHEMA_VERSION],
+            )
+            .await?;
+    }
+    transaction.commit().await?;
+    Ok(())
 }
 
 /// Refuses a database this build cannot read as it is (a read-only open never migrates).

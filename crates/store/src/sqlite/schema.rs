@@ -322,9 +322,11 @@ pub(crate) fn check_version(connection: &Connection, path: &Path) -> Result<()> 
     Ok(())
 }
 
-/// Brings the database at `path` to [`SCHEMA_VERSION`], one transaction per migration. Each
-/// migration re-reads the version inside a `BEGIN IMMEDIATE` transaction, so two processes
-/// opening a fresh store at once apply it once: the second waits, then finds it done.
+/// Brings the database at `path` to [`SCHEMA_VERSION`]: every pending migration in one
+/// `BEGIN IMMEDIATE` transaction, so a process killed while it sets up or upgrades a store
+/// leaves the schema it found (a fresh file stays no store; a half-made one would be refused
+/// by every read-only command). The version is read again inside the transaction: two
+/// processes opening a fresh store at once migrate it once, the second waits and finds it done.
 pub(crate) fn migrate(connection: &mut Connection, path: &Path) -> Result<()> {
     // A new database reclaims freed pages on request (`PRAGMA incremental_vacuum`); this only
     // takes effect before the first table exists.
@@ -333,25 +335,32 @@ pub(crate) fn migrate(connection: &mut Connection, path: &Path) -> Result<()> {
     }
     loop {
         let found = known_version(connection, path)?;
-        let Some(migration) = MIGRATIONS.get(found as usize) else {
+        let Some(pending) = MIGRATIONS
+            .get(found as usize..)
+            .filter(|pending| !pending.is_empty())
+        else {
             return Ok(());
         };
-        let next = found + 1;
-        if migration.rewrites_data && found > 0 {
+        if found > 0 && pending.iter().any(|migration| migration.rewrites_data) {
             let backup = path.with_extension(format!("v{found}.bak"));
             let _ = std::fs::remove_file(&backup);
             connection.execute("VACUUM INTO ?1", [backup.to_string_lossy()])?;
-            tracing::info!(backup = %backup.display(), "copied the database aside before migrating to schema {next}");
+            tracing::info!(backup = %backup.display(), "copied the database aside before migrating to schema {SCHEMA_VERSION}");
         }
         let transaction =
             connection.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
-        if version(&transaction)? == found {
+        if version(&transaction)? != found {
+            // Another process migrated it meanwhile: read the version again.
+            continue;
+        }
+        for migration in pending {
             transaction.execute_batch(migration.sql)?;
             if let Some(backfill) = migration.backfill {
                 backfill(&transaction)?;
             }
-            transaction.pragma_update(None, "user_version", next)?;
         }
+        transaction.pragma_update(None, "user_version", SCHEMA_VERSION)?;
         transaction.commit()?;
+        return Ok(());
     }
 }

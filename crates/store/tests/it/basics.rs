@@ -3,7 +3,7 @@
 use tempfile::TempDir;
 use vilvona_store::*;
 
-use crate::conformance::{Backend, on_both_backends};
+use crate::conformance::{Backend, on_both_backends, postgres_batch, postgres_query};
 use crate::support::*;
 
 on_both_backends!(
@@ -16,6 +16,7 @@ on_both_backends!(
     bad_input_is_a_clear_error_and_loses_nothing,
     a_summary_is_rewritten_in_place_and_a_context_can_be_emptied,
     the_summaries_a_stand_in_wrote_are_found_until_rewritten,
+    a_set_up_that_stops_partway_leaves_no_half_made_store,
 );
 
 #[tokio::test]
@@ -544,4 +545,74 @@ async fn the_summaries_a_stand_in_wrote_are_found_until_rewritten(backend: &Back
         [(1, "extractive/v1 in place of host-llm/v1"), (0, "test/v1")],
         "the context's first, then the folded one"
     );
+}
+
+/// A process killed while it sets up a fresh store (`.ci/run`'s hundred kills once landed
+/// between two migrations) must leave either no store or a whole one: a store stuck at an
+/// older schema is refused by every read-only command until a writer migrates it. Here the
+/// set-up fails at the second migration instead, the same cut made deterministic.
+async fn a_set_up_that_stops_partway_leaves_no_half_made_store(backend: &Backend) {
+    match backend {
+        // Migration 2 creates `blob_references`: a table already there fails it.
+        Backend::Sqlite(dir) => rusqlite::Connection::open(dir.path().join(DATABASE_FILE))
+            .unwrap()
+            .execute_batch("CREATE TABLE blob_references (x)")
+            .unwrap(),
+        // Migration 2 drops an index migration 1 made: a trigger refuses every DROP INDEX.
+        Backend::Postgres(url, _) => {
+            postgres_batch(
+                url,
+                "CREATE FUNCTION refuse() RETURNS event_trigger LANGUAGE plpgsql AS
+                 $$ BEGIN RAISE EXCEPTION 'refused for the test'; END $$;
+             CREATE EVENT TRIGGER refuse_drops ON ddl_command_start WHEN TAG IN ('DROP INDEX')
+                 EXECUTE FUNCTION refuse();",
+            )
+            .await
+        }
+    }
+    let failed = backend.try_open().await;
+    assert!(failed.is_err(), "the sabotaged set-up succeeded");
+    let version = match backend {
+        Backend::Sqlite(dir) => {
+            let connection = rusqlite::Connection::open(dir.path().join(DATABASE_FILE)).unwrap();
+            let tables: i64 = connection
+                .query_row(
+                    "SELECT count(*) FROM sqlite_master WHERE name = 'conversations'",
+                    [],
+                    |row| row.get(0),
+                )
+                .unwrap();
+            assert_eq!(tables, 0, "migration 1's tables outlived the failed set-up");
+            connection
+                .pragma_query_value(None, "user_version", |row| row.get::<_, i64>(0))
+                .unwrap()
+        }
+        Backend::Postgres(url, _) => {
+            let rows = postgres_query(
+                url,
+                "SELECT count(*) FROM pg_tables WHERE tablename IN ('conversations', 'vilvona_schema')",
+            )
+            .await;
+            assert_eq!(rows, 0, "migration 1's tables outlived the failed set-up");
+            0
+        }
+    };
+    assert_eq!(version, 0, "the failed set-up left a schema version");
+    // A read-only open finds no store yet (not one "predating this build").
+    let error = backend.try_open_read_only().await.unwrap_err().to_string();
+    assert!(!error.contains("predates"), "{error}");
+    // The cause gone, the next writer sets the store up whole.
+    match backend {
+        Backend::Sqlite(dir) => rusqlite::Connection::open(dir.path().join(DATABASE_FILE))
+            .unwrap()
+            .execute_batch("DROP TABLE blob_references")
+            .unwrap(),
+        Backend::Postgres(url, _) => {
+            postgres_batch(url, "DROP EVENT TRIGGER refuse_drops").await;
+        }
+    }
+    let store = backend.open().await;
+    store.conversation(&key("main", "s1")).await.unwrap();
+    drop(store);
+    backend.open_read_only().await;
 }

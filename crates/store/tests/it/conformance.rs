@@ -73,44 +73,77 @@ impl Backend {
         &self,
         embedder: Option<Arc<dyn Embedder>>,
     ) -> Arc<dyn HistoryStore> {
-        match self {
+        self.try_open_with(embedder).await.unwrap()
+    }
+
+    /// [`Backend::open`], its failure returned.
+    pub(crate) async fn try_open(&self) -> Result<Arc<dyn HistoryStore>, StoreError> {
+        self.try_open_with(builtin_embedder()).await
+    }
+
+    async fn try_open_with(
+        &self,
+        embedder: Option<Arc<dyn Embedder>>,
+    ) -> Result<Arc<dyn HistoryStore>, StoreError> {
+        Ok(match self {
             Backend::Sqlite(dir) => Arc::new(
                 Store::open(StoreConfig {
                     embedder,
                     ..StoreConfig::new(dir.path())
                 })
-                .await
-                .unwrap(),
+                .await?,
             ),
             Backend::Postgres(url, nodes) => {
                 let node = TempDir::new().unwrap();
-                let store = PgStore::open_with(url, Some(node.path()), embedder)
-                    .await
-                    .unwrap();
+                let store = PgStore::open_with(url, Some(node.path()), embedder).await?;
                 nodes.lock().unwrap().push(node);
                 Arc::new(store)
             }
-        }
+        })
     }
 
     /// A store on this backend that only reads (beside the first node's index).
     pub(crate) async fn open_read_only(&self) -> Arc<dyn HistoryStore> {
-        match self {
-            Backend::Sqlite(dir) => Arc::new(Store::open_read_only(dir.path()).await.unwrap()),
+        self.try_open_read_only().await.unwrap()
+    }
+
+    /// [`Backend::open_read_only`], its failure returned.
+    pub(crate) async fn try_open_read_only(&self) -> Result<Arc<dyn HistoryStore>, StoreError> {
+        Ok(match self {
+            Backend::Sqlite(dir) => Arc::new(Store::open_read_only(dir.path()).await?),
             Backend::Postgres(url, nodes) => {
                 let first = nodes
                     .lock()
                     .unwrap()
                     .first()
                     .map(|node| node.path().to_owned());
-                Arc::new(
-                    PgStore::open_read_only(url, first.as_deref())
-                        .await
-                        .unwrap(),
-                )
+                Arc::new(PgStore::open_read_only(url, first.as_deref()).await?)
             }
-        }
+        })
     }
+}
+
+/// Runs `sql` on the PostgreSQL database `url` names.
+pub(crate) async fn postgres_batch(url: &str, sql: &str) {
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    let running = tokio::spawn(connection);
+    client.batch_execute(sql).await.unwrap();
+    drop(client);
+    let _ = running.await;
+}
+
+/// The one `bigint` a query on the PostgreSQL database `url` names answers.
+pub(crate) async fn postgres_query(url: &str, sql: &str) -> i64 {
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    let running = tokio::spawn(connection);
+    let value = client.query_one(sql, &[]).await.unwrap().get(0);
+    drop(client);
+    let _ = running.await;
+    value
 }
 
 /// Runs each case once per backend: `sqlite::case` and `postgres::case`.
