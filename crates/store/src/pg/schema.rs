@@ -188,7 +188,16 @@ pub(crate) async fn migrate(client: &mut Client, name: &str) -> Result<()> {
             supported: PG_SCHEMA_VERSION,
         });
     }
-    for migration in &MIGRATIONS[from as usize..] {
+    let Some(pending) = usize::try_from(from)
+        .ok()
+        .and_then(|from| MIGRATIONS.get(from..))
+    else {
+        return Err(StoreError::Corrupt {
+            path: name.into(),
+            detail: format!("vilvona_schema holds version {from}, below any schema"),
+        });
+    };
+    for migration in pending {
         transaction.batch_execute(migration).await?;
     }
     if found.is_none() {

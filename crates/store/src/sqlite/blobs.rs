@@ -77,7 +77,7 @@ pub(crate) fn readers(connection: &Connection, blob_id: &str) -> Result<Vec<Conv
 }
 
 /// Records the references of messages stored before the store kept them (the migration to
-/// schema 2, in the migration's own transaction).
+/// schema 2, in the one transaction of the pending migrations).
 pub(crate) fn backfill_references(connection: &Connection) -> Result<()> {
     let mut insert = connection.prepare_cached(RECORD_REFERENCE)?;
     let mut statement =

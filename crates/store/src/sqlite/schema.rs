@@ -301,8 +301,8 @@ fn known_version(connection: &Connection, path: &Path) -> Result<i64> {
 }
 
 /// Refuses a database this build cannot read as it is (a read-only open never migrates).
-/// A database no writer has set up yet (a process died between creating the file and the
-/// first migration) is no store yet.
+/// A database no writer has set up yet (a process died between creating the file and
+/// committing the migrations' transaction) is no store yet.
 pub(crate) fn check_version(connection: &Connection, path: &Path) -> Result<()> {
     let found = known_version(connection, path)?;
     if found == 0 {
