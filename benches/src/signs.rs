@@ -1,6 +1,6 @@
 //! Would sign codes, scanned in place of the vectors, keep exact search's answers at depths
 //! that pay (`cells --signs 1,5 --rerank 200,1000`)? Each chunk vector is centred on the
-//! corpus's mean, turned by a fixed random rotation (seeded; `--no-rotation` leaves it out),
+//! corpus's mean, turned by a fixed random rotation (seeded; each table also measures it left out),
 //! and kept as its signs: 24 bytes at 192 dimensions, with two numbers for the second stage.
 //! A query then runs three stages:
 //! 1. the Hamming distance between the query's signs and every chunk's (`count_ones` over
@@ -284,14 +284,6 @@ impl Signs {
         }
     }
 
-    pub fn len(&self) -> usize {
-        self.signs.len() / self.words.max(1)
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.signs.is_empty()
-    }
-
     /// The signs of the `at`-th code.
     pub fn code(&self, at: usize) -> &[u64] {
         &self.signs[at * self.words..(at + 1) * self.words]
@@ -338,20 +330,6 @@ struct Coded {
 }
 
 impl Coded {
-    /// Stages one and two: the `deepest` documents best by the estimate over the `keep`
-    /// chunks nearest by Hamming distance, best first.
-    fn two_stages(
-        &self,
-        coder: &SignCoder,
-        query: &Query,
-        keep: usize,
-        deepest: usize,
-        distances: &mut Vec<u16>,
-    ) -> Vec<usize> {
-        let chunks = self.signs.nearest(&query.signs, keep, distances);
-        self.estimated(coder, query, &chunks, deepest)
-    }
-
     /// Stage two: the `deepest` documents best by the estimate over `chunks`, best first.
     fn estimated(
         &self,
@@ -378,6 +356,15 @@ impl Coded {
         scored.sort_unstable_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
         scored.truncate(deepest);
         scored.into_iter().map(|(_, doc)| doc).collect()
+    }
+
+    /// The corpus's coder (rotated with `rotate`), its chunks coded, and its queries made
+    /// ready; `None` without vectors.
+    fn prepare(corpus: &Corpus, rotate: bool) -> Option<(SignCoder, Coded, Vec<Query>)> {
+        let coder = SignCoder::new(&corpus.chunks(), rotate, 0x5eed)?;
+        let coded = Coded::new(&coder, corpus);
+        let queries = corpus.queries.iter().map(|q| coder.query(q)).collect();
+        Some((coder, coded, queries))
     }
 
     fn new(coder: &SignCoder, corpus: &Corpus) -> Coded {
@@ -411,15 +398,12 @@ pub fn evaluate(
     reranks: &[usize],
 ) -> Vec<Staged> {
     let exact = exact_ten(corpus);
-    let sample: Vec<&[f32]> = corpus.chunks();
-    let chunk_count = sample.len();
+    let chunk_count: usize = corpus.documents.iter().map(Vec::len).sum();
     let mut rows = Vec::new();
     for &rotate in rotations {
-        let Some(coder) = SignCoder::new(&sample, rotate, 0x5eed) else {
+        let Some((coder, coded, queries)) = Coded::prepare(corpus, rotate) else {
             continue;
         };
-        let coded = Coded::new(&coder, corpus);
-        let queries: Vec<Query> = corpus.queries.iter().map(|q| coder.query(q)).collect();
         for &share in shares {
             let keep = ((chunk_count as f64 * share / 100.0).ceil() as usize).min(chunk_count);
             // Per query, the documents ranked by stage two, as deep as the deepest rerank.
@@ -427,7 +411,8 @@ pub fn evaluate(
             let ranked: Vec<Vec<usize>> = queries
                 .par_iter()
                 .map_init(Vec::new, |distances, query| {
-                    coded.two_stages(&coder, query, keep, deepest, distances)
+                    let chunks = coded.signs.nearest(&query.signs, keep, distances);
+                    coded.estimated(&coder, query, &chunks, deepest)
                 })
                 .collect();
             for &reranked in reranks {
@@ -457,10 +442,8 @@ pub fn evaluate(
 /// query (reranking `reranked` documents), and exact comparison's a chunk, on one core over
 /// every query (the rotated coder).
 pub fn scan_time(corpus: &Corpus, share: f64, reranked: usize) -> Option<ScanTime> {
+    let (coder, coded, queries) = Coded::prepare(corpus, true)?;
     let sample: Vec<&[f32]> = corpus.chunks();
-    let coder = SignCoder::new(&sample, true, 0x5eed)?;
-    let coded = Coded::new(&coder, corpus);
-    let queries: Vec<Query> = corpus.queries.iter().map(|q| coder.query(q)).collect();
     let keep = (sample.len() as f64 * share / 100.0).ceil() as usize;
     let mut distances = Vec::new();
     let mut kept = 0;

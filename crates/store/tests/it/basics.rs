@@ -3,7 +3,7 @@
 use tempfile::TempDir;
 use vilvona_store::*;
 
-use crate::conformance::{Backend, on_both_backends, postgres_batch, postgres_query};
+use crate::conformance::{Backend, on_both_backends, postgres_query};
 use crate::support::*;
 
 on_both_backends!(
@@ -552,28 +552,25 @@ async fn the_summaries_a_stand_in_wrote_are_found_until_rewritten(backend: &Back
 /// older schema is refused by every read-only command until a writer migrates it. Here the
 /// set-up fails at the second migration instead, the same cut made deterministic.
 async fn a_set_up_that_stops_partway_leaves_no_half_made_store(backend: &Backend) {
-    match backend {
+    // What stops the second migration, the error that names it, and what undoes it.
+    let (sabotage, refused_by, undo) = match backend {
         // Migration 2 creates `blob_references`: a table already there fails it.
-        Backend::Sqlite(dir) => rusqlite::Connection::open(dir.path().join(DATABASE_FILE))
-            .unwrap()
-            .execute_batch("CREATE TABLE blob_references (x)")
-            .unwrap(),
+        Backend::Sqlite(_) => (
+            "CREATE TABLE blob_references (x)",
+            "blob_references",
+            "DROP TABLE blob_references",
+        ),
         // Migration 2 drops an index migration 1 made: a trigger refuses every DROP INDEX.
-        Backend::Postgres(url, _) => {
-            postgres_batch(
-                url,
-                "CREATE FUNCTION refuse() RETURNS event_trigger LANGUAGE plpgsql AS
+        Backend::Postgres(..) => (
+            "CREATE FUNCTION refuse() RETURNS event_trigger LANGUAGE plpgsql AS
                  $$ BEGIN RAISE EXCEPTION 'refused for the test'; END $$;
              CREATE EVENT TRIGGER refuse_drops ON ddl_command_start WHEN TAG IN ('DROP INDEX')
                  EXECUTE FUNCTION refuse();",
-            )
-            .await
-        }
-    }
-    let refused_by = match backend {
-        Backend::Sqlite(_) => "blob_references",
-        Backend::Postgres(..) => "refused for the test",
+            "refused for the test",
+            "DROP EVENT TRIGGER refuse_drops; DROP FUNCTION refuse();",
+        ),
     };
+    backend.execute_batch(sabotage).await;
     // The error and its causes, as the command line prints them.
     let failed = backend.try_open().await.err().map(|error| {
         std::iter::successors(Some(&error as &dyn std::error::Error), |error| {
@@ -628,19 +625,7 @@ async fn a_set_up_that_stops_partway_leaves_no_half_made_store(backend: &Backend
         "{error:?}"
     );
     // The cause gone, the next writer sets the store up whole.
-    match backend {
-        Backend::Sqlite(dir) => rusqlite::Connection::open(dir.path().join(DATABASE_FILE))
-            .unwrap()
-            .execute_batch("DROP TABLE blob_references")
-            .unwrap(),
-        Backend::Postgres(url, _) => {
-            postgres_batch(
-                url,
-                "DROP EVENT TRIGGER refuse_drops; DROP FUNCTION refuse();",
-            )
-            .await;
-        }
-    }
+    backend.execute_batch(undo).await;
     let store = backend.open().await;
     store.conversation(&key("main", "s1")).await.unwrap();
     drop(store);

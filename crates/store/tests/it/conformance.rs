@@ -107,6 +107,17 @@ impl Backend {
         self.try_open_read_only().await.unwrap()
     }
 
+    /// Runs `sql` on this backend's database, beside the store.
+    pub(crate) async fn execute_batch(&self, sql: &str) {
+        match self {
+            Backend::Sqlite(dir) => rusqlite::Connection::open(dir.path().join(DATABASE_FILE))
+                .unwrap()
+                .execute_batch(sql)
+                .unwrap(),
+            Backend::Postgres(url, _) => postgres_batch(url, sql).await,
+        }
+    }
+
     /// [`Backend::open_read_only`], its failure returned.
     pub(crate) async fn try_open_read_only(&self) -> Result<Arc<dyn HistoryStore>, StoreError> {
         Ok(match self {
@@ -124,7 +135,7 @@ impl Backend {
 }
 
 /// Runs `sql` on the PostgreSQL database `url` names.
-pub(crate) async fn postgres_batch(url: &str, sql: &str) {
+async fn postgres_batch(url: &str, sql: &str) {
     let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
         .await
         .unwrap();
